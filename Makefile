@@ -1,0 +1,76 @@
+# strata - build, test, demo, bench. `make` builds build/libstrata.{a,so} and build/strata.
+# Targets that need system packages install them first (make deps).
+
+CC      ?= gcc
+BUILD   ?= build
+OPT     ?= -O2
+SAN     ?=
+CFLAGS  ?= $(OPT) -g
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fPIC -Iinclude $(SAN)
+LDFLAGS += $(SAN)
+LIBS     = -lxxhash -lpthread
+
+LIB_SRC := $(wildcard src/core/*.c src/io/*.c src/meta/*.c src/plan/*.c src/engine/*.c)
+CLI_SRC := $(wildcard src/cli/*.c)
+TEST_SRC := $(wildcard tests/test_*.c)
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
+TESTS   := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+
+# Debian packages used by the build, tests and tools (checked, installed when missing).
+DEB_PKGS = gcc make libxxhash-dev libcmocka-dev pkg-config
+
+.PHONY: all deps demo test bench clean test-asan test-tsan check-header
+
+all: $(BUILD)/libstrata.a $(BUILD)/libstrata.so $(BUILD)/strata
+
+deps:
+	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/libstrata.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/libstrata.so: $(LIB_OBJ) src/libstrata.map
+	$(CC) -shared $(LDFLAGS) -Wl,--version-script=src/libstrata.map -o $@ $(LIB_OBJ) $(LIBS)
+
+$(BUILD)/strata: $(CLI_OBJ) $(BUILD)/libstrata.a
+	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libstrata.a $(LIBS) -lm
+
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libstrata.a tests/testutil.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc -o $@ $< $(BUILD)/libstrata.a -lcmocka $(LIBS) -lm
+
+demo: deps all
+	$(BUILD)/strata demo
+
+test: deps all $(TESTS)
+	@BUILD=$(BUILD) bash tests/run.sh $(TESTS)
+
+test-asan:
+	$(MAKE) BUILD=build/asan SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" OPT=-O1 test
+
+test-tsan:
+	$(MAKE) BUILD=build/tsan SAN="-fsanitize=thread" OPT=-O1 test
+
+# The public header must stand alone under -pedantic, in C and C++.
+check-header:
+	echo '#include "strata.h"' | $(CC) -std=c99 -pedantic -Wall -Wextra -Werror -Iinclude -x c -fsyntax-only -
+	echo '#include "strata.h"' | g++ -std=c++11 -pedantic -Wall -Wextra -Werror -Iinclude -x c++ -fsyntax-only -
+
+bench: deps all
+	bash bench/bench_io.sh
+
+clean:
+	rm -rf build
+
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d)

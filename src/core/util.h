@@ -1,0 +1,161 @@
+/* util.h - small helpers shared by every layer: growable arrays, an arena, LEB128 varints,
+ * string hashing, monotonic time. Header-only; not thread-safe objects. */
+#ifndef STRATA_UTIL_H
+#define STRATA_UTIL_H
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define ST_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define ST_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define ST_ALIGN_UP(x, a) (((x) + ((a)-1)) & ~((uint64_t)(a)-1))
+
+/* Grows *p (elements of size esz) so that it holds at least need elements. 0 or -1. */
+static inline int st_grow(void *pp, size_t *cap, size_t need, size_t esz)
+{
+    if (need <= *cap)
+        return 0;
+    size_t nc = *cap ? *cap : 8;
+    while (nc < need)
+        nc *= 2;
+    void *np = realloc(*(void **)pp, nc * esz);
+    if (!np)
+        return -1;
+    *(void **)pp = np;
+    *cap = nc;
+    return 0;
+}
+
+/* Arena: bump allocator freed all at once. Blocks are malloc'd; no alignment beyond 16. */
+typedef struct st_arena_blk {
+    struct st_arena_blk *next;
+    size_t used, cap;
+    _Alignas(16) unsigned char data[];
+} st_arena_blk;
+typedef struct {
+    st_arena_blk *head;
+} st_arena;
+
+static inline void *st_arena_alloc(st_arena *a, size_t n)
+{
+    n = (n + 15) & ~(size_t)15;
+    st_arena_blk *b = a->head;
+    if (!b || b->cap - b->used < n) {
+        size_t cap = n > (64u << 10) ? n : (64u << 10);
+        b = malloc(sizeof *b + cap);
+        if (!b)
+            return NULL;
+        b->next = a->head;
+        b->used = 0;
+        b->cap = cap;
+        a->head = b;
+    }
+    void *p = b->data + b->used;
+    b->used += n;
+    return p;
+}
+
+static inline char *st_arena_strndup(st_arena *a, const char *s, size_t n)
+{
+    char *p = st_arena_alloc(a, n + 1);
+    if (p) {
+        memcpy(p, s, n);
+        p[n] = 0;
+    }
+    return p;
+}
+
+static inline void st_arena_free(st_arena *a)
+{
+    while (a->head) {
+        st_arena_blk *n = a->head->next;
+        free(a->head);
+        a->head = n;
+    }
+}
+
+/* FNV-1a style string hash with a final mix; good enough for in-memory tables. */
+static inline uint64_t st_mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    x ^= x >> 31;
+    return x;
+}
+static inline uint64_t st_strhash(const char *s)
+{
+    uint64_t h = 1469598103934665603ULL;
+    while (*s)
+        h = (h ^ (unsigned char)*s++) * 1099511628211ULL;
+    return st_mix64(h);
+}
+
+static inline double st_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- byte buffer with LEB128 varints (for metadata encoding) ---- */
+typedef struct {
+    unsigned char *p;
+    size_t n, cap;
+    int oom;
+} st_buf;
+
+static inline void st_buf_put(st_buf *b, const void *src, size_t n)
+{
+    if (b->oom || st_grow(&b->p, &b->cap, b->n + n, 1)) {
+        b->oom = 1;
+        return;
+    }
+    memcpy(b->p + b->n, src, n);
+    b->n += n;
+}
+static inline void st_buf_u8(st_buf *b, uint8_t v) { st_buf_put(b, &v, 1); }
+static inline void st_buf_u32(st_buf *b, uint32_t v)
+{
+    unsigned char t[4] = {(unsigned char)v, (unsigned char)(v >> 8), (unsigned char)(v >> 16),
+                          (unsigned char)(v >> 24)};
+    st_buf_put(b, t, 4);
+}
+static inline void st_buf_u64(st_buf *b, uint64_t v)
+{
+    st_buf_u32(b, (uint32_t)v);
+    st_buf_u32(b, (uint32_t)(v >> 32));
+}
+static inline void st_buf_var(st_buf *b, uint64_t v)
+{
+    unsigned char t[10];
+    int n = 0;
+    do {
+        t[n] = (unsigned char)(v & 0x7f);
+        v >>= 7;
+        if (v)
+            t[n] |= 0x80;
+        n++;
+    } while (v);
+    st_buf_put(b, t, (size_t)n);
+}
+static inline void st_buf_str(st_buf *b, const char *s)
+{
+    size_t n = strlen(s);
+    st_buf_var(b, n);
+    st_buf_put(b, s, n);
+}
+
+static inline uint32_t st_get_u32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline uint64_t st_get_u64(const unsigned char *p)
+{
+    return (uint64_t)st_get_u32(p) | (uint64_t)st_get_u32(p + 4) << 32;
+}
+
+#endif

@@ -1,0 +1,284 @@
+/* ckpt.c - opening a checkpoint directory (commit record, then metadata), the read-only
+ * strata_ckpt accessors, probing and removing incomplete checkpoints. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../core/checksum.h"
+#include "../core/error.h"
+#include "engine.h"
+
+int st_path_join(char *out, const char *dir, const char *name)
+{
+    int n = snprintf(out, PATH_MAX, "%s/%s", dir, name);
+    if (n < 0 || n >= PATH_MAX)
+        return st_fail(STRATA_EINVAL, "path too long: %s/%s", dir, name);
+    return 0;
+}
+
+#define MAX_META_BYTES ((size_t)1 << 34)
+
+int st_dir_open(st_dir *d, const char *uri, int allow_incomplete)
+{
+    memset(d, 0, sizeof *d);
+    int rc = st_vfs_resolve(uri, &d->vfs, d->path, sizeof d->path);
+    if (rc)
+        return rc;
+    const st_vfs *v = d->vfs;
+    int kind;
+    int e = v->stat(v, d->path, NULL, &kind);
+    if (e)
+        return st_fail(e == -ENOENT ? STRATA_ENOENT : st_from_errno(-e),
+                       "checkpoint '%s': %s", d->path, strerror(-e));
+    if (kind != 1)
+        return st_fail(STRATA_ENOENT, "checkpoint '%s' is not a directory", d->path);
+
+    char p[PATH_MAX];
+    unsigned char *cbuf = NULL, *mbuf = NULL;
+    size_t clen = 0, mlen = 0;
+    char why[256] = "";
+    if ((rc = st_path_join(p, d->path, ST_COMMIT_FILE)))
+        return rc;
+    e = st_vfs_read_all(v, p, 4096, &cbuf, &clen);
+    if (e == 0) {
+        if (st_commit_decode(&d->commit, cbuf, clen) == 0)
+            d->committed = 1;
+        else
+            snprintf(why, sizeof why, "its commit record is invalid (%s)", strata_error_last());
+    } else if (e == -ENOENT || e == -EFBIG) {
+        snprintf(why, sizeof why, "it has no commit record");
+    } else {
+        return st_fail(st_from_errno(-e), "checkpoint '%s': reading %s: %s", d->path,
+                       ST_COMMIT_FILE, strerror(-e));
+    }
+    free(cbuf);
+    if (!d->committed && !allow_incomplete)
+        return st_fail(STRATA_EINCOMPLETE,
+                       "checkpoint '%s' is incomplete: %s (an interrupted or failed save)",
+                       d->path, why);
+
+    if ((rc = st_path_join(p, d->path, ST_META_FILE)))
+        return rc;
+    e = st_vfs_read_all(v, p, MAX_META_BYTES, &mbuf, &mlen);
+    if (e)
+        return st_fail(d->committed ? STRATA_EFORMAT
+                                    : (e == -ENOENT ? STRATA_EINCOMPLETE : st_from_errno(-e)),
+                       "checkpoint '%s': cannot read %s: %s", d->path, ST_META_FILE,
+                       strerror(-e));
+    rc = st_meta_decode(&d->meta, mbuf, mlen);
+    if (rc) {
+        free(mbuf);
+        return st_wrap(rc, "checkpoint '%s': %s", d->path, ST_META_FILE);
+    }
+    if (d->committed &&
+        (d->commit.meta_size != mlen || d->commit.meta_hash != st_hash(mbuf, mlen))) {
+        free(mbuf);
+        st_dir_close(d);
+        return st_fail(STRATA_EFORMAT,
+                       "checkpoint '%s': %s does not match its commit record (truncated, "
+                       "replaced or corrupt)",
+                       uri, ST_META_FILE);
+    }
+    free(mbuf);
+    return 0;
+}
+
+void st_dir_close(st_dir *d)
+{
+    st_meta_free(d->meta);
+    d->meta = NULL;
+}
+
+/* ---- public read-only view ---- */
+
+struct strata_ckpt {
+    st_dir d;
+};
+
+int strata_ckpt_open(strata_ckpt **out, const char *uri, int allow_incomplete)
+{
+    *out = NULL;
+    strata_ckpt *ck = calloc(1, sizeof *ck);
+    if (!ck)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    int rc = st_dir_open(&ck->d, uri, allow_incomplete);
+    if (rc) {
+        free(ck);
+        return rc;
+    }
+    *out = ck;
+    return 0;
+}
+
+void strata_ckpt_free(strata_ckpt *ck)
+{
+    if (!ck)
+        return;
+    st_dir_close(&ck->d);
+    free(ck);
+}
+
+const st_dir *st_ckpt_dir(const strata_ckpt *ck) { return &ck->d; }
+int strata_ckpt_committed(const strata_ckpt *ck) { return ck->d.committed; }
+uint64_t strata_ckpt_step(const strata_ckpt *ck) { return ck->d.meta->step; }
+size_t strata_ckpt_ntensors(const strata_ckpt *ck) { return ck->d.meta->ntensors; }
+size_t strata_ckpt_nblobs(const strata_ckpt *ck) { return ck->d.meta->nblobs; }
+size_t strata_ckpt_nfiles(const strata_ckpt *ck) { return ck->d.meta->nfiles; }
+uint64_t strata_ckpt_data_bytes(const strata_ckpt *ck) { return ck->d.meta->data_bytes; }
+uint32_t strata_ckpt_chunk_bytes(const strata_ckpt *ck) { return ck->d.meta->chunk; }
+
+void strata_ckpt_tensor(const strata_ckpt *ck, size_t i, strata_tensor_info *out)
+{
+    const st_mtensor *t = &ck->d.meta->tensors[i];
+    *out = (strata_tensor_info){t->name, t->dtype, t->ndim, t->shape, t->nshards, t->bytes};
+}
+
+void strata_ckpt_shard(const strata_ckpt *ck, size_t tensor, size_t shard, strata_shard_info *out)
+{
+    const st_mtensor *t = &ck->d.meta->tensors[tensor];
+    const st_mshard *s = &t->shards[shard];
+    *out = (strata_shard_info){s->off, s->len, s->flat, s->fs, s->fe,
+                               ck->d.meta->files[s->ext.file].name, s->ext.offset, s->ext.bytes};
+}
+
+void strata_ckpt_blob(const strata_ckpt *ck, size_t i, strata_blob_info *out)
+{
+    const st_mblob *b = &ck->d.meta->blobs[i];
+    *out = (strata_blob_info){b->name, (int)b->owner, ck->d.meta->files[b->ext.file].name,
+                              b->ext.offset, b->ext.bytes};
+}
+
+void strata_ckpt_file(const strata_ckpt *ck, size_t i, const char **name, uint64_t *bytes)
+{
+    *name = ck->d.meta->files[i].name;
+    *bytes = ck->d.meta->files[i].bytes;
+}
+
+/* ---- probing and removal ---- */
+
+/* Is name one of the files strata writes into a checkpoint directory? */
+int st_is_strata_file(const char *name)
+{
+    if (strcmp(name, ST_COMMIT_FILE) == 0 || strcmp(name, ST_META_FILE) == 0 ||
+        strcmp(name, ST_COMMIT_FILE ".tmp") == 0 || strcmp(name, ST_META_FILE ".tmp") == 0)
+        return 1;
+    /* data-NNNNNN.bin: six or more digits */
+    size_t n = strlen(name), digits = 0;
+    if (n < 15 || strncmp(name, "data-", 5) != 0 || strcmp(name + n - 4, ".bin") != 0)
+        return 0;
+    for (size_t i = 5; i < n - 4; i++, digits++)
+        if (name[i] < '0' || name[i] > '9')
+            return 0;
+    return digits >= 6;
+}
+
+typedef struct {
+    const st_vfs *v;
+    const char *dir;
+    int strata, foreign;
+    uint64_t bytes;
+    int unlink, err;
+    char failed[PATH_MAX];
+} scan_ctx;
+
+static int scan_one(void *p, const char *name)
+{
+    scan_ctx *c = p;
+    char path[PATH_MAX];
+    if (!st_is_strata_file(name) || st_path_join(path, c->dir, name)) {
+        c->foreign++;
+        return 0;
+    }
+    uint64_t size = 0;
+    int kind = 3;
+    if (c->v->stat(c->v, path, &size, &kind) || kind != 0) {
+        c->foreign++; /* symlinks and directories with our names are not ours */
+        return 0;
+    }
+    c->strata++;
+    c->bytes += size;
+    if (c->unlink) {
+        int e = c->v->unlink(c->v, path);
+        if (e && !c->err) {
+            c->err = e;
+            snprintf(c->failed, sizeof c->failed, "%s", path);
+        }
+    }
+    return 0;
+}
+
+int st_scan_dir(const st_vfs *v, const char *dir, int unlink, int *strata, int *foreign,
+                uint64_t *bytes)
+{
+    scan_ctx c = {.v = v, .dir = dir, .unlink = unlink};
+    int e = v->list(v, dir, scan_one, &c);
+    if (e)
+        return st_fail(st_from_errno(-e), "cannot list '%s': %s", dir, strerror(-e));
+    if (c.err)
+        return st_fail(st_from_errno(-c.err), "cannot remove '%s': %s", c.failed,
+                       strerror(-c.err));
+    if (strata)
+        *strata = c.strata;
+    if (foreign)
+        *foreign = c.foreign;
+    if (bytes)
+        *bytes = c.bytes;
+    return 0;
+}
+
+int strata_probe(const char *uri, strata_probe_info *out)
+{
+    memset(out, 0, sizeof *out);
+    const st_vfs *v;
+    char path[PATH_MAX];
+    int rc = st_vfs_resolve(uri, &v, path, sizeof path);
+    if (rc)
+        return rc;
+    int kind;
+    int e = v->stat(v, path, NULL, &kind);
+    if (e)
+        return st_fail(st_from_errno(-e), "'%s': %s", path, strerror(-e));
+    if (kind != 1)
+        return 0;
+    int ns = 0;
+    if ((rc = st_scan_dir(v, path, 0, &ns, NULL, &out->disk_bytes)))
+        return rc;
+    out->is_ckpt = ns > 0;
+    if (!ns)
+        return 0;
+    st_dir d;
+    if (st_dir_open(&d, uri, 1) == 0) {
+        out->committed = d.committed;
+        out->has_metadata = 1;
+        out->step = d.meta->step;
+        st_dir_close(&d);
+    }
+    st_clear_error();
+    return 0;
+}
+
+int strata_remove_incomplete(const char *uri)
+{
+    const st_vfs *v;
+    char path[PATH_MAX], p[PATH_MAX];
+    int rc = st_vfs_resolve(uri, &v, path, sizeof path);
+    if (rc)
+        return rc;
+    int kind;
+    int e = v->stat(v, path, NULL, &kind);
+    if (e)
+        return st_fail(st_from_errno(-e), "'%s': %s", path, strerror(-e));
+    if (kind != 1)
+        return st_fail(STRATA_EINVAL, "'%s' is not a directory (symlinks are not followed)", path);
+    if ((rc = st_path_join(p, path, ST_COMMIT_FILE)))
+        return rc;
+    if (v->stat(v, p, NULL, NULL) == 0)
+        return st_fail(STRATA_EEXIST,
+                       "'%s' has a commit record: it is not removed as incomplete", path);
+    int foreign = 0;
+    if ((rc = st_scan_dir(v, path, 1, NULL, &foreign, NULL)))
+        return rc;
+    if (!foreign && (e = v->rmdir(v, path)) != 0)
+        return st_fail(st_from_errno(-e), "cannot remove '%s': %s", path, strerror(-e));
+    return 0;
+}

@@ -1,0 +1,284 @@
+/* save.c - strata_save: plan, write data files on the I/O threads (copy into an aligned
+ * staging buffer, checksum each chunk, pwrite), then metadata, then the commit record.
+ * Threading: tasks write disjoint, aligned byte ranges of the data files. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "../core/checksum.h"
+#include "../core/error.h"
+#include "../io/pool.h"
+#include "engine.h"
+
+#define SAVE_TASK_BYTES (8u << 20)
+
+typedef struct {
+    const st_vfs *v;
+    const st_save_plan *sp;
+    st_load_plan lay;  /* the writes, expressed as segments and coalesced file ranges */
+    st_file **files;
+    void **buf;
+    size_t bufsize;
+    const char *dir;
+} save_ctx;
+
+static int run_write(void *arg, size_t task, int worker)
+{
+    save_ctx *x = arg;
+    const st_read *w = &x->lay.reads[task];
+    const st_meta *m = x->sp->meta;
+    const uint64_t C = m->chunk;
+    if (!x->buf[worker] && !(x->buf[worker] = st_scratch_get(x->bufsize)))
+        return st_fail(STRATA_ENOMEM, "out of memory for a write buffer");
+    unsigned char *buf = x->buf[worker];
+    uint64_t pos = 0; /* bytes of buf filled */
+    for (size_t si = w->seg0; si < w->seg1; si++) {
+        const st_seg *s = &x->lay.segs[si];
+        const st_piece *pc = &x->sp->pieces[s->piece];
+        uint64_t at = pc->offset + s->c0 * C - w->off;
+        memset(buf + pos, 0, at - pos); /* alignment padding between extents */
+        for (uint64_t c = s->c0; c < s->c1; c++) {
+            uint64_t lo = c * C, n = ST_MIN(C, pc->bytes - lo);
+            unsigned char *dst = buf + pc->offset + lo - w->off;
+            memcpy(dst, (const unsigned char *)pc->src + lo, n);
+            pc->ext->sums[c] = st_hash(dst, n);
+            pos = pc->offset + lo + n - w->off;
+        }
+    }
+    memset(buf + pos, 0, w->len - pos);
+    int e = st_vfs_write_full(x->v, x->files[w->file], buf, w->len, w->off);
+    if (e)
+        return st_fail(st_from_errno(-e), "writing '%s/%s' at byte %llu: %s", x->dir,
+                       m->files[w->file].name, (unsigned long long)w->off, strerror(-e));
+    return 0;
+}
+
+/* Makes dir an empty directory for a new checkpoint: creates it, or clears an incomplete
+ * checkpoint there. Refuses a committed checkpoint and a directory with foreign files. */
+static int prepare_dir(const st_vfs *v, const char *dir)
+{
+    int e = v->mkdir(v, dir);
+    if (e == 0)
+        return 0;
+    if (e != -EEXIST)
+        return st_fail(st_from_errno(-e), "cannot create checkpoint directory '%s': %s", dir,
+                       strerror(-e));
+    int kind;
+    if ((e = v->stat(v, dir, NULL, &kind)) != 0 || kind != 1)
+        return st_fail(STRATA_EEXIST, "'%s' exists and is not a directory", dir);
+    char p[PATH_MAX];
+    int rc = st_path_join(p, dir, ST_COMMIT_FILE);
+    if (rc)
+        return rc;
+    if (v->stat(v, p, NULL, NULL) == 0)
+        return st_fail(STRATA_EEXIST,
+                       "'%s' already holds a committed checkpoint; it is never overwritten", dir);
+    int foreign = 0, ours = 0;
+    if ((rc = st_scan_dir(v, dir, 0, &ours, &foreign, NULL)))
+        return rc;
+    if (foreign)
+        return st_fail(STRATA_EEXIST,
+                       "'%s' is not empty and holds files that are not strata's; refusing to "
+                       "save there",
+                       dir);
+    return st_scan_dir(v, dir, 1, NULL, NULL, NULL); /* an incomplete save: replace it */
+}
+
+static int write_small(const st_vfs *v, const char *dir, const char *name, const void *buf,
+                       size_t n, int sync)
+{
+    char p[PATH_MAX];
+    int rc = st_path_join(p, dir, name);
+    if (rc)
+        return rc;
+    st_file *f;
+    int e = v->open(v, p, ST_O_WRITE, &f);
+    if (e == 0) {
+        e = st_vfs_write_full(v, f, buf, n, 0);
+        if (e == 0 && sync)
+            e = v->sync(f);
+        int ce = v->close(f);
+        if (e == 0)
+            e = ce;
+    }
+    if (e)
+        return st_fail(st_from_errno(-e), "writing '%s': %s", p, strerror(-e));
+    return 0;
+}
+
+static int commit(const st_vfs *v, const char *dir, const st_meta *m, int sync)
+{
+    unsigned char *mbuf;
+    size_t mlen;
+    int rc = st_meta_encode(m, &mbuf, &mlen);
+    if (rc)
+        return rc;
+    rc = write_small(v, dir, ST_META_FILE, mbuf, mlen, sync);
+    st_commit c = {.step = m->step, .meta_size = mlen, .meta_hash = st_hash(mbuf, mlen),
+                   .data_bytes = m->data_bytes};
+    free(mbuf);
+    if (rc)
+        return rc;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    c.time_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    unsigned char rec[ST_COMMIT_SIZE];
+    st_commit_encode(&c, rec);
+    if ((rc = write_small(v, dir, ST_COMMIT_FILE ".tmp", rec, sizeof rec, sync)))
+        return rc;
+    char from[PATH_MAX], to[PATH_MAX];
+    if ((rc = st_path_join(from, dir, ST_COMMIT_FILE ".tmp")) ||
+        (rc = st_path_join(to, dir, ST_COMMIT_FILE)))
+        return rc;
+    int e = v->rename(v, from, to);
+    if (e == 0 && sync)
+        e = v->sync_dir(v, dir);
+    if (e)
+        return st_fail(st_from_errno(-e), "committing '%s': %s", dir, strerror(-e));
+    return 0;
+}
+
+/* Lays the plan's pieces out as write tasks: whole chunks, file order, at most
+ * SAVE_TASK_BYTES each, reusing the load planner's segment/coalescing code. */
+static int layout_writes(st_load_plan *lay, const st_save_plan *sp)
+{
+    memset(lay, 0, sizeof *lay);
+    st_meta *m = sp->meta;
+    lay->meta = m;
+    lay->npieces = sp->npieces;
+    lay->ext = malloc((sp->npieces + 1) * sizeof *lay->ext);
+    lay->object = malloc((sp->npieces + 1) * sizeof *lay->object);
+    lay->maxrun = calloc(sp->npieces + 1, sizeof *lay->maxrun);
+    lay->run0 = calloc(sp->npieces + 2, sizeof *lay->run0);
+    lay->runs = malloc((sp->npieces + 1) * sizeof *lay->runs);
+    if (!lay->ext || !lay->object || !lay->maxrun || !lay->run0 || !lay->runs) {
+        st_load_plan_free(lay);
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < sp->npieces; i++) {
+        lay->ext[i] = sp->pieces[i].ext;
+        lay->object[i] = sp->pieces[i].object;
+        if (sp->pieces[i].bytes)
+            lay->runs[lay->nruns++] = (st_run){(uint32_t)i, 0, sp->pieces[i].bytes, NULL};
+    }
+    int rc = st_plan_reads(lay, SAVE_TASK_BYTES);
+    if (rc)
+        st_load_plan_free(lay);
+    return rc;
+}
+
+static int save_impl(const char *uri, strata_state *const *ranks, int nranks,
+                     const strata_save_opts *o, strata_stats *stats)
+{
+    double t0 = st_now();
+    const st_vfs *v;
+    char dir[PATH_MAX];
+    int rc = st_vfs_resolve(uri, &v, dir, sizeof dir);
+    if (rc)
+        return rc;
+    uint32_t chunk = o->chunk_bytes ? o->chunk_bytes : ST_DEFAULT_CHUNK;
+    if (chunk < 4096 || chunk > (64u << 20) || (chunk & (chunk - 1)))
+        return st_fail(STRATA_EINVAL, "chunk_bytes %u is not a power of two in 4 KiB..64 MiB",
+                       chunk);
+    if (nranks < 1 || !ranks)
+        return st_fail(STRATA_EINVAL, "save needs at least one rank state");
+    st_rank_view *rv = calloc((size_t)nranks, sizeof *rv);
+    if (!rv)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    for (int r = 0; r < nranks; r++) {
+        if (!ranks[r]) {
+            free(rv);
+            return st_fail(STRATA_EINVAL, "state of rank %d is NULL", r);
+        }
+        rv[r] = (st_rank_view){ranks[r]->sh, ranks[r]->nsh, ranks[r]->bl, ranks[r]->nbl};
+    }
+    st_save_plan sp;
+    rc = st_plan_save(&sp, rv, nranks, chunk, o->step);
+    free(rv);
+    if (rc)
+        return rc;
+    save_ctx x = {.v = v, .sp = &sp, .dir = dir};
+    int nt = st_io_threads(o->io_threads);
+    int made_files = 0;
+    if ((rc = prepare_dir(v, dir)))
+        goto out;
+    if ((rc = layout_writes(&x.lay, &sp)))
+        goto out;
+    x.bufsize = SAVE_TASK_BYTES + ST_ALIGN;
+    x.files = calloc(sp.meta->nfiles + 1, sizeof *x.files);
+    x.buf = calloc((size_t)nt, sizeof *x.buf);
+    if (!x.files || !x.buf) {
+        rc = st_fail(STRATA_ENOMEM, "out of memory");
+        goto out;
+    }
+    made_files = 1;
+    for (uint32_t f = 0; f < sp.meta->nfiles && !rc; f++) {
+        char p[PATH_MAX];
+        if ((rc = st_path_join(p, dir, sp.meta->files[f].name)))
+            break;
+        int e = v->open(v, p, ST_O_WRITE | (o->no_direct ? 0 : ST_O_DIRECT), &x.files[f]);
+        if (e) {
+            x.files[f] = NULL;
+            rc = st_fail(st_from_errno(-e), "creating '%s': %s", p, strerror(-e));
+        }
+    }
+    if (!rc)
+        rc = st_parallel(nt, x.lay.nreads, run_write, &x);
+    for (uint32_t f = 0; f < sp.meta->nfiles; f++) {
+        if (!x.files[f])
+            continue;
+        int e = 0;
+        if (!rc) {
+            uint64_t size;
+            /* files end on a 4 KiB boundary; one holding only empty blobs may be empty */
+            if (v->size(x.files[f], &size) == 0 && size < sp.meta->files[f].bytes)
+                e = v->truncate(x.files[f], sp.meta->files[f].bytes);
+            if (!e && !o->no_sync)
+                e = v->sync(x.files[f]);
+        }
+        int ce = v->close(x.files[f]);
+        if (!rc && (e || ce))
+            rc = st_fail(st_from_errno(e ? -e : -ce), "syncing '%s/%s': %s", dir,
+                         sp.meta->files[f].name, strerror(e ? -e : -ce));
+    }
+    if (!rc)
+        rc = commit(v, dir, sp.meta, !o->no_sync);
+    if (!rc && stats) {
+        *stats = (strata_stats){.data_bytes = sp.meta->data_bytes,
+                                .bytes = sp.meta->data_bytes,
+                                .io_calls = x.lay.nreads,
+                                .max_writer_bytes = sp.max_writer_bytes,
+                                .writers = (uint64_t)sp.nwriters};
+        stats->seconds = st_now() - t0;
+    }
+out:
+    if (rc && made_files) {
+        /* a failed save leaves no half-written files behind; the directory stays
+         * visibly incomplete (no commit record) if removal fails too */
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", strata_error_last());
+        st_scan_dir(v, dir, 1, NULL, NULL, NULL);
+        v->rmdir(v, dir);
+        st_fail(rc, "%s", msg);
+    }
+    if (x.buf)
+        for (int i = 0; i < nt; i++)
+            st_scratch_put(x.buf[i], x.bufsize);
+    free(x.buf);
+    free(x.files);
+    st_load_plan_free(&x.lay);
+    st_save_plan_free(&sp);
+    return rc;
+}
+
+int strata_save(const char *uri, strata_state *const *ranks, int nranks,
+                const strata_save_opts *opts, strata_stats *stats)
+{
+    strata_save_opts def = STRATA_SAVE_OPTS_INIT;
+    if (opts && opts->version != STRATA_SAVE_OPTS_VERSION)
+        return st_fail(STRATA_EINVAL, "strata_save_opts.version %d is not %d", opts->version,
+                       STRATA_SAVE_OPTS_VERSION);
+    st_clear_error();
+    return save_impl(uri, ranks, nranks, opts ? opts : &def, stats);
+}

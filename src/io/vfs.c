@@ -1,0 +1,98 @@
+/* vfs.c - URI resolution and whole-file helpers over any backend. */
+#include "vfs.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/error.h"
+
+int st_vfs_resolve(const char *uri, const st_vfs **vfs, char *path_out, size_t cap)
+{
+    if (!uri || !*uri)
+        return st_fail(STRATA_EINVAL, "empty checkpoint URI");
+    const char *sep = strstr(uri, "://");
+    const char *path = uri;
+    if (sep) {
+        size_t n = (size_t)(sep - uri);
+        if (n == 4 && strncmp(uri, "file", 4) == 0) {
+            path = sep + 3;
+            if (*path != '/')
+                return st_fail(STRATA_EINVAL, "file URI must hold an absolute path: '%s'", uri);
+        } else {
+            return st_fail(STRATA_ESCHEME, "unknown URI scheme '%.*s' in '%s' (known: file://)",
+                           (int)n, uri, uri);
+        }
+    }
+    size_t len = strlen(path);
+    while (len > 1 && path[len - 1] == '/')
+        len--;
+    if (len == 0 || len >= cap)
+        return st_fail(STRATA_EINVAL, "checkpoint path is empty or too long: '%s'", uri);
+    memcpy(path_out, path, len);
+    path_out[len] = 0;
+    *vfs = &st_vfs_posix;
+    return 0;
+}
+
+int st_vfs_read_all(const st_vfs *v, const char *path, size_t max, unsigned char **out,
+                    size_t *len)
+{
+    st_file *f;
+    int rc = v->open(v, path, ST_O_READ, &f);
+    if (rc)
+        return rc;
+    uint64_t size;
+    rc = v->size(f, &size);
+    if (rc == 0 && size > max)
+        rc = -EFBIG;
+    unsigned char *buf = NULL;
+    if (rc == 0 && !(buf = malloc(size ? size : 1)))
+        rc = -ENOMEM;
+    if (rc == 0) {
+        int64_t r = st_vfs_read_full(v, f, buf, size, 0);
+        if (r < 0)
+            rc = (int)r;
+        else
+            size = (uint64_t)r; /* shrank meanwhile: the decoder will see a truncated file */
+    }
+    v->close(f);
+    if (rc) {
+        free(buf);
+        return rc;
+    }
+    *out = buf;
+    *len = size;
+    return 0;
+}
+
+int st_vfs_write_full(const st_vfs *v, st_file *f, const void *buf, size_t n, uint64_t off)
+{
+    const char *p = buf;
+    while (n) {
+        int64_t w = v->pwrite(f, p, n, off);
+        if (w < 0)
+            return (int)w;
+        if (w == 0)
+            return -EIO;
+        p += w;
+        n -= (size_t)w;
+        off += (uint64_t)w;
+    }
+    return 0;
+}
+
+int64_t st_vfs_read_full(const st_vfs *v, st_file *f, void *buf, size_t n, uint64_t off)
+{
+    char *p = buf;
+    size_t got = 0;
+    while (got < n) {
+        int64_t r = v->pread(f, p + got, n - got, off + got);
+        if (r < 0)
+            return r;
+        if (r == 0)
+            break;
+        got += (size_t)r;
+    }
+    return (int64_t)got;
+}

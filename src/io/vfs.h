@@ -1,0 +1,68 @@
+/* vfs.h - storage backends behind one versioned vtable, chosen by URI scheme (after
+ * SQLite's VFS). Methods return 0 / a byte count, or a negative errno; they never set a
+ * strata error message (the engine does, naming the path). Backends are thread-safe:
+ * one st_file may be used by several threads at once with pread/pwrite. */
+#ifndef STRATA_VFS_H
+#define STRATA_VFS_H
+#include <stddef.h>
+#include <stdint.h>
+
+#define ST_VFS_VERSION 1
+
+enum {
+    ST_O_READ = 1,
+    ST_O_WRITE = 2,   /* create or truncate */
+    ST_O_DIRECT = 4,  /* ask for O_DIRECT; st_file_direct() tells if it was granted */
+};
+
+enum {
+    ST_CAP_DIRECT = 1, /* O_DIRECT may work */
+    ST_CAP_RENAME = 2, /* rename is atomic */
+};
+
+typedef struct st_file st_file;
+typedef struct st_vfs st_vfs;
+
+/* Called once per directory entry; return nonzero to stop. */
+typedef int (*st_list_fn)(void *ctx, const char *name);
+
+struct st_vfs {
+    int version;
+    const char *scheme;
+    unsigned caps;
+    int (*open)(const st_vfs *v, const char *path, int flags, st_file **out);
+    int64_t (*pread)(st_file *f, void *buf, size_t n, uint64_t off);
+    int64_t (*pwrite)(st_file *f, const void *buf, size_t n, uint64_t off);
+    int (*sync)(st_file *f);
+    int (*size)(st_file *f, uint64_t *out);
+    int (*truncate)(st_file *f, uint64_t size);
+    int (*close)(st_file *f); /* always frees f */
+    int (*direct)(st_file *f); /* 1 if opened with O_DIRECT */
+    int (*mkdir)(const st_vfs *v, const char *path); /* 0 if created, -EEXIST if there */
+    int (*rename)(const st_vfs *v, const char *from, const char *to);
+    int (*unlink)(const st_vfs *v, const char *path);
+    int (*rmdir)(const st_vfs *v, const char *path);
+    int (*sync_dir)(const st_vfs *v, const char *path);
+    int (*list)(const st_vfs *v, const char *dir, st_list_fn fn, void *ctx);
+    /* kind: 0 regular file, 1 directory, 2 symlink, 3 other. Does not follow symlinks. */
+    int (*stat)(const st_vfs *v, const char *path, uint64_t *size, int *kind);
+};
+
+extern const st_vfs st_vfs_posix;
+
+/* Resolves a URI to a backend and a path: "file:///a/b" and "/a/b" or "a/b" are POSIX
+ * paths. Returns STRATA_ESCHEME (with a message) for any other scheme. path_out gets the
+ * path with trailing slashes removed. */
+int st_vfs_resolve(const char *uri, const st_vfs **vfs, char *path_out, size_t cap);
+
+/* Reads a whole small file (metadata, commit record) into a new buffer, refusing files
+ * over max bytes. Returns 0 or a negative errno (-EFBIG when too large). */
+int st_vfs_read_all(const st_vfs *v, const char *path, size_t max, unsigned char **out,
+                    size_t *len);
+/* Writes n bytes at off, looping over short writes. 0 or negative errno (-EIO for a
+ * write that makes no progress). */
+int st_vfs_write_full(const st_vfs *v, st_file *f, const void *buf, size_t n, uint64_t off);
+/* Reads n bytes at off; returns the count read (short only at end of file) or -errno. */
+int64_t st_vfs_read_full(const st_vfs *v, st_file *f, void *buf, size_t n, uint64_t off);
+
+#endif

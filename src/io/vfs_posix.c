@@ -1,0 +1,174 @@
+/* vfs_posix.c - the file:// backend: POSIX calls, O_DIRECT when the filesystem allows. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../core/error.h"
+#include "vfs.h"
+
+struct st_file {
+    int fd;
+    int direct;
+};
+
+static int px_open(const st_vfs *v, const char *path, int flags, st_file **out)
+{
+    (void)v;
+    int of = O_CLOEXEC;
+    if (flags & ST_O_WRITE)
+        of |= O_WRONLY | O_CREAT | O_TRUNC;
+    else
+        of |= O_RDONLY | O_NOFOLLOW;
+    int fd = -1, direct = 0;
+    if (flags & ST_O_DIRECT) {
+        fd = open(path, of | O_DIRECT, 0644);
+        direct = fd >= 0;
+    }
+    if (fd < 0) /* tmpfs and some network filesystems refuse O_DIRECT with EINVAL */
+        fd = open(path, of, 0644);
+    if (fd < 0)
+        return -errno;
+    st_file *f = malloc(sizeof *f);
+    if (!f) {
+        close(fd);
+        return -ENOMEM;
+    }
+    f->fd = fd;
+    f->direct = direct;
+    *out = f;
+    return 0;
+}
+
+static int64_t px_pread(st_file *f, void *buf, size_t n, uint64_t off)
+{
+    ssize_t r;
+    do
+        r = pread(f->fd, buf, n, (off_t)off);
+    while (r < 0 && errno == EINTR);
+    return r < 0 ? -errno : r;
+}
+
+static int64_t px_pwrite(st_file *f, const void *buf, size_t n, uint64_t off)
+{
+    ssize_t r;
+    do
+        r = pwrite(f->fd, buf, n, (off_t)off);
+    while (r < 0 && errno == EINTR);
+    return r < 0 ? -errno : r;
+}
+
+static int px_sync(st_file *f) { return fsync(f->fd) ? -errno : 0; }
+
+static int px_size(st_file *f, uint64_t *out)
+{
+    struct stat st;
+    if (fstat(f->fd, &st))
+        return -errno;
+    *out = (uint64_t)st.st_size;
+    return 0;
+}
+
+static int px_truncate(st_file *f, uint64_t size)
+{
+    return ftruncate(f->fd, (off_t)size) ? -errno : 0;
+}
+
+static int px_close(st_file *f)
+{
+    int rc = close(f->fd) ? -errno : 0;
+    free(f);
+    return rc;
+}
+
+static int px_direct(st_file *f) { return f->direct; }
+
+static int px_mkdir(const st_vfs *v, const char *path)
+{
+    (void)v;
+    return mkdir(path, 0755) ? -errno : 0;
+}
+
+static int px_rename(const st_vfs *v, const char *from, const char *to)
+{
+    (void)v;
+    return rename(from, to) ? -errno : 0;
+}
+
+static int px_unlink(const st_vfs *v, const char *path)
+{
+    (void)v;
+    return unlink(path) ? -errno : 0;
+}
+
+static int px_rmdir(const st_vfs *v, const char *path)
+{
+    (void)v;
+    return rmdir(path) ? -errno : 0;
+}
+
+static int px_sync_dir(const st_vfs *v, const char *path)
+{
+    (void)v;
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    int rc = fsync(fd) ? -errno : 0;
+    close(fd);
+    return rc;
+}
+
+static int px_list(const st_vfs *v, const char *dir, st_list_fn fn, void *ctx)
+{
+    (void)v;
+    DIR *d = opendir(dir);
+    if (!d)
+        return -errno;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        if (fn(ctx, e->d_name))
+            break;
+    }
+    closedir(d);
+    return 0;
+}
+
+static int px_stat(const st_vfs *v, const char *path, uint64_t *size, int *kind)
+{
+    (void)v;
+    struct stat st;
+    if (lstat(path, &st))
+        return -errno;
+    if (size)
+        *size = (uint64_t)st.st_size;
+    if (kind)
+        *kind = S_ISREG(st.st_mode) ? 0 : S_ISDIR(st.st_mode) ? 1 : S_ISLNK(st.st_mode) ? 2 : 3;
+    return 0;
+}
+
+const st_vfs st_vfs_posix = {
+    .version = ST_VFS_VERSION,
+    .scheme = "file",
+    .caps = ST_CAP_DIRECT | ST_CAP_RENAME,
+    .open = px_open,
+    .pread = px_pread,
+    .pwrite = px_pwrite,
+    .sync = px_sync,
+    .size = px_size,
+    .truncate = px_truncate,
+    .close = px_close,
+    .direct = px_direct,
+    .mkdir = px_mkdir,
+    .rename = px_rename,
+    .unlink = px_unlink,
+    .rmdir = px_rmdir,
+    .sync_dir = px_sync_dir,
+    .list = px_list,
+    .stat = px_stat,
+};

@@ -1,0 +1,550 @@
+/* meta.c - encoder and validating decoder of the metadata file and the commit record. */
+#include "meta.h"
+
+#include <stdio.h>
+
+#include "../core/checksum.h"
+#include "../core/error.h"
+#include "../core/geom.h"
+
+/* ---- encoding ---- */
+
+static void put_extent(st_buf *b, const st_extent *e, uint32_t chunk, int with_bytes)
+{
+    st_buf_var(b, e->file);
+    st_buf_var(b, e->offset / ST_ALIGN);
+    if (with_bytes)
+        st_buf_var(b, e->bytes);
+    uint64_t n = st_nchunks(e->bytes, chunk);
+    for (uint64_t i = 0; i < n; i++)
+        st_buf_u64(b, e->sums[i]);
+}
+
+int st_meta_encode(const st_meta *m, unsigned char **out, size_t *len)
+{
+    st_buf b = {0};
+    st_buf_put(&b, ST_META_MAGIC, 8);
+    st_buf_u32(&b, ST_META_VERSION);
+    st_buf_u32(&b, 0);
+    st_buf_u64(&b, 0); /* body length, patched below */
+    st_buf_u64(&b, m->step);
+    st_buf_var(&b, m->chunk);
+    st_buf_var(&b, m->nfiles);
+    for (uint32_t i = 0; i < m->nfiles; i++) {
+        st_buf_str(&b, m->files[i].name);
+        st_buf_var(&b, m->files[i].bytes);
+    }
+    st_buf_var(&b, m->ntensors);
+    for (size_t i = 0; i < m->ntensors; i++) {
+        const st_mtensor *t = &m->tensors[i];
+        st_buf_str(&b, t->name);
+        st_buf_u8(&b, (uint8_t)t->dtype);
+        st_buf_u8(&b, (uint8_t)t->ndim);
+        for (int d = 0; d < t->ndim; d++)
+            st_buf_var(&b, t->shape[d]);
+        st_buf_var(&b, t->nshards);
+        for (size_t s = 0; s < t->nshards; s++) {
+            const st_mshard *sh = &t->shards[s];
+            st_buf_u8(&b, (uint8_t)(sh->flat ? 1 : 0));
+            for (int d = 0; d < t->ndim; d++)
+                st_buf_var(&b, sh->off[d]);
+            for (int d = 0; d < t->ndim; d++)
+                st_buf_var(&b, sh->len[d]);
+            if (sh->flat) {
+                st_buf_var(&b, sh->fs);
+                st_buf_var(&b, sh->fe - sh->fs);
+            }
+            put_extent(&b, &sh->ext, m->chunk, 0);
+        }
+    }
+    st_buf_var(&b, m->nblobs);
+    for (size_t i = 0; i < m->nblobs; i++) {
+        st_buf_str(&b, m->blobs[i].name);
+        st_buf_var(&b, (uint64_t)(m->blobs[i].owner + 1));
+        put_extent(&b, &m->blobs[i].ext, m->chunk, 1);
+    }
+    if (b.oom) {
+        free(b.p);
+        return st_fail(STRATA_ENOMEM, "out of memory encoding metadata");
+    }
+    uint64_t body = b.n - ST_META_HEADER;
+    for (int i = 0; i < 8; i++)
+        b.p[16 + i] = (unsigned char)(body >> (8 * i));
+    st_buf_u64(&b, st_hash(b.p, b.n));
+    if (b.oom) {
+        free(b.p);
+        return st_fail(STRATA_ENOMEM, "out of memory encoding metadata");
+    }
+    *out = b.p;
+    *len = b.n;
+    return 0;
+}
+
+/* ---- decoding ---- */
+
+typedef struct {
+    const unsigned char *p, *end, *base;
+    int err;
+    char what[160];
+} rd;
+
+static void rd_fail(rd *r, const char *what)
+{
+    if (!r->err) {
+        r->err = 1;
+        snprintf(r->what, sizeof r->what, "%s at byte %zu", what, (size_t)(r->p - r->base));
+    }
+}
+
+static uint64_t rd_var(rd *r)
+{
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+        if (r->p >= r->end) {
+            rd_fail(r, "truncated varint");
+            return 0;
+        }
+        unsigned char c = *r->p++;
+        if (shift == 63 && (c & 0x7e)) {
+            rd_fail(r, "varint overflows 64 bits");
+            return 0;
+        }
+        v |= (uint64_t)(c & 0x7f) << shift;
+        if (!(c & 0x80))
+            return v;
+    }
+    rd_fail(r, "varint too long");
+    return 0;
+}
+
+static size_t rd_left(const rd *r) { return (size_t)(r->end - r->p); }
+
+/* A count of items each taking at least min_bytes: bounded by the bytes left. */
+static uint64_t rd_count(rd *r, size_t min_bytes, const char *what)
+{
+    uint64_t n = rd_var(r);
+    if (!r->err && n > rd_left(r) / min_bytes) {
+        rd_fail(r, what);
+        return 0;
+    }
+    return n;
+}
+
+static uint8_t rd_u8(rd *r)
+{
+    if (r->p >= r->end) {
+        rd_fail(r, "truncated");
+        return 0;
+    }
+    return *r->p++;
+}
+
+static uint64_t rd_u64(rd *r)
+{
+    if (rd_left(r) < 8) {
+        rd_fail(r, "truncated");
+        return 0;
+    }
+    uint64_t v = st_get_u64(r->p);
+    r->p += 8;
+    return v;
+}
+
+static char *rd_str(rd *r, st_arena *a, int plain)
+{
+    uint64_t n = rd_var(r);
+    if (r->err)
+        return NULL;
+    if (n == 0 || n > STRATA_MAX_NAME || n > rd_left(r)) {
+        rd_fail(r, "bad name length");
+        return NULL;
+    }
+    if (memchr(r->p, 0, n)) {
+        rd_fail(r, "NUL byte in name");
+        return NULL;
+    }
+    if (plain && !st_plain_name((const char *)r->p, n)) {
+        rd_fail(r, "file name is not a plain name inside the checkpoint directory");
+        return NULL;
+    }
+    char *s = st_arena_strndup(a, (const char *)r->p, n);
+    if (!s) {
+        rd_fail(r, "out of memory");
+        return NULL;
+    }
+    r->p += n;
+    return s;
+}
+
+int st_plain_name(const char *name, size_t len)
+{
+    if (len == 0 || (len == 1 && name[0] == '.') || (len == 2 && name[0] == '.' && name[1] == '.'))
+        return 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)name[i];
+        if (c == '/' || c == '\\' || c < 0x20 || c == 0x7f)
+            return 0;
+    }
+    return 1;
+}
+
+static void rd_extent(rd *r, st_meta *m, st_extent *e, uint64_t bytes, int with_bytes)
+{
+    e->file = (uint32_t)rd_var(r);
+    uint64_t blk = rd_var(r);
+    if (with_bytes)
+        bytes = rd_var(r);
+    if (r->err)
+        return;
+    if (e->file >= m->nfiles) {
+        rd_fail(r, "extent names a file index out of range");
+        return;
+    }
+    if (blk > UINT64_MAX / ST_ALIGN) {
+        rd_fail(r, "extent offset overflows");
+        return;
+    }
+    e->offset = blk * ST_ALIGN;
+    e->bytes = bytes;
+    if (bytes == 0 || e->offset > m->files[e->file].bytes ||
+        bytes > m->files[e->file].bytes - e->offset) {
+        rd_fail(r, "extent lies outside its data file");
+        return;
+    }
+    uint64_t n = st_nchunks(bytes, m->chunk);
+    if (n > rd_left(r) / 8) {
+        rd_fail(r, "truncated checksum list");
+        return;
+    }
+    e->sums = st_arena_alloc(&m->arena, n * 8);
+    if (!e->sums) {
+        rd_fail(r, "out of memory");
+        return;
+    }
+    for (uint64_t i = 0; i < n; i++)
+        e->sums[i] = rd_u64(r);
+}
+
+static int decode_body(rd *r, st_meta *m)
+{
+    uint64_t chunk = rd_var(r);
+    if (r->err || chunk < 4096 || chunk > (64u << 20) || (chunk & (chunk - 1)))
+        return rd_fail(r, "bad checksum chunk size"), -1;
+    m->chunk = (uint32_t)chunk;
+
+    uint64_t nf = rd_count(r, 2, "file count exceeds the metadata size");
+    if (r->err || nf > UINT32_MAX)
+        return rd_fail(r, "bad file count"), -1;
+    m->nfiles = (uint32_t)nf;
+    m->files = st_arena_alloc(&m->arena, (nf ? nf : 1) * sizeof *m->files);
+    if (!m->files)
+        return rd_fail(r, "out of memory"), -1;
+    for (uint64_t i = 0; i < nf && !r->err; i++) {
+        m->files[i].name = rd_str(r, &m->arena, 1);
+        m->files[i].bytes = rd_var(r);
+        for (uint64_t j = 0; j < i && !r->err; j++)
+            if (strcmp(m->files[i].name, m->files[j].name) == 0)
+                rd_fail(r, "duplicate file name");
+    }
+
+    uint64_t nt = rd_count(r, 4, "tensor count exceeds the metadata size");
+    if (r->err)
+        return -1;
+    m->ntensors = nt;
+    m->tensors = st_arena_alloc(&m->arena, (nt ? nt : 1) * sizeof *m->tensors);
+    if (!m->tensors)
+        return rd_fail(r, "out of memory"), -1;
+    for (uint64_t i = 0; i < nt && !r->err; i++) {
+        st_mtensor *t = &m->tensors[i];
+        memset(t, 0, sizeof *t);
+        t->name = rd_str(r, &m->arena, 0);
+        t->dtype = (strata_dtype)rd_u8(r);
+        t->ndim = rd_u8(r);
+        if (r->err)
+            break;
+        if ((unsigned)t->dtype >= STRATA_DTYPE_COUNT) {
+            rd_fail(r, "unknown dtype");
+            break;
+        }
+        if (t->ndim > STRATA_MAX_DIMS) {
+            rd_fail(r, "too many dims");
+            break;
+        }
+        int of = 0;
+        for (int d = 0; d < t->ndim; d++)
+            t->shape[d] = rd_var(r);
+        uint64_t numel = st_box_numel(t->ndim, t->shape, &of), tb;
+        if (!r->err && (of || !st_mul_ok(numel, strata_dtype_size(t->dtype), &tb) ||
+                        tb > (UINT64_MAX >> 2))) {
+            rd_fail(r, "tensor size overflows");
+            break;
+        }
+        size_t min_shard = 1 + 2 * (size_t)t->ndim + 2 + 8;
+        t->nshards = rd_count(r, min_shard, "shard count exceeds the metadata size");
+        if (r->err)
+            break;
+        t->shards = st_arena_alloc(&m->arena, (t->nshards ? t->nshards : 1) * sizeof *t->shards);
+        uint64_t *dims = st_arena_alloc(&m->arena, (t->nshards * 2 * (size_t)t->ndim + 1) * 8);
+        if (!t->shards || !dims) {
+            rd_fail(r, "out of memory");
+            break;
+        }
+        size_t esz = strata_dtype_size(t->dtype);
+        for (size_t s = 0; s < t->nshards && !r->err; s++) {
+            st_mshard *sh = &t->shards[s];
+            sh->off = dims + s * 2 * (size_t)t->ndim;
+            sh->len = sh->off + t->ndim;
+            uint8_t fl = rd_u8(r);
+            if (fl > 1) {
+                rd_fail(r, "unknown shard flags");
+                break;
+            }
+            sh->flat = fl;
+            for (int d = 0; d < t->ndim; d++)
+                sh->off[d] = rd_var(r);
+            for (int d = 0; d < t->ndim; d++)
+                sh->len[d] = rd_var(r);
+            if (r->err)
+                break;
+            for (int d = 0; d < t->ndim; d++)
+                if (sh->len[d] == 0 || sh->off[d] > t->shape[d] ||
+                    sh->len[d] > t->shape[d] - sh->off[d]) {
+                    rd_fail(r, "shard box outside the tensor");
+                    break;
+                }
+            if (r->err)
+                break;
+            uint64_t bn = st_box_numel(t->ndim, sh->len, NULL);
+            sh->fs = 0;
+            sh->fe = bn;
+            if (sh->flat) {
+                uint64_t fs = rd_var(r), n = rd_var(r);
+                if (r->err || n == 0 || fs > bn || n > bn - fs) {
+                    rd_fail(r, "flat range outside the shard box");
+                    break;
+                }
+                sh->fs = fs;
+                sh->fe = fs + n;
+            }
+            rd_extent(r, m, &sh->ext, (sh->fe - sh->fs) * esz, 0);
+            t->bytes += sh->ext.bytes;
+        }
+        m->data_bytes += t->bytes;
+    }
+
+    uint64_t nb = rd_count(r, 4, "blob count exceeds the metadata size");
+    if (r->err)
+        return -1;
+    m->nblobs = nb;
+    m->blobs = st_arena_alloc(&m->arena, (nb ? nb : 1) * sizeof *m->blobs);
+    if (!m->blobs)
+        return rd_fail(r, "out of memory"), -1;
+    for (uint64_t i = 0; i < nb && !r->err; i++) {
+        st_mblob *b = &m->blobs[i];
+        b->name = rd_str(r, &m->arena, 0);
+        uint64_t o = rd_var(r);
+        if (!r->err && o > INT32_MAX)
+            rd_fail(r, "bad blob owner");
+        b->owner = (int64_t)o - 1;
+        rd_extent(r, m, &b->ext, 0, 1);
+        m->data_bytes += b->ext.bytes;
+    }
+    if (!r->err && r->p != r->end)
+        rd_fail(r, "trailing bytes after the blob table");
+    return r->err ? -1 : 0;
+}
+
+/* Names must be unique: tensors by name, blobs by (name, owner). Sort-free check with an
+ * open-addressing table of indices. */
+static int check_unique(st_meta *m, char *why, size_t whylen)
+{
+    size_t n = m->ntensors + m->nblobs, cap = 16;
+    while (cap < 2 * n)
+        cap *= 2;
+    size_t *tab = malloc(cap * sizeof *tab);
+    if (!tab)
+        return STRATA_ENOMEM;
+    for (size_t i = 0; i < cap; i++)
+        tab[i] = SIZE_MAX;
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        const char *name = i < m->ntensors ? m->tensors[i].name : m->blobs[i - m->ntensors].name;
+        int64_t owner = i < m->ntensors ? -2 : m->blobs[i - m->ntensors].owner;
+        size_t h = (size_t)(st_strhash(name) ^ st_mix64((uint64_t)owner)) & (cap - 1);
+        while (tab[h] != SIZE_MAX) {
+            size_t j = tab[h];
+            const char *jn = j < m->ntensors ? m->tensors[j].name : m->blobs[j - m->ntensors].name;
+            int64_t jo = j < m->ntensors ? -2 : m->blobs[j - m->ntensors].owner;
+            if (jo == owner && strcmp(jn, name) == 0) {
+                snprintf(why, whylen, "duplicate %s name '%s'", owner == -2 ? "tensor" : "blob",
+                         name);
+                rc = STRATA_EFORMAT;
+                break;
+            }
+            h = (h + 1) & (cap - 1);
+        }
+        tab[h] = i;
+    }
+    free(tab);
+    return rc;
+}
+
+typedef struct {
+    uint64_t lo, hi;
+    size_t idx;
+} span0;
+
+static int cmp_span0(const void *a, const void *b)
+{
+    const span0 *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo ? 1 : (x->idx < y->idx ? -1 : x->idx > y->idx);
+}
+
+static int stop_at_first(void *ctx, uint64_t a, uint64_t b, uint64_t n)
+{
+    (void)ctx, (void)a, (void)b, (void)n;
+    return 1;
+}
+
+int st_meta_check_overlap(const st_mtensor *t)
+{
+    if (t->nshards < 2)
+        return 0;
+    span0 *v = malloc(t->nshards * sizeof *v);
+    if (!v)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    for (size_t i = 0; i < t->nshards; i++) {
+        st_region r = {t->ndim, t->shards[i].off, t->shards[i].len, t->shards[i].fs,
+                       t->shards[i].fe};
+        v[i].idx = i;
+        st_region_dim0(&r, &v[i].lo, &v[i].hi);
+    }
+    qsort(v, t->nshards, sizeof *v, cmp_span0);
+    int rc = 0;
+    for (size_t i = 0; i < t->nshards && !rc; i++) {
+        const st_mshard *a = &t->shards[v[i].idx];
+        st_region ra = {t->ndim, a->off, a->len, a->fs, a->fe};
+        for (size_t j = i + 1; j < t->nshards && v[j].lo < v[i].hi; j++) {
+            const st_mshard *b = &t->shards[v[j].idx];
+            st_region rb = {t->ndim, b->off, b->len, b->fs, b->fe};
+            if (st_region_runs(&ra, &rb, stop_at_first, NULL)) {
+                rc = st_fail(STRATA_EOVERLAP, "tensor '%s': shards %zu and %zu overlap", t->name,
+                             v[i].idx, v[j].idx);
+                break;
+            }
+        }
+    }
+    free(v);
+    return rc;
+}
+
+static int check_header(const unsigned char *buf, size_t len)
+{
+    if (len < ST_META_HEADER + ST_META_TRAILER)
+        return st_fail(STRATA_EFORMAT, "metadata is truncated (%zu bytes)", len);
+    if (memcmp(buf, ST_META_MAGIC, 8) != 0)
+        return st_fail(STRATA_EFORMAT, "metadata has a bad magic number");
+    uint32_t ver = st_get_u32(buf + 8);
+    if (ver != ST_META_VERSION)
+        return st_fail(STRATA_EFORMAT, "metadata format version %u is not supported (want %u)",
+                       ver, ST_META_VERSION);
+    if (st_get_u32(buf + 12) != 0)
+        return st_fail(STRATA_EFORMAT, "metadata has unknown header flags");
+    uint64_t body = st_get_u64(buf + 16);
+    if (body != len - ST_META_HEADER - ST_META_TRAILER)
+        return st_fail(STRATA_EFORMAT,
+                       "metadata is truncated or padded: header says %llu body bytes, file has %zu",
+                       (unsigned long long)body, len - ST_META_HEADER - ST_META_TRAILER);
+    return 0;
+}
+
+static int parse(st_meta **out, const unsigned char *buf, size_t len)
+{
+    st_meta *m = calloc(1, sizeof *m);
+    if (!m)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    m->step = st_get_u64(buf + 24);
+    rd r = {.p = buf + ST_META_HEADER, .end = buf + len - ST_META_TRAILER, .base = buf};
+    if (decode_body(&r, m) != 0) {
+        st_meta_free(m);
+        return st_fail(STRATA_EFORMAT, "metadata is malformed: %s", r.what);
+    }
+    char why[STRATA_MAX_NAME + 64];
+    int rc = check_unique(m, why, sizeof why);
+    if (rc) {
+        st_meta_free(m);
+        return rc == STRATA_ENOMEM ? st_fail(rc, "out of memory")
+                                   : st_fail(STRATA_EFORMAT, "metadata is malformed: %s", why);
+    }
+    for (size_t i = 0; i < m->ntensors; i++) {
+        rc = st_meta_check_overlap(&m->tensors[i]);
+        if (rc) {
+            st_meta_free(m);
+            return rc == STRATA_EOVERLAP ? st_wrap(STRATA_EFORMAT, "metadata is malformed") : rc;
+        }
+    }
+    *out = m;
+    return 0;
+}
+
+int st_meta_decode(st_meta **out, const unsigned char *buf, size_t len)
+{
+    *out = NULL;
+    int rc = check_header(buf, len);
+    if (rc)
+        return rc;
+    if (st_hash(buf, len - ST_META_TRAILER) != st_get_u64(buf + len - ST_META_TRAILER))
+        return st_fail(STRATA_EFORMAT, "metadata checksum mismatch: the file is corrupt");
+    return parse(out, buf, len);
+}
+
+int st_meta_decode_unchecked(st_meta **out, const unsigned char *buf, size_t len)
+{
+    *out = NULL;
+    int rc = check_header(buf, len);
+    return rc ? rc : parse(out, buf, len);
+}
+
+void st_meta_free(st_meta *m)
+{
+    if (!m)
+        return;
+    st_arena_free(&m->arena);
+    free(m);
+}
+
+/* ---- commit record ---- */
+
+void st_commit_encode(const st_commit *c, unsigned char out[ST_COMMIT_SIZE])
+{
+    st_buf b = {.p = out, .cap = ST_COMMIT_SIZE};
+    st_buf_put(&b, ST_COMMIT_MAGIC, 8);
+    st_buf_u32(&b, ST_COMMIT_VERSION);
+    st_buf_u32(&b, 0);
+    st_buf_u64(&b, c->step);
+    st_buf_u64(&b, c->meta_size);
+    st_buf_u64(&b, c->meta_hash);
+    st_buf_u64(&b, c->time_ns);
+    st_buf_u64(&b, c->data_bytes);
+    st_buf_u64(&b, st_hash(out, ST_COMMIT_SIZE - 8));
+}
+
+int st_commit_decode(st_commit *c, const unsigned char *buf, size_t len)
+{
+    if (len != ST_COMMIT_SIZE)
+        return st_fail(STRATA_EFORMAT, "commit record has %zu bytes, want %u", len,
+                       ST_COMMIT_SIZE);
+    if (memcmp(buf, ST_COMMIT_MAGIC, 8) != 0)
+        return st_fail(STRATA_EFORMAT, "commit record has a bad magic number");
+    if (st_get_u32(buf + 8) != ST_COMMIT_VERSION || st_get_u32(buf + 12) != 0)
+        return st_fail(STRATA_EFORMAT, "commit record version %u is not supported",
+                       st_get_u32(buf + 8));
+    if (st_hash(buf, ST_COMMIT_SIZE - 8) != st_get_u64(buf + ST_COMMIT_SIZE - 8))
+        return st_fail(STRATA_EFORMAT, "commit record checksum mismatch");
+    c->step = st_get_u64(buf + 16);
+    c->meta_size = st_get_u64(buf + 24);
+    c->meta_hash = st_get_u64(buf + 32);
+    c->time_ns = st_get_u64(buf + 40);
+    c->data_bytes = st_get_u64(buf + 48);
+    return 0;
+}

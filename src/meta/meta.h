@@ -1,0 +1,100 @@
+/* meta.h - the checkpoint's metadata (global tensor index) and commit record: in-memory
+ * form, binary encoding and validating decoder. Format: docs/FORMAT.md. Pure; no I/O. */
+#ifndef STRATA_META_H
+#define STRATA_META_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../core/util.h"
+#include "strata.h"
+
+#define ST_META_MAGIC "STRATAMD"
+#define ST_META_VERSION 1u
+#define ST_META_HEADER 32u
+#define ST_META_TRAILER 8u
+#define ST_COMMIT_MAGIC "STRATACR"
+#define ST_COMMIT_VERSION 1u
+#define ST_COMMIT_SIZE 64u
+#define ST_ALIGN 4096u            /* extents in data files start at multiples of this */
+#define ST_META_FILE "metadata.bin"
+#define ST_COMMIT_FILE "COMMIT"
+#define ST_DEFAULT_CHUNK (4u << 20)
+
+/* Bytes of a data file holding [offset, offset + bytes), checksummed per chunk: chunk i
+ * covers [i*chunk, min((i+1)*chunk, bytes)) and sums[i] is its XXH3-64. */
+typedef struct st_extent {
+    uint32_t file;
+    uint64_t offset, bytes;
+    uint64_t *sums;
+} st_extent;
+
+typedef struct st_mshard {
+    uint64_t *off, *len; /* ndim each */
+    uint64_t fs, fe;     /* flat range of the box; whole box: 0, numel */
+    int flat;
+    st_extent ext;
+} st_mshard;
+
+typedef struct st_mtensor {
+    char *name;
+    strata_dtype dtype;
+    int ndim;
+    uint64_t shape[STRATA_MAX_DIMS];
+    size_t nshards;
+    st_mshard *shards;
+    uint64_t bytes;
+} st_mtensor;
+
+typedef struct st_mblob {
+    char *name;
+    int64_t owner; /* -1: global */
+    st_extent ext;
+} st_mblob;
+
+typedef struct st_mfile {
+    char *name;
+    uint64_t bytes;
+} st_mfile;
+
+typedef struct st_meta {
+    st_arena arena; /* owns everything below */
+    uint64_t step;
+    uint32_t chunk;
+    uint32_t nfiles;
+    st_mfile *files;
+    size_t ntensors;
+    st_mtensor *tensors;
+    size_t nblobs;
+    st_mblob *blobs;
+    uint64_t data_bytes;
+} st_meta;
+
+static inline uint64_t st_nchunks(uint64_t bytes, uint32_t chunk)
+{
+    return bytes / chunk + (bytes % chunk != 0);
+}
+
+/* Encodes m into a new malloc'd buffer (*out, *len). STRATA_ENOMEM on failure. */
+int st_meta_encode(const st_meta *m, unsigned char **out, size_t *len);
+/* Decodes and fully validates (bounds, names, geometry, overlap, extents within files).
+ * On success *out is a new st_meta (free with st_meta_free). Errors: STRATA_EFORMAT with
+ * a message saying what is wrong and where, STRATA_ENOMEM. Never reads past len, and
+ * never allocates more than a small multiple of len. */
+int st_meta_decode(st_meta **out, const unsigned char *buf, size_t len);
+/* The same without the trailer checksum check (for fuzzing the parser in depth). */
+int st_meta_decode_unchecked(st_meta **out, const unsigned char *buf, size_t len);
+void st_meta_free(st_meta *m);
+/* Checks the shards of one tensor for overlap; STRATA_EOVERLAP naming the pair. */
+int st_meta_check_overlap(const st_mtensor *t);
+/* Is `name` a plain file name (no '/', not "." or "..", no control characters)? */
+int st_plain_name(const char *name, size_t len);
+
+typedef struct st_commit {
+    uint64_t step, meta_size, meta_hash, time_ns, data_bytes;
+} st_commit;
+
+void st_commit_encode(const st_commit *c, unsigned char out[ST_COMMIT_SIZE]);
+/* STRATA_EFORMAT unless buf is a well-formed commit record of exactly ST_COMMIT_SIZE. */
+int st_commit_decode(st_commit *c, const unsigned char *buf, size_t len);
+
+#endif

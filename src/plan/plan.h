@@ -1,0 +1,121 @@
+/* plan.h - pure planning. The save planner dedups replicated shards and balances the
+ * write work; the load planner intersects requests with saved shards through a per-tensor
+ * index and lists what to read and where each byte goes. No I/O, no communication. */
+#ifndef STRATA_PLAN_H
+#define STRATA_PLAN_H
+#include <stdint.h>
+
+#include "../meta/meta.h"
+#include "strata.h"
+
+/* One registered shard, normalised: lengths filled, [fs, fe) explicit. */
+typedef struct st_entry {
+    const char *name;
+    strata_dtype dtype;
+    int ndim;
+    uint64_t shape[STRATA_MAX_DIMS], off[STRATA_MAX_DIMS], len[STRATA_MAX_DIMS];
+    uint64_t fs, fe; /* within the box; whole box: 0, numel(box) */
+    void *data;
+    uint64_t bytes;
+} st_entry;
+
+typedef struct st_blobent {
+    const char *name;
+    int local, owner;
+    void *data;
+    uint64_t size;
+} st_blobent;
+
+/* What one rank registered. */
+typedef struct st_rank_view {
+    const st_entry *sh;
+    size_t nsh;
+    const st_blobent *bl;
+    size_t nbl;
+} st_rank_view;
+
+/* ---- save ---- */
+
+/* One extent to write: `bytes` from src to offset `offset` of writer's data file. */
+typedef struct st_piece {
+    int writer;
+    uint64_t offset, bytes;
+    const void *src;
+    st_extent *ext;     /* in the plan's metadata; the writer fills ext->sums */
+    const char *object; /* tensor or blob name, for messages */
+} st_piece;
+
+typedef struct st_save_plan {
+    st_meta *meta;      /* complete but for the checksums (sums arrays allocated) */
+    st_piece *pieces;   /* metadata order; offsets grow within each writer file */
+    size_t npieces;
+    int nranks;
+    int *writer_file;   /* per rank: index into meta->files, or -1 if it writes nothing */
+    uint64_t *writer_bytes; /* per rank: payload bytes assigned */
+    uint64_t max_writer_bytes;
+    int nwriters;
+} st_save_plan;
+
+/* Builds the global save plan from every rank's registered state. Each distinct shard
+ * (same tensor, box and flat range) is written once by one of its holders, chosen to
+ * balance bytes per writer (fixed single-holder work first, then replicated items
+ * largest first to the least-loaded holder). Errors: STRATA_EMISMATCH (one name with two
+ * dtypes/shapes, or a global blob with two sizes), STRATA_EOVERLAP, STRATA_EINVAL,
+ * STRATA_ENOMEM. */
+int st_plan_save(st_save_plan *out, const st_rank_view *ranks, int nranks, uint32_t chunk,
+                 uint64_t step);
+void st_save_plan_free(st_save_plan *p);
+
+/* ---- load ---- */
+
+/* A byte run to copy from a saved extent to a destination. */
+typedef struct st_run {
+    uint32_t piece; /* index into st_load_plan.ext */
+    uint64_t src;   /* byte offset within the extent */
+    uint64_t n;
+    char *dst;
+} st_run;
+
+/* A segment of a read: chunks [c0, c1) of one extent. */
+typedef struct st_seg {
+    uint32_t piece;
+    uint64_t c0, c1;
+} st_seg;
+
+/* One coalesced read: [off, off+len) of file, covering segments [seg0, seg1). */
+typedef struct st_read {
+    uint32_t file;
+    uint64_t off, len;
+    size_t seg0, seg1;
+} st_read;
+
+typedef struct st_load_plan {
+    const st_meta *meta;
+    size_t npieces;
+    const st_extent **ext;   /* per piece */
+    const char **object;     /* per piece: tensor or blob name */
+    uint64_t *maxrun;        /* per piece: longest run, for run look-up */
+    size_t *run0;            /* per piece: first run index; run0[npieces] = nruns */
+    st_run *runs;            /* sorted by (piece, src) */
+    size_t nruns;
+    st_seg *segs;
+    size_t nsegs;
+    st_read *reads;          /* sorted by (file, off) */
+    size_t nreads;
+    uint64_t payload_bytes;  /* bytes of chunks to read (not counting alignment padding) */
+    uint64_t request_bytes;  /* bytes requested over all ranks */
+} st_load_plan;
+
+/* Plans a load of the requests of nranks ranks from meta. max_io bounds one read (it is
+ * rounded to whole chunks and at least one chunk). Errors: STRATA_ENOTFOUND,
+ * STRATA_EMISMATCH, STRATA_EUNFILLED (messages name tensor and rank), STRATA_ENOMEM. */
+int st_plan_load(st_load_plan *out, const st_meta *meta, const st_rank_view *ranks,
+                 int nranks, uint64_t max_io);
+/* A plan that reads every chunk of every extent once (runs with dst NULL): for verify. */
+int st_plan_verify_all(st_load_plan *out, const st_meta *meta, uint64_t max_io);
+/* From out->runs (pieces numbered, runs filled): sorts the runs, derives the needed chunk
+ * segments and coalesces them into reads. Used by both planners above. */
+int st_plan_reads(st_load_plan *out, uint64_t max_io);
+void st_load_plan_free(st_load_plan *p);
+
+#endif

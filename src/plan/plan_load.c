@@ -1,0 +1,412 @@
+/* plan_load.c - the load plan: requests intersected with saved shards through a per-tensor
+ * dim-0 interval index, then the byte runs to scatter, the checksum chunks they need, and
+ * those chunks coalesced into large reads. Pure; single-threaded. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../core/error.h"
+#include "../core/geom.h"
+#include "../core/util.h"
+#include "plan.h"
+
+typedef struct {
+    size_t *ord;         /* shard indices sorted by dim-0 start */
+    uint64_t *lo, *hi;   /* dim-0 span of ord[i] */
+    uint64_t *pmax;      /* max of hi[0..i] */
+} tindex;
+
+typedef struct {
+    st_load_plan *p;
+    size_t cap;
+    uint32_t piece;
+    size_t esz;
+    char *dst;
+    int oom;
+} runs_out;
+
+static int add_run(void *ctx, uint64_t a, uint64_t b, uint64_t n)
+{
+    runs_out *o = ctx;
+    if (st_grow(&o->p->runs, &o->cap, o->p->nruns + 1, sizeof *o->p->runs)) {
+        o->oom = 1;
+        return 1;
+    }
+    o->p->runs[o->p->nruns++] = (st_run){o->piece, a * o->esz, n * o->esz, o->dst + b * o->esz};
+    return 0;
+}
+
+static int cmp_u64_pair(const void *pa, const void *pb, void *ctx)
+{
+    const uint64_t *lo = ctx;
+    size_t a = *(const size_t *)pa, b = *(const size_t *)pb;
+    if (lo[a] != lo[b])
+        return lo[a] < lo[b] ? -1 : 1;
+    return (a > b) - (a < b);
+}
+
+static int build_index(tindex *x, const st_mtensor *t)
+{
+    size_t n = t->nshards ? t->nshards : 1;
+    x->ord = malloc(n * sizeof *x->ord);
+    uint64_t *lo = malloc(n * 8), *hi = malloc(n * 8);
+    x->lo = malloc(n * 8);
+    x->hi = malloc(n * 8);
+    x->pmax = malloc(n * 8);
+    if (!x->ord || !lo || !hi || !x->lo || !x->hi || !x->pmax) {
+        free(lo);
+        free(hi);
+        return -1;
+    }
+    for (size_t i = 0; i < t->nshards; i++) {
+        const st_mshard *s = &t->shards[i];
+        st_region r = {t->ndim, s->off, s->len, s->fs, s->fe};
+        st_region_dim0(&r, &lo[i], &hi[i]);
+        x->ord[i] = i;
+    }
+    qsort_r(x->ord, t->nshards, sizeof *x->ord, cmp_u64_pair, lo);
+    uint64_t mx = 0;
+    for (size_t i = 0; i < t->nshards; i++) {
+        x->lo[i] = lo[x->ord[i]];
+        x->hi[i] = hi[x->ord[i]];
+        mx = ST_MAX(mx, x->hi[i]);
+        x->pmax[i] = mx;
+    }
+    free(lo);
+    free(hi);
+    return 0;
+}
+
+static void describe(char *out, size_t cap, strata_dtype dt, int ndim, const uint64_t *shape)
+{
+    int n = snprintf(out, cap, "%s[", strata_dtype_name(dt) ? strata_dtype_name(dt) : "?");
+    for (int d = 0; d < ndim && n > 0 && (size_t)n < cap; d++)
+        n += snprintf(out + n, cap - (size_t)n, d ? ",%llu" : "%llu",
+                      (unsigned long long)shape[d]);
+    if (n > 0 && (size_t)n < cap)
+        snprintf(out + n, cap - (size_t)n, "]");
+}
+
+static int cmp_runs(const void *pa, const void *pb)
+{
+    const st_run *a = pa, *b = pb;
+    if (a->piece != b->piece)
+        return a->piece < b->piece ? -1 : 1;
+    return (a->src > b->src) - (a->src < b->src);
+}
+
+static uint64_t seg_off(const st_load_plan *p, const st_seg *s)
+{
+    return p->ext[s->piece]->offset + s->c0 * p->meta->chunk;
+}
+
+static int cmp_segs(const void *pa, const void *pb, void *ctx)
+{
+    const st_load_plan *p = ctx;
+    const st_seg *a = pa, *b = pb;
+    uint32_t fa = p->ext[a->piece]->file, fb = p->ext[b->piece]->file;
+    if (fa != fb)
+        return fa < fb ? -1 : 1;
+    uint64_t oa = seg_off(p, a), ob = seg_off(p, b);
+    return (oa > ob) - (oa < ob);
+}
+
+void st_load_plan_free(st_load_plan *p)
+{
+    free(p->ext);
+    free(p->object);
+    free(p->maxrun);
+    free(p->run0);
+    free(p->runs);
+    free(p->segs);
+    free(p->reads);
+    memset(p, 0, sizeof *p);
+}
+
+/* Pieces are numbered tensor by tensor, shard by shard, then blobs. */
+static int number_pieces(st_load_plan *out, const st_meta *m)
+{
+    size_t np = m->nblobs;
+    for (size_t t = 0; t < m->ntensors; t++)
+        np += m->tensors[t].nshards;
+    if (np > UINT32_MAX)
+        return st_fail(STRATA_EINVAL, "too many saved shards (%zu) for one load plan", np);
+    out->npieces = np;
+    out->ext = malloc((np + 1) * sizeof *out->ext);
+    out->object = malloc((np + 1) * sizeof *out->object);
+    out->maxrun = calloc(np + 1, sizeof *out->maxrun);
+    out->run0 = calloc(np + 2, sizeof *out->run0);
+    if (!out->ext || !out->object || !out->maxrun || !out->run0)
+        return st_fail(STRATA_ENOMEM, "out of memory planning the load");
+    size_t k = 0;
+    for (size_t t = 0; t < m->ntensors; t++)
+        for (size_t s = 0; s < m->tensors[t].nshards; s++, k++) {
+            out->ext[k] = &m->tensors[t].shards[s].ext;
+            out->object[k] = m->tensors[t].name;
+        }
+    for (size_t b = 0; b < m->nblobs; b++, k++) {
+        out->ext[k] = &m->blobs[b].ext;
+        out->object[k] = m->blobs[b].name;
+    }
+    return 0;
+}
+
+int st_plan_verify_all(st_load_plan *out, const st_meta *m, uint64_t max_io)
+{
+    memset(out, 0, sizeof *out);
+    out->meta = m;
+    int rc = number_pieces(out, m);
+    size_t cap = 0;
+    for (size_t p = 0; p < out->npieces && !rc; p++) {
+        if (out->ext[p]->bytes == 0)
+            continue;
+        if (st_grow(&out->runs, &cap, out->nruns + 1, sizeof *out->runs))
+            rc = st_fail(STRATA_ENOMEM, "out of memory planning the verify");
+        else
+            out->runs[out->nruns++] = (st_run){(uint32_t)p, 0, out->ext[p]->bytes, NULL};
+    }
+    if (!rc)
+        rc = st_plan_reads(out, max_io);
+    if (rc)
+        st_load_plan_free(out);
+    return rc;
+}
+
+int st_plan_reads(st_load_plan *out, uint64_t max_io)
+{
+    const st_meta *m = out->meta;
+    const uint64_t C = m->chunk;
+    size_t np = out->npieces;
+    int rc = 0;
+    max_io = max_io < C ? C : max_io / C * C;
+    /* runs by piece; the chunks they need, as segments */
+    qsort(out->runs, out->nruns, sizeof *out->runs, cmp_runs);
+    for (size_t i = 0; i < out->nruns; i++) {
+        st_run *x = &out->runs[i];
+        out->run0[x->piece + 1]++;
+        out->maxrun[x->piece] = ST_MAX(out->maxrun[x->piece], x->n);
+    }
+    for (size_t p = 0; p < np; p++)
+        out->run0[p + 1] += out->run0[p];
+    size_t scap = 0;
+    for (size_t i = 0; i < out->nruns;) {
+        uint32_t piece = out->runs[i].piece;
+        const st_extent *ext = out->ext[piece];
+        uint64_t c0 = out->runs[i].src / C, c1 = (out->runs[i].src + out->runs[i].n - 1) / C + 1;
+        size_t j = i + 1;
+        for (;; j++) {
+            int more = j < out->nruns && out->runs[j].piece == piece;
+            uint64_t a = more ? out->runs[j].src / C : 0;
+            if (more && a <= c1) {
+                c1 = ST_MAX(c1, (out->runs[j].src + out->runs[j].n - 1) / C + 1);
+                continue;
+            }
+            /* emit [c0, c1) split so that no segment exceeds max_io */
+            for (uint64_t c = c0; c < c1;) {
+                uint64_t e = ST_MIN(c1, c + max_io / C);
+                if (st_grow(&out->segs, &scap, out->nsegs + 1, sizeof *out->segs)) {
+                    rc = st_fail(STRATA_ENOMEM, "out of memory planning the load");
+                    return rc;
+                }
+                out->segs[out->nsegs++] = (st_seg){piece, c, e};
+                out->payload_bytes += ST_MIN(e * C, ext->bytes) - c * C;
+                c = e;
+            }
+            if (!more)
+                break;
+            c0 = a;
+            c1 = (out->runs[j].src + out->runs[j].n - 1) / C + 1;
+        }
+        i = j;
+    }
+
+    /* coalesce segments into reads: same file, separated by alignment padding only */
+    qsort_r(out->segs, out->nsegs, sizeof *out->segs, cmp_segs, out);
+    size_t rcap = 0;
+    for (size_t i = 0; i < out->nsegs;) {
+        const st_seg *s = &out->segs[i];
+        const st_extent *ext = out->ext[s->piece];
+        uint64_t off = seg_off(out, s);
+        uint64_t end = ST_ALIGN_UP(ext->offset + ST_MIN(s->c1 * C, ext->bytes), ST_ALIGN);
+        size_t j = i + 1;
+        while (j < out->nsegs) {
+            const st_seg *n = &out->segs[j];
+            const st_extent *ne = out->ext[n->piece];
+            uint64_t noff = seg_off(out, n);
+            uint64_t nend = ST_ALIGN_UP(ne->offset + ST_MIN(n->c1 * C, ne->bytes), ST_ALIGN);
+            if (ne->file != ext->file || noff != end || nend - off > max_io)
+                break;
+            end = nend;
+            j++;
+        }
+        if (st_grow(&out->reads, &rcap, out->nreads + 1, sizeof *out->reads)) {
+            rc = st_fail(STRATA_ENOMEM, "out of memory planning the load");
+            return rc;
+        }
+        out->reads[out->nreads++] = (st_read){ext->file, off, end - off, i, j};
+        i = j;
+    }
+
+    return 0;
+}
+
+int st_plan_load(st_load_plan *out, const st_meta *m, const st_rank_view *ranks, int nranks,
+                 uint64_t max_io)
+{
+    memset(out, 0, sizeof *out);
+    out->meta = m;
+    int rc = 0;
+    size_t *base = malloc((m->ntensors + 1) * sizeof *base);
+    tindex *idx = calloc(m->ntensors + 1, sizeof *idx);
+    size_t tcap = 16, bcap = 16;
+    while (tcap < 2 * m->ntensors + 2)
+        tcap *= 2;
+    while (bcap < 2 * m->nblobs + 2)
+        bcap *= 2;
+    size_t *tmap = malloc(tcap * sizeof *tmap), *bmap = malloc(bcap * sizeof *bmap);
+    if (!base || !idx || !tmap || !bmap) {
+        rc = st_fail(STRATA_ENOMEM, "out of memory planning the load");
+        goto done;
+    }
+    size_t np = 0;
+    for (size_t t = 0; t < m->ntensors; t++) {
+        base[t] = np;
+        np += m->tensors[t].nshards;
+    }
+    size_t blob_base = np;
+    if ((rc = number_pieces(out, m)))
+        goto done;
+    for (size_t i = 0; i < tcap; i++)
+        tmap[i] = SIZE_MAX;
+    for (size_t i = 0; i < bcap; i++)
+        bmap[i] = SIZE_MAX;
+    for (size_t t = 0; t < m->ntensors; t++) {
+        size_t h = (size_t)st_strhash(m->tensors[t].name) & (tcap - 1);
+        while (tmap[h] != SIZE_MAX)
+            h = (h + 1) & (tcap - 1);
+        tmap[h] = t;
+    }
+    for (size_t b = 0; b < m->nblobs; b++) {
+        size_t h = (size_t)(st_strhash(m->blobs[b].name) ^ st_mix64((uint64_t)m->blobs[b].owner)) &
+                   (bcap - 1);
+        while (bmap[h] != SIZE_MAX)
+            h = (h + 1) & (bcap - 1);
+        bmap[h] = b;
+    }
+
+    /* 1. runs for every request */
+    runs_out ro = {.p = out};
+    for (int r = 0; r < nranks && !rc; r++) {
+        for (size_t i = 0; i < ranks[r].nsh && !rc; i++) {
+            const st_entry *e = &ranks[r].sh[i];
+            size_t h = (size_t)st_strhash(e->name) & (tcap - 1), t;
+            while ((t = tmap[h]) != SIZE_MAX && strcmp(m->tensors[t].name, e->name) != 0)
+                h = (h + 1) & (tcap - 1);
+            if (t == SIZE_MAX) {
+                rc = st_fail(STRATA_ENOTFOUND,
+                             "tensor '%s' (requested by rank %d) is not in the checkpoint",
+                             e->name, r);
+                break;
+            }
+            const st_mtensor *mt = &m->tensors[t];
+            int same = mt->dtype == e->dtype && mt->ndim == e->ndim;
+            for (int d = 0; same && d < e->ndim; d++)
+                same = mt->shape[d] == e->shape[d];
+            if (!same) {
+                char a[256], b[256];
+                describe(a, sizeof a, e->dtype, e->ndim, e->shape);
+                describe(b, sizeof b, mt->dtype, mt->ndim, mt->shape);
+                rc = st_fail(STRATA_EMISMATCH, "tensor '%s': rank %d requests %s but %s was saved",
+                             e->name, r, a, b);
+                break;
+            }
+            if (e->fe == e->fs)
+                continue;
+            tindex *x = &idx[t];
+            if (!x->ord && build_index(x, mt)) {
+                rc = st_fail(STRATA_ENOMEM, "out of memory planning the load");
+                break;
+            }
+            st_region q = {e->ndim, e->off, e->len, e->fs, e->fe};
+            uint64_t qlo, qhi, got = 0;
+            st_region_dim0(&q, &qlo, &qhi);
+            size_t lo = 0, hi = mt->nshards; /* first index with x->lo >= qhi */
+            while (lo < hi) {
+                size_t mid = lo + (hi - lo) / 2;
+                if (x->lo[mid] < qhi)
+                    lo = mid + 1;
+                else
+                    hi = mid;
+            }
+            ro.esz = strata_dtype_size(e->dtype);
+            ro.dst = e->data;
+            out->request_bytes += e->bytes;
+            for (size_t j = lo; j-- > 0 && x->pmax[j] > qlo;) {
+                if (x->hi[j] <= qlo)
+                    continue;
+                const st_mshard *s = &mt->shards[x->ord[j]];
+                st_region sr = {mt->ndim, s->off, s->len, s->fs, s->fe};
+                ro.piece = (uint32_t)(base[t] + x->ord[j]);
+                got += st_region_runs(&sr, &q, add_run, &ro);
+                if (ro.oom)
+                    break;
+            }
+            if (ro.oom)
+                rc = st_fail(STRATA_ENOMEM, "out of memory planning the load");
+            else if (got != e->fe - e->fs)
+                rc = st_fail(STRATA_EUNFILLED,
+                             "tensor '%s' on rank %d: %llu of the %llu requested elements are "
+                             "not in the checkpoint",
+                             e->name, r, (unsigned long long)(e->fe - e->fs - got),
+                             (unsigned long long)(e->fe - e->fs));
+        }
+        for (size_t i = 0; i < ranks[r].nbl && !rc; i++) {
+            const st_blobent *e = &ranks[r].bl[i];
+            int64_t owner = e->owner;
+            size_t h = (size_t)(st_strhash(e->name) ^ st_mix64((uint64_t)owner)) & (bcap - 1), b;
+            while ((b = bmap[h]) != SIZE_MAX &&
+                   (m->blobs[b].owner != owner || strcmp(m->blobs[b].name, e->name) != 0))
+                h = (h + 1) & (bcap - 1);
+            if (b == SIZE_MAX) {
+                rc = st_fail(STRATA_ENOTFOUND,
+                             "blob '%s' of owner %d (requested by rank %d) is not in the checkpoint",
+                             e->name, e->owner, r);
+                break;
+            }
+            if (m->blobs[b].ext.bytes != e->size) {
+                rc = st_fail(STRATA_EMISMATCH, "blob '%s': rank %d asks for %llu bytes but %llu were saved",
+                             e->name, r, (unsigned long long)e->size,
+                             (unsigned long long)m->blobs[b].ext.bytes);
+                break;
+            }
+            out->request_bytes += e->size;
+            if (e->size) {
+                ro.piece = (uint32_t)(blob_base + b);
+                ro.esz = 1;
+                ro.dst = e->data;
+                add_run(&ro, 0, 0, e->size);
+                if (ro.oom)
+                    rc = st_fail(STRATA_ENOMEM, "out of memory planning the load");
+            }
+        }
+    }
+    if (rc)
+        goto done;
+
+    rc = st_plan_reads(out, max_io);
+
+done:
+    if (idx)
+        for (size_t t = 0; t < m->ntensors; t++) {
+            free(idx[t].ord);
+            free(idx[t].lo);
+            free(idx[t].hi);
+            free(idx[t].pmax);
+        }
+    free(idx);
+    free(base);
+    free(tmap);
+    free(bmap);
+    if (rc)
+        st_load_plan_free(out);
+    return rc;
+}
