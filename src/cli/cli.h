@@ -1,0 +1,24 @@
+/* cli.h - the `strata` command's subcommands and shared helpers. Uses only strata.h. */
+#ifndef STRATA_CLI_H
+#define STRATA_CLI_H
+#include "strata.h"
+
+/* Exit statuses: 0 success, 1 failure of the operation (I/O, bad request, mismatch),
+ * 2 usage error, 3 the checkpoint is corrupt or incomplete. */
+enum { EXIT_OPFAIL = 1, EXIT_USAGE = 2, EXIT_CORRUPT = 3 };
+
+int cli_exit_code(int strata_rc);
+/* Prints "strata CMD: <message> (STRATA_E...)" to stderr and returns the exit status. */
+int cli_fail(const char *cmd, int strata_rc);
+/* Parses a decimal size; -1 on error. */
+long long cli_parse_num(const char *s);
+int cli_wants_help(int argc, char **argv);
+
+int cmd_demo(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
+int cmd_ls(int argc, char **argv);
+int cmd_verify(int argc, char **argv);
+int cmd_gc(int argc, char **argv);
+
+#endif

@@ -1,0 +1,345 @@
+/* cmd_inspect.c - `strata inspect`, `strata ls`, `strata verify`, `strata gc`. */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli.h"
+
+static void print_shape(FILE *f, int ndim, const uint64_t *v)
+{
+    fputc('[', f);
+    for (int d = 0; d < ndim; d++)
+        fprintf(f, d ? ",%llu" : "%llu", (unsigned long long)v[d]);
+    fputc(']', f);
+}
+
+static void json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c < 0x20)
+            fprintf(f, "\\u%04x", c);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static const char INSPECT_HELP[] =
+    "usage: strata inspect CKPT [--json] [--shards]\n"
+    "\n"
+    "Shows a checkpoint: step, commit state, files, and per tensor its dtype, global shape,\n"
+    "shard count and bytes; --shards also lists each shard (box offsets and lengths, flat\n"
+    "range, file, offset, bytes) and blob. --json prints everything, shards included, as one\n"
+    "JSON object. An incomplete checkpoint is shown if its metadata is readable, marked so.\n";
+
+int cmd_inspect(int argc, char **argv)
+{
+    const char *path = NULL;
+    int json = 0, shards = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fputs(INSPECT_HELP, stdout);
+            return 0;
+        } else if (strcmp(argv[i], "--json") == 0) {
+            json = 1;
+        } else if (strcmp(argv[i], "--shards") == 0) {
+            shards = 1;
+        } else if (!path && argv[i][0] != '-') {
+            path = argv[i];
+        } else {
+            fprintf(stderr, "strata inspect: unexpected argument '%s' (see --help)\n", argv[i]);
+            return EXIT_USAGE;
+        }
+    }
+    if (!path) {
+        fputs(INSPECT_HELP, stderr);
+        return EXIT_USAGE;
+    }
+    strata_ckpt *ck;
+    int rc = strata_ckpt_open(&ck, path, 1);
+    if (rc)
+        return cli_fail("inspect", rc);
+    size_t nt = strata_ckpt_ntensors(ck), nb = strata_ckpt_nblobs(ck), nf = strata_ckpt_nfiles(ck);
+    if (json) {
+        printf("{\"path\":");
+        json_str(stdout, path);
+        printf(",\"committed\":%s,\"step\":%llu,\"data_bytes\":%llu,\"chunk_bytes\":%u,\"files\":[",
+               strata_ckpt_committed(ck) ? "true" : "false",
+               (unsigned long long)strata_ckpt_step(ck),
+               (unsigned long long)strata_ckpt_data_bytes(ck), strata_ckpt_chunk_bytes(ck));
+        for (size_t i = 0; i < nf; i++) {
+            const char *name;
+            uint64_t bytes;
+            strata_ckpt_file(ck, i, &name, &bytes);
+            printf("%s{\"name\":", i ? "," : "");
+            json_str(stdout, name);
+            printf(",\"bytes\":%llu}", (unsigned long long)bytes);
+        }
+        printf("],\"tensors\":[");
+        for (size_t i = 0; i < nt; i++) {
+            strata_tensor_info t;
+            strata_ckpt_tensor(ck, i, &t);
+            printf("%s{\"name\":", i ? "," : "");
+            json_str(stdout, t.name);
+            printf(",\"dtype\":\"%s\",\"shape\":", strata_dtype_name(t.dtype));
+            print_shape(stdout, t.ndim, t.shape);
+            printf(",\"bytes\":%llu,\"shards\":[", (unsigned long long)t.bytes);
+            for (size_t s = 0; s < t.nshards; s++) {
+                strata_shard_info si;
+                strata_ckpt_shard(ck, i, s, &si);
+                printf("%s{\"offsets\":", s ? "," : "");
+                print_shape(stdout, t.ndim, si.offsets);
+                printf(",\"lengths\":");
+                print_shape(stdout, t.ndim, si.lengths);
+                if (si.flat)
+                    printf(",\"flat\":[%llu,%llu]", (unsigned long long)si.flat_start,
+                           (unsigned long long)si.flat_end);
+                printf(",\"file\":");
+                json_str(stdout, si.file);
+                printf(",\"offset\":%llu,\"bytes\":%llu}", (unsigned long long)si.file_offset,
+                       (unsigned long long)si.bytes);
+            }
+            printf("]}");
+        }
+        printf("],\"blobs\":[");
+        for (size_t i = 0; i < nb; i++) {
+            strata_blob_info b;
+            strata_ckpt_blob(ck, i, &b);
+            printf("%s{\"name\":", i ? "," : "");
+            json_str(stdout, b.name);
+            printf(",\"owner\":%d,\"file\":", b.owner);
+            json_str(stdout, b.file);
+            printf(",\"offset\":%llu,\"bytes\":%llu}", (unsigned long long)b.file_offset,
+                   (unsigned long long)b.bytes);
+        }
+        printf("]}\n");
+        strata_ckpt_free(ck);
+        return 0;
+    }
+    printf("checkpoint %s: %s, step %llu, %zu tensors, %zu blobs, %llu data bytes in %zu files, "
+           "checksum chunk %u bytes\n",
+           path, strata_ckpt_committed(ck) ? "committed" : "INCOMPLETE (no valid commit record)",
+           (unsigned long long)strata_ckpt_step(ck), nt, nb,
+           (unsigned long long)strata_ckpt_data_bytes(ck), nf, strata_ckpt_chunk_bytes(ck));
+    for (size_t i = 0; i < nf; i++) {
+        const char *name;
+        uint64_t bytes;
+        strata_ckpt_file(ck, i, &name, &bytes);
+        printf("  file %-20s %14llu bytes\n", name, (unsigned long long)bytes);
+    }
+    printf("\n  %-48s %-9s %-18s %7s %14s\n", "tensor", "dtype", "shape", "shards", "bytes");
+    for (size_t i = 0; i < nt; i++) {
+        strata_tensor_info t;
+        strata_ckpt_tensor(ck, i, &t);
+        char shape[64];
+        FILE *m = fmemopen(shape, sizeof shape, "w");
+        print_shape(m, t.ndim, t.shape);
+        fclose(m);
+        printf("  %-48s %-9s %-18s %7zu %14llu\n", t.name, strata_dtype_name(t.dtype), shape,
+               t.nshards, (unsigned long long)t.bytes);
+        for (size_t s = 0; shards && s < t.nshards; s++) {
+            strata_shard_info si;
+            strata_ckpt_shard(ck, i, s, &si);
+            printf("      offsets ");
+            print_shape(stdout, t.ndim, si.offsets);
+            printf(" lengths ");
+            print_shape(stdout, t.ndim, si.lengths);
+            if (si.flat)
+                printf(" flat [%llu,%llu)", (unsigned long long)si.flat_start,
+                       (unsigned long long)si.flat_end);
+            printf(" -> %s @%llu (%llu bytes)\n", si.file, (unsigned long long)si.file_offset,
+                   (unsigned long long)si.bytes);
+        }
+    }
+    if (nb)
+        printf("\n  %-48s %-9s %-18s %7s %14s\n", "blob", "owner", "file", "", "bytes");
+    for (size_t i = 0; i < nb; i++) {
+        strata_blob_info b;
+        strata_ckpt_blob(ck, i, &b);
+        char owner[16];
+        snprintf(owner, sizeof owner, b.owner < 0 ? "global" : "rank %d", b.owner);
+        printf("  %-48s %-9s %-18s %7s %14llu\n", b.name, owner, b.file, "",
+               (unsigned long long)b.bytes);
+    }
+    strata_ckpt_free(ck);
+    return 0;
+}
+
+static const char LS_HELP[] =
+    "usage: strata ls DIR\n"
+    "\n"
+    "Lists every checkpoint directly under DIR (and DIR itself if it is one): committed or\n"
+    "incomplete, size on disk, step. A checkpoint is committed only if its commit record is\n"
+    "valid and matches its metadata.\n";
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Calls fn for DIR itself and each subdirectory that holds strata files. */
+typedef void (*ckpt_fn)(void *ctx, const char *path, const strata_probe_info *pi);
+
+static int for_each_ckpt(const char *cmd, const char *dir, ckpt_fn fn, void *ctx)
+{
+    strata_probe_info pi;
+    int rc = strata_probe(dir, &pi);
+    if (rc)
+        return cli_fail(cmd, rc);
+    if (pi.is_ckpt)
+        fn(ctx, dir, &pi);
+    DIR *d = opendir(dir);
+    if (!d) {
+        perror(dir);
+        return EXIT_OPFAIL;
+    }
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        if (n == cap && !(names = realloc(names, (cap = cap ? 2 * cap : 64) * sizeof *names)))
+            break;
+        names[n++] = strdup(e->d_name);
+    }
+    closedir(d);
+    if (n)
+        qsort(names, n, sizeof *names, cmp_str);
+    for (size_t i = 0; i < n; i++) {
+        char p[4096];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode) && strata_probe(p, &pi) == 0 && pi.is_ckpt)
+            fn(ctx, p, &pi);
+        free(names[i]);
+    }
+    free(names);
+    return 0;
+}
+
+static void ls_one(void *ctx, const char *path, const strata_probe_info *pi)
+{
+    int *count = ctx;
+    if ((*count)++ == 0)
+        printf("%-11s %14s %10s  %s\n", "state", "bytes", "step", "checkpoint");
+    char step[24] = "-";
+    if (pi->committed || pi->has_metadata)
+        snprintf(step, sizeof step, "%llu", (unsigned long long)pi->step);
+    printf("%-11s %14llu %10s  %s\n", pi->committed ? "committed" : "incomplete",
+           (unsigned long long)pi->disk_bytes, step, path);
+}
+
+int cmd_ls(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        fputs(LS_HELP, stdout);
+        return 0;
+    }
+    if (argc != 2) {
+        fputs(LS_HELP, stderr);
+        return EXIT_USAGE;
+    }
+    int count = 0;
+    int rc = for_each_ckpt("ls", argv[1], ls_one, &count);
+    if (!rc && !count)
+        printf("no checkpoints under %s\n", argv[1]);
+    return rc;
+}
+
+static const char VERIFY_HELP[] =
+    "usage: strata verify CKPT\n"
+    "\n"
+    "Reads every data byte of a committed checkpoint and checks every checksum chunk.\n"
+    "Exit status 0 if everything matches; 3 if the checkpoint is corrupt or incomplete, with\n"
+    "one line per bad chunk naming the tensor (or blob) and the file; 1 for other failures\n"
+    "(a missing data file, an I/O error).\n";
+
+static void report_bad(void *ctx, const char *object, const char *file, const char *msg)
+{
+    (void)ctx;
+    fprintf(stderr, "CORRUPT: tensor '%s' in file '%s': %s\n", object, file, msg);
+}
+
+int cmd_verify(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        fputs(VERIFY_HELP, stdout);
+        return 0;
+    }
+    if (argc != 2) {
+        fputs(VERIFY_HELP, stderr);
+        return EXIT_USAGE;
+    }
+    strata_ckpt *ck;
+    int rc = strata_ckpt_open(&ck, argv[1], 0);
+    if (rc)
+        return cli_fail("verify", rc);
+    rc = strata_ckpt_verify(ck, report_bad, NULL);
+    if (!rc)
+        printf("ok: %s: %zu tensors, %zu blobs, %llu data bytes verified\n", argv[1],
+               strata_ckpt_ntensors(ck), strata_ckpt_nblobs(ck),
+               (unsigned long long)strata_ckpt_data_bytes(ck));
+    strata_ckpt_free(ck);
+    return rc ? cli_fail("verify", rc) : 0;
+}
+
+static const char GC_HELP[] =
+    "usage: strata gc DIR [--dry-run]\n"
+    "\n"
+    "Removes the incomplete checkpoints directly under DIR (interrupted or failed saves:\n"
+    "no valid commit record). Committed checkpoints are never touched, nor files that are\n"
+    "not strata's, and symlinks are never followed.\n";
+
+typedef struct {
+    int dry, removed, failed;
+} gc_ctx;
+
+static void gc_one(void *ctx, const char *path, const strata_probe_info *pi)
+{
+    gc_ctx *g = ctx;
+    if (pi->committed)
+        return;
+    if (g->dry) {
+        printf("would remove %s (%llu bytes)\n", path, (unsigned long long)pi->disk_bytes);
+        return;
+    }
+    int rc = strata_remove_incomplete(path);
+    if (rc) {
+        g->failed = cli_fail("gc", rc);
+        return;
+    }
+    printf("removed %s (%llu bytes)\n", path, (unsigned long long)pi->disk_bytes);
+    g->removed++;
+}
+
+int cmd_gc(int argc, char **argv)
+{
+    gc_ctx g = {0};
+    const char *dir = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fputs(GC_HELP, stdout);
+            return 0;
+        } else if (strcmp(argv[i], "--dry-run") == 0) {
+            g.dry = 1;
+        } else if (!dir) {
+            dir = argv[i];
+        } else {
+            fputs(GC_HELP, stderr);
+            return EXIT_USAGE;
+        }
+    }
+    if (!dir) {
+        fputs(GC_HELP, stderr);
+        return EXIT_USAGE;
+    }
+    int rc = for_each_ckpt("gc", dir, gc_one, &g);
+    return rc ? rc : g.failed;
+}
