@@ -68,6 +68,7 @@ check-header:
 	echo '#include "strata.h"' | g++ -std=c++11 -pedantic -Wall -Wextra -Werror -Iinclude -x c++ -fsyntax-only -
 
 bench: deps all
+	@command -v fio >/dev/null || { SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; $$SUDO apt-get install -y -qq fio >/dev/null; }
 	bash bench/bench_io.sh
 
 clean:

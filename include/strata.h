@@ -242,11 +242,12 @@ typedef void (*strata_verify_cb)(void *ctx, const char *object, const char *file
 int strata_ckpt_verify(const strata_ckpt *ck, strata_verify_cb report, void *ctx);
 
 /* What is at a path, without trusting it: is_ckpt = 1 if it holds any strata file
- * (commit record, metadata or data file); committed = 1 only if the commit record is valid
- * and matches the metadata; step comes from the commit record, else from readable
- * metadata (0 if neither); disk_bytes sums the sizes of strata's files there. */
+ * (commit record, metadata or data file); has_commit = 1 if a commit record file exists;
+ * committed = 1 only if the commit record is valid and matches valid metadata (so
+ * has_commit && !committed means corrupt, !has_commit means incomplete); step comes from
+ * readable metadata (0 if none); disk_bytes sums the sizes of strata's files there. */
 typedef struct strata_probe_info {
-    int is_ckpt, committed, has_metadata;
+    int is_ckpt, has_commit, committed, has_metadata;
     uint64_t step, disk_bytes;
 } strata_probe_info;
 int strata_probe(const char *uri, strata_probe_info *out);

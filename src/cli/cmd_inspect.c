@@ -174,9 +174,10 @@ int cmd_inspect(int argc, char **argv)
 static const char LS_HELP[] =
     "usage: strata ls DIR\n"
     "\n"
-    "Lists every checkpoint directly under DIR (and DIR itself if it is one): committed or\n"
-    "incomplete, size on disk, step. A checkpoint is committed only if its commit record is\n"
-    "valid and matches its metadata.\n";
+    "Lists every checkpoint directly under DIR (and DIR itself if it is one): its state,\n"
+    "size on disk and step. States: committed (valid commit record matching valid\n"
+    "metadata), incomplete (no commit record: an interrupted or failed save), CORRUPT (a\n"
+    "commit record that does not match; never removed by gc).\n";
 
 static int cmp_str(const void *a, const void *b)
 {
@@ -232,7 +233,8 @@ static void ls_one(void *ctx, const char *path, const strata_probe_info *pi)
     char step[24] = "-";
     if (pi->committed || pi->has_metadata)
         snprintf(step, sizeof step, "%llu", (unsigned long long)pi->step);
-    printf("%-11s %14llu %10s  %s\n", pi->committed ? "committed" : "incomplete",
+    printf("%-11s %14llu %10s  %s\n",
+           pi->committed ? "committed" : pi->has_commit ? "CORRUPT" : "incomplete",
            (unsigned long long)pi->disk_bytes, step, path);
 }
 
@@ -294,8 +296,9 @@ static const char GC_HELP[] =
     "usage: strata gc DIR [--dry-run]\n"
     "\n"
     "Removes the incomplete checkpoints directly under DIR (interrupted or failed saves:\n"
-    "no valid commit record). Committed checkpoints are never touched, nor files that are\n"
-    "not strata's, and symlinks are never followed.\n";
+    "no commit record). Committed checkpoints are never touched, nor corrupt ones (a commit\n"
+    "record that does not match), nor files that are not strata's; symlinks are never\n"
+    "followed.\n";
 
 typedef struct {
     int dry, removed, failed;
@@ -306,6 +309,11 @@ static void gc_one(void *ctx, const char *path, const strata_probe_info *pi)
     gc_ctx *g = ctx;
     if (pi->committed)
         return;
+    if (pi->has_commit) {
+        printf("kept %s: it has a commit record but does not verify; check it with strata "
+               "verify\n", path);
+        return;
+    }
     if (g->dry) {
         printf("would remove %s (%llu bytes)\n", path, (unsigned long long)pi->disk_bytes);
         return;

@@ -246,6 +246,10 @@ int strata_probe(const char *uri, strata_probe_info *out)
     out->is_ckpt = ns > 0;
     if (!ns)
         return 0;
+    char p[PATH_MAX];
+    if ((rc = st_path_join(p, path, ST_COMMIT_FILE)))
+        return rc;
+    out->has_commit = v->stat(v, p, NULL, NULL) == 0;
     st_dir d;
     if (st_dir_open(&d, uri, 1) == 0) {
         out->committed = d.committed;

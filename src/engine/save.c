@@ -163,9 +163,34 @@ static int layout_writes(st_load_plan *lay, const st_save_plan *sp)
             lay->runs[lay->nruns++] = (st_run){(uint32_t)i, 0, sp->pieces[i].bytes, NULL};
     }
     int rc = st_plan_reads(lay, SAVE_TASK_BYTES);
-    if (rc)
+    if (rc) {
         st_load_plan_free(lay);
-    return rc;
+        return rc;
+    }
+    /* Interleave the files (round robin) so that concurrent threads write different
+     * files: filesystems serialise allocating direct writes to one inode. */
+    st_read *r = malloc((lay->nreads + 1) * sizeof *r);
+    size_t *next = calloc(m->nfiles + 1, sizeof *next), *end = calloc(m->nfiles + 1, sizeof *end);
+    if (!r || !next || !end) {
+        free(r);
+        free(next);
+        free(end);
+        st_load_plan_free(lay);
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < lay->nreads; i++) /* reads are sorted by file */
+        end[lay->reads[i].file] = i + 1;
+    for (size_t i = lay->nreads; i-- > 0;)
+        next[lay->reads[i].file] = i;
+    for (size_t k = 0; k < lay->nreads;)
+        for (uint32_t f = 0; f < m->nfiles; f++)
+            if (next[f] < end[f])
+                r[k++] = lay->reads[next[f]++];
+    free(lay->reads);
+    lay->reads = r;
+    free(next);
+    free(end);
+    return 0;
 }
 
 static int save_impl(const char *uri, strata_state *const *ranks, int nranks,
@@ -221,7 +246,13 @@ static int save_impl(const char *uri, strata_state *const *ranks, int nranks,
         if (e) {
             x.files[f] = NULL;
             rc = st_fail(st_from_errno(-e), "creating '%s': %s", p, strerror(-e));
+            break;
         }
+        /* reserve the space first: a full disk fails here, before any data is written */
+        e = v->allocate(x.files[f], sp.meta->files[f].bytes);
+        if (e && e != -EOPNOTSUPP)
+            rc = st_fail(st_from_errno(-e), "allocating %llu bytes for '%s': %s",
+                         (unsigned long long)sp.meta->files[f].bytes, p, strerror(-e));
     }
     if (!rc)
         rc = st_parallel(nt, x.lay.nreads, run_write, &x);
@@ -230,11 +261,7 @@ static int save_impl(const char *uri, strata_state *const *ranks, int nranks,
             continue;
         int e = 0;
         if (!rc) {
-            uint64_t size;
-            /* files end on a 4 KiB boundary; one holding only empty blobs may be empty */
-            if (v->size(x.files[f], &size) == 0 && size < sp.meta->files[f].bytes)
-                e = v->truncate(x.files[f], sp.meta->files[f].bytes);
-            if (!e && !o->no_sync)
+            if (!o->no_sync)
                 e = v->sync(x.files[f]);
         }
         int ce = v->close(x.files[f]);

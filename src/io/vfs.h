@@ -46,6 +46,9 @@ struct st_vfs {
     int (*list)(const st_vfs *v, const char *dir, st_list_fn fn, void *ctx);
     /* kind: 0 regular file, 1 directory, 2 symlink, 3 other. Does not follow symlinks. */
     int (*stat)(const st_vfs *v, const char *path, uint64_t *size, int *kind);
+    /* Reserves space for [0, size) so that later writes neither extend the file nor fail
+     * for space; 0 or -errno (-EOPNOTSUPP where the backend cannot). */
+    int (*allocate)(st_file *f, uint64_t size);
 };
 
 extern const st_vfs st_vfs_posix;

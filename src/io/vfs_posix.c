@@ -78,6 +78,13 @@ static int px_truncate(st_file *f, uint64_t size)
     return ftruncate(f->fd, (off_t)size) ? -errno : 0;
 }
 
+static int px_allocate(st_file *f, uint64_t size)
+{
+    if (size == 0)
+        return 0;
+    return fallocate(f->fd, 0, 0, (off_t)size) ? -errno : 0;
+}
+
 static int px_close(st_file *f)
 {
     int rc = close(f->fd) ? -errno : 0;
@@ -171,4 +178,5 @@ const st_vfs st_vfs_posix = {
     .sync_dir = px_sync_dir,
     .list = px_list,
     .stat = px_stat,
+    .allocate = px_allocate,
 };

@@ -1,0 +1,512 @@
+/* test_plan.c - the save planner (dedup of replicas, balance of writers, layout errors)
+ * and the load planner (exact coverage, empty requests, shared chunks read once, partial
+ * reads), on states registered through the public API. */
+#include "engine/engine.h"
+#include "plan/plan.h"
+#include "testutil.h"
+
+#define CHUNK 4096u
+
+/* The planners' view of a rank set (free with free()). */
+static st_rank_view *views(const tu_set *s)
+{
+    st_rank_view *v = calloc((size_t)s->n, sizeof *v);
+    assert_non_null(v);
+    for (int r = 0; r < s->n; r++)
+        v[r] = (st_rank_view){s->st[r]->sh, s->st[r]->nsh, s->st[r]->bl, s->st[r]->nbl};
+    return v;
+}
+
+static int plan_save(st_save_plan *p, const tu_set *s)
+{
+    st_rank_view *v = views(s);
+    int rc = st_plan_save(p, v, s->n, CHUNK, 7);
+    free(v);
+    return rc;
+}
+
+static int plan_load(st_load_plan *p, const st_meta *m, const tu_set *s)
+{
+    st_rank_view *v = views(s);
+    int rc = st_plan_load(p, m, v, s->n, 16u << 20);
+    free(v);
+    return rc;
+}
+
+static uint64_t sum_writer_bytes(const st_save_plan *p)
+{
+    uint64_t t = 0;
+    for (int r = 0; r < p->nranks; r++)
+        t += p->writer_bytes[r];
+    return t;
+}
+
+/* ---- save planner ---- */
+
+static void test_dedup_replicas(void **state)
+{
+    (void)state;
+    /* tp = 2 halves of w, each replicated on 4 data-parallel ranks; b on all 8 */
+    tu_set s;
+    tu_set_init(&s, 8);
+    uint64_t shape[] = {64, 100}, bshape[] = {100};
+    for (int r = 0; r < 8; r++) {
+        uint64_t off[] = {(uint64_t)(r % 2) * 32, 0}, len[] = {32, 100};
+        tu_set_shard(&s, r, "w", STRATA_F32, 2, shape, off, len, 0, 0, 0, 1);
+        tu_set_shard(&s, r, "b", STRATA_BF16, 1, bshape, NULL, NULL, 0, 0, 0, 1);
+        tu_set_blob(&s, r, "step", 0, 0, 8, 1);  /* global: saved once */
+        tu_set_blob(&s, r, "rng", 1, 0, 24, 1);  /* per rank: saved 8 times */
+    }
+    st_save_plan p;
+    assert_ok(plan_save(&p, &s));
+    const st_meta *m = p.meta;
+    assert_int_equal(m->ntensors, 2);
+    assert_string_equal(m->tensors[0].name, "b"); /* name order */
+    assert_int_equal(m->tensors[0].nshards, 1);
+    assert_int_equal(m->tensors[1].nshards, 2);
+    assert_int_equal(m->tensors[1].bytes, 64 * 100 * 4);
+    assert_int_equal(m->nblobs, 1 + 8);
+    uint64_t distinct = 64 * 100 * 4 + 100 * 2 + 8 + 8 * 24;
+    assert_int_equal(m->data_bytes, distinct);
+    assert_int_equal(sum_writer_bytes(&p), distinct);
+    assert_int_equal(p.npieces, 2 + 1 + 9);
+    for (size_t i = 0; i < m->nblobs; i++) /* per-rank blobs are written by their owner */
+        if (m->blobs[i].owner >= 0)
+            assert_int_equal(p.pieces[2 + 1 + i].writer, m->blobs[i].owner);
+    st_save_plan_free(&p);
+
+    /* the same through strata_save: stats and the checkpoint agree */
+    char dir[512], ck[600];
+    tu_tmpdir(dir, sizeof dir, "plan");
+    tu_join(ck, dir, "ck");
+    strata_stats st;
+    assert_ok(strata_save(ck, s.st, 8, NULL, &st));
+    assert_int_equal(st.data_bytes, distinct);
+    assert_int_equal(st.bytes, distinct);
+    strata_ckpt *c;
+    assert_ok(strata_ckpt_open(&c, ck, 0));
+    assert_int_equal(strata_ckpt_data_bytes(c), distinct);
+    strata_tensor_info ti;
+    strata_ckpt_tensor(c, 1, &ti);
+    assert_string_equal(ti.name, "w");
+    assert_int_equal(ti.nshards, 2);
+    strata_ckpt_free(c);
+    tu_rmrf(dir);
+    tu_set_free(&s);
+}
+
+static void test_balance_equal(void **state)
+{
+    (void)state;
+    /* 64 equal tensors, each on all 8 ranks: 8 per writer */
+    tu_set s;
+    tu_set_init(&s, 8);
+    uint64_t shape[] = {1000};
+    char name[32];
+    for (int t = 0; t < 64; t++) {
+        snprintf(name, sizeof name, "layer%02d.w", t);
+        for (int r = 0; r < 8; r++)
+            tu_set_shard(&s, r, name, STRATA_F32, 1, shape, NULL, NULL, 0, 0, 0, 1);
+    }
+    st_save_plan p;
+    assert_ok(plan_save(&p, &s));
+    uint64_t total = 64 * 1000 * 4;
+    assert_int_equal(p.meta->data_bytes, total);
+    assert_int_equal(p.nwriters, 8);
+    assert_true(p.max_writer_bytes * 8 <= total * 110 / 100);
+    for (int r = 0; r < 8; r++)
+        assert_int_equal(p.writer_bytes[r], total / 8);
+    st_save_plan_free(&p);
+    tu_set_free(&s);
+}
+
+static void test_balance_dp(void **state)
+{
+    (void)state;
+    /* data parallel only: 20 odd-sized tensors replicated on 4 ranks */
+    tu_set s;
+    tu_set_init(&s, 4);
+    uint64_t total = 0;
+    char name[32];
+    for (int t = 0; t < 20; t++) {
+        uint64_t shape[] = {(uint64_t)(1009 + 211 * t + 37 * (t % 3)), 3};
+        snprintf(name, sizeof name, "p%d", t);
+        total += shape[0] * shape[1] * 2;
+        for (int r = 0; r < 4; r++)
+            tu_set_shard(&s, r, name, STRATA_BF16, 2, shape, NULL, NULL, 0, 0, 0, 1);
+    }
+    st_save_plan p;
+    assert_ok(plan_save(&p, &s));
+    assert_int_equal(p.meta->data_bytes, total);
+    assert_int_equal(sum_writer_bytes(&p), total);
+    assert_int_equal(p.nwriters, 4);
+    if (p.max_writer_bytes * 4 > total * 110 / 100)
+        fail_msg("max writer %" PRIu64 " bytes > 1.10 x mean %" PRIu64, p.max_writer_bytes,
+                 total / 4);
+    st_save_plan_free(&p);
+
+    /* the same through strata_save's stats */
+    char dir[512], ck[600];
+    tu_tmpdir(dir, sizeof dir, "plan");
+    tu_join(ck, dir, "ck");
+    strata_save_opts o = STRATA_SAVE_OPTS_INIT;
+    o.no_sync = 1;
+    strata_stats st;
+    assert_ok(strata_save(ck, s.st, 4, &o, &st));
+    assert_int_equal(st.writers, 4);
+    assert_true(st.max_writer_bytes * 4 <= total * 110 / 100);
+    tu_rmrf(dir);
+    tu_set_free(&s);
+}
+
+static void test_balance_fixed_first(void **state)
+{
+    (void)state;
+    /* rank 0 alone holds a big shard; the replicated ones go to the others */
+    tu_set s;
+    tu_set_init(&s, 3);
+    uint64_t big[] = {3000}, small[] = {1000};
+    tu_set_shard(&s, 0, "big", STRATA_U8, 1, big, NULL, NULL, 0, 0, 0, 1);
+    for (int r = 0; r < 3; r++) {
+        tu_set_shard(&s, r, "a", STRATA_U8, 1, small, NULL, NULL, 0, 0, 0, 1);
+        tu_set_shard(&s, r, "b", STRATA_U8, 1, small, NULL, NULL, 0, 0, 0, 1);
+    }
+    st_save_plan p;
+    assert_ok(plan_save(&p, &s));
+    assert_int_equal(p.writer_bytes[0], 3000);
+    assert_int_equal(p.writer_bytes[1], 1000);
+    assert_int_equal(p.writer_bytes[2], 1000);
+    assert_int_equal(p.max_writer_bytes, 3000);
+    st_save_plan_free(&p);
+    tu_set_free(&s);
+}
+
+static void test_save_errors(void **state)
+{
+    (void)state;
+    uint64_t s10[] = {10}, s11[] = {11}, o0[] = {0}, o4[] = {4}, l6[] = {6}, l4[] = {4};
+    st_save_plan p;
+    tu_set s;
+
+    /* one name, two dtypes */
+    tu_set_init(&s, 2);
+    tu_set_shard(&s, 0, "enc.w", STRATA_F32, 1, s10, NULL, NULL, 0, 0, 0, 1);
+    tu_set_shard(&s, 1, "enc.w", STRATA_F16, 1, s10, NULL, NULL, 0, 0, 0, 1);
+    assert_rc(plan_save(&p, &s), STRATA_EMISMATCH);
+    assert_msg_has("enc.w");
+    tu_set_free(&s);
+
+    /* one name, two shapes */
+    tu_set_init(&s, 2);
+    tu_set_shard(&s, 0, "enc.w", STRATA_F32, 1, s10, NULL, NULL, 0, 0, 0, 1);
+    tu_set_shard(&s, 1, "enc.w", STRATA_F32, 1, s11, NULL, NULL, 0, 0, 0, 1);
+    assert_rc(plan_save(&p, &s), STRATA_EMISMATCH);
+    assert_msg_has("enc.w");
+    tu_set_free(&s);
+
+    /* overlapping boxes [0,6) and [4,10) */
+    tu_set_init(&s, 2);
+    tu_set_shard(&s, 0, "enc.w", STRATA_F32, 1, s10, o0, l6, 0, 0, 0, 1);
+    tu_set_shard(&s, 1, "enc.w", STRATA_F32, 1, s10, o4, l6, 0, 0, 0, 1);
+    assert_rc(plan_save(&p, &s), STRATA_EOVERLAP);
+    assert_msg_has("enc.w");
+    tu_set_free(&s);
+
+    /* overlapping flat ranges of one box */
+    tu_set_init(&s, 2);
+    tu_set_shard(&s, 0, "enc.w", STRATA_F32, 1, s10, NULL, NULL, 1, 0, 6, 1);
+    tu_set_shard(&s, 1, "enc.w", STRATA_F32, 1, s10, NULL, NULL, 1, 5, 10, 1);
+    assert_rc(plan_save(&p, &s), STRATA_EOVERLAP);
+    tu_set_free(&s);
+
+    /* a flat range overlapping a box */
+    tu_set_init(&s, 2);
+    tu_set_shard(&s, 0, "enc.w", STRATA_F32, 1, s10, NULL, NULL, 1, 3, 5, 1);
+    tu_set_shard(&s, 1, "enc.w", STRATA_F32, 1, s10, o4, l4, 0, 0, 0, 1);
+    assert_rc(plan_save(&p, &s), STRATA_EOVERLAP);
+    tu_set_free(&s);
+
+    /* adjacent pieces are fine, and so is an empty piece */
+    tu_set_init(&s, 3);
+    tu_set_shard(&s, 0, "enc.w", STRATA_F32, 1, s10, NULL, NULL, 1, 0, 5, 1);
+    tu_set_shard(&s, 1, "enc.w", STRATA_F32, 1, s10, NULL, NULL, 1, 5, 10, 1);
+    tu_set_shard(&s, 2, "enc.w", STRATA_F32, 1, s10, NULL, NULL, 1, 5, 5, 1);
+    assert_ok(plan_save(&p, &s));
+    assert_int_equal(p.meta->tensors[0].nshards, 2);
+    st_save_plan_free(&p);
+    tu_set_free(&s);
+
+    /* a global blob of two sizes */
+    tu_set_init(&s, 2);
+    tu_set_blob(&s, 0, "cfg", 0, 0, 10, 1);
+    tu_set_blob(&s, 1, "cfg", 0, 0, 11, 1);
+    assert_rc(plan_save(&p, &s), STRATA_EMISMATCH);
+    assert_msg_has("cfg");
+    tu_set_free(&s);
+
+    /* a per-rank blob registered twice on one rank */
+    tu_set_init(&s, 1);
+    tu_set_blob(&s, 0, "rng", 1, 0, 10, 1);
+    tu_set_blob(&s, 0, "rng", 1, 0, 10, 1);
+    assert_rc(plan_save(&p, &s), STRATA_EINVAL);
+    assert_msg_has("rng");
+    tu_set_free(&s);
+}
+
+/* ---- load planner ---- */
+
+/* Saves (plans) `src` and plans loading `dst` from its metadata. */
+typedef struct {
+    st_save_plan sp;
+    st_load_plan lp;
+} plans;
+
+static int plan_both(plans *x, const tu_set *src, const tu_set *dst)
+{
+    assert_ok(plan_save(&x->sp, src));
+    int rc = plan_load(&x->lp, x->sp.meta, dst);
+    if (rc)
+        st_save_plan_free(&x->sp);
+    return rc;
+}
+
+static void plans_free(plans *x)
+{
+    st_load_plan_free(&x->lp);
+    st_save_plan_free(&x->sp);
+}
+
+/* Every destination byte of dst is written by exactly one run, and nothing else is. */
+static void assert_exact_cover(const st_load_plan *lp, const tu_set *dst)
+{
+    uint64_t req = 0, run_bytes = 0;
+    for (size_t i = 0; i < dst->nsh; i++)
+        req += tu_shard_numel(&dst->sh[i].sh) * strata_dtype_size(dst->sh[i].sh.dtype);
+    for (size_t i = 0; i < dst->nbl; i++)
+        req += dst->bl[i].size;
+    assert_int_equal(lp->request_bytes, req);
+    for (size_t i = 0; i < dst->nsh; i++) {
+        const strata_shard *sh = &dst->sh[i].sh;
+        uint64_t n = tu_shard_numel(sh) * strata_dtype_size(sh->dtype);
+        unsigned char *hits = calloc(n + 1, 1);
+        for (size_t k = 0; k < lp->nruns; k++) {
+            const st_run *r = &lp->runs[k];
+            if (n && r->dst >= (char *)sh->data && r->dst < (char *)sh->data + n) {
+                assert_true(r->dst + r->n <= (char *)sh->data + n);
+                assert_true(r->src + r->n <= lp->ext[r->piece]->bytes);
+                for (uint64_t j = 0; j < r->n; j++)
+                    hits[r->dst - (char *)sh->data + j]++;
+                run_bytes += r->n;
+            }
+        }
+        for (uint64_t j = 0; j < n; j++)
+            if (hits[j] != 1)
+                fail_msg("rank %d '%s': byte %" PRIu64 " written %d times", dst->sh[i].rank,
+                         sh->name, j, hits[j]);
+        free(hits);
+    }
+    for (size_t i = 0; i < dst->nbl; i++)
+        run_bytes += dst->bl[i].size;
+    assert_int_equal(run_bytes, req);
+}
+
+static void test_load_cover(void **state)
+{
+    (void)state;
+    /* saved: 8 row blocks of 64x100 f32 plus a flat split of v; requested: 3 column
+     * blocks of w, 5 uneven flat pieces of v, and a blob */
+    tu_set src, dst;
+    tu_set_init(&src, 8);
+    tu_set_init(&dst, 3);
+    uint64_t shape[] = {64, 100}, vs[] = {7, 9, 11};
+    for (int r = 0; r < 8; r++) {
+        uint64_t off[] = {(uint64_t)r * 8, 0}, len[] = {8, 100};
+        tu_set_shard(&src, r, "w", STRATA_F32, 2, shape, off, len, 0, 0, 0, 1);
+        tu_set_shard(&src, r, "v", STRATA_I16, 3, vs, NULL, NULL, 1, 693 * r / 8,
+                     693 * (r + 1) / 8, 1);
+        tu_set_blob(&src, r, "rng", 1, 0, 100 + (uint64_t)r, 1);
+    }
+    uint64_t cut[] = {0, 33, 34, 100}, vcut[] = {0, 1, 300, 301, 650, 693};
+    for (int r = 0; r < 3; r++) {
+        uint64_t off[] = {0, cut[r]}, len[] = {64, cut[r + 1] - cut[r]};
+        tu_set_shard(&dst, r, "w", STRATA_F32, 2, shape, off, len, 0, 0, 0, 0);
+    }
+    for (int k = 0; k < 5; k++)
+        tu_set_shard(&dst, k % 3, "v", STRATA_I16, 3, vs, NULL, NULL, 1, vcut[k], vcut[k + 1], 0);
+    tu_set_blob(&dst, 2, "rng", 1, 5, 105, 0);
+    plans x;
+    assert_ok(plan_both(&x, &src, &dst));
+    assert_exact_cover(&x.lp, &dst);
+    /* everything is requested once: every chunk is read once */
+    assert_int_equal(x.lp.payload_bytes, 64 * 100 * 4 + 693 * 2 + 105);
+    plans_free(&x);
+    tu_set_free(&src);
+    tu_set_free(&dst);
+}
+
+static void test_load_empty(void **state)
+{
+    (void)state;
+    tu_set src, dst;
+    tu_set_init(&src, 1);
+    tu_set_init(&dst, 2);
+    uint64_t shape[] = {16, 16}, zshape[] = {0, 4}, off[] = {3, 3}, len0[] = {0, 5};
+    tu_set_shard(&src, 0, "w", STRATA_F64, 2, shape, NULL, NULL, 0, 0, 0, 1);
+    tu_set_shard(&src, 0, "z", STRATA_F64, 2, zshape, NULL, NULL, 0, 0, 0, 1);
+    /* empty requests: a flat range [5, 5), a box with a 0 length, a tensor of 0 elements */
+    tu_set_shard(&dst, 0, "w", STRATA_F64, 2, shape, NULL, NULL, 1, 5, 5, 0);
+    tu_set_shard(&dst, 1, "w", STRATA_F64, 2, shape, off, len0, 0, 0, 0, 0);
+    tu_set_shard(&dst, 1, "z", STRATA_F64, 2, zshape, NULL, NULL, 0, 0, 0, 0);
+    plans x;
+    assert_ok(plan_both(&x, &src, &dst));
+    assert_int_equal(x.sp.meta->tensors[1].nshards, 0);
+    assert_int_equal(x.lp.request_bytes, 0);
+    assert_int_equal(x.lp.nruns, 0);
+    assert_int_equal(x.lp.nreads, 0);
+    assert_int_equal(x.lp.payload_bytes, 0);
+    plans_free(&x);
+    tu_set_free(&src);
+    tu_set_free(&dst);
+}
+
+static void test_load_shared_chunks(void **state)
+{
+    (void)state;
+    /* two ranks want the same 64 KiB; a third wants half of it: each chunk read once */
+    tu_set src, dst;
+    tu_set_init(&src, 2);
+    tu_set_init(&dst, 3);
+    uint64_t shape[] = {128, 128}, off[] = {64, 0}, len[] = {64, 128};
+    for (int r = 0; r < 2; r++)
+        tu_set_shard(&src, r, "w", STRATA_F32, 2, shape, NULL, NULL, 0, 0, 0, 1);
+    tu_set_shard(&dst, 0, "w", STRATA_F32, 2, shape, NULL, NULL, 0, 0, 0, 0);
+    tu_set_shard(&dst, 1, "w", STRATA_F32, 2, shape, NULL, NULL, 0, 0, 0, 0);
+    tu_set_shard(&dst, 2, "w", STRATA_F32, 2, shape, off, len, 0, 0, 0, 0);
+    plans x;
+    assert_ok(plan_both(&x, &src, &dst));
+    assert_int_equal(x.sp.meta->tensors[0].nshards, 1);
+    assert_int_equal(x.lp.request_bytes, 2 * 65536 + 32768);
+    assert_int_equal(x.lp.payload_bytes, 65536);
+    assert_int_equal(x.lp.nsegs, 1);
+    plans_free(&x);
+    tu_set_free(&src);
+    tu_set_free(&dst);
+}
+
+/* Bytes of the chunks of one extent that hold any byte of the given runs (brute force). */
+static uint64_t needed_chunk_bytes(const st_load_plan *lp, uint32_t piece)
+{
+    const st_extent *e = lp->ext[piece];
+    uint64_t nc = st_nchunks(e->bytes, CHUNK), total = 0;
+    for (uint64_t c = 0; c < nc; c++) {
+        uint64_t lo = c * CHUNK, hi = lo + CHUNK < e->bytes ? lo + CHUNK : e->bytes;
+        for (size_t k = 0; k < lp->nruns; k++)
+            if (lp->runs[k].piece == piece && lp->runs[k].src < hi &&
+                lp->runs[k].src + lp->runs[k].n > lo) {
+                total += hi - lo;
+                break;
+            }
+    }
+    return total;
+}
+
+static void test_load_partial(void **state)
+{
+    (void)state;
+    /* one 256 KiB shard; requests for small sub-boxes read only the chunks they touch */
+    tu_set src, dst;
+    tu_set_init(&src, 1);
+    tu_set_init(&dst, 2);
+    uint64_t shape[] = {256, 256};
+    tu_set_shard(&src, 0, "w", STRATA_F32, 2, shape, NULL, NULL, 0, 0, 0, 1);
+    uint64_t o1[] = {10, 0}, l1[] = {2, 256};  /* rows 10..11: 2 KiB, inside chunk 2 */
+    uint64_t o2[] = {100, 5}, l2[] = {10, 4}; /* rows 100..109, 16 bytes each */
+    tu_set_shard(&dst, 0, "w", STRATA_F32, 2, shape, o1, l1, 0, 0, 0, 0);
+    tu_set_shard(&dst, 1, "w", STRATA_F32, 2, shape, o2, l2, 0, 0, 0, 0);
+    plans x;
+    assert_ok(plan_both(&x, &src, &dst));
+    assert_exact_cover(&x.lp, &dst);
+    /* rows 10-11 are bytes 10240..12288: chunk 2; rows 100-109 (cols 5..8) lie in chunks
+     * 25..26 (byte 102420) to 26 (byte 111652) */
+    assert_int_equal(needed_chunk_bytes(&x.lp, 0), x.lp.payload_bytes);
+    assert_int_equal(x.lp.payload_bytes, 3 * CHUNK);
+    assert_true(x.lp.payload_bytes < 256 * 256 * 4);
+    plans_free(&x);
+
+    /* and through strata_load: only those chunks are read */
+    char dir[512], ck[600];
+    tu_tmpdir(dir, sizeof dir, "plan");
+    tu_join(ck, dir, "ck");
+    strata_save_opts so = STRATA_SAVE_OPTS_INIT;
+    so.chunk_bytes = CHUNK;
+    strata_stats st;
+    assert_ok(strata_save(ck, src.st, 1, &so, &st));
+    assert_ok(strata_load(ck, dst.st, 2, NULL, &st));
+    assert_int_equal(st.bytes, 3 * CHUNK);
+    assert_int_equal(tu_set_check(&dst), 0);
+    tu_rmrf(dir);
+    tu_set_free(&src);
+    tu_set_free(&dst);
+}
+
+static void test_load_errors(void **state)
+{
+    (void)state;
+    tu_set src, dst;
+    tu_set_init(&src, 1);
+    uint64_t shape[] = {8, 8}, other[] = {8, 9}, off[] = {0, 0}, half[] = {4, 8};
+    tu_set_shard(&src, 0, "w", STRATA_F32, 2, shape, off, half, 0, 0, 0, 1);
+    tu_set_blob(&src, 0, "cfg", 0, 0, 10, 1);
+    st_save_plan sp;
+    st_load_plan lp;
+    assert_ok(plan_save(&sp, &src));
+    struct {
+        const char *name;
+        strata_dtype dt;
+        const uint64_t *shape, *len;
+        int want;
+    } cases[] = {
+        {"nope", STRATA_F32, shape, half, STRATA_ENOTFOUND},
+        {"w", STRATA_I32, shape, half, STRATA_EMISMATCH},
+        {"w", STRATA_F32, other, half, STRATA_EMISMATCH},
+        {"w", STRATA_F32, shape, NULL, STRATA_EUNFILLED}, /* only half was saved */
+        {"w", STRATA_F32, shape, half, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        tu_set_init(&dst, 2);
+        tu_set_shard(&dst, 1, cases[i].name, cases[i].dt, 2, cases[i].shape, off, cases[i].len,
+                     0, 0, 0, 0);
+        assert_rc(plan_load(&lp, sp.meta, &dst), cases[i].want);
+        if (cases[i].want) {
+            assert_msg_has(cases[i].name);
+            assert_msg_has("rank 1");
+        } else {
+            st_load_plan_free(&lp);
+        }
+        tu_set_free(&dst);
+    }
+    tu_set_init(&dst, 1);
+    tu_set_blob(&dst, 0, "cfg", 0, 0, 10, 0); /* owner 0: only a global one was saved */
+    assert_rc(plan_load(&lp, sp.meta, &dst), STRATA_ENOTFOUND);
+    assert_msg_has("cfg");
+    tu_set_free(&dst);
+    tu_set_init(&dst, 1);
+    tu_set_blob(&dst, 0, "cfg", 0, -1, 9, 0);
+    assert_rc(plan_load(&lp, sp.meta, &dst), STRATA_EMISMATCH);
+    assert_msg_has("cfg");
+    tu_set_free(&dst);
+    st_save_plan_free(&sp);
+    tu_set_free(&src);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dedup_replicas),  cmocka_unit_test(test_balance_equal),
+        cmocka_unit_test(test_balance_dp),      cmocka_unit_test(test_balance_fixed_first),
+        cmocka_unit_test(test_save_errors),     cmocka_unit_test(test_load_cover),
+        cmocka_unit_test(test_load_empty),      cmocka_unit_test(test_load_shared_chunks),
+        cmocka_unit_test(test_load_partial),    cmocka_unit_test(test_load_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
