@@ -22,7 +22,7 @@ DEB_PKGS = gcc make libxxhash-dev libcmocka-dev pkg-config
 
 .PHONY: all deps demo test bench clean test-asan test-tsan check-header
 
-all: $(BUILD)/libstrata.a $(BUILD)/libstrata.so $(BUILD)/strata
+all: $(BUILD)/libstrata.a $(BUILD)/libstrata.so $(BUILD)/strata $(BUILD)/examples/reshard
 
 deps:
 	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -45,6 +45,10 @@ $(BUILD)/libstrata.so: $(LIB_OBJ) src/libstrata.map
 
 $(BUILD)/strata: $(CLI_OBJ) $(BUILD)/libstrata.a
 	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libstrata.a $(LIBS) -lm
+
+$(BUILD)/examples/%: examples/%.c $(BUILD)/libstrata.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libstrata.a $(LIBS)
 
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libstrata.a tests/testutil.h
 	@mkdir -p $(dir $@)

@@ -51,6 +51,8 @@ check "ls marks a commit record that does not match as CORRUPT" bash -c "'$S' ls
 check "gc --dry-run removes nothing" bash -c "'$S' gc '$T' --dry-run | grep -q 'would remove $T/ck2' && test -d '$T/ck2'"
 check "gc removes the incomplete one only" bash -c "'$S' gc '$T' && test ! -e '$T/ck2' && test -f '$T/garb/COMMIT' && '$S' verify '$T/ck1'"
 
+check "README example (examples/reshard.c) runs" "${S%/strata}/examples/reshard" "$T/example"
+
 for c in demo inspect ls verify gc bench; do
     check "$c --help" bash -c "'$S' $c --help | grep -q '^usage: strata $c'"
 done
