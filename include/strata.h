@@ -152,7 +152,10 @@ typedef struct strata_stats {
     uint64_t bytes;        /* bytes written (save) or payload bytes read (load) */
     uint64_t io_calls;     /* pwrite/pread calls issued */
     double seconds;        /* wall time of the whole call */
-    uint64_t max_writer_bytes, writers; /* save: balance of the write work */
+    /* save: balance of the write work. max_writer_bytes is the largest rank's payload;
+     * balance_bound is a lower bound on it for any assignment (ranks that share no
+     * shard, like pipeline stages, cannot share work). */
+    uint64_t max_writer_bytes, writers, balance_bound;
 } strata_stats;
 
 /* Saves the states of `nranks` logical ranks (index = rank) to the checkpoint at `uri`

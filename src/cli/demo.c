@@ -384,9 +384,11 @@ int cmd_demo(int argc, char **argv)
            (unsigned long long)ss.bytes, ss.seconds, sg);
     printf("  %-6s %8d %8d %14llu %9.3f %8.3f\n", "load", d.m.ntensors, nshards_dst,
            (unsigned long long)ls.bytes, ls.seconds, lg);
-    printf("  writers %llu, largest writer %.1f%% of the mean\n",
+    printf("  writers %llu: the largest writes %.1f%% of the mean (the layout allows no less "
+           "than %.1f%%)\n",
            (unsigned long long)ss.writers,
-           ss.writers ? 100.0 * (double)ss.max_writer_bytes * (double)ss.writers / (double)ss.data_bytes : 0.0);
+           100.0 * (double)ss.max_writer_bytes * (double)ss.writers / (double)ss.data_bytes,
+           100.0 * (double)ss.balance_bound * (double)ss.writers / (double)ss.data_bytes);
     printf("  check: %s\n\n", bad ? "MISMATCH" : "every element and blob byte matches");
     printf("checkpoint: %s%s\n", dir, temp ? " (temporary, removed)" : "");
     printf("saved_bytes=%llu read_bytes=%llu save_gbps=%.3f load_gbps=%.3f ok=%d\n",

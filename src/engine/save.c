@@ -230,7 +230,8 @@ static int save_impl(const char *uri, strata_state *const *ranks, int nranks,
         goto out;
     if ((rc = layout_writes(&x.lay, &sp)))
         goto out;
-    x.bufsize = SAVE_TASK_BYTES + ST_ALIGN;
+    /* a write task spans up to SAVE_TASK_BYTES, or one whole chunk if chunks are larger */
+    x.bufsize = ST_MAX(SAVE_TASK_BYTES, sp.meta->chunk) + ST_ALIGN;
     x.files = calloc(sp.meta->nfiles + 1, sizeof *x.files);
     x.buf = calloc((size_t)nt, sizeof *x.buf);
     if (!x.files || !x.buf) {
@@ -276,6 +277,7 @@ static int save_impl(const char *uri, strata_state *const *ranks, int nranks,
                                 .bytes = sp.meta->data_bytes,
                                 .io_calls = x.lay.nreads,
                                 .max_writer_bytes = sp.max_writer_bytes,
+                                .balance_bound = sp.writer_bytes_bound,
                                 .writers = (uint64_t)sp.nwriters};
         stats->seconds = st_now() - t0;
     }

@@ -206,7 +206,8 @@ static void rd_extent(rd *r, st_meta *m, st_extent *e, uint64_t bytes, int with_
     }
     e->offset = blk * ST_ALIGN;
     e->bytes = bytes;
-    if (bytes == 0 || e->offset > m->files[e->file].bytes ||
+    /* shards always hold bytes (their boxes and ranges are non-empty); a blob may be empty */
+    if ((bytes == 0 && !with_bytes) || e->offset > m->files[e->file].bytes ||
         bytes > m->files[e->file].bytes - e->offset) {
         rd_fail(r, "extent lies outside its data file");
         return;

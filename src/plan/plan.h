@@ -53,6 +53,10 @@ typedef struct st_save_plan {
     int *writer_file;   /* per rank: index into meta->files, or -1 if it writes nothing */
     uint64_t *writer_bytes; /* per rank: payload bytes assigned */
     uint64_t max_writer_bytes;
+    /* A lower bound on max_writer_bytes for any assignment: ranks linked by shared items
+     * form groups that can only share work within the group, so the best possible is at
+     * least max over groups of (group bytes / group ranks). */
+    uint64_t writer_bytes_bound;
     int nwriters;
 } st_save_plan;
 

@@ -25,6 +25,7 @@ typedef struct {
     const st_entry *e;     /* shards: first registration */
     const st_blobent *b;   /* blobs: first registration */
     int64_t owner;         /* blobs: -1 global, else the rank */
+    uint64_t fs, fe;       /* shards: the flat range saved (a piece of e's when split) */
     uint64_t bytes;
     size_t h0, nh;
     int writer;
@@ -117,7 +118,7 @@ static int cmp_items(const void *pa, const void *pb, void *ctx)
     for (int d = 0; d < a->e->ndim; d++)
         if (a->e->off[d] != b->e->off[d])
             return a->e->off[d] < b->e->off[d] ? -1 : 1;
-    return (a->e->fs > b->e->fs) - (a->e->fs < b->e->fs);
+    return (a->fs > b->fs) - (a->fs < b->fs);
 }
 
 /* Replicated items, largest first. */
@@ -128,6 +129,103 @@ static int cmp_size_desc(const void *pa, const void *pb, void *ctx)
     if (a->bytes != b->bytes)
         return a->bytes < b->bytes ? 1 : -1;
     return (a->meta_pos > b->meta_pos) - (a->meta_pos < b->meta_pos);
+}
+
+static int uf_find(int *parent, int x)
+{
+    while (parent[x] != x)
+        x = parent[x] = parent[parent[x]];
+    return x;
+}
+
+/* The balance bound (see st_save_plan.writer_bytes_bound): union-find over ranks. */
+static uint64_t balance_bound(const item *it, size_t ni, const holder *hold, int nranks)
+{
+    int *parent = malloc((size_t)nranks * sizeof *parent), *count = calloc((size_t)nranks, sizeof *count);
+    uint64_t *bytes = calloc((size_t)nranks, sizeof *bytes), best = 0;
+    if (!parent || !count || !bytes)
+        goto out;
+    for (int r = 0; r < nranks; r++)
+        parent[r] = r;
+    /* tensor items only: global blobs are held everywhere but are too small to move work,
+     * and leaving them out keeps the bound valid (it only omits bytes) */
+    for (size_t j = 0; j < ni; j++)
+        for (size_t h = 1; h < it[j].nh && !it[j].blob; h++) {
+            int a = uf_find(parent, hold[it[j].h0].rank), b = uf_find(parent, hold[it[j].h0 + h].rank);
+            if (a != b)
+                parent[a] = b;
+        }
+    for (size_t j = 0; j < ni; j++)
+        if (!it[j].blob)
+            bytes[uf_find(parent, hold[it[j].h0].rank)] += it[j].bytes;
+    for (int r = 0; r < nranks; r++)
+        count[uf_find(parent, r)]++;
+    for (int r = 0; r < nranks; r++)
+        if (bytes[r] && (bytes[r] + (uint64_t)count[r] - 1) / (uint64_t)count[r] > best)
+            best = (bytes[r] + (uint64_t)count[r] - 1) / (uint64_t)count[r];
+out:
+    free(parent);
+    free(count);
+    free(bytes);
+    return best;
+}
+
+/* Items smaller than this are never split: pieces cost metadata and I/O calls. */
+#define SPLIT_MIN_BYTES ((uint64_t)1 << 20)
+
+/* Splits each replicated shard larger than a tenth of the mean writer load (and than
+ * SPLIT_MIN_BYTES) into up to nh flat pieces of about that size, cut at 4 KiB boundaries
+ * of the data; the pieces keep the item's holder list. */
+static int split_large(item **itp, size_t *nip, const holder *hold, int nranks)
+{
+    item *it = *itp;
+    size_t ni = *nip, extra = 0;
+    uint64_t total = 0;
+    int writers = 0;
+    unsigned char *holds = calloc((size_t)nranks, 1);
+    if (!holds)
+        return st_fail(STRATA_ENOMEM, "out of memory planning the save");
+    for (size_t j = 0; j < ni; j++) {
+        total += it[j].bytes;
+        for (size_t h = 0; h < it[j].nh; h++)
+            if (!holds[hold[it[j].h0 + h].rank]++)
+                writers++;
+    }
+    free(holds);
+    uint64_t limit = writers ? total / (uint64_t)writers / 10 : 0;
+    if (limit < SPLIT_MIN_BYTES)
+        limit = SPLIT_MIN_BYTES;
+    for (size_t j = 0; j < ni; j++)
+        if (!it[j].blob && it[j].nh > 1 && it[j].bytes > limit)
+            extra += ST_MIN(it[j].nh, (it[j].bytes + limit - 1) / limit) - 1;
+    if (!extra)
+        return 0;
+    item *n = realloc(it, (ni + extra + 1) * sizeof *n);
+    if (!n)
+        return st_fail(STRATA_ENOMEM, "out of memory planning the save");
+    *itp = it = n;
+    size_t end = ni;
+    for (size_t j = 0; j < ni; j++) {
+        if (it[j].blob || it[j].nh <= 1 || it[j].bytes <= limit)
+            continue;
+        uint64_t pieces = ST_MIN(it[j].nh, (it[j].bytes + limit - 1) / limit);
+        uint64_t esz = strata_dtype_size(it[j].e->dtype), grain = 4096 / esz;
+        uint64_t fs = it[j].fs, fe = it[j].fe, count = fe - fs, prev = fs;
+        for (uint64_t k = 1; k <= pieces; k++) {
+            uint64_t cut = k == pieces ? fe : fs + (count * k / pieces) / grain * grain;
+            if (cut <= prev)
+                continue;
+            item *x = k == 1 ? &it[j] : &it[end++];
+            if (k > 1)
+                *x = it[j];
+            x->fs = prev;
+            x->fe = cut;
+            x->bytes = (cut - prev) * esz;
+            prev = cut;
+        }
+    }
+    *nip = end;
+    return 0;
 }
 
 void st_save_plan_free(st_save_plan *p)
@@ -193,7 +291,8 @@ int st_plan_save(st_save_plan *out, const st_rank_view *ranks, int nranks, uint3
                 hh = (hh + 1) & (im.cap - 1);
             if (j == SIZE_MAX) {
                 j = ni++;
-                it[j] = (item){.tensor = t, .e = e, .bytes = e->bytes, .writer = -1};
+                it[j] = (item){.tensor = t, .e = e, .fs = e->fs, .fe = e->fe, .bytes = e->bytes,
+                               .writer = -1};
                 im.slot[hh] = j;
             }
             it[j].nh++;
@@ -250,7 +349,18 @@ int st_plan_save(st_save_plan *out, const st_rank_view *ranks, int nranks, uint3
         for (size_t i = 0; i < ranks[r].nbl; i++, k++)
             hold[it[ids[k]].h0 + fill[ids[k]]++] = (holder){r, ranks[r].bl[i].data};
 
-    /* 3. metadata order */
+    /* 3. split large replicated shards into flat pieces, one per holder at most, so that
+     * no single item is big enough to unbalance the writers (list scheduling ends within
+     * one item of the mean) */
+    if ((rc = split_large(&it, &ni, hold, nranks)))
+        goto done;
+    free(order);
+    if (!(order = malloc((ni + nt + 1) * sizeof *order))) {
+        rc = st_fail(STRATA_ENOMEM, "out of memory planning the save");
+        goto done;
+    }
+
+    /* 4. metadata order */
     for (size_t t = 0; t < nt; t++)
         order[t] = t;
     qsort_r(order, nt, sizeof *order, cmp_tinfo_name, ti);
@@ -263,7 +373,7 @@ int st_plan_save(st_save_plan *out, const st_rank_view *ranks, int nranks, uint3
     for (size_t j = 0; j < ni; j++)
         it[order[j]].meta_pos = j;
 
-    /* 4. balance: single-holder items are fixed; the rest largest first to the least
+    /* 5. balance: single-holder items are fixed; the rest largest first to the least
      * loaded holder */
     out->nranks = nranks;
     out->writer_bytes = calloc((size_t)nranks, sizeof *out->writer_bytes);
@@ -298,10 +408,13 @@ int st_plan_save(st_save_plan *out, const st_rank_view *ranks, int nranks, uint3
         for (size_t h = 0; h < it[j].nh; h++)
             if (hold[it[j].h0 + h].rank == it[j].writer) {
                 it[j].src = hold[it[j].h0 + h].data;
+                if (!it[j].blob) /* a piece starts inside the holder's buffer */
+                    it[j].src = (const char *)it[j].src +
+                                (it[j].fs - it[j].e->fs) * strata_dtype_size(it[j].e->dtype);
                 break;
             }
 
-    /* 5. metadata skeleton */
+    /* 6. metadata skeleton */
     m = calloc(1, sizeof *m);
     if (!m) {
         rc = st_fail(STRATA_ENOMEM, "out of memory");
@@ -402,9 +515,9 @@ int st_plan_save(st_save_plan *out, const st_rank_view *ranks, int nranks, uint3
             s->len = s->off + e->ndim;
             memcpy(s->off, e->off, (size_t)e->ndim * 8);
             memcpy(s->len, e->len, (size_t)e->ndim * 8);
-            s->fs = e->fs;
-            s->fe = e->fe;
-            s->flat = !(e->fs == 0 && e->fe == st_box_numel(e->ndim, e->len, NULL));
+            s->fs = x->fs;
+            s->fe = x->fe;
+            s->flat = !(x->fs == 0 && x->fe == st_box_numel(e->ndim, e->len, NULL));
             mt->bytes += x->bytes;
             ext = &s->ext;
             object = mt->name;
@@ -431,6 +544,7 @@ int st_plan_save(st_save_plan *out, const st_rank_view *ranks, int nranks, uint3
     for (int r = 0; r < nranks; r++)
         if (out->writer_bytes[r] > out->max_writer_bytes)
             out->max_writer_bytes = out->writer_bytes[r];
+    out->writer_bytes_bound = balance_bound(it, ni, hold, nranks);
     out->meta = m;
     m = NULL;
 
