@@ -295,6 +295,11 @@ static inline tu_shard_rec *tu_set_shard(tu_set *s, int r, const char *name, str
         s->capsh = s->capsh ? 2 * s->capsh : 16;
         s->sh = realloc(s->sh, s->capsh * sizeof *s->sh);
         assert_non_null(s->sh);
+        for (size_t i = 0; i < s->nsh; i++) { /* the records moved: re-aim their arrays */
+            s->sh[i].sh.global_shape = s->sh[i].shape;
+            s->sh[i].sh.offsets = s->sh[i].off;
+            s->sh[i].sh.lengths = s->sh[i].len;
+        }
     }
     tu_shard_rec *x = &s->sh[s->nsh];
     memset(x, 0, sizeof *x);
@@ -353,10 +358,15 @@ static inline int tu_set_check(const tu_set *s)
         const tu_shard_rec *x = &s->sh[i];
         int64_t bad = x->sh.data ? tu_check_shard(&x->sh) : -1;
         if (bad >= 0) {
+            size_t esz = strata_dtype_size(x->sh.dtype);
+            const unsigned char *got = (const unsigned char *)x->sh.data + (size_t)bad * esz;
             print_error("rank %d tensor '%s' (%s, ndim %d, flat %d [%" PRIu64 ", %" PRIu64
-                        ")): element %" PRId64 " differs\n",
+                        ")): element %" PRId64 " differs: got",
                         x->rank, x->name, strata_dtype_name(x->sh.dtype), x->sh.ndim, x->sh.flat,
                         x->sh.flat_start, x->sh.flat_end, bad);
+            for (size_t k = 0; k < esz; k++)
+                print_error(" %02x", got[k]);
+            print_error("\n");
             return -1;
         }
     }

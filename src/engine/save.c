@@ -54,10 +54,44 @@ static int run_write(void *arg, size_t task, int worker)
     return 0;
 }
 
-/* Makes dir an empty directory for a new checkpoint: creates it, or clears an incomplete
- * checkpoint there. Refuses a committed checkpoint and a directory with foreign files. */
+/* The parent directory of path ("." for a bare name). */
+static void parent_of(char *out, const char *path)
+{
+    strcpy(out, path);
+    char *slash = strrchr(out, '/');
+    if (!slash)
+        strcpy(out, ".");
+    else if (slash == out)
+        out[1] = 0;
+    else
+        *slash = 0;
+}
+
+/* mkdir -p of dir's parents. */
+static int make_parents(const st_vfs *v, const char *dir)
+{
+    char p[PATH_MAX];
+    parent_of(p, dir);
+    int kind;
+    if (strcmp(p, dir) == 0 || v->stat(v, p, NULL, &kind) == 0)
+        return 0;
+    int rc = make_parents(v, p);
+    if (rc)
+        return rc;
+    int e = v->mkdir(v, p);
+    if (e && e != -EEXIST)
+        return st_fail(st_from_errno(-e), "cannot create directory '%s': %s", p, strerror(-e));
+    return 0;
+}
+
+/* Makes dir an empty directory for a new checkpoint: creates it (and its parents), or
+ * clears an incomplete checkpoint there. Refuses a committed checkpoint and a directory
+ * with foreign files. */
 static int prepare_dir(const st_vfs *v, const char *dir)
 {
+    int rc = make_parents(v, dir);
+    if (rc)
+        return rc;
     int e = v->mkdir(v, dir);
     if (e == 0)
         return 0;
@@ -68,8 +102,7 @@ static int prepare_dir(const st_vfs *v, const char *dir)
     if ((e = v->stat(v, dir, NULL, &kind)) != 0 || kind != 1)
         return st_fail(STRATA_EEXIST, "'%s' exists and is not a directory", dir);
     char p[PATH_MAX];
-    int rc = st_path_join(p, dir, ST_COMMIT_FILE);
-    if (rc)
+    if ((rc = st_path_join(p, dir, ST_COMMIT_FILE)))
         return rc;
     if (v->stat(v, p, NULL, NULL) == 0)
         return st_fail(STRATA_EEXIST,
@@ -134,6 +167,11 @@ static int commit(const st_vfs *v, const char *dir, const st_meta *m, int sync)
     int e = v->rename(v, from, to);
     if (e == 0 && sync)
         e = v->sync_dir(v, dir);
+    if (e == 0 && sync) { /* the checkpoint directory's own entry */
+        char parent[PATH_MAX];
+        parent_of(parent, dir);
+        e = v->sync_dir(v, parent);
+    }
     if (e)
         return st_fail(st_from_errno(-e), "committing '%s': %s", dir, strerror(-e));
     return 0;
