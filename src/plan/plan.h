@@ -55,7 +55,8 @@ typedef struct st_save_plan {
     uint64_t max_writer_bytes;
     /* A lower bound on max_writer_bytes for any assignment: ranks linked by shared items
      * form groups that can only share work within the group, so the best possible is at
-     * least max over groups of (group bytes / group ranks). */
+     * least max over groups of (group bytes / group ranks); and at least the bytes that
+     * only one rank holds. */
     uint64_t writer_bytes_bound;
     int nwriters;
 } st_save_plan;

@@ -138,7 +138,8 @@ static int uf_find(int *parent, int x)
     return x;
 }
 
-/* The balance bound (see st_save_plan.writer_bytes_bound): union-find over ranks. */
+/* The balance bound (see st_save_plan.writer_bytes_bound): union-find over ranks, and
+ * each rank's own single-holder bytes. */
 static uint64_t balance_bound(const item *it, size_t ni, const holder *hold, int nranks)
 {
     int *parent = malloc((size_t)nranks * sizeof *parent), *count = calloc((size_t)nranks, sizeof *count);
@@ -163,6 +164,13 @@ static uint64_t balance_bound(const item *it, size_t ni, const holder *hold, int
     for (int r = 0; r < nranks; r++)
         if (bytes[r] && (bytes[r] + (uint64_t)count[r] - 1) / (uint64_t)count[r] > best)
             best = (bytes[r] + (uint64_t)count[r] - 1) / (uint64_t)count[r];
+    /* and no rank writes less than what only it holds */
+    memset(bytes, 0, (size_t)nranks * sizeof *bytes);
+    for (size_t j = 0; j < ni; j++)
+        if (it[j].nh == 1)
+            bytes[hold[it[j].h0].rank] += it[j].bytes;
+    for (int r = 0; r < nranks; r++)
+        best = ST_MAX(best, bytes[r]);
 out:
     free(parent);
     free(count);
@@ -171,7 +179,7 @@ out:
 }
 
 /* Items smaller than this are never split: pieces cost metadata and I/O calls. */
-#define SPLIT_MIN_BYTES ((uint64_t)1 << 20)
+#define SPLIT_MIN_BYTES ((uint64_t)64 << 10)
 
 /* Splits each replicated shard larger than a tenth of the mean writer load (and than
  * SPLIT_MIN_BYTES) into up to nh flat pieces of about that size, cut at 4 KiB boundaries
