@@ -20,7 +20,7 @@ TESTS   := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 # Debian packages used by the build, tests and tools (checked, installed when missing).
 DEB_PKGS = gcc make libxxhash-dev libcmocka-dev pkg-config
 
-.PHONY: all deps demo test bench clean test-asan test-tsan check-header
+.PHONY: all deps demo test bench clean test-asan test-tsan check-header check-clang
 
 all: $(BUILD)/libstrata.a $(BUILD)/libstrata.so $(BUILD)/strata $(BUILD)/examples/reshard
 
@@ -65,6 +65,11 @@ test-asan:
 
 test-tsan:
 	$(MAKE) BUILD=build/tsan SAN="-fsanitize=thread" OPT=-O1 test
+
+# Warning-free under clang too (installed when missing).
+check-clang:
+	@command -v clang >/dev/null || { SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; $$SUDO apt-get install -y -qq clang >/dev/null; }
+	$(MAKE) CC=clang BUILD=build/clang all
 
 # The public header must stand alone under -pedantic, in C and C++.
 check-header:

@@ -259,9 +259,11 @@ typedef struct {
     const char *from, *to;
 } demo_args;
 
-static int parse_args(int argc, char **argv, demo_args *a, const char *cmd, const char *help)
+/* Options of demo (bench = 0: --from, --to, --step) or bench io (--layout, --runs). */
+static int parse_args(int argc, char **argv, demo_args *a, int bench, const char *cmd,
+                      const char *help)
 {
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(k, "--help") == 0 || strcmp(k, "-h") == 0) {
             fputs(help, stdout);
@@ -275,19 +277,18 @@ static int parse_args(int argc, char **argv, demo_args *a, const char *cmd, cons
             a->dir = v;
         else if (strcmp(k, "--size-mb") == 0 && (a->size_mb = cli_parse_num(v)) >= 1)
             ;
-        else if (strcmp(k, "--step") == 0 && (a->step = cli_parse_num(v)) >= 0)
+        else if (!bench && strcmp(k, "--step") == 0 && (a->step = cli_parse_num(v)) >= 0)
             ;
-        else if (strcmp(k, "--runs") == 0 && (a->runs = cli_parse_num(v)) >= 1)
+        else if (bench && strcmp(k, "--runs") == 0 && (a->runs = cli_parse_num(v)) >= 1)
             ;
-        else if (strcmp(k, "--from") == 0 || strcmp(k, "--layout") == 0)
+        else if (strcmp(k, bench ? "--layout" : "--from") == 0)
             a->from = v;
-        else if (strcmp(k, "--to") == 0)
+        else if (!bench && strcmp(k, "--to") == 0)
             a->to = v;
         else {
             fprintf(stderr, "strata %s: bad option or value '%s %s' (see --help)\n", cmd, k, v);
             return EXIT_USAGE;
         }
-        i++;
     }
     return 0;
 }
@@ -335,7 +336,7 @@ static int make_dir(char *out, size_t cap, const char *dir, int *temp)
 int cmd_demo(int argc, char **argv)
 {
     demo_args a = {NULL, 256, 1000, 1, "tp=2,pp=2,dp=2,zero=1", "tp=1,pp=3,dp=2"};
-    int rc = parse_args(argc, argv, &a, "demo", DEMO_HELP);
+    int rc = parse_args(argc, argv, &a, 0, "demo", DEMO_HELP);
     if (rc)
         return rc < 0 ? 0 : rc;
     demo_state d = {0};
@@ -421,7 +422,7 @@ int cmd_bench(int argc, char **argv)
         return EXIT_USAGE;
     }
     demo_args a = {NULL, 2048, 1, 1, "tp=2,pp=1,dp=2,zero=1", NULL};
-    int rc = parse_args(argc - 1, argv + 1, &a, "bench io", BENCH_HELP);
+    int rc = parse_args(argc - 1, argv + 1, &a, 1, "bench io", BENCH_HELP);
     if (rc)
         return rc < 0 ? 0 : rc;
     a.to = a.from;
