@@ -20,5 +20,6 @@ int main(int argc, char **argv) {
     if (!rc) rc = strata_load(argc > 1 ? argv[1] : "/tmp/strata-example", &load, 1, NULL, NULL);
     if (rc) return fprintf(stderr, "%s: %s\n", strata_error_name(rc), strata_error_last()), 1;
     printf("left[5]=%g (m[2][1]=9) right[0]=%g (m[1][3]=7)\n", left[5], right[0]);
+    strata_state_free(save[0]), strata_state_free(save[1]), strata_state_free(load);
     return !(left[5] == 9 && right[0] == 7);
 }

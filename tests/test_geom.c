@@ -218,7 +218,7 @@ static void test_dim0(void **state)
 
 typedef struct {
     int nd;
-    uint64_t shape[4], off[4], len[4], fs, fe;
+    uint64_t shape[STRATA_MAX_DIMS], off[STRATA_MAX_DIMS], len[STRATA_MAX_DIMS], fs, fe;
 } rreg;
 
 static void rand_region(tu_rng *g, int nd, const uint64_t *shape, rreg *x)
@@ -260,22 +260,24 @@ static void test_runs_random(void **state)
 {
     (void)state;
     uint64_t seed = tu_env_u64("STRATA_SEED", 0x6e0d5eed);
-    size_t cases = (size_t)tu_env_u64("STRATA_GEOM_CASES", 5000);
+    size_t cases = (size_t)tu_env_u64("STRATA_GEOM_CASES", 20000);
     print_message("geom: %zu random cases, seed %" PRIu64 "\n", cases, seed);
     static runs got;
     static int64_t ea[4096], eb[4096];
     for (size_t c = 0; c < cases; c++) {
         tu_rng g = {tu_mix(seed + c)};
-        int nd = (int)tu_below(&g, 5);
-        uint64_t shape[4];
+        int nd = (int)tu_below(&g, 5); /* 0..4 dims of up to 7, or 5..8 dims of up to 2..3 */
+        if (tu_chance(&g, 10))
+            nd = (int)tu_range(&g, 5, STRATA_MAX_DIMS);
+        uint64_t shape[STRATA_MAX_DIMS];
         for (int d = 0; d < nd; d++)
-            shape[d] = tu_chance(&g, 20) ? 1 : tu_range(&g, 1, 7);
+            shape[d] = tu_chance(&g, 20) ? 1 : tu_range(&g, 1, nd <= 4 ? 7 : nd <= 6 ? 3 : 2);
         rreg A, B;
         rand_region(&g, nd, shape, &A);
         rand_region(&g, nd, shape, &B);
         /* brute force: common elements in global row-major order */
         size_t ne = 0;
-        uint64_t total = 1, gi[4];
+        uint64_t total = 1, gi[STRATA_MAX_DIMS];
         for (int d = 0; d < nd; d++)
             total *= shape[d];
         for (uint64_t f = 0; f < total; f++) {

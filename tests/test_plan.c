@@ -181,6 +181,44 @@ static void test_balance_fixed_first(void **state)
     tu_set_free(&s);
 }
 
+static void test_balance_split(void **state)
+{
+    (void)state;
+    /* one 1 MiB tensor held by 4 ranks: written once, in pieces shared by the holders;
+     * the pieces tile the tensor and load back in another layout */
+    tu_set s, d;
+    tu_set_init(&s, 4);
+    tu_set_init(&d, 3);
+    uint64_t shape[] = {512, 512}, total = 512 * 512 * 4;
+    for (int r = 0; r < 4; r++)
+        tu_set_shard(&s, r, "emb", STRATA_F32, 2, shape, NULL, NULL, 0, 0, 0, 1);
+    for (int r = 0; r < 3; r++) {
+        uint64_t off[] = {0, (uint64_t)r * 170}, len[] = {512, r == 2 ? 172u : 170u};
+        tu_set_shard(&d, r, "emb", STRATA_F32, 2, shape, off, len, 0, 0, 0, 0);
+    }
+    st_save_plan p;
+    assert_ok(plan_save(&p, &s));
+    assert_int_equal(p.meta->data_bytes, total);
+    assert_int_equal(sum_writer_bytes(&p), total);
+    assert_true(p.max_writer_bytes * 4 <= total * 110 / 100);
+    assert_true(p.writer_bytes_bound <= p.max_writer_bytes);
+    assert_true(p.writer_bytes_bound >= total / 4);
+    st_save_plan_free(&p); /* the planner's own overlap check passed; now the bytes */
+
+    char dir[512], ck[600];
+    tu_tmpdir(dir, sizeof dir, "plan");
+    tu_join(ck, dir, "ck");
+    strata_stats st;
+    assert_ok(strata_save(ck, s.st, 4, NULL, &st));
+    assert_int_equal(st.data_bytes, total);
+    assert_true(st.balance_bound <= st.max_writer_bytes);
+    assert_ok(strata_load(ck, d.st, 3, NULL, NULL));
+    assert_int_equal(tu_set_check(&d), 0);
+    tu_rmrf(dir);
+    tu_set_free(&s);
+    tu_set_free(&d);
+}
+
 static void test_save_errors(void **state)
 {
     (void)state;
@@ -504,6 +542,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dedup_replicas),  cmocka_unit_test(test_balance_equal),
         cmocka_unit_test(test_balance_dp),      cmocka_unit_test(test_balance_fixed_first),
+        cmocka_unit_test(test_balance_split),
         cmocka_unit_test(test_save_errors),     cmocka_unit_test(test_load_cover),
         cmocka_unit_test(test_load_empty),      cmocka_unit_test(test_load_shared_chunks),
         cmocka_unit_test(test_load_partial),    cmocka_unit_test(test_load_errors),

@@ -1,8 +1,11 @@
-/* test_property.c - seeded random round trips: random tensors (0..4 dims, all dtypes,
- * odd sizes) saved from one random layout (grid boxes, FSDP flat pieces, replicas) on
- * 1..8 ranks and loaded into another on 1..8 ranks, compared bitwise; blobs too.
+/* test_property.c - seeded random round trips: random tensors (mostly 0..4 dims, a few
+ * 5..8; all dtypes; odd sizes) saved from one random layout (grid boxes, FSDP flat pieces,
+ * replicas) on 1..8 ranks and loaded into another on 1..8 ranks, compared bitwise; blobs
+ * too; cases on 4 threads at once.
  * STRATA_SEED sets the seed, STRATA_PROP_CASES the number of cases (default 1000),
  * STRATA_PROP_ONLY runs one case. Plus a few fixed round trips of edge cases. */
+#include <pthread.h>
+
 #include "testutil.h"
 
 #define MAXT 3
@@ -12,11 +15,11 @@ typedef struct {
     char name[64];
     strata_dtype dt;
     int ndim;
-    uint64_t shape[4];
+    uint64_t shape[STRATA_MAX_DIMS];
 } tspec;
 
 typedef struct {
-    uint64_t off[4], len[4];
+    uint64_t off[STRATA_MAX_DIMS], len[STRATA_MAX_DIMS];
     int flat;
     uint64_t fs, fe;
 } piece;
@@ -35,15 +38,18 @@ static void rand_shape(tu_rng *g, tspec *t)
 {
     static const uint64_t sizes[] = {1, 1, 2, 3, 4, 5, 7, 8, 13, 16, 23, 31, 63, 64, 100, 127,
                                      257, 511, 1000, 2532};
-    static const int nd_weights[] = {1, 3, 4, 2, 1}; /* ndim 0..4 */
-    uint64_t w = tu_below(g, 11);
+    static const int nd_weights[] = {2, 6, 8, 4, 2, 1}; /* ndim 0..4; 5..8 */
+    uint64_t w = tu_below(g, 23);
     t->ndim = 0;
     while (w >= (uint64_t)nd_weights[t->ndim])
         w -= (uint64_t)nd_weights[t->ndim++];
+    if (t->ndim == 5)
+        t->ndim = (int)tu_range(g, 5, STRATA_MAX_DIMS);
     t->dt = (strata_dtype)tu_below(g, STRATA_DTYPE_COUNT);
     uint64_t cap = tu_chance(g, 10) ? 50000 : 6000;
     for (int d = 0; d < t->ndim; d++)
-        t->shape[d] = sizes[tu_below(g, sizeof sizes / sizeof sizes[0])];
+        t->shape[d] = t->ndim > 4 ? tu_range(g, 1, 4)
+                                  : sizes[tu_below(g, sizeof sizes / sizeof sizes[0])];
     while (numel(t->ndim, t->shape) > cap) { /* shrink the largest dim */
         int m = 0;
         for (int d = 1; d < t->ndim; d++)
@@ -76,8 +82,8 @@ static size_t rand_pieces(tu_rng *g, const tspec *t, piece *out, const char **mo
     int m = (int)tu_below(g, 4);
     *mode = modes[m];
     /* grid */
-    uint64_t cuts[4][5];
-    int parts[4], ncells = 1;
+    uint64_t cuts[STRATA_MAX_DIMS][5];
+    int parts[STRATA_MAX_DIMS], ncells = 1;
     for (int d = 0; d < t->ndim; d++) {
         parts[d] = 1;
         if (m & 1 && ncells < 16)
@@ -159,7 +165,7 @@ static int run_case(uint64_t seed, unsigned idx)
     int nsrc = (int)tu_range(&g, 1, 8), ndst = (int)tu_range(&g, 1, 8);
     int nt = (int)tu_range(&g, 1, MAXT);
     static const uint32_t chunks[] = {4096, 8192, 65536, 4u << 20};
-    static const uint32_t max_ios[] = {0, 4096, 65536, 1u << 20};
+    static const uint32_t max_ios[] = {0, 4096, 12345, 65536, 1u << 20};
     strata_save_opts so = STRATA_SAVE_OPTS_INIT;
     so.step = idx;
     so.chunk_bytes = chunks[tu_below(&g, 4)];
@@ -168,7 +174,7 @@ static int run_case(uint64_t seed, unsigned idx)
     so.no_direct = tu_chance(&g, 50);
     strata_load_opts lo = STRATA_LOAD_OPTS_INIT;
     lo.io_threads = (int)tu_range(&g, 1, 4);
-    lo.max_io_bytes = max_ios[tu_below(&g, 4)];
+    lo.max_io_bytes = max_ios[tu_below(&g, 5)];
     lo.no_direct = tu_chance(&g, 50);
 
     tu_set src, dst;
@@ -226,6 +232,8 @@ static int run_case(uint64_t seed, unsigned idx)
         why = "save stats: data_bytes is not the distinct bytes";
     else if (distinct && (ss.writers < 1 || ss.max_writer_bytes * (uint64_t)nsrc < distinct))
         why = "save stats: writers";
+    else if (ss.balance_bound > ss.max_writer_bytes)
+        why = "save stats: the balance bound exceeds the largest writer";
     if (!why && (rc = strata_load(ck, dst.st, ndst, &lo, &ls)) != 0)
         why = "load failed";
     if (!why && ls.bytes > distinct)
@@ -278,15 +286,82 @@ static void test_random_roundtrips(void **state)
                      seed, i);
 }
 
+/* ---- threads: saves and loads of different checkpoints at once, one shared handle ---- */
+
+typedef struct {
+    unsigned first, n;
+    int failed;
+    const strata_ckpt *shared;
+    char msg_ok;
+} worker;
+
+static void *worker_main(void *p)
+{
+    worker *w = p;
+    for (unsigned i = w->first; i < w->first + w->n; i++)
+        if (run_case(tu_mix(0xc0ffee + i), i) != 0)
+            w->failed = 1;
+    if (strata_ckpt_verify(w->shared, NULL, NULL) != 0)
+        w->failed = 1;
+    /* the error message is per thread */
+    char uri[64];
+    snprintf(uri, sizeof uri, "s3://bucket-%u/x", w->first);
+    strata_state *st;
+    strata_state_new(&st);
+    w->msg_ok = strata_load(uri, &st, 1, NULL, NULL) == STRATA_ESCHEME &&
+                strstr(strata_error_last(), uri) != NULL;
+    strata_state_free(st);
+    return NULL;
+}
+
+static void test_threads(void **state)
+{
+    (void)state;
+    tu_set src;
+    tu_set_init(&src, 2);
+    uint64_t shape[] = {100, 300};
+    for (int r = 0; r < 2; r++)
+        tu_set_shard(&src, r, "shared", STRATA_F32, 2, shape, NULL, NULL, 1, 15000 * (uint64_t)r,
+                     15000 * (uint64_t)(r + 1), 1);
+    char ck[600];
+    snprintf(ck, sizeof ck, "%s/shared", base_dir);
+    strata_save_opts so = STRATA_SAVE_OPTS_INIT;
+    so.chunk_bytes = 4096;
+    so.no_sync = 1;
+    assert_ok(strata_save(ck, src.st, 2, &so, NULL));
+    tu_set_free(&src);
+    strata_ckpt *c;
+    assert_ok(strata_ckpt_open(&c, ck, 0));
+    enum { NT = 4 };
+    pthread_t th[NT];
+    worker w[NT];
+    for (int t = 0; t < NT; t++) {
+        w[t] = (worker){.first = 100000 + 1000 * (unsigned)t, .n = 20, .shared = c};
+        assert_int_equal(pthread_create(&th[t], NULL, worker_main, &w[t]), 0);
+    }
+    for (int t = 0; t < NT; t++) {
+        pthread_join(th[t], NULL);
+        assert_int_equal(w[t].failed, 0);
+        assert_true(w[t].msg_ok);
+    }
+    strata_ckpt_free(c);
+    tu_rmrf(ck);
+}
+
 /* ---- fixed edge cases ---- */
 
 /* Saves src to a fresh checkpoint and loads dst from it; checks dst. */
-static void roundtrip(tu_set *src, tu_set *dst, const strata_save_opts *so, const char *uri_fmt)
+static void roundtrip_lo(tu_set *src, tu_set *dst, const strata_save_opts *so,
+                         const strata_load_opts *lo, const char *uri_fmt)
 {
     char ck[700];
     snprintf(ck, sizeof ck, uri_fmt, base_dir);
     assert_ok(strata_save(ck, src->st, src->n, so, NULL));
-    assert_ok(strata_load(ck, dst->st, dst->n, NULL, NULL));
+    for (size_t i = 0; i < dst->nsh; i++) /* poison again: dst may be reused */
+        if (dst->sh[i].sh.data)
+            memset(dst->sh[i].sh.data, 0xA5,
+                   tu_shard_numel(&dst->sh[i].sh) * strata_dtype_size(dst->sh[i].sh.dtype));
+    assert_ok(strata_load(ck, dst->st, dst->n, lo, NULL));
     assert_int_equal(tu_set_check(dst), 0);
     strata_ckpt *c;
     assert_ok(strata_ckpt_open(&c, ck, 0));
@@ -294,6 +369,11 @@ static void roundtrip(tu_set *src, tu_set *dst, const strata_save_opts *so, cons
     strata_ckpt_free(c);
     assert_rc(strata_remove_incomplete(ck), STRATA_EEXIST);
     tu_rmrf(ck[0] == 'f' ? ck + 7 : ck);
+}
+
+static void roundtrip(tu_set *src, tu_set *dst, const strata_save_opts *so, const char *uri_fmt)
+{
+    roundtrip_lo(src, dst, so, NULL, uri_fmt);
 }
 
 static void test_empty_blobs(void **state)
@@ -333,6 +413,12 @@ static void test_big_chunk(void **state)
     so.chunk_bytes = 16u << 20;
     so.no_sync = 1;
     roundtrip(&src, &dst, &so, "%s/big-chunk");
+    /* default 4 MiB chunks: each 12 MiB extent takes two write tasks, and with 1 MiB
+     * reads (rounded up to a chunk) three reads */
+    so.chunk_bytes = 0;
+    strata_load_opts lo = STRATA_LOAD_OPTS_INIT;
+    lo.max_io_bytes = 1u << 20;
+    roundtrip_lo(&src, &dst, &so, &lo, "%s/big-default");
     tu_set_free(&src);
     tu_set_free(&dst);
 }
@@ -340,8 +426,9 @@ static void test_big_chunk(void **state)
 static void test_synced_scalars_and_uris(void **state)
 {
     (void)state;
-    /* default options (fsync on), file:// URI with a trailing slash, scalars of every
-     * dtype replicated on 3 ranks, loaded on 1 */
+    /* default options (fsync on), a file:// URI with a trailing slash whose parent
+     * directories do not exist yet, scalars of every dtype replicated on 3 ranks, loaded
+     * on 1 */
     tu_set src, dst;
     tu_set_init(&src, 3);
     tu_set_init(&dst, 1);
@@ -352,7 +439,7 @@ static void test_synced_scalars_and_uris(void **state)
             tu_set_shard(&src, r, name, (strata_dtype)dt, 0, NULL, NULL, NULL, 0, 0, 0, 1);
         tu_set_shard(&dst, 0, name, (strata_dtype)dt, 0, NULL, NULL, NULL, 0, 0, 0, 0);
     }
-    roundtrip(&src, &dst, NULL, "file://%s/synced/");
+    roundtrip(&src, &dst, NULL, "file://%s/synced/parents/are/made/");
     tu_set_free(&src);
     tu_set_free(&dst);
 }
@@ -403,6 +490,7 @@ int main(void)
         cmocka_unit_test(test_synced_scalars_and_uris),
         cmocka_unit_test(test_load_subset),
         cmocka_unit_test(test_random_roundtrips),
+        cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -30,10 +30,12 @@ int st_dir_open(st_dir *d, const char *uri, int allow_incomplete)
     if (e)
         return st_fail(e == -ENOENT ? STRATA_ENOENT : st_from_errno(-e),
                        "checkpoint '%s': %s", d->path, strerror(-e));
+    char p[PATH_MAX];
+    if (kind == 2 && st_path_join(p, d->path, ".") == 0 && v->stat(v, p, NULL, &kind) != 0)
+        kind = 3; /* a symlink ("latest") is read through if it names a directory */
     if (kind != 1)
         return st_fail(STRATA_ENOENT, "checkpoint '%s' is not a directory", d->path);
 
-    char p[PATH_MAX];
     unsigned char *cbuf = NULL, *mbuf = NULL;
     size_t clen = 0, mlen = 0;
     char why[256] = "";

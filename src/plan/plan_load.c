@@ -178,8 +178,10 @@ int st_plan_reads(st_load_plan *out, uint64_t max_io)
     size_t np = out->npieces;
     int rc = 0;
     max_io = max_io < C ? C : max_io / C * C;
-    /* runs by piece; the chunks they need, as segments */
-    qsort(out->runs, out->nruns, sizeof *out->runs, cmp_runs);
+    /* runs by piece; the chunks they need, as segments (runs and segs are NULL when
+     * empty, which qsort must not be given) */
+    if (out->nruns > 1)
+        qsort(out->runs, out->nruns, sizeof *out->runs, cmp_runs);
     for (size_t i = 0; i < out->nruns; i++) {
         st_run *x = &out->runs[i];
         out->run0[x->piece + 1]++;
@@ -220,7 +222,8 @@ int st_plan_reads(st_load_plan *out, uint64_t max_io)
     }
 
     /* coalesce segments into reads: same file, separated by alignment padding only */
-    qsort_r(out->segs, out->nsegs, sizeof *out->segs, cmp_segs, out);
+    if (out->nsegs > 1)
+        qsort_r(out->segs, out->nsegs, sizeof *out->segs, cmp_segs, out);
     size_t rcap = 0;
     for (size_t i = 0; i < out->nsegs;) {
         const st_seg *s = &out->segs[i];
