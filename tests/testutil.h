@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/util.h"
 #include "strata.h"
 
 /* ---- assertions on strata calls ---- */
@@ -45,15 +46,7 @@
 
 /* ---- deterministic randomness ---- */
 
-static inline uint64_t tu_mix(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    x ^= x >> 31;
-    return x;
-}
+#define tu_mix st_mix64 /* the library's own 64-bit mixer (core/util.h) */
 
 typedef struct {
     uint64_t s;

@@ -238,16 +238,25 @@ static void ls_one(void *ctx, const char *path, const strata_probe_info *pi)
            (unsigned long long)pi->disk_bytes, step, path);
 }
 
-int cmd_ls(int argc, char **argv)
+/* For commands that take exactly one operand: -1 to go on, else the exit status. */
+static int one_operand(int argc, char **argv, const char *help)
 {
     if (cli_wants_help(argc, argv)) {
-        fputs(LS_HELP, stdout);
+        fputs(help, stdout);
         return 0;
     }
-    if (argc != 2) {
-        fputs(LS_HELP, stderr);
+    if (argc != 2 || argv[1][0] == '-') {
+        fputs(help, stderr);
         return EXIT_USAGE;
     }
+    return -1;
+}
+
+int cmd_ls(int argc, char **argv)
+{
+    int st = one_operand(argc, argv, LS_HELP);
+    if (st >= 0)
+        return st;
     int count = 0;
     int rc = for_each_ckpt("ls", argv[1], ls_one, &count);
     if (!rc && !count)
@@ -271,14 +280,9 @@ static void report_bad(void *ctx, const char *object, const char *file, const ch
 
 int cmd_verify(int argc, char **argv)
 {
-    if (cli_wants_help(argc, argv)) {
-        fputs(VERIFY_HELP, stdout);
-        return 0;
-    }
-    if (argc != 2) {
-        fputs(VERIFY_HELP, stderr);
-        return EXIT_USAGE;
-    }
+    int st = one_operand(argc, argv, VERIFY_HELP);
+    if (st >= 0)
+        return st;
     strata_ckpt *ck;
     int rc = strata_ckpt_open(&ck, argv[1], 0);
     if (rc)
