@@ -1,6 +1,9 @@
 /* test_errors.c - every failure has its exact code and a message naming the culprit:
  * corrupt data, truncated/garbled/hostile metadata, commit records, layout mismatches,
  * missing pieces, URI schemes, existing checkpoints, invalid registrations. */
+#include <signal.h>
+#include <sys/resource.h>
+
 #include "core/checksum.h"
 #include "meta/meta.h"
 #include "testutil.h"
@@ -871,6 +874,52 @@ static void test_existing(void **state)
     drop_ckpt(&f);
 }
 
+/* A full disk (simulated with RLIMIT_FSIZE: writes past the limit fail with EFBIG) is
+ * STRATA_ENOSPC; nothing is committed, the failed save leaves no files, the previous
+ * checkpoint still loads, and a retry with space succeeds. */
+static void test_full_disk(void **state)
+{
+    (void)state;
+    fixture f;
+    make_ckpt(&f, "full_prev");
+    char ck[700];
+    snprintf(ck, sizeof ck, "%s/full_new", base_dir);
+    tu_rmrf(ck);
+    tu_set s;
+    tu_set_init(&s, 2);
+    uint64_t shape[] = {1 << 20}; /* 4 MiB of f32 per rank half */
+    for (int r = 0; r < 2; r++) {
+        uint64_t off[] = {(uint64_t)r << 19}, len[] = {1 << 19};
+        tu_set_shard(&s, r, "big", STRATA_F32, 1, shape, off, len, 0, 0, 0, 1);
+    }
+    struct rlimit old, lim;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+    void (*prev)(int) = signal(SIGXFSZ, SIG_IGN);
+    lim = old;
+    lim.rlim_cur = 1 << 20;
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    int rc = strata_save(ck, s.st, 2, NULL, NULL);
+    setrlimit(RLIMIT_FSIZE, &old);
+    signal(SIGXFSZ, prev);
+    assert_rc(rc, STRATA_ENOSPC);
+    assert_msg_has("data-00000");
+    char cp[800];
+    tu_join(cp, ck, ST_COMMIT_FILE);
+    assert_false(tu_exists(cp));
+    assert_false(tu_exists(ck)); /* the failed save removed what it created */
+    assert_ok(load_all(f.ck));   /* the committed one is untouched */
+    assert_ok(strata_save(ck, s.st, 2, NULL, NULL));
+    tu_set d;
+    tu_set_init(&d, 1);
+    tu_set_shard(&d, 0, "big", STRATA_F32, 1, shape, NULL, NULL, 0, 0, 0, 0);
+    assert_ok(strata_load(ck, d.st, 1, NULL, NULL));
+    assert_int_equal(tu_set_check(&d), 0);
+    tu_set_free(&d);
+    tu_set_free(&s);
+    tu_rmrf(ck);
+    drop_ckpt(&f);
+}
+
 static void test_remove_incomplete(void **state)
 {
     (void)state;
@@ -1075,6 +1124,7 @@ int main(void)
         cmocka_unit_test(test_unfilled),
         cmocka_unit_test(test_scheme),
         cmocka_unit_test(test_existing),
+        cmocka_unit_test(test_full_disk),
         cmocka_unit_test(test_remove_incomplete),
         cmocka_unit_test(test_symlinks),
         cmocka_unit_test(test_invalid_args),
