@@ -20,7 +20,7 @@ TESTS   := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 # Debian packages used by the build, tests and tools (checked, installed when missing).
 DEB_PKGS = gcc make libxxhash-dev libcmocka-dev pkg-config
 
-.PHONY: all deps demo test bench clean test-asan test-tsan check-header check-clang
+.PHONY: all deps demo test bench clean test-asan test-tsan test-valgrind check-header check-clang fuzz stress
 
 all: $(BUILD)/libstrata.a $(BUILD)/libstrata.so $(BUILD)/strata $(BUILD)/examples/reshard
 
@@ -75,6 +75,20 @@ check-clang:
 check-header:
 	echo '#include "strata.h"' | $(CC) -std=c99 -pedantic -Wall -Wextra -Werror -Iinclude -x c -fsyntax-only -
 	echo '#include "strata.h"' | g++ -std=c++11 -pedantic -Wall -Wextra -Werror -Iinclude -x c++ -fsyntax-only -
+
+# Under valgrind memcheck: the core C tests, no leaks.
+test-valgrind: deps all $(TESTS)
+	@command -v valgrind >/dev/null || { SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; $$SUDO apt-get install -y -qq valgrind >/dev/null; }
+	BUILD=$(BUILD) bash tests/valgrind.sh $(TESTS)
+
+# libFuzzer targets (clang), each for FUZZ_SECONDS (default 60).
+fuzz: deps
+	@command -v clang >/dev/null || { SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; $$SUDO apt-get install -y -qq clang libclang-rt-14-dev >/dev/null; }
+	bash fuzz/fuzz.sh
+
+# The kill test at full size: SIGKILL during saves, then verify / load / gc everything.
+stress: deps all
+	STRATA_KILL_TRIALS=$${STRATA_KILL_TRIALS:-200} BUILD=$(BUILD) bash tests/kill_test.sh
 
 bench: deps all
 	@command -v fio >/dev/null || { SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; $$SUDO apt-get install -y -qq fio >/dev/null; }

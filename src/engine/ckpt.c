@@ -18,9 +18,8 @@ int st_path_join(char *out, const char *dir, const char *name)
 
 #define MAX_META_BYTES ((size_t)1 << 34)
 
-int st_dir_open(st_dir *d, const char *uri, int allow_incomplete)
+static int dir_open(st_dir *d, const char *uri, int allow_incomplete)
 {
-    memset(d, 0, sizeof *d);
     int rc = st_vfs_resolve(uri, &d->vfs, d->path, sizeof d->path);
     if (rc)
         return rc;
@@ -75,7 +74,6 @@ int st_dir_open(st_dir *d, const char *uri, int allow_incomplete)
     if (d->committed &&
         (d->commit.meta_size != mlen || d->commit.meta_hash != st_hash(mbuf, mlen))) {
         free(mbuf);
-        st_dir_close(d);
         return st_fail(STRATA_EFORMAT,
                        "checkpoint '%s': %s does not match its commit record (truncated, "
                        "replaced or corrupt)",
@@ -85,10 +83,21 @@ int st_dir_open(st_dir *d, const char *uri, int allow_incomplete)
     return 0;
 }
 
+int st_dir_open(st_dir *d, const char *uri, int allow_incomplete)
+{
+    memset(d, 0, sizeof *d);
+    int rc = dir_open(d, uri, allow_incomplete);
+    if (rc)
+        st_dir_close(d);
+    return rc;
+}
+
 void st_dir_close(st_dir *d)
 {
     st_meta_free(d->meta);
     d->meta = NULL;
+    st_vfs_release(d->vfs);
+    d->vfs = NULL;
 }
 
 /* ---- public read-only view ---- */
@@ -228,6 +237,8 @@ int st_scan_dir(const st_vfs *v, const char *dir, int unlink, int *strata, int *
     return 0;
 }
 
+static int probe(const st_vfs *v, const char *uri, const char *path, strata_probe_info *out);
+
 int strata_probe(const char *uri, strata_probe_info *out)
 {
     memset(out, 0, sizeof *out);
@@ -236,6 +247,14 @@ int strata_probe(const char *uri, strata_probe_info *out)
     int rc = st_vfs_resolve(uri, &v, path, sizeof path);
     if (rc)
         return rc;
+    rc = probe(v, uri, path, out);
+    st_vfs_release(v);
+    return rc;
+}
+
+static int probe(const st_vfs *v, const char *uri, const char *path, strata_probe_info *out)
+{
+    int rc;
     int kind;
     int e = v->stat(v, path, NULL, &kind);
     if (e)
@@ -263,13 +282,24 @@ int strata_probe(const char *uri, strata_probe_info *out)
     return 0;
 }
 
+static int remove_incomplete(const st_vfs *v, const char *path);
+
 int strata_remove_incomplete(const char *uri)
 {
     const st_vfs *v;
-    char path[PATH_MAX], p[PATH_MAX];
+    char path[PATH_MAX];
     int rc = st_vfs_resolve(uri, &v, path, sizeof path);
     if (rc)
         return rc;
+    rc = remove_incomplete(v, path);
+    st_vfs_release(v);
+    return rc;
+}
+
+static int remove_incomplete(const st_vfs *v, const char *path)
+{
+    char p[PATH_MAX];
+    int rc;
     int kind;
     int e = v->stat(v, path, NULL, &kind);
     if (e)

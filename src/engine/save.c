@@ -235,11 +235,6 @@ static int save_impl(const char *uri, strata_state *const *ranks, int nranks,
                      const strata_save_opts *o, strata_stats *stats)
 {
     double t0 = st_now();
-    const st_vfs *v;
-    char dir[PATH_MAX];
-    int rc = st_vfs_resolve(uri, &v, dir, sizeof dir);
-    if (rc)
-        return rc;
     uint32_t chunk = o->chunk_bytes ? o->chunk_bytes : ST_DEFAULT_CHUNK;
     if (chunk < 4096 || chunk > (64u << 20) || (chunk & (chunk - 1)))
         return st_fail(STRATA_EINVAL, "chunk_bytes %u is not a power of two in 4 KiB..64 MiB",
@@ -257,10 +252,16 @@ static int save_impl(const char *uri, strata_state *const *ranks, int nranks,
         rv[r] = (st_rank_view){ranks[r]->sh, ranks[r]->nsh, ranks[r]->bl, ranks[r]->nbl};
     }
     st_save_plan sp;
-    rc = st_plan_save(&sp, rv, nranks, chunk, o->step);
+    int rc = st_plan_save(&sp, rv, nranks, chunk, o->step);
     free(rv);
     if (rc)
         return rc;
+    const st_vfs *v;
+    char dir[PATH_MAX];
+    if ((rc = st_vfs_resolve(uri, &v, dir, sizeof dir))) {
+        st_save_plan_free(&sp);
+        return rc;
+    }
     save_ctx x = {.v = v, .sp = &sp, .dir = dir};
     int nt = st_io_threads(o->io_threads);
     int made_files = 0;
@@ -336,6 +337,7 @@ out:
     free(x.files);
     st_load_plan_free(&x.lay);
     st_save_plan_free(&sp);
+    st_vfs_release(v);
     return rc;
 }
 

@@ -2,15 +2,38 @@
 #include "vfs.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../core/error.h"
 
+void st_vfs_release(const st_vfs *v)
+{
+    if (v && v->release)
+        v->release(v);
+}
+
 int st_vfs_resolve(const char *uri, const st_vfs **vfs, char *path_out, size_t cap)
 {
     if (!uri || !*uri)
         return st_fail(STRATA_EINVAL, "empty checkpoint URI");
+    if (strncmp(uri, "fault+", 6) == 0) {
+        char inner_uri[PATH_MAX];
+        const char *q = strchr(uri, '?');
+        size_t n = q ? (size_t)(q - uri) - 6 : strlen(uri) - 6;
+        if (n >= sizeof inner_uri)
+            return st_fail(STRATA_EINVAL, "URI too long: '%s'", uri);
+        memcpy(inner_uri, uri + 6, n);
+        inner_uri[n] = 0;
+        const st_vfs *inner;
+        int rc = st_vfs_resolve(inner_uri, &inner, path_out, cap);
+        if (rc)
+            return rc;
+        if ((rc = st_vfs_fault_new(vfs, inner, q ? q + 1 : NULL)))
+            st_vfs_release(inner);
+        return rc;
+    }
     const char *sep = strstr(uri, "://");
     const char *path = uri;
     if (sep) {
@@ -20,7 +43,8 @@ int st_vfs_resolve(const char *uri, const st_vfs **vfs, char *path_out, size_t c
             if (*path != '/')
                 return st_fail(STRATA_EINVAL, "file URI must hold an absolute path: '%s'", uri);
         } else {
-            return st_fail(STRATA_ESCHEME, "unknown URI scheme '%.*s' in '%s' (known: file://)",
+            return st_fail(STRATA_ESCHEME,
+                           "unknown URI scheme '%.*s' in '%s' (known: file://, fault+file://)",
                            (int)n, uri, uri);
         }
     }

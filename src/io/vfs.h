@@ -20,8 +20,11 @@ enum {
     ST_CAP_RENAME = 2, /* rename is atomic */
 };
 
-typedef struct st_file st_file;
 typedef struct st_vfs st_vfs;
+/* Every backend's open file starts with this header (backends extend it). */
+typedef struct st_file {
+    const st_vfs *vfs;
+} st_file;
 
 /* Called once per directory entry; return nonzero to stop. */
 typedef int (*st_list_fn)(void *ctx, const char *name);
@@ -49,14 +52,22 @@ struct st_vfs {
     /* Reserves space for [0, size) so that later writes neither extend the file nor fail
      * for space; 0 or -errno (-EOPNOTSUPP where the backend cannot). */
     int (*allocate)(st_file *f, uint64_t size);
+    /* Frees a backend instance made by st_vfs_resolve; NULL for static backends. */
+    void (*release)(const st_vfs *v);
 };
 
 extern const st_vfs st_vfs_posix;
 
-/* Resolves a URI to a backend and a path: "file:///a/b" and "/a/b" or "a/b" are POSIX
- * paths. Returns STRATA_ESCHEME (with a message) for any other scheme. path_out gets the
- * path with trailing slashes removed. */
+/* Resolves a URI to a backend instance and a path: "file:///a/b" and "/a/b" or "a/b" are
+ * POSIX paths; "fault+<uri>?op=OP&n=N&errno=E[&short=1][&sticky=1]" wraps the backend of
+ * <uri> in the fault injector (vfs_fault.c). Returns STRATA_ESCHEME (with a message) for
+ * any other scheme, STRATA_EINVAL for a malformed URI. path_out gets the path with
+ * trailing slashes removed. Release the instance with st_vfs_release. */
 int st_vfs_resolve(const char *uri, const st_vfs **vfs, char *path_out, size_t cap);
+void st_vfs_release(const st_vfs *v);
+
+/* The fault injector around inner, configured by a query string "op=...&n=...". */
+int st_vfs_fault_new(const st_vfs **out, const st_vfs *inner, const char *query);
 
 /* Reads a whole small file (metadata, commit record) into a new buffer, refusing files
  * over max bytes. Returns 0 or a negative errno (-EFBIG when too large). */

@@ -11,14 +11,16 @@
 #include "../core/error.h"
 #include "vfs.h"
 
-struct st_file {
+typedef struct {
+    st_file base;
     int fd;
     int direct;
-};
+} px_file;
+
+#define PX(f) ((px_file *)(f))
 
 static int px_open(const st_vfs *v, const char *path, int flags, st_file **out)
 {
-    (void)v;
     int of = O_CLOEXEC;
     if (flags & ST_O_WRITE)
         of |= O_WRONLY | O_CREAT | O_TRUNC;
@@ -33,14 +35,15 @@ static int px_open(const st_vfs *v, const char *path, int flags, st_file **out)
         fd = open(path, of, 0644);
     if (fd < 0)
         return -errno;
-    st_file *f = malloc(sizeof *f);
+    px_file *f = malloc(sizeof *f);
     if (!f) {
         close(fd);
         return -ENOMEM;
     }
+    f->base.vfs = v;
     f->fd = fd;
     f->direct = direct;
-    *out = f;
+    *out = &f->base;
     return 0;
 }
 
@@ -48,7 +51,7 @@ static int64_t px_pread(st_file *f, void *buf, size_t n, uint64_t off)
 {
     ssize_t r;
     do
-        r = pread(f->fd, buf, n, (off_t)off);
+        r = pread(PX(f)->fd, buf, n, (off_t)off);
     while (r < 0 && errno == EINTR);
     return r < 0 ? -errno : r;
 }
@@ -57,17 +60,17 @@ static int64_t px_pwrite(st_file *f, const void *buf, size_t n, uint64_t off)
 {
     ssize_t r;
     do
-        r = pwrite(f->fd, buf, n, (off_t)off);
+        r = pwrite(PX(f)->fd, buf, n, (off_t)off);
     while (r < 0 && errno == EINTR);
     return r < 0 ? -errno : r;
 }
 
-static int px_sync(st_file *f) { return fsync(f->fd) ? -errno : 0; }
+static int px_sync(st_file *f) { return fsync(PX(f)->fd) ? -errno : 0; }
 
 static int px_size(st_file *f, uint64_t *out)
 {
     struct stat st;
-    if (fstat(f->fd, &st))
+    if (fstat(PX(f)->fd, &st))
         return -errno;
     *out = (uint64_t)st.st_size;
     return 0;
@@ -75,24 +78,24 @@ static int px_size(st_file *f, uint64_t *out)
 
 static int px_truncate(st_file *f, uint64_t size)
 {
-    return ftruncate(f->fd, (off_t)size) ? -errno : 0;
+    return ftruncate(PX(f)->fd, (off_t)size) ? -errno : 0;
 }
 
 static int px_allocate(st_file *f, uint64_t size)
 {
     if (size == 0)
         return 0;
-    return fallocate(f->fd, 0, 0, (off_t)size) ? -errno : 0;
+    return fallocate(PX(f)->fd, 0, 0, (off_t)size) ? -errno : 0;
 }
 
 static int px_close(st_file *f)
 {
-    int rc = close(f->fd) ? -errno : 0;
-    free(f);
+    int rc = close(PX(f)->fd) ? -errno : 0;
+    free(PX(f));
     return rc;
 }
 
-static int px_direct(st_file *f) { return f->direct; }
+static int px_direct(st_file *f) { return PX(f)->direct; }
 
 static int px_mkdir(const st_vfs *v, const char *path)
 {

@@ -1,0 +1,242 @@
+/* vfs_fault.c - a fault-injecting wrapper around any backend (after SQLite's test_vfs.c):
+ * fails the N-th call of one operation with a chosen errno, or makes the N-th write short
+ * (and the retry fail). Selected by URI: fault+file:///p?op=fsync&n=3&errno=ENOSPC.
+ * Thread-safe: the call counter is atomic, so "the N-th call" is well defined even when
+ * the I/O threads race (which call is N-th may then differ from run to run). */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/error.h"
+#include "vfs.h"
+
+enum { OP_OPEN, OP_WRITE, OP_FSYNC, OP_RENAME, OP_READ, OP_MKDIR, OP_ALLOCATE, OP_UNLINK, OP_COUNT };
+static const char *const op_names[OP_COUNT] = {"open", "write", "fsync", "rename",
+                                               "read", "mkdir", "allocate", "unlink"};
+
+typedef struct {
+    st_vfs base;
+    const st_vfs *inner;
+    int op, err, short_write, sticky;
+    uint64_t n;
+    atomic_uint_fast64_t calls;
+    atomic_int shorted; /* a short write happened: the next write fails */
+} fault_vfs;
+
+typedef struct {
+    st_file base;
+    st_file *inner;
+} fault_file;
+
+#define FV(v) ((fault_vfs *)(v))
+#define FF(f) ((fault_file *)(f))
+#define INNER(f) (FF(f)->inner)
+#define FVF(f) FV((f)->vfs)
+
+/* Counts a call of op; returns the errno to fail it with, or 0. */
+static int hit(fault_vfs *v, int op)
+{
+    if (op != v->op)
+        return 0;
+    uint64_t k = atomic_fetch_add(&v->calls, 1) + 1;
+    if (k == v->n || (v->sticky && k > v->n))
+        return v->err;
+    return 0;
+}
+
+static int f_open(const st_vfs *v, const char *path, int flags, st_file **out)
+{
+    int e = hit(FV(v), OP_OPEN);
+    if (e)
+        return -e;
+    fault_file *f = malloc(sizeof *f);
+    if (!f)
+        return -ENOMEM;
+    const st_vfs *in = FV(v)->inner;
+    if ((e = in->open(in, path, flags, &f->inner)) != 0) {
+        free(f);
+        return e;
+    }
+    f->base.vfs = v;
+    *out = &f->base;
+    return 0;
+}
+
+static int64_t f_pread(st_file *f, void *buf, size_t n, uint64_t off)
+{
+    int e = hit(FVF(f), OP_READ);
+    if (e)
+        return -e;
+    return INNER(f)->vfs->pread(INNER(f), buf, n, off);
+}
+
+static int64_t f_pwrite(st_file *f, const void *buf, size_t n, uint64_t off)
+{
+    fault_vfs *v = FVF(f);
+    if (v->short_write && v->op == OP_WRITE) {
+        if (atomic_exchange(&v->shorted, 0))
+            return -v->err; /* the retry after a short write fails: the disk is full */
+        uint64_t k = atomic_fetch_add(&v->calls, 1) + 1;
+        if (k == v->n) {
+            size_t half = (n / 2) & ~(size_t)4095; /* keep O_DIRECT alignment */
+            if (half == 0)
+                return -v->err;
+            atomic_store(&v->shorted, 1);
+            return INNER(f)->vfs->pwrite(INNER(f), buf, half, off);
+        }
+    } else {
+        int e = hit(v, OP_WRITE);
+        if (e)
+            return -e;
+    }
+    return INNER(f)->vfs->pwrite(INNER(f), buf, n, off);
+}
+
+static int f_sync(st_file *f)
+{
+    int e = hit(FVF(f), OP_FSYNC);
+    return e ? -e : INNER(f)->vfs->sync(INNER(f));
+}
+
+static int f_size(st_file *f, uint64_t *out) { return INNER(f)->vfs->size(INNER(f), out); }
+
+static int f_truncate(st_file *f, uint64_t size)
+{
+    return INNER(f)->vfs->truncate(INNER(f), size);
+}
+
+static int f_allocate(st_file *f, uint64_t size)
+{
+    int e = hit(FVF(f), OP_ALLOCATE);
+    return e ? -e : INNER(f)->vfs->allocate(INNER(f), size);
+}
+
+static int f_close(st_file *f)
+{
+    int rc = INNER(f)->vfs->close(INNER(f));
+    free(FF(f));
+    return rc;
+}
+
+static int f_direct(st_file *f) { return INNER(f)->vfs->direct(INNER(f)); }
+
+static int f_mkdir(const st_vfs *v, const char *path)
+{
+    int e = hit(FV(v), OP_MKDIR);
+    return e ? -e : FV(v)->inner->mkdir(FV(v)->inner, path);
+}
+
+static int f_rename(const st_vfs *v, const char *from, const char *to)
+{
+    int e = hit(FV(v), OP_RENAME);
+    return e ? -e : FV(v)->inner->rename(FV(v)->inner, from, to);
+}
+
+static int f_unlink(const st_vfs *v, const char *path)
+{
+    int e = hit(FV(v), OP_UNLINK);
+    return e ? -e : FV(v)->inner->unlink(FV(v)->inner, path);
+}
+
+static int f_rmdir(const st_vfs *v, const char *path)
+{
+    return FV(v)->inner->rmdir(FV(v)->inner, path);
+}
+
+static int f_sync_dir(const st_vfs *v, const char *path)
+{
+    int e = hit(FV(v), OP_FSYNC);
+    return e ? -e : FV(v)->inner->sync_dir(FV(v)->inner, path);
+}
+
+static int f_list(const st_vfs *v, const char *dir, st_list_fn fn, void *ctx)
+{
+    return FV(v)->inner->list(FV(v)->inner, dir, fn, ctx);
+}
+
+static int f_stat(const st_vfs *v, const char *path, uint64_t *size, int *kind)
+{
+    return FV(v)->inner->stat(FV(v)->inner, path, size, kind);
+}
+
+static void f_release(const st_vfs *v)
+{
+    st_vfs_release(FV(v)->inner);
+    free(FV(v));
+}
+
+static const struct {
+    const char *name;
+    int value;
+} errnos[] = {{"EIO", EIO}, {"ENOSPC", ENOSPC}, {"EDQUOT", EDQUOT}, {"EROFS", EROFS},
+              {"EACCES", EACCES}, {"ENOENT", ENOENT}};
+
+int st_vfs_fault_new(const st_vfs **out, const st_vfs *inner, const char *query)
+{
+    fault_vfs *v = calloc(1, sizeof *v);
+    if (!v)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    v->base = (st_vfs){
+        .version = ST_VFS_VERSION, .scheme = "fault", .caps = inner->caps,
+        .open = f_open, .pread = f_pread, .pwrite = f_pwrite, .sync = f_sync, .size = f_size,
+        .truncate = f_truncate, .close = f_close, .direct = f_direct, .mkdir = f_mkdir,
+        .rename = f_rename, .unlink = f_unlink, .rmdir = f_rmdir, .sync_dir = f_sync_dir,
+        .list = f_list, .stat = f_stat, .allocate = f_allocate, .release = f_release,
+    };
+    v->inner = inner;
+    v->op = -1;
+    v->err = EIO;
+    atomic_init(&v->calls, 0);
+    atomic_init(&v->shorted, 0);
+    char key[16], val[32];
+    const char *p = query ? query : "";
+    int rc = 0;
+    while (*p && !rc) {
+        int used = 0;
+        if (sscanf(p, "%15[a-z]=%31[A-Za-z0-9]%n", key, val, &used) != 2) {
+            rc = st_fail(STRATA_EINVAL, "fault URI: cannot parse '%s' (want op=OP&n=N&errno=E)", p);
+            break;
+        }
+        p += used;
+        if (*p == '&')
+            p++;
+        if (strcmp(key, "op") == 0) {
+            for (int i = 0; i < OP_COUNT; i++)
+                if (strcmp(val, op_names[i]) == 0)
+                    v->op = i;
+            if (v->op < 0)
+                rc = st_fail(STRATA_EINVAL, "fault URI: unknown op '%s' (open, write, fsync, "
+                             "rename, read, mkdir, allocate, unlink)", val);
+        } else if (strcmp(key, "n") == 0) {
+            char *end;
+            v->n = strtoull(val, &end, 10);
+            if (*end || v->n == 0)
+                rc = st_fail(STRATA_EINVAL, "fault URI: n must be a call number >= 1");
+        } else if (strcmp(key, "errno") == 0) {
+            size_t i = 0;
+            while (i < sizeof errnos / sizeof errnos[0] && strcmp(val, errnos[i].name) != 0)
+                i++;
+            if (i == sizeof errnos / sizeof errnos[0])
+                rc = st_fail(STRATA_EINVAL, "fault URI: unknown errno '%s' (EIO, ENOSPC, "
+                             "EDQUOT, EROFS, EACCES, ENOENT)", val);
+            else
+                v->err = errnos[i].value;
+        } else if (strcmp(key, "short") == 0 || strcmp(key, "sticky") == 0) {
+            *(strcmp(key, "short") == 0 ? &v->short_write : &v->sticky) = strcmp(val, "1") == 0;
+        } else {
+            rc = st_fail(STRATA_EINVAL, "fault URI: unknown key '%s'", key);
+        }
+    }
+    if (!rc && (v->op < 0 || v->n == 0))
+        rc = st_fail(STRATA_EINVAL, "fault URI needs op=OP and n=N");
+    if (!rc && v->short_write && v->op != OP_WRITE)
+        rc = st_fail(STRATA_EINVAL, "fault URI: short=1 needs op=write");
+    if (rc) {
+        free(v);
+        return rc;
+    }
+    *out = &v->base;
+    return 0;
+}
