@@ -329,11 +329,12 @@ static void assert_exact_cover(const st_load_plan *lp, const tu_set *dst)
         unsigned char *hits = calloc(n + 1, 1);
         for (size_t k = 0; k < lp->nruns; k++) {
             const st_run *r = &lp->runs[k];
-            if (n && r->dst >= (char *)sh->data && r->dst < (char *)sh->data + n) {
-                assert_true(r->dst + r->n <= (char *)sh->data + n);
+            char *d = st_run_dst(r, lp->ranks);
+            if (n && d >= (char *)sh->data && d < (char *)sh->data + n) {
+                assert_true(d + r->n <= (char *)sh->data + n);
                 assert_true(r->src + r->n <= lp->ext[r->piece]->bytes);
                 for (uint64_t j = 0; j < r->n; j++)
-                    hits[r->dst - (char *)sh->data + j]++;
+                    hits[d - (char *)sh->data + j]++;
                 run_bytes += r->n;
             }
         }

@@ -40,7 +40,6 @@ int strata_load(const char *uri, strata_state *const *ranks, int nranks,
     }
     st_load_plan p;
     rc = st_plan_load(&p, d.meta, rv, nranks, max_io);
-    free(rv);
     uint64_t got = 0;
     if (!rc) {
         rc = st_exec_reads(&d, &p, opts->io_threads, opts->no_direct, max_io, NULL, NULL, &got);
@@ -51,6 +50,7 @@ int strata_load(const char *uri, strata_state *const *ranks, int nranks,
         }
         st_load_plan_free(&p);
     }
+    free(rv);
     st_dir_close(&d);
     return rc;
 }

@@ -102,11 +102,12 @@ static int run_read(void *arg, size_t task, int worker)
         }
         for (size_t r = a; r < p->run0[s->piece + 1] && p->runs[r].src < hi; r++) {
             const st_run *run = &p->runs[r];
-            if (!run->dst)
+            if (run->rank < 0)
                 continue;
             uint64_t x0 = ST_MAX(run->src, lo), x1 = ST_MIN(run->src + run->n, hi);
             if (x0 < x1)
-                memcpy(run->dst + (x0 - run->src), buf + (e->offset + x0 - rd->off), x1 - x0);
+                memcpy(st_run_dst(run, p->ranks) + (x0 - run->src),
+                       buf + (e->offset + x0 - rd->off), x1 - x0);
         }
     }
     return 0;

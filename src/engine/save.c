@@ -198,7 +198,7 @@ static int layout_writes(st_load_plan *lay, const st_save_plan *sp)
         lay->ext[i] = sp->pieces[i].ext;
         lay->object[i] = sp->pieces[i].object;
         if (sp->pieces[i].bytes)
-            lay->runs[lay->nruns++] = (st_run){(uint32_t)i, 0, sp->pieces[i].bytes, NULL};
+            lay->runs[lay->nruns++] = (st_run){(uint32_t)i, -1, 0, 0, sp->pieces[i].bytes, 0};
     }
     int rc = st_plan_reads(lay, SAVE_TASK_BYTES);
     if (rc) {

@@ -36,9 +36,14 @@ typedef struct st_rank_view {
 
 /* ---- save ---- */
 
-/* One extent to write: `bytes` from src to offset `offset` of writer's data file. */
+/* One extent to write: `bytes` from src to offset `offset` of writer's data file. The
+ * source is registration `local` of the writer (shards first, then blobs: nsh + i),
+ * starting `src_off` bytes into its data; src is that address (NULL when the planner was
+ * given no data, as the coordinator of a distributed save is). */
 typedef struct st_piece {
     int writer;
+    uint32_t local;
+    uint64_t src_off;
     uint64_t offset, bytes;
     const void *src;
     st_extent *ext;     /* in the plan's metadata; the writer fills ext->sums */
@@ -73,13 +78,25 @@ void st_save_plan_free(st_save_plan *p);
 
 /* ---- load ---- */
 
-/* A byte run to copy from a saved extent to a destination. */
+/* A byte run to copy from a saved extent to a destination: registration `local` of rank
+ * `rank` (shards first, then blobs: nsh + i), `dst` bytes into its data. rank -1: no
+ * destination (verify only). */
 typedef struct st_run {
     uint32_t piece; /* index into st_load_plan.ext */
+    int32_t rank;
+    uint32_t local;
     uint64_t src;   /* byte offset within the extent */
     uint64_t n;
-    char *dst;
+    uint64_t dst;
 } st_run;
+
+/* The destination address of a run, given the rank views the plan was made from. */
+static inline char *st_run_dst(const st_run *r, const st_rank_view *ranks)
+{
+    const st_rank_view *v = &ranks[r->rank];
+    void *base = r->local < v->nsh ? v->sh[r->local].data : v->bl[r->local - v->nsh].data;
+    return (char *)base + r->dst;
+}
 
 /* A segment of a read: chunks [c0, c1) of one extent. */
 typedef struct st_seg {
@@ -96,6 +113,9 @@ typedef struct st_read {
 
 typedef struct st_load_plan {
     const st_meta *meta;
+    const st_rank_view *ranks; /* a copy of the requests' views (for run destinations);
+                                  NULL for verify */
+    int nranks;
     size_t npieces;
     const st_extent **ext;   /* per piece */
     const char **object;     /* per piece: tensor or blob name */
@@ -116,7 +136,7 @@ typedef struct st_load_plan {
  * STRATA_EMISMATCH, STRATA_EUNFILLED (messages name tensor and rank), STRATA_ENOMEM. */
 int st_plan_load(st_load_plan *out, const st_meta *meta, const st_rank_view *ranks,
                  int nranks, uint64_t max_io);
-/* A plan that reads every chunk of every extent once (runs with dst NULL): for verify. */
+/* A plan that reads every chunk of every extent once (runs with rank -1): for verify. */
 int st_plan_verify_all(st_load_plan *out, const st_meta *meta, uint64_t max_io);
 /* From out->runs (pieces numbered, runs filled): sorts the runs, derives the needed chunk
  * segments and coalesces them into reads. Used by both planners above. */

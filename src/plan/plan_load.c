@@ -20,7 +20,8 @@ typedef struct {
     size_t cap;
     uint32_t piece;
     size_t esz;
-    char *dst;
+    int32_t rank;
+    uint32_t local;
     int oom;
 } runs_out;
 
@@ -31,7 +32,8 @@ static int add_run(void *ctx, uint64_t a, uint64_t b, uint64_t n)
         o->oom = 1;
         return 1;
     }
-    o->p->runs[o->p->nruns++] = (st_run){o->piece, a * o->esz, n * o->esz, o->dst + b * o->esz};
+    o->p->runs[o->p->nruns++] =
+        (st_run){o->piece, o->rank, o->local, a * o->esz, n * o->esz, b * o->esz};
     return 0;
 }
 
@@ -112,6 +114,7 @@ static int cmp_segs(const void *pa, const void *pb, void *ctx)
 
 void st_load_plan_free(st_load_plan *p)
 {
+    free((void *)p->ranks);
     free(p->ext);
     free(p->object);
     free(p->maxrun);
@@ -162,7 +165,7 @@ int st_plan_verify_all(st_load_plan *out, const st_meta *m, uint64_t max_io)
         if (st_grow(&out->runs, &cap, out->nruns + 1, sizeof *out->runs))
             rc = st_fail(STRATA_ENOMEM, "out of memory planning the verify");
         else
-            out->runs[out->nruns++] = (st_run){(uint32_t)p, 0, out->ext[p]->bytes, NULL};
+            out->runs[out->nruns++] = (st_run){(uint32_t)p, -1, 0, 0, out->ext[p]->bytes, 0};
     }
     if (!rc)
         rc = st_plan_reads(out, max_io);
@@ -257,6 +260,12 @@ int st_plan_load(st_load_plan *out, const st_meta *m, const st_rank_view *ranks,
 {
     memset(out, 0, sizeof *out);
     out->meta = m;
+    st_rank_view *rv = malloc(((size_t)nranks + 1) * sizeof *rv);
+    if (!rv)
+        return st_fail(STRATA_ENOMEM, "out of memory planning the load");
+    memcpy(rv, ranks, (size_t)nranks * sizeof *rv);
+    out->ranks = rv;
+    out->nranks = nranks;
     int rc = 0;
     size_t *base = malloc((m->ntensors + 1) * sizeof *base);
     tindex *idx = calloc(m->ntensors + 1, sizeof *idx);
@@ -341,7 +350,8 @@ int st_plan_load(st_load_plan *out, const st_meta *m, const st_rank_view *ranks,
                     hi = mid;
             }
             ro.esz = strata_dtype_size(e->dtype);
-            ro.dst = e->data;
+            ro.rank = r;
+            ro.local = (uint32_t)i;
             out->request_bytes += e->bytes;
             for (size_t j = lo; j-- > 0 && x->pmax[j] > qlo;) {
                 if (x->hi[j] <= qlo)
@@ -385,7 +395,8 @@ int st_plan_load(st_load_plan *out, const st_meta *m, const st_rank_view *ranks,
             if (e->size) {
                 ro.piece = (uint32_t)(blob_base + b);
                 ro.esz = 1;
-                ro.dst = e->data;
+                ro.rank = r;
+                ro.local = (uint32_t)(ranks[r].nsh + i);
                 add_run(&ro, 0, 0, e->size);
                 if (ro.oom)
                     rc = st_fail(STRATA_ENOMEM, "out of memory planning the load");

@@ -16,6 +16,7 @@ typedef struct {
 
 typedef struct {
     int rank;
+    uint32_t local; /* registration index on that rank: shards, then nsh + blob */
     const void *data;
 } holder;
 
@@ -29,6 +30,8 @@ typedef struct {
     uint64_t bytes;
     size_t h0, nh;
     int writer;
+    uint32_t local;   /* the writer's registration index */
+    uint64_t src_off; /* bytes into that registration's data */
     const void *src;
     size_t meta_pos;
 } item;
@@ -352,10 +355,11 @@ int st_plan_save(st_save_plan *out, const st_rank_view *ranks, int nranks, uint3
     for (int r = 0; r < nranks; r++)
         for (size_t i = 0; i < ranks[r].nsh; i++, k++)
             if (ids[k] != SIZE_MAX)
-                hold[it[ids[k]].h0 + fill[ids[k]]++] = (holder){r, ranks[r].sh[i].data};
+                hold[it[ids[k]].h0 + fill[ids[k]]++] = (holder){r, (uint32_t)i, ranks[r].sh[i].data};
     for (int r = 0; r < nranks; r++)
         for (size_t i = 0; i < ranks[r].nbl; i++, k++)
-            hold[it[ids[k]].h0 + fill[ids[k]]++] = (holder){r, ranks[r].bl[i].data};
+            hold[it[ids[k]].h0 + fill[ids[k]]++] =
+                (holder){r, (uint32_t)(ranks[r].nsh + i), ranks[r].bl[i].data};
 
     /* 3. split large replicated shards into flat pieces, one per holder at most, so that
      * no single item is big enough to unbalance the writers (list scheduling ends within
@@ -415,10 +419,11 @@ int st_plan_save(st_save_plan *out, const st_rank_view *ranks, int nranks, uint3
     for (size_t j = 0; j < ni; j++)
         for (size_t h = 0; h < it[j].nh; h++)
             if (hold[it[j].h0 + h].rank == it[j].writer) {
-                it[j].src = hold[it[j].h0 + h].data;
+                const holder *w = &hold[it[j].h0 + h];
+                it[j].local = w->local;
                 if (!it[j].blob) /* a piece starts inside the holder's buffer */
-                    it[j].src = (const char *)it[j].src +
-                                (it[j].fs - it[j].e->fs) * strata_dtype_size(it[j].e->dtype);
+                    it[j].src_off = (it[j].fs - it[j].e->fs) * strata_dtype_size(it[j].e->dtype);
+                it[j].src = w->data ? (const char *)w->data + it[j].src_off : NULL;
                 break;
             }
 
@@ -543,7 +548,7 @@ int st_plan_save(st_save_plan *out, const st_rank_view *ranks, int nranks, uint3
         f->bytes = ST_ALIGN_UP(f->bytes + x->bytes, ST_ALIGN);
         m->data_bytes += x->bytes;
         out->pieces[out->npieces++] =
-            (st_piece){x->writer, ext->offset, x->bytes, x->src, ext, object};
+            (st_piece){x->writer, x->local, x->src_off, ext->offset, x->bytes, x->src, ext, object};
     }
     for (size_t t = 0; t < nt && !rc; t++)
         rc = st_meta_check_overlap(&m->tensors[t]);
