@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
 #include <time.h>
 
 #define ST_MIN(a, b) ((a) < (b) ? (a) : (b))
@@ -156,6 +157,97 @@ static inline uint32_t st_get_u32(const unsigned char *p)
 static inline uint64_t st_get_u64(const unsigned char *p)
 {
     return (uint64_t)st_get_u32(p) | (uint64_t)st_get_u32(p + 4) << 32;
+}
+
+/* ---- bounds-checked reader of the above (first error sticks; reads then return 0) ---- */
+typedef struct {
+    const unsigned char *p, *end, *base;
+    int err;
+    char what[160];
+} st_rd;
+
+static inline void st_rd_fail(st_rd *r, const char *what)
+{
+    if (!r->err) {
+        r->err = 1;
+        snprintf(r->what, sizeof r->what, "%s at byte %zu", what, (size_t)(r->p - r->base));
+    }
+}
+
+static inline uint64_t st_rd_var(st_rd *r)
+{
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+        if (r->p >= r->end) {
+            st_rd_fail(r, "truncated varint");
+            return 0;
+        }
+        unsigned char c = *r->p++;
+        if (shift == 63 && (c & 0x7e)) {
+            st_rd_fail(r, "varint overflows 64 bits");
+            return 0;
+        }
+        v |= (uint64_t)(c & 0x7f) << shift;
+        if (!(c & 0x80))
+            return v;
+    }
+    st_rd_fail(r, "varint too long");
+    return 0;
+}
+
+static inline size_t st_rd_left(const st_rd *r) { return (size_t)(r->end - r->p); }
+
+/* A count of items each taking at least min_bytes: bounded by the bytes left. */
+static inline uint64_t st_rd_count(st_rd *r, size_t min_bytes, const char *what)
+{
+    uint64_t n = st_rd_var(r);
+    if (!r->err && n > st_rd_left(r) / min_bytes) {
+        st_rd_fail(r, what);
+        return 0;
+    }
+    return n;
+}
+
+static inline uint8_t st_rd_u8(st_rd *r)
+{
+    if (r->p >= r->end) {
+        st_rd_fail(r, "truncated");
+        return 0;
+    }
+    return *r->p++;
+}
+
+static inline uint64_t st_rd_u64(st_rd *r)
+{
+    if (st_rd_left(r) < 8) {
+        st_rd_fail(r, "truncated");
+        return 0;
+    }
+    uint64_t v = st_get_u64(r->p);
+    r->p += 8;
+    return v;
+}
+
+/* A string of 1..max bytes with no NUL, copied into the arena (NULL on error). */
+static inline char *st_rd_str(st_rd *r, st_arena *a, size_t max)
+{
+    uint64_t n = st_rd_var(r);
+    if (r->err)
+        return NULL;
+    if (n == 0 || n > max || n > st_rd_left(r)) {
+        st_rd_fail(r, "bad name length");
+        return NULL;
+    }
+    if (memchr(r->p, 0, n)) {
+        st_rd_fail(r, "NUL byte in name");
+        return NULL;
+    }
+    char *s = st_arena_strndup(a, (const char *)r->p, n);
+    if (!s)
+        st_rd_fail(r, "out of memory");
+    else
+        r->p += n;
+    return s;
 }
 
 #endif

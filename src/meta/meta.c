@@ -82,97 +82,13 @@ int st_meta_encode(const st_meta *m, unsigned char **out, size_t *len)
 
 /* ---- decoding ---- */
 
-typedef struct {
-    const unsigned char *p, *end, *base;
-    int err;
-    char what[160];
-} rd;
-
-static void rd_fail(rd *r, const char *what)
+static char *rd_str(st_rd *r, st_arena *a, int plain)
 {
-    if (!r->err) {
-        r->err = 1;
-        snprintf(r->what, sizeof r->what, "%s at byte %zu", what, (size_t)(r->p - r->base));
-    }
-}
-
-static uint64_t rd_var(rd *r)
-{
-    uint64_t v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-        if (r->p >= r->end) {
-            rd_fail(r, "truncated varint");
-            return 0;
-        }
-        unsigned char c = *r->p++;
-        if (shift == 63 && (c & 0x7e)) {
-            rd_fail(r, "varint overflows 64 bits");
-            return 0;
-        }
-        v |= (uint64_t)(c & 0x7f) << shift;
-        if (!(c & 0x80))
-            return v;
-    }
-    rd_fail(r, "varint too long");
-    return 0;
-}
-
-static size_t rd_left(const rd *r) { return (size_t)(r->end - r->p); }
-
-/* A count of items each taking at least min_bytes: bounded by the bytes left. */
-static uint64_t rd_count(rd *r, size_t min_bytes, const char *what)
-{
-    uint64_t n = rd_var(r);
-    if (!r->err && n > rd_left(r) / min_bytes) {
-        rd_fail(r, what);
-        return 0;
-    }
-    return n;
-}
-
-static uint8_t rd_u8(rd *r)
-{
-    if (r->p >= r->end) {
-        rd_fail(r, "truncated");
-        return 0;
-    }
-    return *r->p++;
-}
-
-static uint64_t rd_u64(rd *r)
-{
-    if (rd_left(r) < 8) {
-        rd_fail(r, "truncated");
-        return 0;
-    }
-    uint64_t v = st_get_u64(r->p);
-    r->p += 8;
-    return v;
-}
-
-static char *rd_str(rd *r, st_arena *a, int plain)
-{
-    uint64_t n = rd_var(r);
-    if (r->err)
-        return NULL;
-    if (n == 0 || n > STRATA_MAX_NAME || n > rd_left(r)) {
-        rd_fail(r, "bad name length");
+    char *s = st_rd_str(r, a, STRATA_MAX_NAME);
+    if (s && plain && !st_plain_name(s, strlen(s))) {
+        st_rd_fail(r, "file name is not a plain name inside the checkpoint directory");
         return NULL;
     }
-    if (memchr(r->p, 0, n)) {
-        rd_fail(r, "NUL byte in name");
-        return NULL;
-    }
-    if (plain && !st_plain_name((const char *)r->p, n)) {
-        rd_fail(r, "file name is not a plain name inside the checkpoint directory");
-        return NULL;
-    }
-    char *s = st_arena_strndup(a, (const char *)r->p, n);
-    if (!s) {
-        rd_fail(r, "out of memory");
-        return NULL;
-    }
-    r->p += n;
     return s;
 }
 
@@ -188,20 +104,20 @@ int st_plain_name(const char *name, size_t len)
     return 1;
 }
 
-static void rd_extent(rd *r, st_meta *m, st_extent *e, uint64_t bytes, int with_bytes)
+static void rd_extent(st_rd *r, st_meta *m, st_extent *e, uint64_t bytes, int with_bytes)
 {
-    e->file = (uint32_t)rd_var(r);
-    uint64_t blk = rd_var(r);
+    e->file = (uint32_t)st_rd_var(r);
+    uint64_t blk = st_rd_var(r);
     if (with_bytes)
-        bytes = rd_var(r);
+        bytes = st_rd_var(r);
     if (r->err)
         return;
     if (e->file >= m->nfiles) {
-        rd_fail(r, "extent names a file index out of range");
+        st_rd_fail(r, "extent names a file index out of range");
         return;
     }
     if (blk > UINT64_MAX / ST_ALIGN) {
-        rd_fail(r, "extent offset overflows");
+        st_rd_fail(r, "extent offset overflows");
         return;
     }
     e->offset = blk * ST_ALIGN;
@@ -209,85 +125,85 @@ static void rd_extent(rd *r, st_meta *m, st_extent *e, uint64_t bytes, int with_
     /* shards always hold bytes (their boxes and ranges are non-empty); a blob may be empty */
     if ((bytes == 0 && !with_bytes) || e->offset > m->files[e->file].bytes ||
         bytes > m->files[e->file].bytes - e->offset) {
-        rd_fail(r, "extent lies outside its data file");
+        st_rd_fail(r, "extent lies outside its data file");
         return;
     }
     uint64_t n = st_nchunks(bytes, m->chunk);
-    if (n > rd_left(r) / 8) {
-        rd_fail(r, "truncated checksum list");
+    if (n > st_rd_left(r) / 8) {
+        st_rd_fail(r, "truncated checksum list");
         return;
     }
     e->sums = st_arena_alloc(&m->arena, n * 8);
     if (!e->sums) {
-        rd_fail(r, "out of memory");
+        st_rd_fail(r, "out of memory");
         return;
     }
     for (uint64_t i = 0; i < n; i++)
-        e->sums[i] = rd_u64(r);
+        e->sums[i] = st_rd_u64(r);
 }
 
-static int decode_body(rd *r, st_meta *m)
+static int decode_body(st_rd *r, st_meta *m)
 {
-    uint64_t chunk = rd_var(r);
+    uint64_t chunk = st_rd_var(r);
     if (r->err || chunk < 4096 || chunk > (64u << 20) || (chunk & (chunk - 1)))
-        return rd_fail(r, "bad checksum chunk size"), -1;
+        return st_rd_fail(r, "bad checksum chunk size"), -1;
     m->chunk = (uint32_t)chunk;
 
-    uint64_t nf = rd_count(r, 2, "file count exceeds the metadata size");
+    uint64_t nf = st_rd_count(r, 2, "file count exceeds the metadata size");
     if (r->err || nf > UINT32_MAX)
-        return rd_fail(r, "bad file count"), -1;
+        return st_rd_fail(r, "bad file count"), -1;
     m->nfiles = (uint32_t)nf;
     m->files = st_arena_alloc(&m->arena, (nf ? nf : 1) * sizeof *m->files);
     if (!m->files)
-        return rd_fail(r, "out of memory"), -1;
+        return st_rd_fail(r, "out of memory"), -1;
     for (uint64_t i = 0; i < nf && !r->err; i++) {
         m->files[i].name = rd_str(r, &m->arena, 1);
-        m->files[i].bytes = rd_var(r);
+        m->files[i].bytes = st_rd_var(r);
         for (uint64_t j = 0; j < i && !r->err; j++)
             if (strcmp(m->files[i].name, m->files[j].name) == 0)
-                rd_fail(r, "duplicate file name");
+                st_rd_fail(r, "duplicate file name");
     }
 
-    uint64_t nt = rd_count(r, 4, "tensor count exceeds the metadata size");
+    uint64_t nt = st_rd_count(r, 4, "tensor count exceeds the metadata size");
     if (r->err)
         return -1;
     m->ntensors = nt;
     m->tensors = st_arena_alloc(&m->arena, (nt ? nt : 1) * sizeof *m->tensors);
     if (!m->tensors)
-        return rd_fail(r, "out of memory"), -1;
+        return st_rd_fail(r, "out of memory"), -1;
     for (uint64_t i = 0; i < nt && !r->err; i++) {
         st_mtensor *t = &m->tensors[i];
         memset(t, 0, sizeof *t);
         t->name = rd_str(r, &m->arena, 0);
-        t->dtype = (strata_dtype)rd_u8(r);
-        t->ndim = rd_u8(r);
+        t->dtype = (strata_dtype)st_rd_u8(r);
+        t->ndim = st_rd_u8(r);
         if (r->err)
             break;
         if ((unsigned)t->dtype >= STRATA_DTYPE_COUNT) {
-            rd_fail(r, "unknown dtype");
+            st_rd_fail(r, "unknown dtype");
             break;
         }
         if (t->ndim > STRATA_MAX_DIMS) {
-            rd_fail(r, "too many dims");
+            st_rd_fail(r, "too many dims");
             break;
         }
         int of = 0;
         for (int d = 0; d < t->ndim; d++)
-            t->shape[d] = rd_var(r);
+            t->shape[d] = st_rd_var(r);
         uint64_t numel = st_box_numel(t->ndim, t->shape, &of), tb;
         if (!r->err && (of || !st_mul_ok(numel, strata_dtype_size(t->dtype), &tb) ||
                         tb > (UINT64_MAX >> 2))) {
-            rd_fail(r, "tensor size overflows");
+            st_rd_fail(r, "tensor size overflows");
             break;
         }
         size_t min_shard = 1 + 2 * (size_t)t->ndim + 2 + 8;
-        t->nshards = rd_count(r, min_shard, "shard count exceeds the metadata size");
+        t->nshards = st_rd_count(r, min_shard, "shard count exceeds the metadata size");
         if (r->err)
             break;
         t->shards = st_arena_alloc(&m->arena, (t->nshards ? t->nshards : 1) * sizeof *t->shards);
         uint64_t *dims = st_arena_alloc(&m->arena, (t->nshards * 2 * (size_t)t->ndim + 1) * 8);
         if (!t->shards || !dims) {
-            rd_fail(r, "out of memory");
+            st_rd_fail(r, "out of memory");
             break;
         }
         size_t esz = strata_dtype_size(t->dtype);
@@ -295,22 +211,22 @@ static int decode_body(rd *r, st_meta *m)
             st_mshard *sh = &t->shards[s];
             sh->off = dims + s * 2 * (size_t)t->ndim;
             sh->len = sh->off + t->ndim;
-            uint8_t fl = rd_u8(r);
+            uint8_t fl = st_rd_u8(r);
             if (fl > 1) {
-                rd_fail(r, "unknown shard flags");
+                st_rd_fail(r, "unknown shard flags");
                 break;
             }
             sh->flat = fl;
             for (int d = 0; d < t->ndim; d++)
-                sh->off[d] = rd_var(r);
+                sh->off[d] = st_rd_var(r);
             for (int d = 0; d < t->ndim; d++)
-                sh->len[d] = rd_var(r);
+                sh->len[d] = st_rd_var(r);
             if (r->err)
                 break;
             for (int d = 0; d < t->ndim; d++)
                 if (sh->len[d] == 0 || sh->off[d] > t->shape[d] ||
                     sh->len[d] > t->shape[d] - sh->off[d]) {
-                    rd_fail(r, "shard box outside the tensor");
+                    st_rd_fail(r, "shard box outside the tensor");
                     break;
                 }
             if (r->err)
@@ -319,9 +235,9 @@ static int decode_body(rd *r, st_meta *m)
             sh->fs = 0;
             sh->fe = bn;
             if (sh->flat) {
-                uint64_t fs = rd_var(r), n = rd_var(r);
+                uint64_t fs = st_rd_var(r), n = st_rd_var(r);
                 if (r->err || n == 0 || fs > bn || n > bn - fs) {
-                    rd_fail(r, "flat range outside the shard box");
+                    st_rd_fail(r, "flat range outside the shard box");
                     break;
                 }
                 sh->fs = fs;
@@ -333,25 +249,25 @@ static int decode_body(rd *r, st_meta *m)
         m->data_bytes += t->bytes;
     }
 
-    uint64_t nb = rd_count(r, 4, "blob count exceeds the metadata size");
+    uint64_t nb = st_rd_count(r, 4, "blob count exceeds the metadata size");
     if (r->err)
         return -1;
     m->nblobs = nb;
     m->blobs = st_arena_alloc(&m->arena, (nb ? nb : 1) * sizeof *m->blobs);
     if (!m->blobs)
-        return rd_fail(r, "out of memory"), -1;
+        return st_rd_fail(r, "out of memory"), -1;
     for (uint64_t i = 0; i < nb && !r->err; i++) {
         st_mblob *b = &m->blobs[i];
         b->name = rd_str(r, &m->arena, 0);
-        uint64_t o = rd_var(r);
+        uint64_t o = st_rd_var(r);
         if (!r->err && o > INT32_MAX)
-            rd_fail(r, "bad blob owner");
+            st_rd_fail(r, "bad blob owner");
         b->owner = (int64_t)o - 1;
         rd_extent(r, m, &b->ext, 0, 1);
         m->data_bytes += b->ext.bytes;
     }
     if (!r->err && r->p != r->end)
-        rd_fail(r, "trailing bytes after the blob table");
+        st_rd_fail(r, "trailing bytes after the blob table");
     return r->err ? -1 : 0;
 }
 
@@ -465,7 +381,7 @@ static int parse(st_meta **out, const unsigned char *buf, size_t len)
     if (!m)
         return st_fail(STRATA_ENOMEM, "out of memory");
     m->step = st_get_u64(buf + 24);
-    rd r = {.p = buf + ST_META_HEADER, .end = buf + len - ST_META_TRAILER, .base = buf};
+    st_rd r = {.p = buf + ST_META_HEADER, .end = buf + len - ST_META_TRAILER, .base = buf};
     if (decode_body(&r, m) != 0) {
         st_meta_free(m);
         return st_fail(STRATA_EFORMAT, "metadata is malformed: %s", r.what);
