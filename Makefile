@@ -8,9 +8,11 @@ SAN     ?=
 CFLAGS  ?= $(OPT) -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fPIC -Iinclude $(SAN)
 LDFLAGS += $(SAN)
-LIBS     = -lxxhash -lpthread
+MPI_CFLAGS := $(shell pkg-config --cflags mpich 2>/dev/null)
+MPI_LIBS   := $(shell pkg-config --libs mpich 2>/dev/null || echo -lmpich)
+LIBS     = -lxxhash -lpthread $(MPI_LIBS)
 
-LIB_SRC := $(wildcard src/core/*.c src/io/*.c src/meta/*.c src/plan/*.c src/engine/*.c)
+LIB_SRC := $(wildcard src/core/*.c src/io/*.c src/meta/*.c src/plan/*.c src/comm/*.c src/engine/*.c)
 CLI_SRC := $(wildcard src/cli/*.c)
 TEST_SRC := $(wildcard tests/test_*.c)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
@@ -18,11 +20,11 @@ CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 TESTS   := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 
 # Debian packages used by the build, tests and tools (checked, installed when missing).
-DEB_PKGS = gcc make libxxhash-dev libcmocka-dev pkg-config
+DEB_PKGS = gcc make libxxhash-dev libcmocka-dev pkg-config mpich libmpich-dev
 
 .PHONY: all deps demo test bench clean test-asan test-tsan test-valgrind check-header check-clang fuzz stress
 
-all: $(BUILD)/libstrata.a $(BUILD)/libstrata.so $(BUILD)/strata $(BUILD)/examples/reshard
+all: deps $(BUILD)/libstrata.a $(BUILD)/libstrata.so $(BUILD)/strata $(BUILD)/examples/reshard
 
 deps:
 	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -32,9 +34,11 @@ deps:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-$(BUILD)/obj/%.o: %.c
+$(BUILD)/obj/%.o: %.c | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/src/comm/comm_mpi.o: CFLAGS += $(MPI_CFLAGS)
 
 $(BUILD)/libstrata.a: $(LIB_OBJ)
 	@rm -f $@

@@ -156,6 +156,8 @@ typedef struct strata_stats {
      * balance_bound is a lower bound on it for any assignment (ranks that share no
      * shard, like pipeline stages, cannot share work). */
     uint64_t max_writer_bytes, writers, balance_bound;
+    uint64_t all_bytes; /* distributed calls: bytes written / read summed over all ranks */
+    int plan_cached;    /* strata_save_dist: 1 if the previous plan was reused */
 } strata_stats;
 
 /* Saves the states of `nranks` logical ranks (index = rank) to the checkpoint at `uri`
@@ -187,6 +189,70 @@ typedef struct strata_load_opts {
  * file), STRATA_ENOTFOUND, STRATA_EMISMATCH, STRATA_EUNFILLED, STRATA_ENOENT, STRATA_EIO. */
 int strata_load(const char *uri, strata_state *const *ranks, int nranks,
                 const strata_load_opts *opts, strata_stats *stats);
+
+/* ---- many processes: communicators ------------------------------------------------------ */
+
+/* All communication of a distributed save or load goes through a strata_comm: the
+ * single-process default, MPI (libstrata is built against MPICH), or the caller's own
+ * collectives (host callbacks, e.g. torch.distributed from the Python package).
+ * A strata_comm is used by one thread at a time; every rank must make the same sequence
+ * of strata calls on it. It also caches the last save plan (see strata_save_dist). */
+typedef struct strata_comm strata_comm;
+
+#define STRATA_COMM_OPS_VERSION 1
+/* Collectives a host provides. Every call is made by all ranks together. Each returns 0,
+ * or a negative STRATA_E* code (STRATA_EABORTED when a peer is gone or a time limit
+ * passed); after an error the communicator is not used again. */
+typedef struct strata_comm_ops {
+    int version;
+    /* Every rank sends n bytes; recv gets size * n bytes, in rank order. */
+    int (*allgather)(void *ctx, const void *send, size_t n, void *recv);
+    /* Rank r sends scounts[d] bytes to each rank d, packed in rank order in send, and
+     * receives rcounts[s] bytes from each rank s, packed in rank order in recv. */
+    int (*alltoallv)(void *ctx, const void *send, const size_t *scounts, void *recv,
+                     const size_t *rcounts);
+    /* root's n bytes of buf are copied to every rank's buf. */
+    int (*bcast)(void *ctx, void *buf, size_t n, int root);
+} strata_comm_ops;
+
+/* The single-process communicator (rank 0 of 1). */
+int strata_comm_self(strata_comm **out);
+/* A communicator over an MPI communicator: mpi_comm points to an MPI_Comm (NULL:
+ * MPI_COMM_WORLD; MPI must be initialised). It is duplicated, so strata's traffic never
+ * mixes with the caller's. */
+int strata_comm_mpi(strata_comm **out, const void *mpi_comm);
+/* A communicator over the host's own collectives; ops and ctx must outlive it. */
+int strata_comm_host(strata_comm **out, const strata_comm_ops *ops, void *ctx, int rank,
+                     int size);
+void strata_comm_free(strata_comm *c);
+int strata_comm_rank(const strata_comm *c);
+int strata_comm_size(const strata_comm *c);
+/* Time limit of every collective (MPI communicator): a peer that does not take part
+ * within ms milliseconds (a dead rank) makes the call return STRATA_EABORTED instead of
+ * waiting forever. Default 300000 (5 minutes); 0 waits forever. */
+void strata_comm_set_timeout(strata_comm *c, int ms);
+
+/* Saves this rank's state as part of a save by every rank of comm (each calls it with
+ * its own state and the same uri and opts). The coordinator (rank 0) gathers the local
+ * plans, dedups replicas and balances the writes, and sends each rank its part; every
+ * rank writes its own data file; the coordinator writes the metadata and the commit
+ * record only after every rank reported success and its checksums. When every rank's
+ * layout (names, dtypes, shapes, shards, blob names and sizes, world size) is the same
+ * as at the previous save on this comm, the plan exchange is skipped: one collective
+ * compares a hash of each local plan. stats: this rank's bytes; plan_cached tells.
+ * Errors: as strata_save; a rank that fails makes every rank fail (the others with
+ * STRATA_EABORTED and a message naming the failing rank), and nothing is committed. */
+int strata_save_dist(strata_comm *comm, const char *uri, strata_state *local,
+                     const strata_save_opts *opts, strata_stats *stats);
+
+/* Loads this rank's requests as part of a load by every rank of comm. The coordinator
+ * reads the commit record and metadata and broadcasts them; the requests of all ranks
+ * are exchanged so every rank computes the same global plan; each saved chunk that any
+ * rank needs is read once, by one of the ranks that need it (spread over them), verified,
+ * and sent to the others. stats->bytes is this rank's reads; all_bytes the sum over ranks.
+ * Errors: as strata_load; STRATA_EABORTED when another rank failed. */
+int strata_load_dist(strata_comm *comm, const char *uri, strata_state *local,
+                     const strata_load_opts *opts, strata_stats *stats);
 
 /* ---- reading a checkpoint's description ------------------------------------------------ */
 

@@ -18,7 +18,23 @@ int st_path_join(char *out, const char *dir, const char *name)
 
 #define MAX_META_BYTES ((size_t)1 << 34)
 
-static int dir_open(st_dir *d, const char *uri, int allow_incomplete)
+/* Decodes metadata and checks it against the commit record (if committed). */
+static int dir_parse(st_dir *d, const unsigned char *mbuf, size_t mlen)
+{
+    int rc = st_meta_decode(&d->meta, mbuf, mlen);
+    if (rc)
+        return st_wrap(rc, "checkpoint '%s': %s", d->path, ST_META_FILE);
+    if (d->committed &&
+        (d->commit.meta_size != mlen || d->commit.meta_hash != st_hash(mbuf, mlen)))
+        return st_fail(STRATA_EFORMAT,
+                       "checkpoint '%s': %s does not match its commit record (truncated, "
+                       "replaced or corrupt)",
+                       d->path, ST_META_FILE);
+    return 0;
+}
+
+static int dir_open(st_dir *d, const char *uri, int allow_incomplete, unsigned char **raw,
+                    size_t *rawlen)
 {
     int rc = st_vfs_resolve(uri, &d->vfs, d->path, sizeof d->path);
     if (rc)
@@ -66,27 +82,41 @@ static int dir_open(st_dir *d, const char *uri, int allow_incomplete)
                                     : (e == -ENOENT ? STRATA_EINCOMPLETE : st_from_errno(-e)),
                        "checkpoint '%s': cannot read %s: %s", d->path, ST_META_FILE,
                        strerror(-e));
-    rc = st_meta_decode(&d->meta, mbuf, mlen);
-    if (rc) {
+    rc = dir_parse(d, mbuf, mlen);
+    if (rc == 0 && raw) {
+        *raw = mbuf;
+        *rawlen = mlen;
+    } else {
         free(mbuf);
-        return st_wrap(rc, "checkpoint '%s': %s", d->path, ST_META_FILE);
     }
-    if (d->committed &&
-        (d->commit.meta_size != mlen || d->commit.meta_hash != st_hash(mbuf, mlen))) {
-        free(mbuf);
-        return st_fail(STRATA_EFORMAT,
-                       "checkpoint '%s': %s does not match its commit record (truncated, "
-                       "replaced or corrupt)",
-                       uri, ST_META_FILE);
-    }
-    free(mbuf);
-    return 0;
+    return rc;
 }
 
 int st_dir_open(st_dir *d, const char *uri, int allow_incomplete)
 {
+    return st_dir_open_raw(d, uri, allow_incomplete, NULL, NULL);
+}
+
+int st_dir_open_raw(st_dir *d, const char *uri, int allow_incomplete, unsigned char **raw,
+                    size_t *rawlen)
+{
     memset(d, 0, sizeof *d);
-    int rc = dir_open(d, uri, allow_incomplete);
+    int rc = dir_open(d, uri, allow_incomplete, raw, rawlen);
+    if (rc)
+        st_dir_close(d);
+    return rc;
+}
+
+int st_dir_adopt(st_dir *d, const char *uri, const st_commit *c, const unsigned char *meta,
+                 size_t mlen)
+{
+    memset(d, 0, sizeof *d);
+    int rc = st_vfs_resolve(uri, &d->vfs, d->path, sizeof d->path);
+    if (rc == 0) {
+        d->commit = *c;
+        d->committed = 1;
+        rc = dir_parse(d, meta, mlen);
+    }
     if (rc)
         st_dir_close(d);
     return rc;

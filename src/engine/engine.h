@@ -18,6 +18,26 @@ struct strata_state {
     size_t nbl, capbl;
 };
 
+static inline st_rank_view st_state_view(const strata_state *s)
+{
+    return (st_rank_view){s->sh, s->nsh, s->bl, s->nbl};
+}
+
+/* ---- save steps (save.c), shared by strata_save and strata_save_dist ---- */
+
+int st_check_chunk(uint32_t chunk);
+/* Makes dir an empty directory for a new checkpoint (creating parents), or clears an
+ * incomplete checkpoint there; refuses a committed one or foreign files (STRATA_EEXIST). */
+int st_prepare_dir(const st_vfs *v, const char *dir);
+/* Writes the data files of sp (every file of sp->meta, from sp->pieces, filling the
+ * extents' checksums): reserve, write on the I/O threads, fsync, close. */
+int st_write_data(const st_vfs *v, const char *dir, const st_save_plan *sp,
+                  const strata_save_opts *o, uint64_t *io_calls);
+/* Writes metadata.bin, then the commit record (temp, fsync, rename, fsync dir + parent). */
+int st_commit_dir(const st_vfs *v, const char *dir, const st_meta *m, int sync);
+/* After a failure: removes strata's files in dir (and dir if rmdir), keeping the error. */
+void st_remove_failed(const st_vfs *v, const char *dir, int rmdir);
+
 /* An opened checkpoint directory. */
 typedef struct st_dir {
     const st_vfs *vfs;
@@ -33,6 +53,13 @@ int st_path_join(char *out, const char *dir, const char *name);
  * a checkpoint without a (valid) commit record through if its metadata decodes. */
 int st_dir_open(st_dir *d, const char *uri, int allow_incomplete);
 void st_dir_close(st_dir *d);
+/* st_dir_open that also returns the raw metadata bytes (malloc'd) for broadcasting. */
+int st_dir_open_raw(st_dir *d, const char *uri, int allow_incomplete, unsigned char **raw,
+                    size_t *rawlen);
+/* A committed checkpoint opened elsewhere: decodes and checks metadata received from the
+ * rank that read it. */
+int st_dir_adopt(st_dir *d, const char *uri, const st_commit *c, const unsigned char *meta,
+                 size_t mlen);
 /* The directory behind a public handle. */
 const st_dir *st_ckpt_dir(const strata_ckpt *ck);
 /* Is name a file strata writes into a checkpoint directory? */
@@ -47,5 +74,17 @@ int st_scan_dir(const st_vfs *v, const char *dir, int unlink, int *strata, int *
  * result is then STRATA_ECHECKSUM); without, the first bad chunk fails the call. */
 int st_exec_reads(const st_dir *d, const st_load_plan *p, int threads, int no_direct,
                   uint64_t max_io, strata_verify_cb report, void *ctx, uint64_t *bytes_read);
+
+/* The pieces of st_exec_reads, for the distributed load: open the data files the plan
+ * reads; do the reads list[0..n) into bufs[i] (each st_read_buf_bytes), verifying every
+ * chunk and scattering the runs of only_rank (-1: all ranks). */
+int st_open_data_files(const st_dir *d, const st_load_plan *p, int no_direct, st_file ***out);
+void st_close_data_files(const st_dir *d, const st_load_plan *p, st_file **files);
+int st_read_some(const st_dir *d, const st_load_plan *p, st_file **files, const size_t *list,
+                 size_t n, char **bufs, int threads, int only_rank);
+static inline size_t st_read_buf_bytes(const st_meta *m, uint64_t max_io)
+{
+    return (size_t)ST_ALIGN_UP(ST_MAX(max_io, m->chunk) + ST_ALIGN, ST_ALIGN);
+}
 
 #endif

@@ -17,8 +17,11 @@ typedef struct {
     const st_dir *d;
     const st_load_plan *p;
     st_file **files;    /* per metadata file, NULL if not needed */
+    const size_t *list; /* reads to do (NULL: all) */
+    char **bufs;        /* per listed read (NULL: per worker scratch in buf) */
     void **buf;         /* per worker */
     size_t bufsize;
+    int only_rank;      /* scatter only this rank's runs (-1: all) */
     strata_verify_cb report;
     void *ctx;
     pthread_mutex_t mu; /* serialises report calls */
@@ -45,13 +48,13 @@ static int run_read(void *arg, size_t task, int worker)
 {
     exec_ctx *x = arg;
     const st_load_plan *p = x->p;
-    const st_read *rd = &p->reads[task];
+    const st_read *rd = &p->reads[x->list ? x->list[task] : task];
     const st_meta *m = p->meta;
     const char *fname = m->files[rd->file].name;
     const uint64_t C = m->chunk;
-    if (!x->buf[worker] && !(x->buf[worker] = st_scratch_get(x->bufsize)))
+    if (!x->bufs && !x->buf[worker] && !(x->buf[worker] = st_scratch_get(x->bufsize)))
         return st_fail(STRATA_ENOMEM, "out of memory for a read buffer");
-    char *buf = x->buf[worker];
+    char *buf = x->bufs ? x->bufs[task] : x->buf[worker];
     int64_t got = st_vfs_read_full(x->d->vfs, x->files[rd->file], buf, rd->len, rd->off);
     if (got < 0)
         return st_fail(st_from_errno((int)-got), "reading '%s' at byte %llu: %s", fname,
@@ -102,7 +105,7 @@ static int run_read(void *arg, size_t task, int worker)
         }
         for (size_t r = a; r < p->run0[s->piece + 1] && p->runs[r].src < hi; r++) {
             const st_run *run = &p->runs[r];
-            if (run->rank < 0)
+            if (run->rank < 0 || (x->only_rank >= 0 && run->rank != x->only_rank))
                 continue;
             uint64_t x0 = ST_MAX(run->src, lo), x1 = ST_MIN(run->src + run->n, hi);
             if (x0 < x1)
@@ -113,49 +116,76 @@ static int run_read(void *arg, size_t task, int worker)
     return 0;
 }
 
-int st_exec_reads(const st_dir *d, const st_load_plan *p, int threads, int no_direct,
-                  uint64_t max_io, strata_verify_cb report, void *ctx, uint64_t *bytes_read)
+int st_open_data_files(const st_dir *d, const st_load_plan *p, int no_direct, st_file ***out)
 {
     const st_meta *m = p->meta;
     const st_vfs *v = d->vfs;
-    int nt = st_io_threads(threads);
-    exec_ctx x = {.d = d, .p = p, .report = report, .ctx = ctx};
-    x.bufsize = (size_t)ST_ALIGN_UP(ST_MAX(max_io, m->chunk) + ST_ALIGN, ST_ALIGN);
-    x.files = calloc(m->nfiles + 1, sizeof *x.files);
-    x.buf = calloc((size_t)nt, sizeof *x.buf);
-    int rc = 0;
-    if (!x.files || !x.buf) {
-        free(x.files);
-        free(x.buf);
+    st_file **files = calloc(m->nfiles + 1, sizeof *files);
+    if (!files)
         return st_fail(STRATA_ENOMEM, "out of memory");
-    }
-    pthread_mutex_init(&x.mu, NULL);
+    int rc = 0;
     for (size_t i = 0; i < p->nreads && !rc; i++) {
         uint32_t f = p->reads[i].file;
-        if (x.files[f])
+        if (files[f])
             continue;
         char path[PATH_MAX];
         if ((rc = st_path_join(path, d->path, m->files[f].name)))
             break;
-        int e = v->open(v, path, ST_O_READ | (no_direct ? 0 : ST_O_DIRECT), &x.files[f]);
+        int e = v->open(v, path, ST_O_READ | (no_direct ? 0 : ST_O_DIRECT), &files[f]);
         if (e) {
-            x.files[f] = NULL;
+            files[f] = NULL;
             rc = st_fail(e == -ENOENT ? STRATA_ENOENT : st_from_errno(-e),
                          "data file '%s' of checkpoint '%s' %s", m->files[f].name, d->path,
                          e == -ENOENT ? "is missing" : strerror(-e));
         }
     }
-    if (!rc)
-        rc = st_parallel(nt, p->nreads, run_read, &x);
+    if (rc) {
+        st_close_data_files(d, p, files);
+        return rc;
+    }
+    *out = files;
+    return 0;
+}
+
+void st_close_data_files(const st_dir *d, const st_load_plan *p, st_file **files)
+{
+    for (size_t f = 0; files && f < p->meta->nfiles; f++)
+        if (files[f])
+            d->vfs->close(files[f]);
+    free(files);
+}
+
+int st_read_some(const st_dir *d, const st_load_plan *p, st_file **files, const size_t *list,
+                 size_t n, char **bufs, int threads, int only_rank)
+{
+    exec_ctx x = {.d = d, .p = p, .files = files, .list = list, .bufs = bufs,
+                  .only_rank = only_rank};
+    return st_parallel(st_io_threads(threads), n, run_read, &x);
+}
+
+int st_exec_reads(const st_dir *d, const st_load_plan *p, int threads, int no_direct,
+                  uint64_t max_io, strata_verify_cb report, void *ctx, uint64_t *bytes_read)
+{
+    const st_meta *m = p->meta;
+    int nt = st_io_threads(threads);
+    exec_ctx x = {.d = d, .p = p, .report = report, .ctx = ctx, .only_rank = -1};
+    x.bufsize = st_read_buf_bytes(m, max_io);
+    x.buf = calloc((size_t)nt, sizeof *x.buf);
+    if (!x.buf)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    int rc = st_open_data_files(d, p, no_direct, &x.files);
+    if (rc) {
+        free(x.buf);
+        return rc;
+    }
+    pthread_mutex_init(&x.mu, NULL);
+    rc = st_parallel(nt, p->nreads, run_read, &x);
     if (!rc && x.bad)
         rc = st_fail(STRATA_ECHECKSUM, "%d corrupt chunk(s)", x.bad);
     for (int i = 0; i < nt; i++)
         st_scratch_put(x.buf[i], x.bufsize);
-    for (size_t f = 0; f < m->nfiles; f++)
-        if (x.files[f])
-            v->close(x.files[f]);
+    st_close_data_files(d, p, x.files);
     pthread_mutex_destroy(&x.mu);
-    free(x.files);
     free(x.buf);
     if (!rc && bytes_read)
         *bytes_read = p->payload_bytes;

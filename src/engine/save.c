@@ -87,7 +87,7 @@ static int make_parents(const st_vfs *v, const char *dir)
 /* Makes dir an empty directory for a new checkpoint: creates it (and its parents), or
  * clears an incomplete checkpoint there. Refuses a committed checkpoint and a directory
  * with foreign files. */
-static int prepare_dir(const st_vfs *v, const char *dir)
+int st_prepare_dir(const st_vfs *v, const char *dir)
 {
     int rc = make_parents(v, dir);
     if (rc)
@@ -140,7 +140,7 @@ static int write_small(const st_vfs *v, const char *dir, const char *name, const
     return 0;
 }
 
-static int commit(const st_vfs *v, const char *dir, const st_meta *m, int sync)
+int st_commit_dir(const st_vfs *v, const char *dir, const st_meta *m, int sync)
 {
     unsigned char *mbuf;
     size_t mlen;
@@ -231,14 +231,84 @@ static int layout_writes(st_load_plan *lay, const st_save_plan *sp)
     return 0;
 }
 
+int st_write_data(const st_vfs *v, const char *dir, const st_save_plan *sp,
+                  const strata_save_opts *o, uint64_t *io_calls)
+{
+    save_ctx x = {.v = v, .sp = sp, .dir = dir};
+    int nt = st_io_threads(o->io_threads);
+    int rc = layout_writes(&x.lay, sp);
+    if (rc)
+        return rc;
+    /* a write task spans up to SAVE_TASK_BYTES, or one whole chunk if chunks are larger */
+    x.bufsize = ST_MAX(SAVE_TASK_BYTES, sp->meta->chunk) + ST_ALIGN;
+    x.files = calloc(sp->meta->nfiles + 1, sizeof *x.files);
+    x.buf = calloc((size_t)nt, sizeof *x.buf);
+    if (!x.files || !x.buf)
+        rc = st_fail(STRATA_ENOMEM, "out of memory");
+    for (uint32_t f = 0; f < sp->meta->nfiles && !rc; f++) {
+        char p[PATH_MAX];
+        if ((rc = st_path_join(p, dir, sp->meta->files[f].name)))
+            break;
+        int e = v->open(v, p, ST_O_WRITE | (o->no_direct ? 0 : ST_O_DIRECT), &x.files[f]);
+        if (e) {
+            x.files[f] = NULL;
+            rc = st_fail(st_from_errno(-e), "creating '%s': %s", p, strerror(-e));
+            break;
+        }
+        /* reserve the space first: a full disk fails here, before any data is written */
+        e = v->allocate(x.files[f], sp->meta->files[f].bytes);
+        if (e && e != -EOPNOTSUPP)
+            rc = st_fail(st_from_errno(-e), "allocating %llu bytes for '%s': %s",
+                         (unsigned long long)sp->meta->files[f].bytes, p, strerror(-e));
+    }
+    if (!rc)
+        rc = st_parallel(nt, x.lay.nreads, run_write, &x);
+    for (uint32_t f = 0; x.files && f < sp->meta->nfiles; f++) {
+        if (!x.files[f])
+            continue;
+        int e = !rc && !o->no_sync ? v->sync(x.files[f]) : 0;
+        int ce = v->close(x.files[f]);
+        if (!rc && (e || ce))
+            rc = st_fail(st_from_errno(e ? -e : -ce), "syncing '%s/%s': %s", dir,
+                         sp->meta->files[f].name, strerror(e ? -e : -ce));
+    }
+    if (!rc && io_calls)
+        *io_calls = x.lay.nreads;
+    for (int i = 0; x.buf && i < nt; i++)
+        st_scratch_put(x.buf[i], x.bufsize);
+    free(x.buf);
+    free(x.files);
+    st_load_plan_free(&x.lay);
+    return rc;
+}
+
+void st_remove_failed(const st_vfs *v, const char *dir, int rmdir)
+{
+    /* the error message is kept: cleanup failures are not the story */
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", strata_error_last());
+    st_scan_dir(v, dir, 1, NULL, NULL, NULL);
+    if (rmdir)
+        v->rmdir(v, dir);
+    st_fail(0, "%s", msg);
+}
+
+int st_check_chunk(uint32_t chunk)
+{
+    if (chunk < 4096 || chunk > (64u << 20) || (chunk & (chunk - 1)))
+        return st_fail(STRATA_EINVAL, "chunk_bytes %u is not a power of two in 4 KiB..64 MiB",
+                       chunk);
+    return 0;
+}
+
 static int save_impl(const char *uri, strata_state *const *ranks, int nranks,
                      const strata_save_opts *o, strata_stats *stats)
 {
     double t0 = st_now();
     uint32_t chunk = o->chunk_bytes ? o->chunk_bytes : ST_DEFAULT_CHUNK;
-    if (chunk < 4096 || chunk > (64u << 20) || (chunk & (chunk - 1)))
-        return st_fail(STRATA_EINVAL, "chunk_bytes %u is not a power of two in 4 KiB..64 MiB",
-                       chunk);
+    int rc = st_check_chunk(chunk);
+    if (rc)
+        return rc;
     if (nranks < 1 || !ranks)
         return st_fail(STRATA_EINVAL, "save needs at least one rank state");
     st_rank_view *rv = calloc((size_t)nranks, sizeof *rv);
@@ -249,10 +319,10 @@ static int save_impl(const char *uri, strata_state *const *ranks, int nranks,
             free(rv);
             return st_fail(STRATA_EINVAL, "state of rank %d is NULL", r);
         }
-        rv[r] = (st_rank_view){ranks[r]->sh, ranks[r]->nsh, ranks[r]->bl, ranks[r]->nbl};
+        rv[r] = st_state_view(ranks[r]);
     }
     st_save_plan sp;
-    int rc = st_plan_save(&sp, rv, nranks, chunk, o->step);
+    rc = st_plan_save(&sp, rv, nranks, chunk, o->step);
     free(rv);
     if (rc)
         return rc;
@@ -262,80 +332,24 @@ static int save_impl(const char *uri, strata_state *const *ranks, int nranks,
         st_save_plan_free(&sp);
         return rc;
     }
-    save_ctx x = {.v = v, .sp = &sp, .dir = dir};
-    int nt = st_io_threads(o->io_threads);
-    int made_files = 0;
-    if ((rc = prepare_dir(v, dir)))
-        goto out;
-    if ((rc = layout_writes(&x.lay, &sp)))
-        goto out;
-    /* a write task spans up to SAVE_TASK_BYTES, or one whole chunk if chunks are larger */
-    x.bufsize = ST_MAX(SAVE_TASK_BYTES, sp.meta->chunk) + ST_ALIGN;
-    x.files = calloc(sp.meta->nfiles + 1, sizeof *x.files);
-    x.buf = calloc((size_t)nt, sizeof *x.buf);
-    if (!x.files || !x.buf) {
-        rc = st_fail(STRATA_ENOMEM, "out of memory");
-        goto out;
+    uint64_t calls = 0;
+    if ((rc = st_prepare_dir(v, dir)) == 0) {
+        rc = st_write_data(v, dir, &sp, o, &calls);
+        if (!rc)
+            rc = st_commit_dir(v, dir, sp.meta, !o->no_sync);
+        if (rc) /* a failed save leaves no half-written files behind */
+            st_remove_failed(v, dir, 1);
     }
-    made_files = 1;
-    for (uint32_t f = 0; f < sp.meta->nfiles && !rc; f++) {
-        char p[PATH_MAX];
-        if ((rc = st_path_join(p, dir, sp.meta->files[f].name)))
-            break;
-        int e = v->open(v, p, ST_O_WRITE | (o->no_direct ? 0 : ST_O_DIRECT), &x.files[f]);
-        if (e) {
-            x.files[f] = NULL;
-            rc = st_fail(st_from_errno(-e), "creating '%s': %s", p, strerror(-e));
-            break;
-        }
-        /* reserve the space first: a full disk fails here, before any data is written */
-        e = v->allocate(x.files[f], sp.meta->files[f].bytes);
-        if (e && e != -EOPNOTSUPP)
-            rc = st_fail(st_from_errno(-e), "allocating %llu bytes for '%s': %s",
-                         (unsigned long long)sp.meta->files[f].bytes, p, strerror(-e));
-    }
-    if (!rc)
-        rc = st_parallel(nt, x.lay.nreads, run_write, &x);
-    for (uint32_t f = 0; f < sp.meta->nfiles; f++) {
-        if (!x.files[f])
-            continue;
-        int e = 0;
-        if (!rc) {
-            if (!o->no_sync)
-                e = v->sync(x.files[f]);
-        }
-        int ce = v->close(x.files[f]);
-        if (!rc && (e || ce))
-            rc = st_fail(st_from_errno(e ? -e : -ce), "syncing '%s/%s': %s", dir,
-                         sp.meta->files[f].name, strerror(e ? -e : -ce));
-    }
-    if (!rc)
-        rc = commit(v, dir, sp.meta, !o->no_sync);
     if (!rc && stats) {
         *stats = (strata_stats){.data_bytes = sp.meta->data_bytes,
                                 .bytes = sp.meta->data_bytes,
-                                .io_calls = x.lay.nreads,
+                                .all_bytes = sp.meta->data_bytes,
+                                .io_calls = calls,
                                 .max_writer_bytes = sp.max_writer_bytes,
                                 .balance_bound = sp.writer_bytes_bound,
                                 .writers = (uint64_t)sp.nwriters};
         stats->seconds = st_now() - t0;
     }
-out:
-    if (rc && made_files) {
-        /* a failed save leaves no half-written files behind; the directory stays
-         * visibly incomplete (no commit record) if removal fails too */
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", strata_error_last());
-        st_scan_dir(v, dir, 1, NULL, NULL, NULL);
-        v->rmdir(v, dir);
-        st_fail(rc, "%s", msg);
-    }
-    if (x.buf)
-        for (int i = 0; i < nt; i++)
-            st_scratch_put(x.buf[i], x.bufsize);
-    free(x.buf);
-    free(x.files);
-    st_load_plan_free(&x.lay);
     st_save_plan_free(&sp);
     st_vfs_release(v);
     return rc;

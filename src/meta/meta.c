@@ -106,16 +106,17 @@ int st_plain_name(const char *name, size_t len)
 
 static void rd_extent(st_rd *r, st_meta *m, st_extent *e, uint64_t bytes, int with_bytes)
 {
-    e->file = (uint32_t)st_rd_var(r);
+    uint64_t file = st_rd_var(r); /* checked before narrowing: 2^32 must not alias file 0 */
     uint64_t blk = st_rd_var(r);
     if (with_bytes)
         bytes = st_rd_var(r);
     if (r->err)
         return;
-    if (e->file >= m->nfiles) {
+    if (file >= m->nfiles) {
         st_rd_fail(r, "extent names a file index out of range");
         return;
     }
+    e->file = (uint32_t)file;
     if (blk > UINT64_MAX / ST_ALIGN) {
         st_rd_fail(r, "extent offset overflows");
         return;

@@ -1,0 +1,262 @@
+/* comm.c - communicators: the single-process one, host callbacks, and the collectives
+ * the engine uses, built on allgather / alltoallv / bcast. */
+#include "comm.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/error.h"
+
+/* ---- single process ---- */
+
+static int self_allgather(void *ctx, const void *send, size_t n, void *recv)
+{
+    (void)ctx;
+    if (n)
+        memmove(recv, send, n);
+    return 0;
+}
+
+static int self_alltoallv(void *ctx, const void *send, const size_t *sc, void *recv,
+                          const size_t *rc)
+{
+    (void)ctx;
+    if (sc[0] != rc[0])
+        return STRATA_EINVAL;
+    if (sc[0])
+        memmove(recv, send, sc[0]);
+    return 0;
+}
+
+static int self_bcast(void *ctx, void *buf, size_t n, int root)
+{
+    (void)ctx, (void)buf, (void)n, (void)root;
+    return 0;
+}
+
+static const strata_comm_ops self_ops = {STRATA_COMM_OPS_VERSION, self_allgather,
+                                         self_alltoallv, self_bcast};
+
+int strata_comm_self(strata_comm **out)
+{
+    return strata_comm_host(out, &self_ops, NULL, 0, 1);
+}
+
+int strata_comm_host(strata_comm **out, const strata_comm_ops *ops, void *ctx, int rank,
+                     int size)
+{
+    *out = NULL;
+    if (!ops || ops->version != STRATA_COMM_OPS_VERSION || !ops->allgather || !ops->alltoallv ||
+        !ops->bcast)
+        return st_fail(STRATA_EINVAL, "communicator ops are missing or of another version");
+    if (size < 1 || rank < 0 || rank >= size)
+        return st_fail(STRATA_EINVAL, "rank %d of %d is not a rank", rank, size);
+    strata_comm *c = calloc(1, sizeof *c);
+    if (!c)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    c->ops = *ops;
+    c->ctx = ctx;
+    c->rank = rank;
+    c->size = size;
+    c->timeout_ms = 300000;
+    *out = c;
+    return 0;
+}
+
+void strata_comm_free(strata_comm *c)
+{
+    if (!c)
+        return;
+    if (c->cache_free)
+        c->cache_free(c->cache);
+    if (c->destroy)
+        c->destroy(c->ctx);
+    free(c);
+}
+
+int strata_comm_rank(const strata_comm *c) { return c->rank; }
+int strata_comm_size(const strata_comm *c) { return c->size; }
+void strata_comm_set_timeout(strata_comm *c, int ms) { c->timeout_ms = ms < 0 ? 0 : ms; }
+
+/* ---- collectives ---- */
+
+static int check(strata_comm *c, int rc, const char *what)
+{
+    if (rc == 0)
+        return 0;
+    c->broken = 1;
+    const char *m = strata_error_last();
+    if (m && *m)
+        return st_wrap(STRATA_EABORTED, "%s failed on rank %d", what, c->rank);
+    return st_fail(STRATA_EABORTED, "%s failed on rank %d (%s)", what, c->rank,
+                   strata_error_name(rc));
+}
+
+static int usable(strata_comm *c)
+{
+    return c->broken ? st_fail(STRATA_EABORTED, "the communicator failed earlier (rank %d)",
+                               c->rank)
+                     : 0;
+}
+
+int st_allgather(strata_comm *c, const void *send, size_t n, void *recv)
+{
+    int rc = usable(c);
+    if (rc)
+        return rc;
+    st_clear_error();
+    return check(c, c->ops.allgather(c->ctx, send, n, recv), "allgather");
+}
+
+int st_alltoallv(strata_comm *c, const void *send, const size_t *scounts, void *recv,
+                 const size_t *rcounts)
+{
+    int rc = usable(c);
+    if (rc)
+        return rc;
+    st_clear_error();
+    return check(c, c->ops.alltoallv(c->ctx, send, scounts, recv, rcounts), "alltoallv");
+}
+
+int st_bcast(strata_comm *c, void *buf, size_t n, int root)
+{
+    int rc = usable(c);
+    if (rc)
+        return rc;
+    st_clear_error();
+    return check(c, c->ops.bcast(c->ctx, buf, n, root), "bcast");
+}
+
+int st_all_true(strata_comm *c, int flag, int *all)
+{
+    unsigned char mine = flag != 0, *v = malloc((size_t)c->size);
+    if (!v)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    int rc = st_allgather(c, &mine, 1, v);
+    *all = 1;
+    for (int r = 0; !rc && r < c->size; r++)
+        *all &= v[r];
+    free(v);
+    return rc;
+}
+
+static int gather_sizes(strata_comm *c, size_t n, size_t *counts)
+{
+    uint64_t mine = n, *all = malloc((size_t)c->size * 8);
+    if (!all)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    int rc = st_allgather(c, &mine, 8, all);
+    for (int r = 0; !rc && r < c->size; r++)
+        counts[r] = (size_t)all[r];
+    free(all);
+    return rc;
+}
+
+/* alltoallv where this rank sends the same n bytes to rank only_to (to all if -1). */
+static int exchange(strata_comm *c, const void *send, size_t n, int only_to, const size_t *rcounts,
+                    unsigned char **recv)
+{
+    size_t *sc = calloc((size_t)c->size, sizeof *sc), total = 0;
+    if (!sc)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    for (int r = 0; r < c->size; r++)
+        total += rcounts[r];
+    unsigned char *sbuf = NULL, *rbuf = malloc(total ? total : 1);
+    int rc = 0;
+    size_t nsend = only_to >= 0 ? 1 : (size_t)c->size;
+    if (!rbuf || !(sbuf = malloc(n * nsend + 1))) {
+        rc = st_fail(STRATA_ENOMEM, "out of memory");
+    } else {
+        for (int r = 0; r < c->size; r++)
+            if (only_to < 0 || r == only_to)
+                sc[r] = n;
+        for (size_t i = 0; i < nsend; i++)
+            if (n)
+                memcpy(sbuf + i * n, send, n);
+        rc = st_alltoallv(c, sbuf, sc, rbuf, rcounts);
+    }
+    free(sc);
+    free(sbuf);
+    if (rc) {
+        free(rbuf);
+        return rc;
+    }
+    *recv = rbuf;
+    return 0;
+}
+
+int st_allgatherv(strata_comm *c, const void *send, size_t n, unsigned char **recv,
+                  size_t *counts)
+{
+    *recv = NULL;
+    int rc = gather_sizes(c, n, counts);
+    return rc ? rc : exchange(c, send, n, -1, counts, recv);
+}
+
+int st_gatherv(strata_comm *c, const void *send, size_t n, int root, unsigned char **recv,
+               size_t *counts)
+{
+    *recv = NULL;
+    int rc = gather_sizes(c, n, counts);
+    if (rc)
+        return rc;
+    size_t *rcounts = calloc((size_t)c->size, sizeof *rcounts);
+    if (!rcounts)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    if (c->rank == root)
+        memcpy(rcounts, counts, (size_t)c->size * sizeof *counts);
+    unsigned char *buf = NULL;
+    rc = exchange(c, send, n, root, rcounts, &buf);
+    free(rcounts);
+    if (rc)
+        return rc;
+    if (c->rank == root)
+        *recv = buf;
+    else
+        free(buf);
+    return 0;
+}
+
+int st_scatterv(strata_comm *c, const void *send, const size_t *counts, int root,
+                unsigned char **recv, size_t *n)
+{
+    *recv = NULL;
+    size_t P = (size_t)c->size;
+    size_t *sc = calloc(P, sizeof *sc), *rcv = calloc(P, sizeof *rcv);
+    uint64_t *sizes = malloc(P * 8), mine = 0;
+    unsigned char *buf = NULL;
+    int rc = 0;
+    if (!sc || !rcv || !sizes) {
+        rc = st_fail(STRATA_ENOMEM, "out of memory");
+        goto out;
+    }
+    /* 1: the sizes, 8 bytes from root to each rank */
+    if (c->rank == root)
+        for (size_t r = 0; r < P; r++) {
+            sizes[r] = counts[r];
+            sc[r] = 8;
+        }
+    rcv[root] = 8;
+    if ((rc = st_alltoallv(c, sizes, sc, &mine, rcv)))
+        goto out;
+    /* 2: the bytes */
+    if (c->rank == root)
+        for (size_t r = 0; r < P; r++)
+            sc[r] = counts[r];
+    rcv[root] = (size_t)mine;
+    if (!(buf = malloc(mine ? mine : 1))) {
+        rc = st_fail(STRATA_ENOMEM, "out of memory");
+        goto out;
+    }
+    if ((rc = st_alltoallv(c, send, sc, buf, rcv)))
+        goto out;
+    *recv = buf;
+    *n = (size_t)mine;
+    buf = NULL;
+out:
+    free(sc);
+    free(rcv);
+    free(sizes);
+    free(buf);
+    return rc;
+}

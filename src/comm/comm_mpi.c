@@ -1,0 +1,144 @@
+/* comm_mpi.c - the MPI communicator (MPICH). Every collective is nonblocking underneath
+ * and polled against the communicator's time limit, so a dead peer makes the call return
+ * STRATA_EABORTED instead of hanging. Errors are returned, never fatal
+ * (MPI_ERRORS_RETURN on a private duplicate of the caller's communicator). */
+#include <limits.h>
+#include <mpi.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "../core/error.h"
+#include "../core/util.h"
+#include "comm.h"
+
+typedef struct {
+    MPI_Comm comm;
+    strata_comm *owner; /* for the time limit */
+    int *ic;            /* 4 * size ints: counts and displacements */
+} mpi_ctx;
+
+static int mpi_err(int e, const char *what)
+{
+    char s[MPI_MAX_ERROR_STRING];
+    int n = 0;
+    MPI_Error_string(e, s, &n);
+    return st_fail(STRATA_EABORTED, "MPI %s: %s", what, s);
+}
+
+/* Polls req until done or the time limit passes. */
+static int wait_for(mpi_ctx *m, MPI_Request *req, const char *what)
+{
+    double limit = m->owner->timeout_ms > 0 ? st_now() + m->owner->timeout_ms / 1000.0 : 0;
+    long sleep_ns = 1000;
+    for (;;) {
+        int done = 0;
+        int e = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (e != MPI_SUCCESS)
+            return mpi_err(e, what);
+        if (done)
+            return 0;
+        if (limit && st_now() > limit)
+            return st_fail(STRATA_EABORTED,
+                           "MPI %s: no answer from the other ranks within %d ms (a rank died "
+                           "or stopped)",
+                           what, m->owner->timeout_ms);
+        struct timespec ts = {0, sleep_ns};
+        nanosleep(&ts, NULL);
+        if (sleep_ns < 1000000)
+            sleep_ns *= 2;
+    }
+}
+
+static int m_allgather(void *ctx, const void *send, size_t n, void *recv)
+{
+    mpi_ctx *m = ctx;
+    if (n > INT_MAX)
+        return st_fail(STRATA_EINVAL, "MPI allgather of %zu bytes is too large", n);
+    MPI_Request req;
+    int e = MPI_Iallgather(send, (int)n, MPI_BYTE, recv, (int)n, MPI_BYTE, m->comm, &req);
+    return e != MPI_SUCCESS ? mpi_err(e, "allgather") : wait_for(m, &req, "allgather");
+}
+
+static int m_alltoallv(void *ctx, const void *send, const size_t *sc, void *recv,
+                       const size_t *rc)
+{
+    mpi_ctx *m = ctx;
+    int P;
+    MPI_Comm_size(m->comm, &P);
+    int *scnt = m->ic, *sdis = m->ic + P, *rcnt = m->ic + 2 * P, *rdis = m->ic + 3 * P;
+    size_t so = 0, ro = 0;
+    for (int r = 0; r < P; r++) {
+        if (sc[r] > INT_MAX || rc[r] > INT_MAX || so > INT_MAX || ro > INT_MAX)
+            return st_fail(STRATA_EINVAL, "MPI alltoallv: more than 2 GiB in one exchange");
+        scnt[r] = (int)sc[r];
+        sdis[r] = (int)so;
+        rcnt[r] = (int)rc[r];
+        rdis[r] = (int)ro;
+        so += sc[r];
+        ro += rc[r];
+    }
+    MPI_Request req;
+    int e = MPI_Ialltoallv(send, scnt, sdis, MPI_BYTE, recv, rcnt, rdis, MPI_BYTE, m->comm, &req);
+    return e != MPI_SUCCESS ? mpi_err(e, "alltoallv") : wait_for(m, &req, "alltoallv");
+}
+
+static int m_bcast(void *ctx, void *buf, size_t n, int root)
+{
+    mpi_ctx *m = ctx;
+    char *p = buf;
+    while (n) { /* in pieces below 2 GiB */
+        int k = n > (1u << 30) ? 1 << 30 : (int)n;
+        MPI_Request req;
+        int e = MPI_Ibcast(p, k, MPI_BYTE, root, m->comm, &req);
+        if (e != MPI_SUCCESS)
+            return mpi_err(e, "bcast");
+        if ((e = wait_for(m, &req, "bcast")))
+            return e;
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+static const strata_comm_ops mpi_ops = {STRATA_COMM_OPS_VERSION, m_allgather, m_alltoallv,
+                                        m_bcast};
+
+static void m_destroy(void *ctx)
+{
+    mpi_ctx *m = ctx;
+    MPI_Comm_free(&m->comm);
+    free(m->ic);
+    free(m);
+}
+
+int strata_comm_mpi(strata_comm **out, const void *mpi_comm)
+{
+    *out = NULL;
+    int init = 0;
+    MPI_Initialized(&init);
+    if (!init)
+        return st_fail(STRATA_EINVAL, "MPI is not initialised");
+    MPI_Comm base = mpi_comm ? *(const MPI_Comm *)mpi_comm : MPI_COMM_WORLD;
+    mpi_ctx *m = calloc(1, sizeof *m);
+    if (!m)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    int e = MPI_Comm_dup(base, &m->comm);
+    if (e != MPI_SUCCESS) {
+        free(m);
+        return mpi_err(e, "comm_dup");
+    }
+    MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
+    int rank, size;
+    MPI_Comm_rank(m->comm, &rank);
+    MPI_Comm_size(m->comm, &size);
+    m->ic = malloc(4 * (size_t)size * sizeof *m->ic);
+    int rc = m->ic ? strata_comm_host(out, &mpi_ops, m, rank, size)
+                   : st_fail(STRATA_ENOMEM, "out of memory");
+    if (rc) {
+        m_destroy(m);
+        return rc;
+    }
+    m->owner = *out;
+    (*out)->destroy = m_destroy;
+    return 0;
+}
