@@ -1,0 +1,334 @@
+/* test_dist.c - strata_save_dist / strata_load_dist with ranks as threads of this process,
+ * joined by a host communicator (strata_comm_host) built on a pthread barrier: resharding
+ * across world sizes, read-once loading, plan caching, and failure on one rank. */
+#include <pthread.h>
+
+#include "testutil.h"
+
+/* ---- a communicator of threads ---- */
+
+typedef struct {
+    int size;
+    pthread_barrier_t bar;
+    const void **send;      /* per rank, published for one collective */
+    const size_t **scounts; /* alltoallv: per rank */
+} hub;
+
+typedef struct {
+    hub *h;
+    int rank;
+} tcomm;
+
+static int t_allgather(void *ctx, const void *send, size_t n, void *recv)
+{
+    tcomm *c = ctx;
+    hub *h = c->h;
+    h->send[c->rank] = send;
+    pthread_barrier_wait(&h->bar);
+    for (int r = 0; r < h->size; r++)
+        if (n)
+            memcpy((char *)recv + (size_t)r * n, h->send[r], n);
+    pthread_barrier_wait(&h->bar);
+    return 0;
+}
+
+static int t_alltoallv(void *ctx, const void *send, const size_t *sc, void *recv,
+                       const size_t *rc)
+{
+    tcomm *c = ctx;
+    hub *h = c->h;
+    h->send[c->rank] = send;
+    h->scounts[c->rank] = sc;
+    pthread_barrier_wait(&h->bar);
+    int bad = 0;
+    size_t at = 0;
+    for (int s = 0; s < h->size; s++) {
+        size_t off = 0;
+        for (int d = 0; d < c->rank; d++)
+            off += h->scounts[s][d];
+        if (h->scounts[s][c->rank] != rc[s])
+            bad = 1;
+        else if (rc[s])
+            memcpy((char *)recv + at, (const char *)h->send[s] + off, rc[s]);
+        at += rc[s];
+    }
+    pthread_barrier_wait(&h->bar);
+    return bad ? STRATA_EINVAL : 0;
+}
+
+static int t_bcast(void *ctx, void *buf, size_t n, int root)
+{
+    tcomm *c = ctx;
+    hub *h = c->h;
+    if (c->rank == root)
+        h->send[root] = buf;
+    pthread_barrier_wait(&h->bar);
+    if (c->rank != root && n)
+        memcpy(buf, h->send[root], n);
+    pthread_barrier_wait(&h->bar);
+    return 0;
+}
+
+static const strata_comm_ops tops = {STRATA_COMM_OPS_VERSION, t_allgather, t_alltoallv, t_bcast};
+
+typedef struct {
+    hub h;
+    tcomm *tc;
+    strata_comm **comm;
+} world;
+
+static void world_init(world *w, int n)
+{
+    w->h.size = n;
+    pthread_barrier_init(&w->h.bar, NULL, (unsigned)n);
+    w->h.send = calloc((size_t)n, sizeof *w->h.send);
+    w->h.scounts = calloc((size_t)n, sizeof *w->h.scounts);
+    w->tc = calloc((size_t)n, sizeof *w->tc);
+    w->comm = calloc((size_t)n, sizeof *w->comm);
+    for (int r = 0; r < n; r++) {
+        w->tc[r] = (tcomm){&w->h, r};
+        assert_ok(strata_comm_host(&w->comm[r], &tops, &w->tc[r], r, n));
+    }
+}
+
+static void world_free(world *w)
+{
+    for (int r = 0; r < w->h.size; r++)
+        strata_comm_free(w->comm[r]);
+    pthread_barrier_destroy(&w->h.bar);
+    free(w->h.send);
+    free(w->h.scounts);
+    free(w->tc);
+    free(w->comm);
+}
+
+/* ---- running a distributed call on every rank ---- */
+
+typedef struct {
+    world *w;
+    int rank, save;
+    const char *uri; /* per rank: normally the same */
+    tu_set *set;
+    strata_save_opts so;
+    int rc;
+    char msg[1024];
+    strata_stats stats;
+} job;
+
+static void *run_job(void *p)
+{
+    job *j = p;
+    if (j->save)
+        j->rc = strata_save_dist(j->w->comm[j->rank], j->uri, j->set->st[j->rank], &j->so,
+                                 &j->stats);
+    else
+        j->rc = strata_load_dist(j->w->comm[j->rank], j->uri, j->set->st[j->rank], NULL,
+                                 &j->stats);
+    snprintf(j->msg, sizeof j->msg, "%s", strata_error_last());
+    return NULL;
+}
+
+/* Runs save (or load) on every rank of w, each with uris[r] (or uri); results in jobs. */
+static void run_all(world *w, int save, const char *uri, const char **uris, tu_set *set,
+                    job *jobs)
+{
+    int n = w->h.size;
+    pthread_t *th = calloc((size_t)n, sizeof *th);
+    for (int r = 0; r < n; r++) {
+        jobs[r] = (job){w, r, save, uris ? uris[r] : uri, set, STRATA_SAVE_OPTS_INIT, 0, "", {0}};
+        jobs[r].so.no_sync = 1;
+        jobs[r].so.chunk_bytes = 4096;
+        jobs[r].so.step = 9;
+        assert_int_equal(pthread_create(&th[r], NULL, run_job, &jobs[r]), 0);
+    }
+    for (int r = 0; r < n; r++)
+        pthread_join(th[r], NULL);
+    free(th);
+}
+
+static void expect_all_ok(const job *jobs, int n)
+{
+    for (int r = 0; r < n; r++)
+        if (jobs[r].rc)
+            fail_msg("rank %d: %s: %s", r, strata_error_name(jobs[r].rc), jobs[r].msg);
+}
+
+static char base[512];
+static const uint64_t xs_one[] = {1};
+
+/* The model: a [37, 23] f32 weight split by rows over tp, a [23] bias replicated, a
+ * [101] bf16 vector flat-sharded (ZeRO) over the dp ranks, a global and a per-rank blob. */
+static const uint64_t wshape[] = {37, 23}, bshape[] = {23}, zshape[] = {101};
+
+static void layout(tu_set *s, int tp, int dp, int fill)
+{
+    tu_set_init(s, tp * dp);
+    for (int r = 0; r < tp * dp; r++) {
+        int t = r % tp, d = r / tp;
+        uint64_t off[] = {37 * (uint64_t)t / (uint64_t)tp, 0};
+        uint64_t len[] = {37 * (uint64_t)(t + 1) / (uint64_t)tp - off[0], 23};
+        tu_set_shard(s, r, "w", STRATA_F32, 2, wshape, off, len, 0, 0, 0, fill);
+        tu_set_shard(s, r, "b", STRATA_F32, 1, bshape, NULL, NULL, 0, 0, 0, fill);
+        uint64_t zs = 101 * (uint64_t)r / (uint64_t)(tp * dp);
+        uint64_t ze = 101 * (uint64_t)(r + 1) / (uint64_t)(tp * dp);
+        tu_set_shard(s, r, "z", STRATA_BF16, 1, zshape, NULL, NULL, 1, zs, ze, fill);
+        (void)d;
+        tu_set_blob(s, r, "cfg", 0, -1, 33, fill);
+    }
+}
+
+static void save_world(const char *ck, int tp, int dp, tu_set *src, job *jobs)
+{
+    world w;
+    world_init(&w, tp * dp);
+    layout(src, tp, dp, 1);
+    for (int r = 0; r < tp * dp; r++)
+        tu_set_blob(src, r, "rng", 1, 0, 17 + (uint64_t)r, 1);
+    run_all(&w, 1, ck, NULL, src, jobs);
+    world_free(&w);
+}
+
+static void test_reshard(void **state)
+{
+    (void)state;
+    static const int pairs[][4] = {{2, 2, 1, 3}, {2, 2, 3, 1}, {4, 1, 1, 1}, {1, 3, 2, 2},
+                                   {3, 1, 1, 4}, {1, 1, 2, 3}};
+    for (size_t k = 0; k < sizeof pairs / sizeof pairs[0]; k++) {
+        char ck[600];
+        snprintf(ck, sizeof ck, "%s/reshard%zu", base, k);
+        int tp = pairs[k][0], dp = pairs[k][1], tp2 = pairs[k][2], dp2 = pairs[k][3];
+        tu_set src, dst;
+        job jobs[16];
+        save_world(ck, tp, dp, &src, jobs);
+        expect_all_ok(jobs, tp * dp);
+        uint64_t data = jobs[0].stats.all_bytes;
+        /* load on another world size; every rank also asks for the rng of the old ranks
+         * r, r + n2, ... so that every saved byte is requested */
+        world w;
+        world_init(&w, tp2 * dp2);
+        layout(&dst, tp2, dp2, 0);
+        for (int o = 0; o < tp * dp; o++)
+            tu_set_blob(&dst, o % (tp2 * dp2), "rng", 1, o, 17 + (uint64_t)o, 0);
+        run_all(&w, 0, ck, NULL, &dst, jobs);
+        expect_all_ok(jobs, tp2 * dp2);
+        assert_int_equal(tu_set_check(&dst), 0);
+        /* read once: the bytes read over all ranks are the saved bytes, whatever dp */
+        assert_int_equal(jobs[0].stats.all_bytes, data);
+        world_free(&w);
+        tu_set_free(&src);
+        tu_set_free(&dst);
+        tu_rmrf(ck);
+    }
+}
+
+static void test_plan_cache(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 4);
+    tu_set a;
+    layout(&a, 2, 2, 1);
+    job jobs[4];
+    char ck[600];
+    for (int i = 0; i < 3; i++) {
+        snprintf(ck, sizeof ck, "%s/cache%d", base, i);
+        run_all(&w, 1, ck, NULL, &a, jobs);
+        expect_all_ok(jobs, 4);
+        for (int r = 0; r < 4; r++)
+            assert_int_equal(jobs[r].stats.plan_cached, i > 0); /* miss, then hits */
+    }
+    /* a cached save still saves the current values */
+    tu_set d;
+    layout(&d, 1, 1, 0);
+    assert_ok(strata_load(ck, d.st, 1, NULL, NULL));
+    assert_int_equal(tu_set_check(&d), 0);
+    tu_set_free(&d);
+    /* one rank's layout changes (rank 2 also saves an extra tensor): the cache misses */
+    uint64_t xs[] = {5};
+    tu_set_shard(&a, 2, "extra", STRATA_I32, 1, xs, NULL, NULL, 0, 0, 0, 1);
+    snprintf(ck, sizeof ck, "%s/cache-changed", base);
+    run_all(&w, 1, ck, NULL, &a, jobs);
+    expect_all_ok(jobs, 4);
+    for (int r = 0; r < 4; r++)
+        assert_int_equal(jobs[r].stats.plan_cached, 0);
+    layout(&d, 1, 1, 0);
+    tu_set_shard(&d, 0, "extra", STRATA_I32, 1, xs, NULL, NULL, 0, 0, 0, 0);
+    assert_ok(strata_load(ck, d.st, 1, NULL, NULL));
+    assert_int_equal(tu_set_check(&d), 0);
+    tu_set_free(&d);
+    tu_set_free(&a);
+    world_free(&w);
+}
+
+static void test_rank_failure(void **state)
+{
+    (void)state;
+    char prev[600], ck[600], bad[700];
+    snprintf(prev, sizeof prev, "%s/fail-prev", base);
+    snprintf(ck, sizeof ck, "%s/fail-new", base);
+    tu_set src;
+    job jobs[4];
+    save_world(prev, 2, 2, &src, jobs);
+    expect_all_ok(jobs, 4);
+    /* rank 1's writes fail: every rank learns it, nothing is committed */
+    snprintf(bad, sizeof bad, "fault+file://%s?op=write&n=1&errno=EIO", ck);
+    const char *uris[4] = {ck, bad, ck, ck};
+    world w;
+    world_init(&w, 4);
+    run_all(&w, 1, NULL, uris, &src, jobs);
+    for (int r = 0; r < 4; r++) {
+        assert_int_equal(jobs[r].rc, STRATA_EIO);
+        if (r != 1 && !strstr(jobs[r].msg, "rank 1"))
+            fail_msg("rank %d's message does not name rank 1: %s", r, jobs[r].msg);
+    }
+    char c[700];
+    tu_join(c, ck, "COMMIT");
+    assert_false(tu_exists(c));
+    strata_probe_info pi;
+    assert_ok(strata_probe(ck, &pi));
+    assert_false(pi.committed);
+    /* the previous checkpoint is intact; a retry succeeds */
+    tu_set d;
+    layout(&d, 1, 1, 0);
+    assert_ok(strata_load(prev, d.st, 1, NULL, NULL));
+    assert_int_equal(tu_set_check(&d), 0);
+    tu_set_free(&d);
+    run_all(&w, 1, ck, NULL, &src, jobs);
+    expect_all_ok(jobs, 4);
+    /* a request for a missing tensor on one rank fails the load on every rank */
+    world w3;
+    world_init(&w3, 3);
+    layout(&d, 3, 1, 0);
+    tu_set_shard(&d, 2, "nope", STRATA_U8, 1, xs_one, NULL, NULL, 0, 0, 0, 0);
+    run_all(&w3, 0, ck, NULL, &d, jobs);
+    for (int r = 0; r < 3; r++)
+        assert_int_equal(jobs[r].rc, STRATA_ENOTFOUND);
+    tu_set_free(&d);
+    world_free(&w3);
+    world_free(&w);
+    tu_set_free(&src);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    tu_tmpdir(base, sizeof base, "dist");
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    tu_rmrf(base);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_reshard),
+        cmocka_unit_test(test_plan_cache),
+        cmocka_unit_test(test_rank_failure),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
