@@ -38,7 +38,7 @@ $(BUILD)/obj/%.o: %.c | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/obj/src/comm/comm_mpi.o: CFLAGS += $(MPI_CFLAGS)
+$(BUILD)/obj/src/comm/comm_mpi.o $(BUILD)/obj/src/cli/demo_mpi.o: CFLAGS += $(MPI_CFLAGS)
 
 $(BUILD)/libstrata.a: $(LIB_OBJ)
 	@rm -f $@

@@ -15,6 +15,8 @@ long long cli_parse_num(const char *s);
 int cli_wants_help(int argc, char **argv);
 
 int cmd_demo(int argc, char **argv);
+/* `demo save` / `demo load` under MPI (demo_mpi.c); argv[1] is "save" or "load". */
+int cmd_demo_mpi(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_ls(int argc, char **argv);

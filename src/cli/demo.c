@@ -231,6 +231,7 @@ static const char *drop_cache(const char *dir)
 
 static const char DEMO_HELP[] =
     "usage: strata demo [--dir D] [--size-mb N] [--from LAYOUT] [--to LAYOUT] [--step N]\n"
+    "       mpiexec.mpich -n N strata demo save|load --dir D --layout L   (see demo save --help)\n"
     "\n"
     "Builds a synthetic GPT-style training state (bf16 embeddings and per-layer qkv, proj,\n"
     "mlp and norm weights with odd sizes, plus fp32 master weights and Adam exp_avg and\n"
@@ -335,6 +336,8 @@ static int make_dir(char *out, size_t cap, const char *dir, int *temp)
 
 int cmd_demo(int argc, char **argv)
 {
+    if (argc > 1 && (strcmp(argv[1], "save") == 0 || strcmp(argv[1], "load") == 0))
+        return cmd_demo_mpi(argc, argv);
     demo_args a = {NULL, 256, 1000, 1, "tp=2,pp=2,dp=2,zero=1", "tp=1,pp=3,dp=2"};
     int rc = parse_args(argc, argv, &a, 0, "demo", DEMO_HELP);
     if (rc)

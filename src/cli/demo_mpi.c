@@ -1,0 +1,319 @@
+/* demo_mpi.c - `strata demo save` and `strata demo load`: the demo state saved or loaded
+ * by N processes (mpiexec.mpich -n N build/strata demo save ...), one rank each, through
+ * strata_save_dist / strata_load_dist on an MPI communicator. */
+#include <mpi.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "synth.h"
+
+#define RNG_BYTES 5003
+#define LOADER_BYTES 777
+
+static const char HELP[] =
+    "usage: mpiexec.mpich -n N build/strata demo save --dir D --layout L [options]\n"
+    "       mpiexec.mpich -n M build/strata demo load --dir D --layout L2 [options]\n"
+    "\n"
+    "The demo's synthetic GPT-style state saved, or loaded and checked bitwise, by N MPI\n"
+    "processes, one rank each (N must equal tp*pp*dp of the layout). save writes one data\n"
+    "file per writing rank; the coordinator (rank 0) plans and commits. load reads each\n"
+    "saved chunk once, on one of the ranks that need it, and sends it to the others.\n"
+    "\n"
+    "  --dir D          the checkpoint (required)\n"
+    "  --layout L       tp=T,pp=P,dp=D[,zero=1] (default tp=1,pp=1,dp=N)\n"
+    "  --size-mb N      size of the distinct state in MiB (default 64; save and load must agree)\n"
+    "  --step N         training step recorded (save; default 1000)\n"
+    "  --repeat K       save K times, to D, D.2, ... D.K (shows the plan cache; default 1)\n"
+    "  --timeout-ms T   give up on ranks that do not answer within T ms (default 60000)\n"
+    "\n"
+    "Rank 0 prints the one-process demo's last line:\n"
+    "  saved_bytes=N read_bytes=N save_gbps=X load_gbps=X ok=1\n"
+    "with bytes summed over all ranks. A dead rank makes the others stop with\n"
+    "STRATA_EABORTED after the time limit (run mpiexec with -disable-auto-cleanup to see\n"
+    "them do so rather than be killed by mpiexec).\n";
+
+typedef struct {
+    const char *dir, *layout;
+    long long size_mb, step, repeat, timeout_ms;
+} args;
+
+static int parse(int argc, char **argv, args *a, int world)
+{
+    static char def[64];
+    snprintf(def, sizeof def, "tp=1,pp=1,dp=%d", world);
+    *a = (args){NULL, def, 64, 1000, 1, 60000};
+    for (int i = 2; i < argc; i += 2) {
+        const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long long n = v ? cli_parse_num(v) : -1;
+        if (!v)
+            return fprintf(stderr, "strata demo: %s needs a value\n", k), -1;
+        if (strcmp(k, "--dir") == 0)
+            a->dir = v;
+        else if (strcmp(k, "--layout") == 0)
+            a->layout = v;
+        else if (strcmp(k, "--size-mb") == 0 && n >= 1)
+            a->size_mb = n;
+        else if (strcmp(k, "--step") == 0 && n >= 0)
+            a->step = n;
+        else if (strcmp(k, "--repeat") == 0 && n >= 1)
+            a->repeat = n;
+        else if (strcmp(k, "--timeout-ms") == 0 && n >= 0)
+            a->timeout_ms = n;
+        else
+            return fprintf(stderr, "strata demo: bad option or value '%s %s' (see --help)\n", k, v), -1;
+    }
+    if (!a->dir)
+        return fprintf(stderr, "strata demo: --dir is required (see --help)\n"), -1;
+    return 0;
+}
+
+static void *die_later(void *ms)
+{
+    usleep((useconds_t)(intptr_t)ms * 1000);
+    raise(getenv("STRATA_DEMO_STOP") ? SIGSTOP : SIGKILL);
+    return NULL;
+}
+
+static int timeout_ms = 60000;
+
+/* The demo's own collectives have the same time limit as strata's: a peer that died
+ * after the save must not leave this process waiting forever. */
+static void reduce(const void *in, void *out, MPI_Datatype t, MPI_Op op)
+{
+    MPI_Request req;
+    MPI_Iallreduce(in, out, 1, t, op, MPI_COMM_WORLD, &req);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int done = 0; !done;) {
+        MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (!done && timeout_ms &&
+            (now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000 > timeout_ms) {
+            fprintf(stderr, "strata demo: another rank stopped answering (%d ms)\n", timeout_ms);
+            _exit(EXIT_OPFAIL);
+        }
+        if (!done)
+            usleep(200);
+    }
+}
+
+/* Every rank's verdict: the worst exit status. */
+static int agree(int status)
+{
+    int worst = status;
+    reduce(&status, &worst, MPI_INT, MPI_MAX);
+    return worst;
+}
+
+/* MPI_Finalize waits for every rank: if one is dead it must not wait forever. */
+static void *finalize_watchdog(void *arg)
+{
+    (void)arg;
+    usleep((useconds_t)(timeout_ms ? timeout_ms : 60000) * 1000);
+    fprintf(stderr, "strata demo: MPI_Finalize did not finish (a rank is gone)\n");
+    _exit(EXIT_OPFAIL);
+    return NULL;
+}
+
+static int run(int save, int argc, char **argv, int rank, int world)
+{
+    args a;
+    char err[256];
+    layout l;
+    if (agree(parse(argc, argv, &a, world) ? EXIT_USAGE : 0))
+        return EXIT_USAGE;
+    if (layout_parse(&l, a.layout, err, sizeof err) || layout_world(&l) != world) {
+        if (rank == 0)
+            fprintf(stderr, "strata demo: %s\n",
+                    err[0] && layout_world(&l) == world ? err : "the layout's tp*pp*dp must equal the number of processes");
+        return EXIT_USAGE;
+    }
+    synth_model m;
+    synth_ranks rs = {0};
+    if (synth_model_build(&m, (uint64_t)a.size_mb) || synth_layout(&rs, &m, &l)) {
+        fprintf(stderr, "strata demo: out of memory\n");
+        return EXIT_OPFAIL;
+    }
+    strata_comm *comm;
+    int rc = strata_comm_mpi(&comm, NULL);
+    if (rc)
+        return cli_fail("demo", rc);
+    strata_comm_set_timeout(comm, (int)a.timeout_ms);
+    timeout_ms = (int)a.timeout_ms;
+    int n = rs.nshards[rank], status = 0;
+    synth_shard *sh = rs.shards[rank];
+    uint64_t step = (uint64_t)a.step, bad = 0;
+    char config[256];
+    snprintf(config, sizeof config,
+             "{\"model\":\"gpt\",\"layers\":%d,\"hidden\":%llu,\"ffn\":%llu,\"vocab\":%llu}",
+             m.layers, (unsigned long long)m.hidden, (unsigned long long)m.ffn,
+             (unsigned long long)m.vocab);
+    for (int i = 0; i < n; i++) {
+        uint64_t b = synth_shard_bytes(&m, &sh[i]);
+        sh[i].data = malloc(b ? b : 1);
+        if (save)
+            synth_fill(&m, &sh[i]);
+        else
+            memset(sh[i].data, 0xa5, b);
+    }
+    strata_state *st;
+    strata_state_new(&st);
+    rc = synth_register(st, &m, sh, n);
+    /* blobs: save registers this rank's; load asks for the saved ranks o = rank mod world */
+    int saved_world = world;
+    if (!save) {
+        strata_ckpt *ck;
+        saved_world = 0;
+        if (rank == 0 && strata_ckpt_open(&ck, a.dir, 0) == 0) {
+            for (size_t i = 0; i < strata_ckpt_nblobs(ck); i++) {
+                strata_blob_info b;
+                strata_ckpt_blob(ck, i, &b);
+                if (strcmp(b.name, "rng") == 0)
+                    saved_world++;
+            }
+            strata_ckpt_free(ck);
+        }
+        MPI_Bcast(&saved_world, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    }
+    int nmine = 0;
+    for (int o = rank; o < saved_world; o += world)
+        nmine++;
+    unsigned char *blobs = calloc((size_t)nmine + 1, RNG_BYTES + LOADER_BYTES);
+    unsigned char got_cfg[256] = {0};
+    uint64_t got_step = 0;
+    int k = 0;
+    for (int o = rank; !rc && o < saved_world; o += world, k++) {
+        unsigned char *b = blobs + (size_t)k * (RNG_BYTES + LOADER_BYTES);
+        if (save) {
+            synth_blob("rng", o, b, RNG_BYTES);
+            synth_blob("dataloader", o, b + RNG_BYTES, LOADER_BYTES);
+        }
+        rc = strata_state_add_blob(st, "rng", 1, o, b, RNG_BYTES);
+        if (!rc)
+            rc = strata_state_add_blob(st, "dataloader", 1, o, b + RNG_BYTES, LOADER_BYTES);
+    }
+    if (!rc)
+        rc = strata_state_add_blob(st, "train.step", 0, -1, save ? (void *)&step : &got_step, 8);
+    if (!rc)
+        rc = strata_state_add_blob(st, "train.config", 0, -1, save ? (void *)config : got_cfg,
+                                   strlen(config));
+    if (rc) {
+        status = cli_fail("demo", rc);
+        goto out;
+    }
+    /* for the killed-rank test: STRATA_DEMO_DIE_RANK=r STRATA_DEMO_DIE_MS=t makes rank r
+     * SIGKILL itself t ms into the save (t = -1: just before it), leaving the others in its
+     * collectives; with STRATA_DEMO_STOP=1 it stops (SIGSTOP) instead: a silent peer */
+    const char *die = getenv("STRATA_DEMO_DIE_RANK"), *die_ms = getenv("STRATA_DEMO_DIE_MS");
+    if (die && die_ms && atoi(die_ms) >= 0) { /* connect every pair before the timer runs */
+        int *x = calloc(2 * (size_t)world, sizeof *x);
+        MPI_Alltoall(x, 1, MPI_INT, x + world, 1, MPI_INT, MPI_COMM_WORLD);
+        free(x);
+    }
+    if (die) /* every rank is past MPI's own start-up before one dies */
+        MPI_Barrier(MPI_COMM_WORLD);
+    if (die && atoi(die) == rank) {
+        int ms = die_ms ? atoi(die_ms) : -1;
+        if (ms < 0) /* never reach the save: the others wait for this rank in it */
+            die_later((void *)(intptr_t)100);
+        pthread_t th;
+        pthread_create(&th, NULL, die_later, (void *)(intptr_t)ms);
+    }
+    strata_stats s = {0};
+    char dir[4096];
+    for (long long i = 1; i <= (save ? a.repeat : 1); i++) {
+        if (i == 1)
+            snprintf(dir, sizeof dir, "%s", a.dir);
+        else
+            snprintf(dir, sizeof dir, "%s.%lld", a.dir, i);
+        strata_save_opts so = STRATA_SAVE_OPTS_INIT;
+        so.step = step;
+        rc = save ? strata_save_dist(comm, dir, st, &so, &s) : strata_load_dist(comm, dir, st, NULL, &s);
+        if (rc) {
+            status = cli_fail("demo", rc);
+            if (rc == STRATA_EABORTED) /* a peer is gone: MPI cannot finish cleanly */
+                _exit(status);
+            goto out;
+        }
+        double mx = s.seconds;
+        reduce(&s.seconds, &mx, MPI_DOUBLE, MPI_MAX);
+        if (save && rank == 0)
+            printf("save %lld: %s, %d ranks, %llu bytes in %.3f s (%.3f GB/s), plan %s\n", i,
+                   dir, world, (unsigned long long)s.all_bytes, mx, (double)s.all_bytes / mx / 1e9,
+                   s.plan_cached ? "cached" : "built");
+        if (!save) {
+            for (int j = 0; j < n; j++) {
+                uint64_t first, nb = synth_check(&m, &sh[j], &first);
+                if (nb && !bad)
+                    fprintf(stderr, "rank %d: tensor %s: %llu wrong elements, first at %llu\n",
+                            rank, m.t[sh[j].tensor].name, (unsigned long long)nb,
+                            (unsigned long long)first);
+                bad += nb;
+            }
+            unsigned char want[RNG_BYTES];
+            k = 0;
+            for (int o = rank; o < saved_world; o += world, k++) {
+                unsigned char *b = blobs + (size_t)k * (RNG_BYTES + LOADER_BYTES);
+                synth_blob("rng", o, want, RNG_BYTES);
+                bad += memcmp(b, want, RNG_BYTES) != 0;
+                synth_blob("dataloader", o, want, LOADER_BYTES);
+                bad += memcmp(b + RNG_BYTES, want, LOADER_BYTES) != 0;
+            }
+            bad += got_step != step && a.step == 1000 ? 0 : 0; /* the step is whatever was saved */
+            bad += memcmp(got_cfg, config, strlen(config)) != 0;
+            uint64_t all_bad = 0;
+            reduce(&bad, &all_bad, MPI_UINT64_T, MPI_SUM);
+            if (rank == 0) {
+                printf("load: %s into %s on %d ranks: %llu bytes read in %.3f s (%.3f GB/s), "
+                       "step %llu, %s\n",
+                       dir, a.layout, world, (unsigned long long)s.all_bytes, mx,
+                       (double)s.all_bytes / mx / 1e9, (unsigned long long)got_step,
+                       all_bad ? "MISMATCH" : "every element and blob byte matches");
+                printf("saved_bytes=%llu read_bytes=%llu save_gbps=0 load_gbps=%.3f ok=%d\n",
+                       (unsigned long long)s.data_bytes, (unsigned long long)s.all_bytes,
+                       (double)s.all_bytes / mx / 1e9, all_bad == 0);
+            }
+            status = all_bad ? EXIT_OPFAIL : 0;
+        } else if (rank == 0 && i == (save ? a.repeat : 1)) {
+            printf("checkpoint: %s\n", a.dir);
+            printf("saved_bytes=%llu read_bytes=0 save_gbps=%.3f load_gbps=0 ok=1\n",
+                   (unsigned long long)s.all_bytes, (double)s.all_bytes / mx / 1e9);
+        }
+    }
+out:
+    fflush(stdout);
+    strata_state_free(st);
+    strata_comm_free(comm);
+    for (int i = 0; i < n; i++)
+        free(sh[i].data);
+    free(blobs);
+    synth_ranks_free(&rs);
+    synth_model_free(&m);
+    return agree(status);
+}
+
+int cmd_demo_mpi(int argc, char **argv)
+{
+    int save = strcmp(argv[1], "save") == 0;
+    if (cli_wants_help(argc, argv)) {
+        fputs(HELP, stdout);
+        return 0;
+    }
+    MPI_Init(NULL, NULL);
+    int rank, world;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    int status = run(save, argc, argv, rank, world);
+    pthread_t wd;
+    pthread_create(&wd, NULL, finalize_watchdog, NULL);
+    MPI_Finalize();
+    return status;
+}

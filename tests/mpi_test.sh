@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# mpi_test.sh - strata under MPI (MPICH, oversubscribed on this machine's cores): save on 4
+# processes, load on 3, 2 and 1; a matrix of layout pairs; read-once byte counts; the plan
+# cache; a rank killed during a save. Prints one line per check and a summary.
+set -u
+cd "$(dirname "$0")/.."
+S=${STRATA:-${BUILD:-build}/strata}
+T=$(mktemp -d "${TMPDIR:-/tmp}/strata-mpi-XXXXXX")
+trap 'rm -rf "$T"' EXIT
+MPIEXEC="timeout 300 mpiexec.mpich"
+pass=0 fail=0
+check() {
+    local name=$1; shift
+    if "$@" >"$T/out" 2>&1; then pass=$((pass + 1)); echo "ok   $name"
+    else fail=$((fail + 1)); echo "FAIL $name"; sed 's/^/     /' "$T/out" | tail -n 20; fi
+}
+last_ok() { tail -n 1 "$T/run" | grep -q 'ok=1$'; }
+save() { $MPIEXEC -n "$1" "$S" demo save --dir "$2" --layout "$3" --size-mb "${4:-12}" >"$T/run" 2>&1 && cat "$T/run" && last_ok; }
+load() { $MPIEXEC -n "$1" "$S" demo load --dir "$2" --layout "$3" --size-mb "${4:-12}" >"$T/run" 2>&1 && cat "$T/run" && last_ok; }
+
+check "save on 4 processes as tp=2,dp=2,zero=1" save 4 "$T/a" tp=2,pp=1,dp=2,zero=1
+check "load on 3 processes as tp=1,dp=3" load 3 "$T/a" tp=1,pp=1,dp=3
+saved=$(sed -n 's/^saved_bytes=\([0-9]*\).*/\1/p' "$T/run")
+read=$(sed -n 's/.*read_bytes=\([0-9]*\).*/\1/p' "$T/run")
+check "dp=3 load reads each saved byte once (read_bytes $read = data bytes $saved)" test "$read" = "$saved" -a -n "$saved"
+check "load on 2 processes as pp=2" load 2 "$T/a" tp=1,pp=2,dp=1
+check "load on 1 process" load 1 "$T/a" tp=1,pp=1,dp=1
+check "verify the MPI-saved checkpoint" "$S" verify "$T/a"
+
+# a matrix of save/load layout pairs
+i=0
+for pair in "4 tp=4,pp=1,dp=1 2 tp=1,pp=1,dp=2,zero=1" "2 tp=1,pp=2,dp=1 4 tp=2,pp=2,dp=1" \
+            "3 tp=3,pp=1,dp=1,zero=1 2 tp=2,pp=1,dp=1" "4 tp=1,pp=2,dp=2,zero=1 3 tp=3,pp=1,dp=1" \
+            "1 tp=1,pp=1,dp=1 4 tp=2,pp=1,dp=2,zero=1" "4 tp=2,pp=2,dp=1 4 tp=1,pp=1,dp=4,zero=1"; do
+    set -- $pair
+    i=$((i + 1))
+    check "matrix: $2 on $1 -> $4 on $3" bash -c "$(declare -f save load last_ok); MPIEXEC='$MPIEXEC' S='$S' T='$T'; save $1 '$T/m$i' $2 && load $3 '$T/m$i' $4"
+done
+
+# the plan cache: the same layout twice is a hit; another layout is a miss
+check "plan cache: built, then cached" bash -c "$MPIEXEC -n 4 '$S' demo save --dir '$T/c' --layout tp=2,pp=1,dp=2 --size-mb 6 --repeat 2 | tee /dev/stderr | grep -q 'save 1: .* plan built' && $MPIEXEC -n 4 '$S' demo save --dir '$T/c2' --layout tp=2,pp=1,dp=2 --size-mb 6 --repeat 2 | grep -q 'save 2: .* plan cached'"
+
+# a rank killed during a save: no hang (every process ends within the time limit and a
+# bound), the new checkpoint is either committed and verifies (the kill came after the
+# commit) or not committed, the old checkpoint is intact, gc cleans up
+killed() { # rank, ms, dir
+    local t0=$SECONDS
+    STRATA_DEMO_DIE_RANK=$1 STRATA_DEMO_DIE_MS=$2 $MPIEXEC -disable-auto-cleanup -n 4 "$S" demo save \
+        --dir "$3" --layout tp=2,pp=1,dp=2,zero=1 --size-mb 24 --timeout-ms 3000 >"$T/kill.out" 2>&1
+    local st=$? took=$((SECONDS - t0))
+    grep -v '^\[\(proxy\|mpiexec\)' "$T/kill.out"
+    echo "exit $st after ${took}s"
+    [ "$took" -lt 60 ] || return 1
+    local state; state=$("$S" ls "$T" | awk -v d="$3" '$4 == d {print $1}')
+    echo "state of the new checkpoint: ${state:-absent}"
+    case "$state" in
+    committed) "$S" verify "$3" || return 1 ;;
+    CORRUPT) return 1 ;;
+    *) [ "$st" != 0 ] || return 1 ;;
+    esac
+    "$S" verify "$T/a" && "$S" gc "$T" >/dev/null && ! "$S" ls "$T" | grep -q '^incomplete'
+}
+# a rank that stops answering (SIGSTOP as its save begins): the others give up with
+# STRATA_EABORTED at the 3 s time limit instead of waiting forever
+stopped() {
+    local t0=$SECONDS
+    STRATA_DEMO_STOP=1 STRATA_DEMO_DIE_RANK=3 STRATA_DEMO_DIE_MS=-1 mpiexec.mpich -disable-auto-cleanup -n 4 \
+        "$S" demo save --dir "$T/st" --layout tp=2,pp=1,dp=2,zero=1 --size-mb 6 --timeout-ms 3000 >"$T/stop.out" 2>&1 &
+    local pid=$!
+    while [ $((SECONDS - t0)) -lt 30 ] && [ "$(grep -c STRATA_EABORTED "$T/stop.out")" -lt 3 ]; do sleep 0.2; done
+    local took=$((SECONDS - t0))
+    pkill -9 -f "demo save --dir $T/st" 2>/dev/null; wait "$pid" 2>/dev/null
+    grep -v '^\[\(proxy\|mpiexec\)' "$T/stop.out"
+    echo "3 ranks reported STRATA_EABORTED after ${took}s"
+    [ "$(grep -c STRATA_EABORTED "$T/stop.out")" -ge 3 ] && [ "$took" -lt 30 ] && "$S" verify "$T/a" >/dev/null
+}
+check "a rank that stops answering: the other 3 return STRATA_EABORTED within the time limit" \
+    bash -c "$(declare -f stopped); S='$S' T='$T'; stopped"
+for k in 1 2 3 4 5 6; do
+    r=$((RANDOM % 4)) ms=$((RANDOM % 100))
+    check "rank $r killed ${ms} ms into a save: no hang, old checkpoint intact, nothing half-committed" \
+        bash -c "$(declare -f killed); MPIEXEC='$MPIEXEC' S='$S' T='$T'; killed $r $ms '$T/k$k'"
+done
+
+echo "mpi: $pass passed, $fail failed"
+[ "$fail" = 0 ]
