@@ -94,7 +94,12 @@ fuzz: deps
 stress: deps all
 	STRATA_KILL_TRIALS=$${STRATA_KILL_TRIALS:-200} BUILD=$(BUILD) bash tests/kill_test.sh
 
-bench: deps all
+$(BUILD)/bench/bench_plan: bench/bench_plan.c src/cli/synth.c $(BUILD)/libstrata.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc -o $@ bench/bench_plan.c src/cli/synth.c $(BUILD)/libstrata.a $(LIBS) -lm
+
+bench: deps all $(BUILD)/bench/bench_plan
+	$(BUILD)/bench/bench_plan
 	@command -v fio >/dev/null || { SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; $$SUDO apt-get install -y -qq fio >/dev/null; }
 	bash bench/bench_io.sh
 

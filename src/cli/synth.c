@@ -83,9 +83,14 @@ static int add(synth_model *m, const char *name, strata_dtype dt, int ndim, uint
 
 int synth_model_build(synth_model *m, uint64_t size_mb)
 {
+    return synth_model_build_layers(m, size_mb, size_mb >= 1024 ? 8 : size_mb >= 128 ? 4 : 2);
+}
+
+int synth_model_build_layers(synth_model *m, uint64_t size_mb, int layers)
+{
     memset(m, 0, sizeof *m);
     double params = (double)size_mb * 1048576.0 / 14.0; /* bf16 + 3 x fp32 per parameter */
-    m->layers = size_mb >= 1024 ? 8 : size_mb >= 128 ? 4 : 2;
+    m->layers = layers;
     m->vocab = size_mb >= 256 ? 32003 : 4093;
     double L = m->layers, V = (double)m->vocab;
     double h = (-V + sqrt(V * V + 48.0 * L * params)) / (24.0 * L);
@@ -184,20 +189,27 @@ int synth_layout(synth_ranks *out, const synth_model *m, const layout *l)
     out->nranks = W;
     out->nshards = calloc((size_t)W, sizeof *out->nshards);
     out->shards = calloc((size_t)W, sizeof *out->shards);
-    if (!out->nshards || !out->shards)
+    uint64_t *base = malloc(((size_t)m->nparams + 1) * sizeof *base);
+    if (!out->nshards || !out->shards || !base) {
+        free(base);
         return -1;
+    }
     for (int r = 0; r < W; r++) {
         int ti = r % l->tp, di = (r / l->tp) % l->dp, pi = r / (l->tp * l->dp);
         synth_shard *v = calloc((size_t)m->ntensors, sizeof *v);
-        if (!v)
+        if (!v) {
+            free(base);
             return -1;
+        }
         out->shards[r] = v;
         int n = 0;
         /* model params on this stage: their tp boxes, in order; for zero=1 the
          * concatenation of their elements is split evenly over dp */
+        /* base[p]: where param p's box starts in the stage's concatenation */
         uint64_t total = 0;
         for (int p = 0; p < m->nparams; p++) {
             const synth_tensor *t = &m->t[p];
+            base[p] = total;
             if (stage_of(m, t, l->pp) != pi)
                 continue;
             uint64_t off[2], len[2];
@@ -215,19 +227,12 @@ int synth_layout(synth_ranks *out, const synth_model *m, const layout *l)
             s.fs = 0;
             s.fe = t->ndim == 1 ? s.len[0] : s.len[0] * s.len[1];
             if (t->is_optim && l->zero) {
-                /* where this param's box sits in the stage's concatenation */
-                uint64_t base = 0;
-                for (int p = 0; p < t->param; p++) {
-                    const synth_tensor *q = &m->t[p];
-                    if (stage_of(m, q, l->pp) != pi)
-                        continue;
-                    uint64_t o2[2], l2[2];
-                    tp_box(q, l->tp, ti, o2, l2);
-                    base += q->ndim == 1 ? l2[0] : l2[0] * l2[1];
-                }
-                uint64_t a = zlo > base ? zlo - base : 0;
-                uint64_t b = zlo + zlen - base < s.fe ? zlo + zlen - base : s.fe;
-                if (zlo + zlen <= base || a >= s.fe || a >= b)
+                uint64_t bs = base[t->param];
+                if (zlo + zlen <= bs)
+                    continue;
+                uint64_t a = zlo > bs ? zlo - bs : 0;
+                uint64_t b = zlo + zlen - bs < s.fe ? zlo + zlen - bs : s.fe;
+                if (a >= s.fe || a >= b)
                     continue;
                 s.flat = 1;
                 s.fs = a;
@@ -237,6 +242,7 @@ int synth_layout(synth_ranks *out, const synth_model *m, const layout *l)
         }
         out->nshards[r] = n;
     }
+    free(base);
     return 0;
 }
 

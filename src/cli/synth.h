@@ -39,6 +39,8 @@ typedef struct {
 /* A model whose distinct state (bf16 params + fp32 master, exp_avg, exp_avg_sq) is about
  * size_mb MiB, with deliberately odd sizes. */
 int synth_model_build(synth_model *m, uint64_t size_mb);
+/* The same with a given number of layers (4 * (3 + 12 * layers) tensors). */
+int synth_model_build_layers(synth_model *m, uint64_t size_mb, int layers);
 void synth_model_free(synth_model *m);
 uint64_t synth_model_bytes(const synth_model *m);
 

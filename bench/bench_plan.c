@@ -1,0 +1,154 @@
+/* bench_plan.c - planning at scale, in one process: the local plans of 512..4096 simulated
+ * ranks of a 1000-tensor GPT-style model laid out as tp=8, pp=8, dp=N/64 with ZeRO flat
+ * optimizer shards. Times the global save plan, encoding and decoding the metadata, and
+ * the load plan of one rank of another layout (tp=4, pp=4, dp=N/16, zero=1). Medians of 3.
+ * Goals at 4096 ranks: plan <= 1 s, <= 64 metadata bytes per shard, load plan <= 50 ms;
+ * growth no faster than n log n. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/cli/synth.h"
+#include "core/util.h"
+#include "meta/meta.h"
+#include "plan/plan.h"
+
+#define REPS 3
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v)
+{
+    qsort(v, REPS, sizeof *v, cmp_d);
+    return v[REPS / 2];
+}
+
+/* The rank views of a layout: entries with geometry only (data NULL). */
+static st_rank_view *views_of(const synth_model *m, const synth_ranks *rs, st_entry **store)
+{
+    size_t total = 0;
+    for (int r = 0; r < rs->nranks; r++)
+        total += (size_t)rs->nshards[r];
+    st_entry *e = calloc(total + 1, sizeof *e);
+    st_rank_view *v = calloc((size_t)rs->nranks, sizeof *v);
+    size_t k = 0;
+    for (int r = 0; r < rs->nranks; r++) {
+        v[r].sh = e + k;
+        v[r].nsh = (size_t)rs->nshards[r];
+        for (int i = 0; i < rs->nshards[r]; i++, k++) {
+            const synth_shard *s = &rs->shards[r][i];
+            const synth_tensor *t = &m->t[s->tensor];
+            st_entry *x = &e[k];
+            x->name = t->name;
+            x->dtype = t->dtype;
+            x->ndim = t->ndim;
+            for (int d = 0; d < t->ndim; d++) {
+                x->shape[d] = t->shape[d];
+                x->off[d] = s->off[d];
+                x->len[d] = s->len[d];
+            }
+            x->fs = s->fs;
+            x->fe = s->fe;
+            x->bytes = (s->fe - s->fs) * strata_dtype_size(t->dtype);
+        }
+    }
+    *store = e;
+    return v;
+}
+
+int main(int argc, char **argv)
+{
+    int max_ranks = argc > 1 ? atoi(argv[1]) : 4096;
+    synth_model m;
+    /* 20 layers: 4 * (3 + 12 * 20) = 972 tensors; hidden ~4k: about a 4B-parameter model */
+    if (synth_model_build_layers(&m, 60000, 20))
+        return 1;
+    printf("bench plan: %d tensors (hidden %llu, ffn %llu, vocab %llu, %d layers), save "
+           "layout tp=8,pp=8,dp=N/64,zero=1, load layout tp=4,pp=4,dp=N/16,zero=1; medians "
+           "of %d\n",
+           m.ntensors, (unsigned long long)m.hidden, (unsigned long long)m.ffn,
+           (unsigned long long)m.vocab, m.layers, REPS);
+    printf("%6s %9s %9s %10s %9s %9s %9s %10s %12s\n", "ranks", "local", "shards", "plan_s",
+           "encode_s", "decode_s", "B/shard", "meta_MB", "loadplan_ms");
+    double prev_plan = 0, prev_load = 0;
+    int prev_n = 0, ok = 1;
+    for (int n = 512; n <= max_ranks; n *= 2) {
+        layout ls = {8, 8, n / 64, 1}, ll = {4, 4, n / 16, 1};
+        synth_ranks rs = {0}, rl = {0};
+        if (synth_layout(&rs, &m, &ls) || synth_layout(&rl, &m, &ll))
+            return 1;
+        st_entry *es, *el;
+        st_rank_view *vs = views_of(&m, &rs, &es), *vl = views_of(&m, &rl, &el);
+        size_t local = 0;
+        for (int r = 0; r < n; r++)
+            local += vs[r].nsh;
+        double tp[REPS], te[REPS], td[REPS], tl[REPS];
+        size_t shards = 0, mlen = 0;
+        for (int k = 0; k < REPS; k++) {
+            st_save_plan sp;
+            double t0 = st_now();
+            if (st_plan_save(&sp, vs, n, 4u << 20, 1)) {
+                fprintf(stderr, "plan failed: %s\n", strata_error_last());
+                return 1;
+            }
+            double t1 = st_now();
+            for (size_t i = 0; i < sp.meta->ntensors; i++) /* checksums: any values */
+                for (size_t j = 0; j < sp.meta->tensors[i].nshards; j++) {
+                    st_extent *x = &sp.meta->tensors[i].shards[j].ext;
+                    memset(x->sums, 0x5c, st_nchunks(x->bytes, sp.meta->chunk) * 8);
+                }
+            unsigned char *buf;
+            st_meta_encode(sp.meta, &buf, &mlen);
+            double t2 = st_now();
+            st_meta *back;
+            if (st_meta_decode(&back, buf, mlen)) {
+                fprintf(stderr, "decode failed: %s\n", strata_error_last());
+                return 1;
+            }
+            double t3 = st_now();
+            st_load_plan lp;
+            if (st_plan_load(&lp, back, vl, 1, 16u << 20)) { /* rank 0 of the other layout */
+                fprintf(stderr, "load plan failed: %s\n", strata_error_last());
+                return 1;
+            }
+            double t4 = st_now();
+            shards = 0;
+            for (size_t i = 0; i < back->ntensors; i++)
+                shards += back->tensors[i].nshards;
+            tp[k] = t1 - t0;
+            te[k] = t2 - t1;
+            td[k] = t3 - t2;
+            tl[k] = t4 - t3;
+            st_load_plan_free(&lp);
+            st_meta_free(back);
+            free(buf);
+            st_save_plan_free(&sp);
+        }
+        double p = median(tp), e = median(te), d = median(td), l = median(tl);
+        printf("%6d %9zu %9zu %10.3f %9.3f %9.3f %9.1f %10.2f %12.2f\n", n, local, shards, p, e,
+               d, (double)mlen / (double)shards, (double)mlen / 1e6, l * 1e3);
+        if (prev_n) /* n log n from prev_n to n: factor 2 * log(n) / log(prev) */
+            printf("       growth x%.2f plan, x%.2f load plan (n log n allows x%.2f)\n",
+                   p / prev_plan, l / prev_load, 2.0 * __builtin_log(n) / __builtin_log(prev_n));
+        if (n == 4096)
+            ok = p <= 1.0 && (double)mlen / (double)shards <= 64.0 && l <= 0.050;
+        prev_plan = p;
+        prev_load = l;
+        prev_n = n;
+        free(es);
+        free(el);
+        free(vs);
+        free(vl);
+        synth_ranks_free(&rs);
+        synth_ranks_free(&rl);
+    }
+    if (max_ranks >= 4096)
+        printf("goals at 4096 ranks (plan <= 1 s, <= 64 B/shard, load plan <= 50 ms): %s\n",
+               ok ? "met" : "NOT met");
+    synth_model_free(&m);
+    return 0;
+}
