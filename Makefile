@@ -7,7 +7,8 @@ OPT     ?= -O2
 SAN     ?=
 CFLAGS  ?= $(OPT) -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fPIC -Iinclude $(SAN)
-LDFLAGS += $(SAN)
+# executables link only the shared libraries they use (MPICH only where MPI is called)
+LDFLAGS += $(SAN) -Wl,--as-needed
 MPI_CFLAGS := $(shell pkg-config --cflags mpich 2>/dev/null)
 MPI_LIBS   := $(shell pkg-config --libs mpich 2>/dev/null || echo -lmpich)
 LIBS     = -lxxhash -lpthread $(MPI_LIBS)
@@ -45,24 +46,24 @@ $(BUILD)/libstrata.a: $(LIB_OBJ)
 	ar rcs $@ $^
 
 $(BUILD)/libstrata.so: $(LIB_OBJ) src/libstrata.map
-	$(CC) -shared $(LDFLAGS) -Wl,--version-script=src/libstrata.map -o $@ $(LIB_OBJ) $(LIBS)
+	$(CC) -shared $(SAN) -Wl,--version-script=src/libstrata.map -o $@ $(LIB_OBJ) $(LIBS)
 
 $(BUILD)/strata: $(CLI_OBJ) $(BUILD)/libstrata.a
 	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libstrata.a $(LIBS) -lm
 
 $(BUILD)/examples/%: examples/%.c $(BUILD)/libstrata.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libstrata.a $(LIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libstrata.a $(LIBS)
 
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libstrata.a tests/testutil.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Isrc -o $@ $< $(BUILD)/libstrata.a -lcmocka $(LIBS) -lm
+	$(CC) $(CFLAGS) $(LDFLAGS) -Isrc -o $@ $< $(BUILD)/libstrata.a -lcmocka $(LIBS) -lm
 
 demo: deps all
 	$(BUILD)/strata demo
 
 test: deps all $(TESTS)
-	@BUILD=$(BUILD) bash tests/run.sh $(TESTS)
+	@BUILD=$(BUILD) SANITIZED=$(if $(SAN),1,) bash tests/run.sh $(TESTS)
 
 test-asan:
 	$(MAKE) BUILD=build/asan SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" OPT=-O1 test

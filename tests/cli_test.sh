@@ -51,33 +51,6 @@ check "ls marks a commit record that does not match as CORRUPT" bash -c "'$S' ls
 check "gc --dry-run removes nothing" bash -c "'$S' gc '$T' --dry-run | grep -q 'would remove $T/ck2' && test -d '$T/ck2'"
 check "gc removes the incomplete one only" bash -c "'$S' gc '$T' && test ! -e '$T/ck2' && test -f '$T/garb/COMMIT' && '$S' verify '$T/ck1'"
 
-# crash safety: SIGKILL the saving process at a random moment of its save (after it says
-# "saving to"); every checkpoint is then either committed and verifies, or incomplete and
-# removed by gc; the committed one from before is untouched
-kill_trials=${STRATA_KILL_TRIALS:-12}
-mkdir -p "$T/kill"
-"$S" demo --size-mb 8 --dir "$T/kill/base" >/dev/null 2>&1
-kill_check() {
-    for i in $(seq 1 "$kill_trials"); do
-        "$S" demo --size-mb 48 --dir "$T/kill/k$i" >/dev/null 2>"$T/kill.err" &
-        local pid=$!
-        until grep -q '^saving to' "$T/kill.err" 2>/dev/null || ! kill -0 "$pid" 2>/dev/null; do
-            sleep 0.002
-        done
-        sleep "$(printf '0.%03d' $((RANDOM % 80)))"
-        kill -9 "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
-    done
-    "$S" ls "$T/kill" > "$T/kill.ls" || return 1
-    echo "states after $kill_trials kills: $(awk 'NR > 1 {print $1}' "$T/kill.ls" | sort | uniq -c | xargs)"
-    ! grep -q '^CORRUPT' "$T/kill.ls" || return 1
-    for d in $(awk '$1 == "committed" {print $4}' "$T/kill.ls"); do "$S" verify "$d" >/dev/null || return 1; done
-    "$S" gc "$T/kill" >/dev/null || return 1
-    ! "$S" ls "$T/kill" | grep -q '^incomplete' || return 1
-    "$S" verify "$T/kill/base" >/dev/null
-}
-check "SIGKILL during saves ($kill_trials trials): committed ones verify, gc removes the rest" kill_check
-[ -f "$T/kill.ls" ] && echo "     $(awk 'NR > 1 {print $1}' "$T/kill.ls" | sort | uniq -c | xargs)"
-
 check "README example (examples/reshard.c) runs" "${S%/strata}/examples/reshard" "$T/example"
 
 for c in demo inspect ls verify gc bench; do

@@ -77,9 +77,10 @@ static int dir_open(st_dir *d, const char *uri, int allow_incomplete, unsigned c
     if ((rc = st_path_join(p, d->path, ST_META_FILE)))
         return rc;
     e = st_vfs_read_all(v, p, MAX_META_BYTES, &mbuf, &mlen);
-    if (e)
-        return st_fail(d->committed ? STRATA_EFORMAT
-                                    : (e == -ENOENT ? STRATA_EINCOMPLETE : st_from_errno(-e)),
+    if (e) /* missing or absurdly large metadata is a broken checkpoint; EIO is an EIO */
+        return st_fail(e == -ENOENT || e == -EFBIG
+                           ? (d->committed ? STRATA_EFORMAT : STRATA_EINCOMPLETE)
+                           : st_from_errno(-e),
                        "checkpoint '%s': cannot read %s: %s", d->path, ST_META_FILE,
                        strerror(-e));
     rc = dir_parse(d, mbuf, mlen);

@@ -135,7 +135,8 @@ int st_open_data_files(const st_dir *d, const st_load_plan *p, int no_direct, st
         if (e) {
             files[f] = NULL;
             rc = st_fail(e == -ENOENT ? STRATA_ENOENT : st_from_errno(-e),
-                         "data file '%s' of checkpoint '%s' %s", m->files[f].name, d->path,
+                         "data file '%s' of checkpoint '%s'%s%s", m->files[f].name, d->path,
+                         e == -ENOENT ? " " : ": ",
                          e == -ENOENT ? "is missing" : strerror(-e));
         }
     }

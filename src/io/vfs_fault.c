@@ -203,12 +203,14 @@ int st_vfs_fault_new(const st_vfs **out, const st_vfs *inner, const char *query)
         if (*p == '&')
             p++;
         if (strcmp(key, "op") == 0) {
+            int op = -1; /* not v->op: a bad op after a good one must not pass */
             for (int i = 0; i < OP_COUNT; i++)
                 if (strcmp(val, op_names[i]) == 0)
-                    v->op = i;
-            if (v->op < 0)
+                    op = i;
+            if (op < 0)
                 rc = st_fail(STRATA_EINVAL, "fault URI: unknown op '%s' (open, write, fsync, "
                              "rename, read, mkdir, allocate, unlink)", val);
+            v->op = op;
         } else if (strcmp(key, "n") == 0) {
             char *end;
             v->n = strtoull(val, &end, 10);
@@ -224,6 +226,8 @@ int st_vfs_fault_new(const st_vfs **out, const st_vfs *inner, const char *query)
             else
                 v->err = errnos[i].value;
         } else if (strcmp(key, "short") == 0 || strcmp(key, "sticky") == 0) {
+            if (strcmp(val, "0") != 0 && strcmp(val, "1") != 0)
+                rc = st_fail(STRATA_EINVAL, "fault URI: %s must be 0 or 1, not '%s'", key, val);
             *(strcmp(key, "short") == 0 ? &v->short_write : &v->sticky) = strcmp(val, "1") == 0;
         } else {
             rc = st_fail(STRATA_EINVAL, "fault URI: unknown key '%s'", key);

@@ -21,11 +21,13 @@ typedef struct {
 
 static int px_open(const st_vfs *v, const char *path, int flags, st_file **out)
 {
-    int of = O_CLOEXEC;
+    /* never through a symlink: one planted after the save checked the directory must not
+     * get its target truncated (ELOOP instead) */
+    int of = O_CLOEXEC | O_NOFOLLOW;
     if (flags & ST_O_WRITE)
         of |= O_WRONLY | O_CREAT | O_TRUNC;
     else
-        of |= O_RDONLY | O_NOFOLLOW;
+        of |= O_RDONLY;
     int fd = -1, direct = 0;
     if (flags & ST_O_DIRECT) {
         fd = open(path, of | O_DIRECT, 0644);
