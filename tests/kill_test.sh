@@ -22,9 +22,10 @@
 #                          after each, which bounds the disk used (default 25)
 #   STRATA_KILL_SEED       seeds $RANDOM (printed, to repeat a run)
 #   STRATA_KILL_VERBOSE=1  a line per trial
-#   STRATA_KILL_MODE       single: `strata demo` saves the ranks of one process (default).
-#                          Another mode (a multi-process MPI job) is added by defining
-#                          the mode_<name>_* functions and MODE_<name>_* patterns below.
+#   STRATA_KILL_MODE       single: `strata demo` saves the ranks of one process (default);
+#                          mpi: 4 MPI processes save, SIGKILL hits one random rank or
+#                          the whole job. A mode is the mode_<name>_* functions and
+#                          MODE_<name>_* patterns below.
 set -u
 cd "$(dirname "$0")/.."
 S=${STRATA:-${BUILD:-build}/strata}
@@ -69,6 +70,34 @@ mode_single_kill() {
     kill -9 "$JOB_PID" 2>/dev/null
     wait "$JOB_PID" 2>/dev/null
     JOB_STATUS=$?
+}
+
+# mpi: `mpiexec -n 4 strata demo save` (tp=2,dp=2,zero=1), then a load on 3 processes
+# that checks every byte. The kill hits either one random rank of the save (the others
+# stop at the 3 s time limit, or MPICH ends them) or the whole job.
+mode_mpi_launch() {
+    setsid bash -c "mpiexec.mpich -disable-auto-cleanup -n 4 '$S' demo save --dir '$1' \
+        --layout tp=2,pp=1,dp=2,zero=1 --size-mb $SIZE --timeout-ms 3000 &&
+        mpiexec.mpich -n 3 '$S' demo load --dir '$1' --layout tp=1,pp=1,dp=3 --size-mb $SIZE" \
+        >"$2" 2>"$3" &
+    JOB_PID=$!
+    JOB_DIR=$1
+}
+MODE_mpi_START='^saving to'
+MODE_mpi_DONE='^saved'
+mode_mpi_ok() { tail -n 1 "$1" | grep -q 'read_bytes=[1-9].* ok=1$'; }
+mode_mpi_kill() {
+    local pids
+    if [ $((RANDOM % 2)) = 0 ]; then # the whole job
+        kill -9 -- -"$JOB_PID" 2>/dev/null
+    else # one random rank of the save
+        pids=($(pgrep -f "demo save --dir $JOB_DIR " || true))
+        [ ${#pids[@]} -gt 0 ] && kill -9 "${pids[$((RANDOM % ${#pids[@]}))]}" 2>/dev/null
+    fi
+    wait "$JOB_PID" 2>/dev/null
+    JOB_STATUS=$?
+    pkill -9 -f "demo (save|load) --dir $JOB_DIR " 2>/dev/null
+    [ "$JOB_STATUS" = 0 ] || JOB_STATUS=137 # any end after a kill is the kill's doing
 }
 
 if ! declare -F "mode_${MODE}_launch" >/dev/null; then

@@ -14,7 +14,7 @@ check() {
     if "$@" >"$T/out" 2>&1; then pass=$((pass + 1)); echo "ok   $name"
     else fail=$((fail + 1)); echo "FAIL $name"; sed 's/^/     /' "$T/out" | tail -n 20; fi
 }
-last_ok() { tail -n 1 "$T/run" | grep -q 'ok=1$'; }
+last_ok() { grep -q '^saved_bytes=.* ok=1$' "$T/run"; }
 save() { $MPIEXEC -n "$1" "$S" demo save --dir "$2" --layout "$3" --size-mb "${4:-12}" >"$T/run" 2>&1 && cat "$T/run" && last_ok; }
 load() { $MPIEXEC -n "$1" "$S" demo load --dir "$2" --layout "$3" --size-mb "${4:-12}" >"$T/run" 2>&1 && cat "$T/run" && last_ok; }
 

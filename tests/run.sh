@@ -46,6 +46,10 @@ for script in cli_test.sh kill_test.sh $mpi; do
         run_one "tests/$script" bash "$here/$script"
     fi
 done
+if [ -n "$mpi" ]; then # the kill test on multi-process saves, a few trials
+    run_one "tests/kill_test.sh (mpi)" env STRATA_KILL_MODE=mpi \
+        STRATA_KILL_TRIALS="${STRATA_KILL_MPI_TRIALS:-6}" bash "$here/kill_test.sh"
+fi
 
 for f in "${failures[@]+"${failures[@]}"}"; do
     echo "FAILED: $f"

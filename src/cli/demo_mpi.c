@@ -236,6 +236,8 @@ static int run(int save, int argc, char **argv, int rank, int world)
             snprintf(dir, sizeof dir, "%s.%lld", a.dir, i);
         strata_save_opts so = STRATA_SAVE_OPTS_INIT;
         so.step = step;
+        if (rank == 0) /* progress, and the markers the kill test waits for */
+            fprintf(stderr, "%s %s ...\n", save ? "saving to" : "loading", dir);
         rc = save ? strata_save_dist(comm, dir, st, &so, &s) : strata_load_dist(comm, dir, st, NULL, &s);
         if (rc) {
             status = cli_fail("demo", rc);
@@ -245,6 +247,8 @@ static int run(int save, int argc, char **argv, int rank, int world)
         }
         double mx = s.seconds;
         reduce(&s.seconds, &mx, MPI_DOUBLE, MPI_MAX);
+        if (rank == 0)
+            fprintf(stderr, "%s %s\n", save ? "saved" : "loaded", dir);
         if (save && rank == 0)
             printf("save %lld: %s, %d ranks, %llu bytes in %.3f s (%.3f GB/s), plan %s\n", i,
                    dir, world, (unsigned long long)s.all_bytes, mx, (double)s.all_bytes / mx / 1e9,

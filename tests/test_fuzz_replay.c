@@ -1,0 +1,178 @@
+/* test_fuzz_replay.c - replays every file of fuzz/corpus/<target>/ through the libFuzzer
+ * targets of fuzz/ (the same code, with the entry point renamed), so the seeds, the
+ * coverage the fuzzers found and the reproducers of fixed crashes run in every test build:
+ * make test, test-asan, test-tsan, test-valgrind. A target abort()s (or a sanitizer
+ * reports) on any violation; the name of the input being replayed is printed then.
+ * Files named repro-reject-* must also be refused: by the metadata decoder (fuzz_meta) or
+ * by URI resolution (fuzz_uri); they reproduce bugs where bad input was accepted. Runs from the repository root (or $STRATA_SRC_ROOT). A
+ * corpus directory that is missing or empty is a failure. */
+#include <dirent.h>
+#include <signal.h>
+
+#include "testutil.h"
+
+#define LLVMFuzzerTestOneInput fuzz_meta_one
+#include "../fuzz/fuzz_meta.c"
+#undef LLVMFuzzerTestOneInput
+#define LLVMFuzzerTestOneInput fuzz_commit_one
+#include "../fuzz/fuzz_commit.c"
+#undef LLVMFuzzerTestOneInput
+#define LLVMFuzzerTestOneInput fuzz_uri_one
+#include "../fuzz/fuzz_uri.c"
+#undef LLVMFuzzerTestOneInput
+#define LLVMFuzzerTestOneInput fuzz_layout_one
+#include "../fuzz/fuzz_layout.c"
+#undef LLVMFuzzerTestOneInput
+#include "../src/cli/synth.c" /* layout_parse: the CLI is not in libstrata.a */
+
+typedef int (*target_fn)(const uint8_t *data, size_t size);
+
+static char current[4096]; /* the input being replayed, for crash reports */
+
+static void say_current(void)
+{
+    if (current[0]) {
+        static const char pre[] = "\ntest_fuzz_replay: crashed while replaying ";
+        ssize_t w = write(2, pre, sizeof pre - 1);
+        w = write(2, current, strlen(current));
+        w = write(2, "\n", 1);
+        (void)w;
+    }
+}
+
+static void on_abort(int sig)
+{
+    say_current();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* Called by AddressSanitizer before it reports an error (test-asan). */
+void __asan_on_error(void);
+void __asan_on_error(void) { say_current(); }
+
+static int cmp_names(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Replays every regular file of fuzz/corpus/<target>/ in name order through fn; returns
+ * the count. check (may be NULL) is called after each file with its name and bytes. */
+static size_t replay(const char *target, target_fn fn,
+                     void (*check)(const char *name, const unsigned char *b, size_t n))
+{
+    const char *root = getenv("STRATA_SRC_ROOT");
+    char dir[2048];
+    snprintf(dir, sizeof dir, "%s/fuzz/corpus/%s", root && *root ? root : ".", target);
+    DIR *d = opendir(dir);
+    if (!d)
+        fail_msg("corpus directory %s: %s (run the tests from the repository root)", dir,
+                 strerror(errno));
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        struct stat st;
+        if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 64;
+            names = realloc(names, cap * sizeof *names);
+            assert_non_null(names);
+        }
+        names[n++] = strdup(e->d_name);
+    }
+    closedir(d);
+    if (n == 0)
+        fail_msg("corpus directory %s is empty", dir);
+    qsort(names, n, sizeof *names, cmp_names);
+    for (size_t i = 0; i < n; i++) {
+        snprintf(current, sizeof current, "%s/%s", dir, names[i]);
+        size_t len;
+        unsigned char *raw = tu_read_file(current, &len);
+        /* an exact-size copy, so ASan sees any read past the end */
+        unsigned char *b = malloc(len ? len : 1);
+        assert_non_null(b);
+        memcpy(b, raw, len);
+        free(raw);
+        fn(b, len);
+        if (check)
+            check(names[i], b, len);
+        free(b);
+        free(names[i]);
+    }
+    current[0] = 0;
+    free(names);
+    print_message("replayed %zu inputs of %s\n", n, dir);
+    return n;
+}
+
+static void meta_rejects(const char *name, const unsigned char *b, size_t n)
+{
+    if (strncmp(name, "repro-reject-", 13) != 0)
+        return;
+    st_meta *m = NULL;
+    int rc = st_meta_decode_unchecked(&m, b, n);
+    if (rc == 0) {
+        st_meta_free(m);
+        fail_msg("%s: metadata the decoder must refuse was accepted", name);
+    }
+    assert_int_equal(rc, STRATA_EFORMAT);
+}
+
+static void uri_rejects(const char *name, const unsigned char *b, size_t n)
+{
+    if (strncmp(name, "repro-reject-", 13) != 0)
+        return;
+    char uri[4096], path[4096];
+    assert_true(n < sizeof uri);
+    memcpy(uri, b, n);
+    uri[n] = 0;
+    const st_vfs *v = NULL;
+    int rc = st_vfs_resolve(uri, &v, path, sizeof path);
+    if (rc == 0) {
+        st_vfs_release(v);
+        fail_msg("%s: URI '%s' that must be refused was accepted", name, uri);
+    }
+    assert_int_equal(rc, STRATA_EINVAL);
+}
+
+static void test_replay_meta(void **state)
+{
+    (void)state;
+    replay("fuzz_meta", fuzz_meta_one, meta_rejects);
+}
+
+static void test_replay_commit(void **state)
+{
+    (void)state;
+    replay("fuzz_commit", fuzz_commit_one, NULL);
+}
+
+static void test_replay_uri(void **state)
+{
+    (void)state;
+    replay("fuzz_uri", fuzz_uri_one, uri_rejects);
+}
+
+static void test_replay_layout(void **state)
+{
+    (void)state;
+    replay("fuzz_layout", fuzz_layout_one, NULL);
+}
+
+int main(void)
+{
+    signal(SIGABRT, on_abort);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_replay_meta),
+        cmocka_unit_test(test_replay_commit),
+        cmocka_unit_test(test_replay_uri),
+        cmocka_unit_test(test_replay_layout),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
