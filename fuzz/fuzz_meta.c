@@ -1,0 +1,260 @@
+/* fuzz_meta.c - libFuzzer target for the metadata decoder (src/meta/meta.c).
+ *
+ * The input goes to st_meta_decode_unchecked (no trailer checksum, so mutations reach deep
+ * into the parser) and to st_meta_decode. A decoded st_meta is then held to the rules of
+ * docs/FORMAT.md ("What a reader checks") by an independent checker, including a
+ * brute-force overlap test of small tensors, and re-encoded: the encoding must decode (with
+ * its checksum) to an equal st_meta and re-encode to the same bytes. Any violation is
+ * abort(). Also replayed by tests/test_fuzz_replay.c (the entry point is renamed there). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/checksum.h"
+#include "meta/meta.h"
+
+#define FM_FAIL(...)                                                                         \
+    do {                                                                                     \
+        fprintf(stderr, "fuzz_meta: " __VA_ARGS__);                                         \
+        fprintf(stderr, "\n");                                                               \
+        abort();                                                                             \
+    } while (0)
+
+static volatile uint64_t fm_sink;
+
+static int fm_name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    return n >= 1 && n <= STRATA_MAX_NAME;
+}
+
+static int fm_extent_ok(const st_meta *m, const st_extent *e)
+{
+    if (e->file >= m->nfiles || e->offset % ST_ALIGN != 0)
+        return 0;
+    uint64_t fb = m->files[e->file].bytes;
+    if (e->offset > fb || e->bytes > fb - e->offset)
+        return 0;
+    uint64_t x = 0, n = st_nchunks(e->bytes, m->chunk);
+    for (uint64_t i = 0; i < n; i++) /* reads every checksum: ASan checks the array */
+        x ^= e->sums[i];
+    fm_sink ^= x;
+    return 1;
+}
+
+/* Brute force: marks every element each shard holds in a bitmap of the tensor; a second
+ * mark is an overlap. Only for small tensors. Returns 1 if two shards overlap. */
+static int fm_overlap_brute(const st_mtensor *t, uint64_t numel)
+{
+    unsigned char *seen = calloc(numel ? numel : 1, 1);
+    if (!seen)
+        return 0;
+    int bad = 0;
+    for (size_t s = 0; s < t->nshards && !bad; s++) {
+        const st_mshard *sh = &t->shards[s];
+        uint64_t idx[STRATA_MAX_DIMS] = {0}, k = sh->fs, r = sh->fs;
+        for (int d = t->ndim - 1; d >= 0; d--) { /* multi-index of box element fs */
+            idx[d] = r % sh->len[d];
+            r /= sh->len[d];
+        }
+        /* an odometer over [fs, fe) of the box; each element marked once, so the work is
+         * at most numel + 1 marks before an overlap shows */
+        for (; k < sh->fe; k++) {
+            uint64_t g = 0;
+            for (int d = 0; d < t->ndim; d++)
+                g = g * t->shape[d] + sh->off[d] + idx[d];
+            if (seen[g]++) {
+                bad = 1;
+                break;
+            }
+            for (int d = t->ndim - 1; d >= 0; d--) {
+                if (++idx[d] < sh->len[d])
+                    break;
+                idx[d] = 0;
+            }
+        }
+    }
+    free(seen);
+    return bad;
+}
+
+/* Checks everything FORMAT.md says a decoded metadata satisfies. */
+static void fm_check(const st_meta *m)
+{
+    if (m->chunk < 4096 || m->chunk > (64u << 20) || (m->chunk & (m->chunk - 1)))
+        FM_FAIL("bad chunk size %u accepted", m->chunk);
+    for (uint32_t i = 0; i < m->nfiles; i++) {
+        const char *n = m->files[i].name;
+        if (!fm_name_ok(n) || !st_plain_name(n, strlen(n)))
+            FM_FAIL("bad file name accepted");
+        for (uint32_t j = 0; j < i && m->nfiles <= 2048; j++) /* quadratic: modest counts */
+            if (strcmp(n, m->files[j].name) == 0)
+                FM_FAIL("duplicate file name '%s' accepted", n);
+    }
+    uint64_t total = 0, brute = 0; /* brute: elements checked by fm_overlap_brute */
+    for (size_t i = 0; i < m->ntensors; i++) {
+        const st_mtensor *t = &m->tensors[i];
+        if (!fm_name_ok(t->name))
+            FM_FAIL("bad tensor name accepted");
+        if ((unsigned)t->dtype >= STRATA_DTYPE_COUNT || t->ndim < 0 || t->ndim > STRATA_MAX_DIMS)
+            FM_FAIL("tensor '%s': bad dtype or ndim accepted", t->name);
+        uint64_t numel = 1, esz = strata_dtype_size(t->dtype), tb;
+        for (int d = 0; d < t->ndim; d++)
+            if (__builtin_mul_overflow(numel, t->shape[d], &numel))
+                FM_FAIL("tensor '%s': shape overflows", t->name);
+        if (__builtin_mul_overflow(numel, esz, &tb) || tb > (UINT64_MAX >> 2))
+            FM_FAIL("tensor '%s': size overflows", t->name);
+        uint64_t sum = 0, held = 0;
+        for (size_t s = 0; s < t->nshards; s++) {
+            const st_mshard *sh = &t->shards[s];
+            uint64_t bn = 1;
+            for (int d = 0; d < t->ndim; d++) {
+                if (sh->len[d] == 0 || sh->off[d] > t->shape[d] ||
+                    sh->len[d] > t->shape[d] - sh->off[d])
+                    FM_FAIL("tensor '%s' shard %zu: box outside the tensor", t->name, s);
+                bn *= sh->len[d];
+            }
+            if (sh->flat != 0 && sh->flat != 1)
+                FM_FAIL("tensor '%s' shard %zu: flat = %d", t->name, s, sh->flat);
+            if (sh->fs >= sh->fe || sh->fe > bn || (!sh->flat && (sh->fs != 0 || sh->fe != bn)))
+                FM_FAIL("tensor '%s' shard %zu: bad flat range", t->name, s);
+            if (sh->ext.bytes != (sh->fe - sh->fs) * esz)
+                FM_FAIL("tensor '%s' shard %zu: extent bytes do not match", t->name, s);
+            if (!fm_extent_ok(m, &sh->ext))
+                FM_FAIL("tensor '%s' shard %zu: extent outside its file", t->name, s);
+            sum += sh->ext.bytes;
+            held += sh->fe - sh->fs;
+        }
+        if (sum != t->bytes)
+            FM_FAIL("tensor '%s': bytes %llu, shards sum to %llu", t->name,
+                    (unsigned long long)t->bytes, (unsigned long long)sum);
+        if (held > numel)
+            FM_FAIL("tensor '%s': shards hold more elements than the tensor", t->name);
+        if (t->nshards > 1 && numel <= (1u << 16) && (brute += numel) <= (1u << 18) &&
+            fm_overlap_brute(t, numel))
+            FM_FAIL("tensor '%s': overlapping shards accepted", t->name);
+        total += t->bytes;
+    }
+    for (size_t i = 0; i < m->nblobs; i++) {
+        const st_mblob *b = &m->blobs[i];
+        if (!fm_name_ok(b->name) || b->owner < -1 || b->owner > INT32_MAX)
+            FM_FAIL("bad blob name or owner accepted");
+        if (!fm_extent_ok(m, &b->ext))
+            FM_FAIL("blob '%s': extent outside its file", b->name);
+        total += b->ext.bytes;
+    }
+    if (total != m->data_bytes)
+        FM_FAIL("data_bytes %llu, objects sum to %llu", (unsigned long long)m->data_bytes,
+                (unsigned long long)total);
+    /* unique names (quadratic: only for modest counts) */
+    if (m->ntensors + m->nblobs <= 4096) {
+        for (size_t i = 0; i < m->ntensors; i++)
+            for (size_t j = 0; j < i; j++)
+                if (strcmp(m->tensors[i].name, m->tensors[j].name) == 0)
+                    FM_FAIL("duplicate tensor name '%s' accepted", m->tensors[i].name);
+        for (size_t i = 0; i < m->nblobs; i++)
+            for (size_t j = 0; j < i; j++)
+                if (m->blobs[i].owner == m->blobs[j].owner &&
+                    strcmp(m->blobs[i].name, m->blobs[j].name) == 0)
+                    FM_FAIL("duplicate blob '%s' accepted", m->blobs[i].name);
+    }
+}
+
+static int fm_ext_eq(const st_extent *a, const st_extent *b, uint32_t chunk)
+{
+    return a->file == b->file && a->offset == b->offset && a->bytes == b->bytes &&
+           memcmp(a->sums, b->sums, st_nchunks(a->bytes, chunk) * 8) == 0;
+}
+
+static int fm_equal(const st_meta *a, const st_meta *b)
+{
+    if (a->step != b->step || a->chunk != b->chunk || a->nfiles != b->nfiles ||
+        a->ntensors != b->ntensors || a->nblobs != b->nblobs || a->data_bytes != b->data_bytes)
+        return 0;
+    for (uint32_t i = 0; i < a->nfiles; i++)
+        if (strcmp(a->files[i].name, b->files[i].name) || a->files[i].bytes != b->files[i].bytes)
+            return 0;
+    for (size_t i = 0; i < a->ntensors; i++) {
+        const st_mtensor *x = &a->tensors[i], *y = &b->tensors[i];
+        if (strcmp(x->name, y->name) || x->dtype != y->dtype || x->ndim != y->ndim ||
+            x->nshards != y->nshards || x->bytes != y->bytes ||
+            memcmp(x->shape, y->shape, (size_t)x->ndim * 8))
+            return 0;
+        for (size_t s = 0; s < x->nshards; s++) {
+            const st_mshard *p = &x->shards[s], *q = &y->shards[s];
+            if (p->flat != q->flat || p->fs != q->fs || p->fe != q->fe ||
+                memcmp(p->off, q->off, (size_t)x->ndim * 8) ||
+                memcmp(p->len, q->len, (size_t)x->ndim * 8) || !fm_ext_eq(&p->ext, &q->ext, a->chunk))
+                return 0;
+        }
+    }
+    for (size_t i = 0; i < a->nblobs; i++) {
+        const st_mblob *x = &a->blobs[i], *y = &b->blobs[i];
+        if (strcmp(x->name, y->name) || x->owner != y->owner || !fm_ext_eq(&x->ext, &y->ext, a->chunk))
+            return 0;
+    }
+    return 1;
+}
+
+/* Re-encodes m: the bytes must decode (checksum included) to an equal st_meta, and that
+ * must encode to the same bytes. */
+static void fm_roundtrip(const st_meta *m)
+{
+    unsigned char *b1 = NULL, *b2 = NULL;
+    size_t n1 = 0, n2 = 0;
+    st_meta *m2 = NULL;
+    if (st_meta_encode(m, &b1, &n1) != 0)
+        return; /* out of memory */
+    int rc = st_meta_decode(&m2, b1, n1);
+    if (rc == STRATA_ENOMEM) {
+        free(b1);
+        return;
+    }
+    if (rc != 0)
+        FM_FAIL("re-encoded metadata does not decode: %s", strata_error_last());
+    if (!fm_equal(m, m2))
+        FM_FAIL("re-encoded metadata decodes to something else");
+    if (st_meta_encode(m2, &b2, &n2) == 0) {
+        if (n1 != n2 || memcmp(b1, b2, n1) != 0)
+            FM_FAIL("encoding is not stable (%zu vs %zu bytes)", n1, n2);
+        free(b2);
+    }
+    st_meta_free(m2);
+    free(b1);
+}
+
+static void fm_rc_ok(int rc, st_meta *m)
+{
+    if (rc != 0 && rc != STRATA_EFORMAT && rc != STRATA_ENOMEM)
+        FM_FAIL("decoder returned %s", strata_error_name(rc));
+    if (rc != 0 && (m != NULL || strata_error_last()[0] == 0))
+        FM_FAIL("failed decode left an output or no message");
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    st_meta *mu = (st_meta *)1, *mc = (st_meta *)1;
+    int ru = st_meta_decode_unchecked(&mu, data, size);
+    fm_rc_ok(ru, mu);
+    if (ru == 0) {
+        fm_check(mu);
+        fm_roundtrip(mu);
+    }
+    int rc = st_meta_decode(&mc, data, size);
+    fm_rc_ok(rc, mc);
+    int sum_ok = size >= ST_META_HEADER + ST_META_TRAILER &&
+                 st_hash(data, size - ST_META_TRAILER) == st_get_u64(data + size - ST_META_TRAILER);
+    if ((rc == 0) != (ru == 0 && sum_ok) && rc != STRATA_ENOMEM && ru != STRATA_ENOMEM)
+        FM_FAIL("checked decode (%d) disagrees with unchecked decode (%d) + checksum (%d)", rc,
+                ru, sum_ok);
+    if (rc == 0) {
+        fm_check(mc);
+        if (ru == 0 && !fm_equal(mu, mc))
+            FM_FAIL("checked and unchecked decodes differ");
+        fm_roundtrip(mc);
+    }
+    st_meta_free(mu);
+    st_meta_free(mc);
+    return 0;
+}
