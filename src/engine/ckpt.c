@@ -215,50 +215,30 @@ int st_is_strata_file(const char *name)
 }
 
 typedef struct {
-    const st_vfs *v;
-    const char *dir;
-    int strata, foreign;
+    int strata, foreign, unlink;
     uint64_t bytes;
-    int unlink, err;
-    char failed[PATH_MAX];
 } scan_ctx;
 
-static int scan_one(void *p, const char *name)
+static int scan_one(void *p, const char *name, uint64_t size, int kind)
 {
     scan_ctx *c = p;
-    char path[PATH_MAX];
-    if (!st_is_strata_file(name) || st_path_join(path, c->dir, name)) {
-        c->foreign++;
-        return 0;
-    }
-    uint64_t size = 0;
-    int kind = 3;
-    if (c->v->stat(c->v, path, &size, &kind) || kind != 0) {
+    if (!st_is_strata_file(name) || kind != 0) {
         c->foreign++; /* symlinks and directories with our names are not ours */
-        return 0;
+        return ST_LIST_NEXT;
     }
     c->strata++;
     c->bytes += size;
-    if (c->unlink) {
-        int e = c->v->unlink(c->v, path);
-        if (e && !c->err) {
-            c->err = e;
-            snprintf(c->failed, sizeof c->failed, "%s", path);
-        }
-    }
-    return 0;
+    return c->unlink ? ST_LIST_REMOVE : ST_LIST_NEXT;
 }
 
 int st_scan_dir(const st_vfs *v, const char *dir, int unlink, int *strata, int *foreign,
                 uint64_t *bytes)
 {
-    scan_ctx c = {.v = v, .dir = dir, .unlink = unlink};
+    scan_ctx c = {.unlink = unlink};
     int e = v->list(v, dir, scan_one, &c);
     if (e)
-        return st_fail(st_from_errno(-e), "cannot list '%s': %s", dir, strerror(-e));
-    if (c.err)
-        return st_fail(st_from_errno(-c.err), "cannot remove '%s': %s", c.failed,
-                       strerror(-c.err));
+        return st_fail(st_from_errno(-e), "cannot %s '%s': %s",
+                       unlink ? "remove the files in" : "list", dir, strerror(-e));
     if (strata)
         *strata = c.strata;
     if (foreign)

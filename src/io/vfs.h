@@ -26,8 +26,11 @@ typedef struct st_file {
     const st_vfs *vfs;
 } st_file;
 
-/* Called once per directory entry; return nonzero to stop. */
-typedef int (*st_list_fn)(void *ctx, const char *name);
+/* Called once per directory entry with its size and kind (0 file, 1 directory, 2 symlink,
+ * 3 other; never following a symlink). Returns ST_LIST_NEXT, ST_LIST_REMOVE (the backend
+ * unlinks that entry, a regular file only) or ST_LIST_STOP. */
+enum { ST_LIST_NEXT = 0, ST_LIST_REMOVE = 1, ST_LIST_STOP = -1 };
+typedef int (*st_list_fn)(void *ctx, const char *name, uint64_t size, int kind);
 
 struct st_vfs {
     int version;
@@ -46,6 +49,10 @@ struct st_vfs {
     int (*unlink)(const st_vfs *v, const char *path);
     int (*rmdir)(const st_vfs *v, const char *path);
     int (*sync_dir)(const st_vfs *v, const char *path);
+    /* Lists dir, stats and removes entries through one handle on the directory (opened
+     * without following a symlink), so that the directory cannot be swapped for a link
+     * between the look and the unlink. 0, or the -errno of the listing or of the first
+     * failed removal (the walk goes on after a failed removal). */
     int (*list)(const st_vfs *v, const char *dir, st_list_fn fn, void *ctx);
     /* kind: 0 regular file, 1 directory, 2 symlink, 3 other. Does not follow symlinks. */
     int (*stat)(const st_vfs *v, const char *path, uint64_t *size, int *kind);

@@ -151,9 +151,34 @@ static int f_sync_dir(const st_vfs *v, const char *path)
     return e ? -e : FV(v)->inner->sync_dir(FV(v)->inner, path);
 }
 
+typedef struct {
+    fault_vfs *v;
+    st_list_fn fn;
+    void *ctx;
+    int err;
+} list_ctx;
+
+/* A removal asked for during a listing counts as an unlink call. */
+static int f_list_one(void *p, const char *name, uint64_t size, int kind)
+{
+    list_ctx *c = p;
+    int what = c->fn(c->ctx, name, size, kind);
+    if (what == ST_LIST_REMOVE && kind == 0) {
+        int e = hit(c->v, OP_UNLINK);
+        if (e) {
+            if (!c->err)
+                c->err = e;
+            return ST_LIST_NEXT;
+        }
+    }
+    return what;
+}
+
 static int f_list(const st_vfs *v, const char *dir, st_list_fn fn, void *ctx)
 {
-    return FV(v)->inner->list(FV(v)->inner, dir, fn, ctx);
+    list_ctx c = {FV(v), fn, ctx, 0};
+    int rc = FV(v)->inner->list(FV(v)->inner, dir, f_list_one, &c);
+    return rc ? rc : -c.err;
 }
 
 static int f_stat(const st_vfs *v, const char *path, uint64_t *size, int *kind)

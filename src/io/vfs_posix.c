@@ -137,18 +137,36 @@ static int px_sync_dir(const st_vfs *v, const char *path)
 static int px_list(const st_vfs *v, const char *dir, st_list_fn fn, void *ctx)
 {
     (void)v;
-    DIR *d = opendir(dir);
-    if (!d)
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dfd < 0)
         return -errno;
+    int lfd = dup(dfd);
+    DIR *d = lfd >= 0 ? fdopendir(lfd) : NULL;
+    if (!d) {
+        int e = -errno;
+        if (lfd >= 0)
+            close(lfd);
+        close(dfd);
+        return e;
+    }
     struct dirent *e;
+    int rc = 0;
     while ((e = readdir(d))) {
         if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
             continue;
-        if (fn(ctx, e->d_name))
+        struct stat st;
+        if (fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW))
+            continue; /* gone meanwhile */
+        int kind = S_ISREG(st.st_mode) ? 0 : S_ISDIR(st.st_mode) ? 1 : S_ISLNK(st.st_mode) ? 2 : 3;
+        int what = fn(ctx, e->d_name, (uint64_t)st.st_size, kind);
+        if (what == ST_LIST_STOP)
             break;
+        if (what == ST_LIST_REMOVE && kind == 0 && unlinkat(dfd, e->d_name, 0) && !rc)
+            rc = -errno;
     }
     closedir(d);
-    return 0;
+    close(dfd);
+    return rc;
 }
 
 static int px_stat(const st_vfs *v, const char *path, uint64_t *size, int *kind)
