@@ -495,37 +495,6 @@ typedef struct {
     status_block st;
 } open_block;
 
-/* Walks the runs of read i that fall in its chunks, in a fixed order: fn(ctx, run, x0, x1,
- * at) for the overlap [x0, x1) of each run with the read, `at` its offset in the read's
- * buffer. Sender and receiver walk the same way, so packed bytes need no headers. */
-typedef void (*walk_fn)(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, uint64_t at);
-
-static void walk_read(const st_load_plan *p, size_t i, walk_fn fn, void *ctx)
-{
-    const st_read *rd = &p->reads[i];
-    const uint64_t C = p->meta->chunk;
-    for (size_t si = rd->seg0; si < rd->seg1; si++) {
-        const st_seg *s = &p->segs[si];
-        const st_extent *e = p->ext[s->piece];
-        uint64_t lo = s->c0 * C, hi = ST_MIN(s->c1 * C, e->bytes);
-        size_t a = p->run0[s->piece], b = p->run0[s->piece + 1];
-        uint64_t from = lo > p->maxrun[s->piece] ? lo - p->maxrun[s->piece] : 0;
-        while (a < b) {
-            size_t mid = a + (b - a) / 2;
-            if (p->runs[mid].src < from)
-                a = mid + 1;
-            else
-                b = mid;
-        }
-        for (size_t r = a; r < p->run0[s->piece + 1] && p->runs[r].src < hi; r++) {
-            const st_run *run = &p->runs[r];
-            uint64_t x0 = ST_MAX(run->src, lo), x1 = ST_MIN(run->src + run->n, hi);
-            if (x0 < x1)
-                fn(ctx, run, x0, x1, e->offset + x0 - rd->off);
-        }
-    }
-}
-
 typedef struct {
     uint64_t *per_rank; /* bytes per destination rank */
     unsigned char *need; /* ranks with runs in the read */
@@ -592,7 +561,7 @@ static int assign_readers(const st_load_plan *p, int P, int *reader)
     for (size_t i = 0; i < p->nreads; i++) {
         memset(need, 0, (size_t)P);
         count_ctx c = {NULL, need};
-        walk_read(p, i, count_run, &c);
+        st_walk_read(p, i, count_run, &c);
         int best = -1;
         for (int r = 0; r < P; r++)
             if (need[r] && (best < 0 || load[r] < load[best]))
@@ -693,7 +662,7 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_load_pla
         memset(bytes, 0, (size_t)P * sizeof *bytes);
         for (size_t j = 0; j < n; j++) {
             count_ctx c = {bytes, NULL};
-            walk_read(p, mine[first + j], count_run, &c);
+            st_walk_read(p, mine[first + j], count_run, &c);
         }
         size_t stot = 0, rtot = 0;
         for (int r = 0; r < P; r++) {
@@ -712,7 +681,7 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_load_pla
                 continue;
             memset(bytes, 0, (size_t)P * sizeof *bytes);
             count_ctx c = {bytes, NULL};
-            walk_read(p, i, count_run, &c);
+            st_walk_read(p, i, count_run, &c);
             rc_[reader[i]] += (size_t)bytes[me];
         }
         for (int r = 0; r < P; r++)
@@ -731,7 +700,7 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_load_pla
         }
         for (size_t j = 0; j < n; j++) {
             move_ctx m = {p, me, bufs[j], cur, NULL};
-            walk_read(p, mine[first + j], pack_run, &m);
+            st_walk_read(p, mine[first + j], pack_run, &m);
         }
         rc = st_alltoallv(comm, sbuf, sc, rbuf, rc_);
         if (!rc) {
@@ -739,7 +708,7 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_load_pla
             for (size_t k = next; k < end; k++)
                 if (reader[order[k]] != me) {
                     move_ctx m = {p, me, NULL, NULL, in};
-                    walk_read(p, order[k], unpack_run, &m);
+                    st_walk_read(p, order[k], unpack_run, &m);
                     in = m.in;
                 }
         }

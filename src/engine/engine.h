@@ -82,6 +82,11 @@ int st_open_data_files(const st_dir *d, const st_load_plan *p, int no_direct, st
 void st_close_data_files(const st_dir *d, const st_load_plan *p, st_file **files);
 int st_read_some(const st_dir *d, const st_load_plan *p, st_file **files, const size_t *list,
                  size_t n, char **bufs, int threads, int only_rank);
+/* Walks the runs of read i that fall in its chunks, in a fixed order (segments, then runs
+ * by source offset): fn(ctx, run, x0, x1, at) for the overlap [x0, x1) of each run with
+ * the read, `at` its offset in the read's buffer. */
+typedef void (*st_walk_fn)(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, uint64_t at);
+void st_walk_read(const st_load_plan *p, size_t i, st_walk_fn fn, void *ctx);
 static inline size_t st_read_buf_bytes(const st_meta *m, uint64_t max_io)
 {
     return (size_t)ST_ALIGN_UP(ST_MAX(max_io, m->chunk) + ST_ALIGN, ST_ALIGN);

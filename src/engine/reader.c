@@ -44,6 +44,48 @@ static void bad_chunk(exec_ctx *x, const char *object, const char *file, const c
     pthread_mutex_unlock(&x->mu);
 }
 
+void st_walk_read(const st_load_plan *p, size_t i, st_walk_fn fn, void *ctx)
+{
+    const st_read *rd = &p->reads[i];
+    const uint64_t C = p->meta->chunk;
+    for (size_t si = rd->seg0; si < rd->seg1; si++) {
+        const st_seg *s = &p->segs[si];
+        const st_extent *e = p->ext[s->piece];
+        uint64_t lo = s->c0 * C, hi = ST_MIN(s->c1 * C, e->bytes);
+        /* runs are sorted by src and none is longer than maxrun: the first that can reach
+         * lo starts at or after lo - maxrun */
+        size_t a = p->run0[s->piece], b = p->run0[s->piece + 1];
+        uint64_t from = lo > p->maxrun[s->piece] ? lo - p->maxrun[s->piece] : 0;
+        while (a < b) {
+            size_t mid = a + (b - a) / 2;
+            if (p->runs[mid].src < from)
+                a = mid + 1;
+            else
+                b = mid;
+        }
+        for (size_t r = a; r < p->run0[s->piece + 1] && p->runs[r].src < hi; r++) {
+            const st_run *run = &p->runs[r];
+            uint64_t x0 = ST_MAX(run->src, lo), x1 = ST_MIN(run->src + run->n, hi);
+            if (x0 < x1)
+                fn(ctx, run, x0, x1, e->offset + x0 - rd->off);
+        }
+    }
+}
+
+typedef struct {
+    const st_load_plan *p;
+    const char *buf;
+    int only_rank;
+} scatter_ctx;
+
+static void scatter_run(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, uint64_t at)
+{
+    scatter_ctx *c = ctx;
+    if (run->rank < 0 || (c->only_rank >= 0 && run->rank != c->only_rank))
+        return;
+    memcpy(st_run_dst(run, c->p->ranks) + (x0 - run->src), c->buf + at, x1 - x0);
+}
+
 static int run_read(void *arg, size_t task, int worker)
 {
     exec_ctx *x = arg;
@@ -92,26 +134,11 @@ static int run_read(void *arg, size_t task, int worker)
                                (unsigned long long)(e->offset + lo + n));
             }
         }
-        /* scatter the runs that overlap [lo, hi) of this extent */
-        uint64_t lo = s->c0 * C, hi = ST_MIN(s->c1 * C, e->bytes);
-        size_t a = p->run0[s->piece], b = p->run0[s->piece + 1];
-        uint64_t from = lo > p->maxrun[s->piece] ? lo - p->maxrun[s->piece] : 0;
-        while (a < b) { /* first run with src >= from */
-            size_t mid = a + (b - a) / 2;
-            if (p->runs[mid].src < from)
-                a = mid + 1;
-            else
-                b = mid;
-        }
-        for (size_t r = a; r < p->run0[s->piece + 1] && p->runs[r].src < hi; r++) {
-            const st_run *run = &p->runs[r];
-            if (run->rank < 0 || (x->only_rank >= 0 && run->rank != x->only_rank))
-                continue;
-            uint64_t x0 = ST_MAX(run->src, lo), x1 = ST_MIN(run->src + run->n, hi);
-            if (x0 < x1)
-                memcpy(st_run_dst(run, p->ranks) + (x0 - run->src),
-                       buf + (e->offset + x0 - rd->off), x1 - x0);
-        }
+    }
+    /* verify-only plans have no destinations */
+    if (p->ranks) {
+        scatter_ctx sc = {p, buf, x->only_rank};
+        st_walk_read(p, (size_t)(rd - p->reads), scatter_run, &sc);
     }
     return 0;
 }
