@@ -309,19 +309,7 @@ static void test_rank_failure(void **state)
     tu_set_free(&src);
 }
 
-static int setup(void **state)
-{
-    (void)state;
-    tu_tmpdir(base, sizeof base, "dist");
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    tu_rmrf(base);
-    return 0;
-}
+TU_TMPDIR_GROUP(base, "dist")
 
 int main(void)
 {
@@ -330,5 +318,5 @@ int main(void)
         cmocka_unit_test(test_plan_cache),
         cmocka_unit_test(test_rank_failure),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, tu_group_setup, tu_group_teardown);
 }

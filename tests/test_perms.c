@@ -396,19 +396,7 @@ static void test_backend_nofollow(void **state)
     tu_rmrf(ck);
 }
 
-static int setup(void **state)
-{
-    (void)state;
-    tu_tmpdir(base_dir, sizeof base_dir, "perms");
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    tu_rmrf(base_dir);
-    return 0;
-}
+TU_TMPDIR_GROUP(base_dir, "perms")
 
 int main(void)
 {
@@ -418,5 +406,5 @@ int main(void)
         cmocka_unit_test(test_save_symlinks),
         cmocka_unit_test(test_backend_nofollow),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, tu_group_setup, tu_group_teardown);
 }

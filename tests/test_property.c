@@ -468,19 +468,7 @@ static void test_load_subset(void **state)
     tu_set_free(&dst);
 }
 
-static int setup(void **state)
-{
-    (void)state;
-    tu_tmpdir(base_dir, sizeof base_dir, "prop");
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    tu_rmrf(base_dir);
-    return 0;
-}
+TU_TMPDIR_GROUP(base_dir, "prop")
 
 int main(void)
 {
@@ -492,5 +480,5 @@ int main(void)
         cmocka_unit_test(test_random_roundtrips),
         cmocka_unit_test(test_threads),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, tu_group_setup, tu_group_teardown);
 }

@@ -157,6 +157,22 @@ static inline void tu_tmpdir(char *out, size_t cap, const char *tag)
         fail_msg("mkdtemp(%s): %s", out, strerror(errno));
 }
 
+/* The group setup / teardown of a test file whose tests share one temporary directory:
+ * TU_TMPDIR_GROUP(dir, "tag") defines tu_group_setup and tu_group_teardown. */
+#define TU_TMPDIR_GROUP(dir, tag)                                                            \
+    static int tu_group_setup(void **state)                                                  \
+    {                                                                                        \
+        (void)state;                                                                         \
+        tu_tmpdir(dir, sizeof dir, tag);                                                     \
+        return 0;                                                                            \
+    }                                                                                        \
+    static int tu_group_teardown(void **state)                                               \
+    {                                                                                        \
+        (void)state;                                                                         \
+        tu_rmrf(dir);                                                                        \
+        return 0;                                                                            \
+    }
+
 static inline int tu_rm_one(const char *p, const struct stat *sb, int flag, struct FTW *f)
 {
     (void)sb, (void)flag, (void)f;
