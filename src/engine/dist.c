@@ -364,19 +364,23 @@ int strata_save_dist(strata_comm *comm, const char *uri, strata_state *local,
         fresh->hash = h;
         fresh->size = P;
         fresh->chunk = chunk;
-        if ((local_rc = decode_part(fresh, mypart, mylen)))
-            snprintf(local_msg, sizeof local_msg, "%s", strata_error_last());
-        if (comm->cache_free)
+        if (comm->cache_free) /* the old plan is stale whatever happens now */
             comm->cache_free(comm->cache);
-        comm->cache = fresh;
-        comm->cache_free = save_cache_free;
-        cache = fresh;
-        fresh = NULL;
+        comm->cache = NULL;
+        comm->cache_free = NULL;
+        cache = NULL;
+        if ((local_rc = decode_part(fresh, mypart, mylen))) {
+            snprintf(local_msg, sizeof local_msg, "%s", strata_error_last());
+        } else {
+            comm->cache = cache = fresh;
+            comm->cache_free = save_cache_free;
+            fresh = NULL;
+        }
     }
 
     /* 4. every rank writes its own data file */
     wrote = 1;
-    if (!local_rc) {
+    if (!local_rc && cache) {
         local_rc = write_mine(cache, &mine, me, vfs, dir, o, &sums, &nsums, &io_calls);
         if (local_rc)
             snprintf(local_msg, sizeof local_msg, "%s", strata_error_last());
