@@ -33,6 +33,21 @@ int st_prepare_dir(const st_vfs *v, const char *dir);
  * extents' checksums): reserve, write on the I/O threads, fsync, close. */
 int st_write_data(const st_vfs *v, const char *dir, const st_save_plan *sp,
                   const strata_save_opts *o, uint64_t *io_calls);
+/* The write tasks of sp: whole chunks, file order (interleaved across files), at most
+ * task_bytes (or one chunk) each, as the reads of a load plan. */
+int st_layout_writes(st_load_plan *lay, const st_save_plan *sp, uint64_t task_bytes);
+/* Fills buf with write task `task`: the sources' bytes, zero padding, and each chunk's
+ * checksum into the plan's extents. buf holds the task's len bytes. */
+void st_fill_write(const st_load_plan *lay, const st_save_plan *sp, size_t task,
+                   unsigned char *buf);
+int st_write_task(const st_vfs *v, st_file *f, const char *dir, const char *name,
+                  const st_read *w, const void *buf);
+/* Opens (creating) the data files of sp and reserves their space; files[] gets them. */
+int st_create_data_files(const st_vfs *v, const char *dir, const st_save_plan *sp, int direct,
+                         st_file **files);
+/* fsyncs (unless no_sync) and closes the data files; the first error wins. */
+int st_finish_data_files(const st_vfs *v, const char *dir, const st_save_plan *sp,
+                         st_file **files, int sync, int rc);
 /* Writes metadata.bin, then the commit record (temp, fsync, rename, fsync dir + parent). */
 int st_commit_dir(const st_vfs *v, const char *dir, const st_meta *m, int sync);
 /* After a failure: removes strata's files in dir (and dir if rmdir), keeping the error. */

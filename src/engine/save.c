@@ -23,19 +23,15 @@ typedef struct {
     const char *dir;
 } save_ctx;
 
-static int run_write(void *arg, size_t task, int worker)
+void st_fill_write(const st_load_plan *lay, const st_save_plan *sp, size_t task,
+                   unsigned char *buf)
 {
-    save_ctx *x = arg;
-    const st_read *w = &x->lay.reads[task];
-    const st_meta *m = x->sp->meta;
-    const uint64_t C = m->chunk;
-    if (!x->buf[worker] && !(x->buf[worker] = st_scratch_get(x->bufsize)))
-        return st_fail(STRATA_ENOMEM, "out of memory for a write buffer");
-    unsigned char *buf = x->buf[worker];
+    const st_read *w = &lay->reads[task];
+    const uint64_t C = sp->meta->chunk;
     uint64_t pos = 0; /* bytes of buf filled */
     for (size_t si = w->seg0; si < w->seg1; si++) {
-        const st_seg *s = &x->lay.segs[si];
-        const st_piece *pc = &x->sp->pieces[s->piece];
+        const st_seg *s = &lay->segs[si];
+        const st_piece *pc = &sp->pieces[s->piece];
         uint64_t at = pc->offset + s->c0 * C - w->off;
         memset(buf + pos, 0, at - pos); /* alignment padding between extents */
         for (uint64_t c = s->c0; c < s->c1; c++) {
@@ -47,11 +43,27 @@ static int run_write(void *arg, size_t task, int worker)
         }
     }
     memset(buf + pos, 0, w->len - pos);
-    int e = st_vfs_write_full(x->v, x->files[w->file], buf, w->len, w->off);
+}
+
+int st_write_task(const st_vfs *v, st_file *f, const char *dir, const char *name,
+                  const st_read *w, const void *buf)
+{
+    int e = st_vfs_write_full(v, f, buf, w->len, w->off);
     if (e)
-        return st_fail(st_from_errno(-e), "writing '%s/%s' at byte %llu: %s", x->dir,
-                       m->files[w->file].name, (unsigned long long)w->off, strerror(-e));
+        return st_fail(st_from_errno(-e), "writing '%s/%s' at byte %llu: %s", dir, name,
+                       (unsigned long long)w->off, strerror(-e));
     return 0;
+}
+
+static int run_write(void *arg, size_t task, int worker)
+{
+    save_ctx *x = arg;
+    const st_read *w = &x->lay.reads[task];
+    if (!x->buf[worker] && !(x->buf[worker] = st_scratch_get(x->bufsize)))
+        return st_fail(STRATA_ENOMEM, "out of memory for a write buffer");
+    st_fill_write(&x->lay, x->sp, task, x->buf[worker]);
+    return st_write_task(x->v, x->files[w->file], x->dir, x->sp->meta->files[w->file].name, w,
+                         x->buf[worker]);
 }
 
 /* The parent directory of path ("." for a bare name). */
@@ -179,7 +191,7 @@ int st_commit_dir(const st_vfs *v, const char *dir, const st_meta *m, int sync)
 
 /* Lays the plan's pieces out as write tasks: whole chunks, file order, at most
  * SAVE_TASK_BYTES each, reusing the load planner's segment/coalescing code. */
-static int layout_writes(st_load_plan *lay, const st_save_plan *sp)
+int st_layout_writes(st_load_plan *lay, const st_save_plan *sp, uint64_t task_bytes)
 {
     memset(lay, 0, sizeof *lay);
     st_meta *m = sp->meta;
@@ -200,7 +212,7 @@ static int layout_writes(st_load_plan *lay, const st_save_plan *sp)
         if (sp->pieces[i].bytes)
             lay->runs[lay->nruns++] = (st_run){(uint32_t)i, -1, 0, 0, sp->pieces[i].bytes, 0};
     }
-    int rc = st_plan_reads(lay, SAVE_TASK_BYTES);
+    int rc = st_plan_reads(lay, task_bytes);
     if (rc) {
         st_load_plan_free(lay);
         return rc;
@@ -231,12 +243,51 @@ static int layout_writes(st_load_plan *lay, const st_save_plan *sp)
     return 0;
 }
 
+int st_create_data_files(const st_vfs *v, const char *dir, const st_save_plan *sp, int direct,
+                         st_file **files)
+{
+    int rc = 0;
+    for (uint32_t f = 0; f < sp->meta->nfiles && !rc; f++) {
+        char p[PATH_MAX];
+        if ((rc = st_path_join(p, dir, sp->meta->files[f].name)))
+            break;
+        int e = v->open(v, p, ST_O_WRITE | (direct ? ST_O_DIRECT : 0), &files[f]);
+        if (e) {
+            files[f] = NULL;
+            rc = st_fail(st_from_errno(-e), "creating '%s': %s", p, strerror(-e));
+            break;
+        }
+        /* reserve the space first: a full disk fails here, before any data is written */
+        e = v->allocate(files[f], sp->meta->files[f].bytes);
+        if (e && e != -EOPNOTSUPP)
+            rc = st_fail(st_from_errno(-e), "allocating %llu bytes for '%s': %s",
+                         (unsigned long long)sp->meta->files[f].bytes, p, strerror(-e));
+    }
+    return rc;
+}
+
+int st_finish_data_files(const st_vfs *v, const char *dir, const st_save_plan *sp,
+                         st_file **files, int sync, int rc)
+{
+    for (uint32_t f = 0; files && f < sp->meta->nfiles; f++) {
+        if (!files[f])
+            continue;
+        int e = !rc && sync ? v->sync(files[f]) : 0;
+        int ce = v->close(files[f]);
+        files[f] = NULL;
+        if (!rc && (e || ce))
+            rc = st_fail(st_from_errno(e ? -e : -ce), "syncing '%s/%s': %s", dir,
+                         sp->meta->files[f].name, strerror(e ? -e : -ce));
+    }
+    return rc;
+}
+
 int st_write_data(const st_vfs *v, const char *dir, const st_save_plan *sp,
                   const strata_save_opts *o, uint64_t *io_calls)
 {
     save_ctx x = {.v = v, .sp = sp, .dir = dir};
     int nt = st_io_threads(o->io_threads);
-    int rc = layout_writes(&x.lay, sp);
+    int rc = st_layout_writes(&x.lay, sp, SAVE_TASK_BYTES);
     if (rc)
         return rc;
     /* a write task spans up to SAVE_TASK_BYTES, or one whole chunk if chunks are larger */
@@ -245,33 +296,11 @@ int st_write_data(const st_vfs *v, const char *dir, const st_save_plan *sp,
     x.buf = calloc((size_t)nt, sizeof *x.buf);
     if (!x.files || !x.buf)
         rc = st_fail(STRATA_ENOMEM, "out of memory");
-    for (uint32_t f = 0; f < sp->meta->nfiles && !rc; f++) {
-        char p[PATH_MAX];
-        if ((rc = st_path_join(p, dir, sp->meta->files[f].name)))
-            break;
-        int e = v->open(v, p, ST_O_WRITE | (o->no_direct ? 0 : ST_O_DIRECT), &x.files[f]);
-        if (e) {
-            x.files[f] = NULL;
-            rc = st_fail(st_from_errno(-e), "creating '%s': %s", p, strerror(-e));
-            break;
-        }
-        /* reserve the space first: a full disk fails here, before any data is written */
-        e = v->allocate(x.files[f], sp->meta->files[f].bytes);
-        if (e && e != -EOPNOTSUPP)
-            rc = st_fail(st_from_errno(-e), "allocating %llu bytes for '%s': %s",
-                         (unsigned long long)sp->meta->files[f].bytes, p, strerror(-e));
-    }
+    if (!rc)
+        rc = st_create_data_files(v, dir, sp, !o->no_direct, x.files);
     if (!rc)
         rc = st_parallel(nt, x.lay.nreads, run_write, &x);
-    for (uint32_t f = 0; x.files && f < sp->meta->nfiles; f++) {
-        if (!x.files[f])
-            continue;
-        int e = !rc && !o->no_sync ? v->sync(x.files[f]) : 0;
-        int ce = v->close(x.files[f]);
-        if (!rc && (e || ce))
-            rc = st_fail(st_from_errno(e ? -e : -ce), "syncing '%s/%s': %s", dir,
-                         sp->meta->files[f].name, strerror(e ? -e : -ce));
-    }
+    rc = st_finish_data_files(v, dir, sp, x.files, !o->no_sync, rc);
     if (!rc && io_calls)
         *io_calls = x.lay.nreads;
     for (int i = 0; x.buf && i < nt; i++)
