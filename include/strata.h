@@ -254,6 +254,41 @@ int strata_save_dist(strata_comm *comm, const char *uri, strata_state *local,
 int strata_load_dist(strata_comm *comm, const char *uri, strata_state *local,
                      const strata_load_opts *opts, strata_stats *stats);
 
+/* ---- asynchronous (lazy) saving --------------------------------------------------------- */
+
+/* A fixed pool of aligned host memory, allocated and pre-faulted once, reused by every
+ * asynchronous save given it (several at once included) and never grown: the snapshot
+ * copy waits for a free buffer when all are in flight (back-pressure). Buffers are up to
+ * 8 MiB; a pool of `bytes` has max(1, bytes / buffer) of them. Thread-safe. */
+typedef struct strata_pool strata_pool;
+int strata_pool_new(strata_pool **out, uint64_t bytes);
+/* Frees the pool; no save may still be using it. */
+void strata_pool_free(strata_pool *p);
+uint64_t strata_pool_bytes(const strata_pool *p);
+
+/* An asynchronous save in flight. */
+typedef struct strata_handle strata_handle;
+
+/* Starts saving the ranks' states like strata_save and returns once the plan is made,
+ * before any I/O or copying. In the background the shards are copied, chunk by chunk,
+ * into buffers of `pool` (NULL: a pool of its own, min(1 GiB, the state's size), made and
+ * freed by this save), and each full buffer is written while the next fills; then fsync,
+ * metadata, commit record. The caller must not change its buffers until
+ * strata_wait_snapshot returns, and keeps the states alive until strata_wait_durable.
+ * Errors here: as strata_save's planning errors; later ones travel on the handle. */
+int strata_save_async(strata_handle **out, const char *uri, strata_state *const *ranks,
+                      int nranks, const strata_save_opts *opts, strata_pool *pool);
+/* Returns once every byte has been copied out of the caller's buffers (or the save
+ * failed): the caller may change them after it. 0 or the save's error so far. */
+int strata_wait_snapshot(strata_handle *h);
+/* Returns once the checkpoint is committed (0) or the save failed (its code, with its
+ * message in strata_error_last()). stats may be NULL. */
+int strata_wait_durable(strata_handle *h, strata_stats *stats);
+/* The save's error so far (0 if none), without waiting; message in *msg if not NULL. */
+int strata_handle_error(strata_handle *h, const char **msg);
+/* Waits for the save to end, then frees the handle. */
+void strata_handle_free(strata_handle *h);
+
 /* ---- reading a checkpoint's description ------------------------------------------------ */
 
 typedef struct strata_ckpt strata_ckpt;

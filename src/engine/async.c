@@ -1,0 +1,346 @@
+/* async.c - lazy asynchronous saving (after DataStates-LLM): the plan is made on the
+ * caller's thread; a coordinator thread copies the shards into a bounded pool of reused
+ * buffers (the snapshot) while flusher threads write full buffers behind it; the commit
+ * follows the last write. Threading: the handle's fields after `mu` are guarded by it;
+ * pool buffers are owned by one thread at a time (coordinator fills, one flusher writes). */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../core/error.h"
+#include "../io/pool.h"
+#include "engine.h"
+
+#define POOL_BUF_MAX ((size_t)8 << 20)
+
+struct strata_pool {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    size_t nbuf, bufsize, nfree;
+    unsigned char **bufs;
+    size_t *freelist;
+};
+
+int strata_pool_new(strata_pool **out, uint64_t bytes)
+{
+    *out = NULL;
+    if (bytes < ST_ALIGN)
+        return st_fail(STRATA_EINVAL, "a pool needs at least %u bytes", ST_ALIGN);
+    strata_pool *p = calloc(1, sizeof *p);
+    if (!p)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    size_t b = (size_t)ST_MIN(POOL_BUF_MAX, bytes / 2);
+    p->bufsize = b < ST_ALIGN ? ST_ALIGN : b / ST_ALIGN * ST_ALIGN;
+    p->nbuf = (size_t)(bytes / p->bufsize);
+    p->bufs = calloc(p->nbuf, sizeof *p->bufs);
+    p->freelist = calloc(p->nbuf, sizeof *p->freelist);
+    int rc = p->bufs && p->freelist ? 0 : STRATA_ENOMEM;
+    for (size_t i = 0; i < p->nbuf && !rc; i++) {
+        if (!(p->bufs[i] = st_aligned_alloc(p->bufsize)))
+            rc = STRATA_ENOMEM;
+        else
+            memset(p->bufs[i], 0, p->bufsize); /* fault it in now, not during a save */
+        p->freelist[p->nfree++] = i;
+    }
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    if (rc) {
+        strata_pool_free(p);
+        return st_fail(STRATA_ENOMEM, "out of memory for a pool of %llu bytes",
+                       (unsigned long long)bytes);
+    }
+    *out = p;
+    return 0;
+}
+
+void strata_pool_free(strata_pool *p)
+{
+    if (!p)
+        return;
+    for (size_t i = 0; p->bufs && i < p->nbuf; i++)
+        free(p->bufs[i]);
+    free(p->bufs);
+    free(p->freelist);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+    free(p);
+}
+
+uint64_t strata_pool_bytes(const strata_pool *p) { return (uint64_t)p->nbuf * p->bufsize; }
+
+static size_t pool_get(strata_pool *p)
+{
+    pthread_mutex_lock(&p->mu);
+    while (p->nfree == 0)
+        pthread_cond_wait(&p->cv, &p->mu);
+    size_t i = p->freelist[--p->nfree];
+    pthread_mutex_unlock(&p->mu);
+    return i;
+}
+
+static void pool_put(strata_pool *p, size_t i)
+{
+    pthread_mutex_lock(&p->mu);
+    p->freelist[p->nfree++] = i;
+    pthread_cond_signal(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+struct strata_handle {
+    st_save_plan sp;
+    st_load_plan lay;
+    const st_vfs *v;
+    char dir[PATH_MAX];
+    strata_save_opts o;
+    strata_pool *pool;
+    int own_pool;
+    st_file **files;
+    pthread_t coord;
+    pthread_t *flushers;
+    int nflush;
+    double t0;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int snap_done, durable_done;
+    int rc;
+    char msg[1024];
+    size_t *q_task, *q_buf, q_head, q_len; /* ring of full buffers to write */
+    int q_closed;
+};
+
+/* Records the first failure of the save (message from this thread). */
+static void fail(strata_handle *h, int rc)
+{
+    pthread_mutex_lock(&h->mu);
+    if (!h->rc) {
+        h->rc = rc;
+        snprintf(h->msg, sizeof h->msg, "%s", strata_error_last());
+    }
+    pthread_mutex_unlock(&h->mu);
+}
+
+static int failed(strata_handle *h)
+{
+    pthread_mutex_lock(&h->mu);
+    int rc = h->rc;
+    pthread_mutex_unlock(&h->mu);
+    return rc;
+}
+
+static void *flusher(void *arg)
+{
+    strata_handle *h = arg;
+    for (;;) {
+        pthread_mutex_lock(&h->mu);
+        while (!h->q_len && !h->q_closed)
+            pthread_cond_wait(&h->cv, &h->mu);
+        if (!h->q_len) {
+            pthread_mutex_unlock(&h->mu);
+            return NULL;
+        }
+        size_t slot = h->q_head;
+        size_t task = h->q_task[slot], b = h->q_buf[slot];
+        h->q_head = (h->q_head + 1) % h->pool->nbuf;
+        h->q_len--;
+        int skip = h->rc != 0;
+        pthread_mutex_unlock(&h->mu);
+        if (!skip) {
+            const st_read *w = &h->lay.reads[task];
+            int rc = st_write_task(h->v, h->files[w->file], h->dir,
+                                   h->sp.meta->files[w->file].name, w, h->pool->bufs[b]);
+            if (rc)
+                fail(h, rc);
+        }
+        pool_put(h->pool, b);
+    }
+}
+
+static void set_flag(strata_handle *h, int *flag)
+{
+    pthread_mutex_lock(&h->mu);
+    *flag = 1;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+}
+
+static void *coordinator(void *arg)
+{
+    strata_handle *h = arg;
+    int rc = st_prepare_dir(h->v, h->dir), started = 0, prepared = rc == 0;
+    if (!rc && !(h->files = calloc(h->sp.meta->nfiles + 1, sizeof *h->files)))
+        rc = st_fail(STRATA_ENOMEM, "out of memory");
+    if (!rc)
+        rc = st_create_data_files(h->v, h->dir, &h->sp, !h->o.no_direct, h->files);
+    for (int i = 0; !rc && i < h->nflush; i++, started++)
+        if (pthread_create(&h->flushers[i], NULL, flusher, h)) {
+            rc = st_fail(STRATA_ENOMEM, "cannot start an I/O thread");
+            break;
+        }
+    if (rc)
+        fail(h, rc);
+    /* the snapshot: copy each write task into a pool buffer, hand it to the flushers */
+    for (size_t t = 0; !rc && t < h->lay.nreads && !failed(h); t++) {
+        size_t b = pool_get(h->pool);
+        st_fill_write(&h->lay, &h->sp, t, h->pool->bufs[b]);
+        pthread_mutex_lock(&h->mu);
+        size_t slot = (h->q_head + h->q_len) % h->pool->nbuf;
+        h->q_task[slot] = t;
+        h->q_buf[slot] = b;
+        h->q_len++;
+        pthread_cond_broadcast(&h->cv);
+        pthread_mutex_unlock(&h->mu);
+    }
+    pthread_mutex_lock(&h->mu);
+    h->q_closed = 1;
+    h->snap_done = 1; /* the caller's buffers are no longer read */
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    for (int i = 0; i < started; i++)
+        pthread_join(h->flushers[i], NULL);
+    rc = failed(h);
+    rc = st_finish_data_files(h->v, h->dir, &h->sp, h->files, !h->o.no_sync, rc);
+    if (!rc)
+        rc = st_commit_dir(h->v, h->dir, h->sp.meta, !h->o.no_sync);
+    if (rc) {
+        fail(h, rc);
+        if (prepared) /* nothing half-written stays behind */
+            st_remove_failed(h->v, h->dir, 1);
+    }
+    set_flag(h, &h->durable_done);
+    return NULL;
+}
+
+static void handle_free(strata_handle *h)
+{
+    st_save_plan_free(&h->sp);
+    st_load_plan_free(&h->lay);
+    st_vfs_release(h->v);
+    if (h->own_pool)
+        strata_pool_free(h->pool);
+    free(h->files);
+    free(h->flushers);
+    free(h->q_task);
+    free(h->q_buf);
+    pthread_mutex_destroy(&h->mu);
+    pthread_cond_destroy(&h->cv);
+    free(h);
+}
+
+int strata_save_async(strata_handle **out, const char *uri, strata_state *const *ranks,
+                      int nranks, const strata_save_opts *opts, strata_pool *pool)
+{
+    *out = NULL;
+    strata_save_opts def = STRATA_SAVE_OPTS_INIT;
+    const strata_save_opts *o = opts ? opts : &def;
+    if (o->version != STRATA_SAVE_OPTS_VERSION)
+        return st_fail(STRATA_EINVAL, "strata_save_opts.version %d is not %d", o->version,
+                       STRATA_SAVE_OPTS_VERSION);
+    st_clear_error();
+    uint32_t chunk = o->chunk_bytes ? o->chunk_bytes : ST_DEFAULT_CHUNK;
+    int rc = st_check_chunk(chunk);
+    if (rc)
+        return rc;
+    if (nranks < 1 || !ranks)
+        return st_fail(STRATA_EINVAL, "save needs at least one rank state");
+    strata_handle *h = calloc(1, sizeof *h);
+    st_rank_view *rv = calloc((size_t)nranks, sizeof *rv);
+    if (!h || !rv) {
+        free(h);
+        free(rv);
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    }
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
+    h->t0 = st_now();
+    h->o = *o;
+    for (int r = 0; r < nranks && !rc; r++)
+        if (!ranks[r])
+            rc = st_fail(STRATA_EINVAL, "state of rank %d is NULL", r);
+        else
+            rv[r] = st_state_view(ranks[r]);
+    if (!rc)
+        rc = st_plan_save(&h->sp, rv, nranks, chunk, o->step);
+    free(rv);
+    if (!rc)
+        rc = st_vfs_resolve(uri, &h->v, h->dir, sizeof h->dir);
+    if (!rc && !pool) {
+        uint64_t want = ST_MIN((uint64_t)1 << 30, ST_ALIGN_UP(h->sp.meta->data_bytes, ST_ALIGN));
+        rc = strata_pool_new(&pool, ST_MAX(want, 2 * (uint64_t)chunk));
+        h->own_pool = rc == 0;
+    }
+    h->pool = pool;
+    if (!rc && chunk > pool->bufsize)
+        rc = st_fail(STRATA_EINVAL, "pool buffers (%zu bytes) are smaller than a checksum chunk "
+                     "(%u bytes): use a smaller chunk_bytes or a larger pool",
+                     pool->bufsize, chunk);
+    if (!rc)
+        rc = st_layout_writes(&h->lay, &h->sp, pool->bufsize);
+    h->nflush = st_io_threads(o->io_threads);
+    if (!rc) {
+        h->flushers = calloc((size_t)h->nflush, sizeof *h->flushers);
+        h->q_task = calloc(pool->nbuf, sizeof *h->q_task);
+        h->q_buf = calloc(pool->nbuf, sizeof *h->q_buf);
+        if (!h->flushers || !h->q_task || !h->q_buf)
+            rc = st_fail(STRATA_ENOMEM, "out of memory");
+    }
+    if (!rc && pthread_create(&h->coord, NULL, coordinator, h))
+        rc = st_fail(STRATA_ENOMEM, "cannot start the save's thread");
+    if (rc) {
+        handle_free(h);
+        return rc;
+    }
+    *out = h;
+    return 0;
+}
+
+static int wait_flag(strata_handle *h, int *flag)
+{
+    pthread_mutex_lock(&h->mu);
+    while (!*flag)
+        pthread_cond_wait(&h->cv, &h->mu);
+    int rc = h->rc;
+    if (rc)
+        st_fail(rc, "%s", h->msg);
+    pthread_mutex_unlock(&h->mu);
+    return rc;
+}
+
+int strata_wait_snapshot(strata_handle *h) { return wait_flag(h, &h->snap_done); }
+
+int strata_wait_durable(strata_handle *h, strata_stats *stats)
+{
+    int rc = wait_flag(h, &h->durable_done);
+    if (!rc && stats) {
+        *stats = (strata_stats){.data_bytes = h->sp.meta->data_bytes,
+                                .bytes = h->sp.meta->data_bytes,
+                                .all_bytes = h->sp.meta->data_bytes,
+                                .io_calls = h->lay.nreads,
+                                .max_writer_bytes = h->sp.max_writer_bytes,
+                                .balance_bound = h->sp.writer_bytes_bound,
+                                .writers = (uint64_t)h->sp.nwriters};
+        stats->seconds = st_now() - h->t0;
+    }
+    return rc;
+}
+
+int strata_handle_error(strata_handle *h, const char **msg)
+{
+    pthread_mutex_lock(&h->mu);
+    int rc = h->rc;
+    if (msg)
+        *msg = rc ? h->msg : "";
+    pthread_mutex_unlock(&h->mu);
+    return rc;
+}
+
+void strata_handle_free(strata_handle *h)
+{
+    if (!h)
+        return;
+    pthread_mutex_lock(&h->mu);
+    while (!h->durable_done)
+        pthread_cond_wait(&h->cv, &h->mu);
+    pthread_mutex_unlock(&h->mu);
+    pthread_join(h->coord, NULL);
+    handle_free(h);
+}

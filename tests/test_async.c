@@ -1,0 +1,158 @@
+/* test_async.c - strata_save_async: the snapshot is taken before wait_snapshot returns
+ * (poisoning the sources afterwards changes nothing), saves overlap on one pool, a pool
+ * smaller than a shard works, errors travel on the handle. */
+#include "testutil.h"
+
+static char base_dir[512];
+TU_TMPDIR_GROUP(base_dir, "async")
+
+static const uint64_t wshape[] = {301, 257}, zshape[] = {100003};
+
+/* Two ranks: rows of an f32 matrix split, a bf16 vector flat-sharded, a global blob. */
+static void state2(tu_set *s, int fill)
+{
+    tu_set_init(s, 2);
+    for (int r = 0; r < 2; r++) {
+        uint64_t off[] = {(uint64_t)r * 150, 0}, len[] = {r ? 151 : 150, 257};
+        tu_set_shard(s, r, "w", STRATA_F32, 2, wshape, off, len, 0, 0, 0, fill);
+        tu_set_shard(s, r, "z", STRATA_BF16, 1, zshape, NULL, NULL, 1, r ? 50001 : 0,
+                     r ? 100003 : 50001, fill);
+        tu_set_blob(s, r, "cfg", 0, -1, 77, fill);
+    }
+}
+
+static void poison(tu_set *s)
+{
+    for (size_t i = 0; i < s->nsh; i++)
+        if (s->sh[i].sh.data)
+            memset(s->sh[i].sh.data, 0xff,
+                   tu_shard_numel(&s->sh[i].sh) * strata_dtype_size(s->sh[i].sh.dtype));
+    for (size_t i = 0; i < s->nbl; i++)
+        memset(s->bl[i].data, 0xff, s->bl[i].size);
+}
+
+static void check_loads(const char *ck)
+{
+    tu_set d;
+    tu_set_init(&d, 1);
+    tu_set_shard(&d, 0, "w", STRATA_F32, 2, wshape, NULL, NULL, 0, 0, 0, 0);
+    tu_set_shard(&d, 0, "z", STRATA_BF16, 1, zshape, NULL, NULL, 0, 0, 0, 0);
+    tu_set_blob(&d, 0, "cfg", 0, -1, 77, 0);
+    assert_ok(strata_load(ck, d.st, 1, NULL, NULL));
+    assert_int_equal(tu_set_check(&d), 0);
+    tu_set_free(&d);
+}
+
+static strata_save_opts opts(void)
+{
+    strata_save_opts o = STRATA_SAVE_OPTS_INIT;
+    o.chunk_bytes = 4096;
+    o.no_sync = 1;
+    return o;
+}
+
+static void test_lazy_consistency(void **state)
+{
+    (void)state;
+    for (int own_pool = 0; own_pool <= 1; own_pool++) {
+        char ck[600];
+        snprintf(ck, sizeof ck, "%s/lazy%d", base_dir, own_pool);
+        tu_set s;
+        state2(&s, 1);
+        strata_pool *pool = NULL;
+        if (!own_pool) /* far smaller than the state: back-pressure all the way */
+            assert_ok(strata_pool_new(&pool, 64 << 10));
+        strata_save_opts o = opts();
+        strata_handle *h;
+        assert_ok(strata_save_async(&h, ck, s.st, 2, &o, pool));
+        assert_ok(strata_wait_snapshot(h));
+        poison(&s); /* the optimizer step: the checkpoint must not see it */
+        strata_stats st;
+        assert_ok(strata_wait_durable(h, &st));
+        assert_int_equal(strata_handle_error(h, NULL), 0);
+        assert_true(st.bytes > 0);
+        strata_handle_free(h);
+        check_loads(ck);
+        strata_pool_free(pool);
+        tu_set_free(&s);
+    }
+}
+
+static void test_overlapping_saves(void **state)
+{
+    (void)state;
+    strata_pool *pool;
+    assert_ok(strata_pool_new(&pool, 96 << 10));
+    tu_set a, b;
+    state2(&a, 1);
+    state2(&b, 1);
+    char ca[600], cb[600];
+    snprintf(ca, sizeof ca, "%s/overlap-a", base_dir);
+    snprintf(cb, sizeof cb, "%s/overlap-b", base_dir);
+    strata_save_opts o = opts();
+    strata_handle *ha, *hb;
+    assert_ok(strata_save_async(&ha, ca, a.st, 2, &o, pool));
+    assert_ok(strata_save_async(&hb, cb, b.st, 2, &o, pool)); /* while the first flushes */
+    assert_ok(strata_wait_snapshot(ha));
+    poison(&a);
+    assert_ok(strata_wait_snapshot(hb));
+    poison(&b);
+    assert_ok(strata_wait_durable(hb, NULL));
+    assert_ok(strata_wait_durable(ha, NULL));
+    strata_handle_free(ha);
+    strata_handle_free(hb);
+    check_loads(ca);
+    check_loads(cb);
+    assert_int_equal(strata_pool_bytes(pool), 96 << 10); /* never grown */
+    strata_pool_free(pool);
+    tu_set_free(&a);
+    tu_set_free(&b);
+}
+
+static void test_errors(void **state)
+{
+    (void)state;
+    tu_set s;
+    state2(&s, 1);
+    strata_pool *pool;
+    assert_ok(strata_pool_new(&pool, 8192)); /* two 4 KiB buffers */
+    strata_save_opts o = opts();
+    o.chunk_bytes = 1 << 16; /* larger than a pool buffer */
+    strata_handle *h = NULL;
+    char ck[700];
+    snprintf(ck, sizeof ck, "%s/err", base_dir);
+    assert_rc(strata_save_async(&h, ck, s.st, 2, &o, pool), STRATA_EINVAL);
+    assert_null(h);
+    /* a write error is reported by the handle; nothing is committed */
+    o = opts();
+    char uri[900];
+    snprintf(uri, sizeof uri, "fault+file://%s?op=write&n=3&errno=ENOSPC", ck);
+    assert_ok(strata_save_async(&h, uri, s.st, 2, &o, pool));
+    strata_wait_snapshot(h);
+    assert_rc(strata_wait_durable(h, NULL), STRATA_ENOSPC);
+    assert_msg_has("data-00000");
+    const char *msg;
+    assert_int_equal(strata_handle_error(h, &msg), STRATA_ENOSPC);
+    assert_non_null(strstr(msg, "No space"));
+    strata_handle_free(h);
+    strata_probe_info pi;
+    if (strata_probe(ck, &pi) == 0)
+        assert_false(pi.committed);
+    /* the same save without the fault, through the same pool */
+    assert_ok(strata_save_async(&h, ck, s.st, 2, &o, pool));
+    assert_ok(strata_wait_durable(h, NULL));
+    strata_handle_free(h);
+    check_loads(ck);
+    strata_pool_free(pool);
+    tu_set_free(&s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_lazy_consistency),
+        cmocka_unit_test(test_overlapping_saves),
+        cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, tu_group_setup, tu_group_teardown);
+}
