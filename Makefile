@@ -105,6 +105,7 @@ bench: deps all $(BUILD)/bench/bench_plan
 	$(BUILD)/bench/bench_plan
 	@command -v fio >/dev/null || { SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; $$SUDO apt-get install -y -qq fio >/dev/null; }
 	bash bench/bench_io.sh
+	$(BUILD)/strata bench async --dir $(BUILD) --size-mb 1024
 
 clean:
 	rm -rf build

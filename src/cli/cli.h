@@ -18,6 +18,8 @@ int cmd_demo(int argc, char **argv);
 /* `demo save` / `demo load` under MPI (demo_mpi.c); argv[1] is "save" or "load". */
 int cmd_demo_mpi(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+/* `bench async` (bench_async.c); argv[1] is "async". */
+int cmd_bench_async(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_ls(int argc, char **argv);
 int cmd_verify(int argc, char **argv);

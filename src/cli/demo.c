@@ -405,6 +405,7 @@ int cmd_demo(int argc, char **argv)
 
 static const char BENCH_HELP[] =
     "usage: strata bench io [--dir D] [--size-mb N] [--layout L] [--runs R]\n"
+    "       strata bench async --help   (the training-loop simulator)\n"
     "\n"
     "Saves a synthetic state of N MiB (default 2048) laid out as L (default\n"
     "tp=2,pp=1,dp=2,zero=1) into D (default a temporary directory under $TMPDIR), empties\n"
@@ -416,12 +417,15 @@ static const char BENCH_HELP[] =
 
 int cmd_bench(int argc, char **argv)
 {
+    if (argc >= 2 && strcmp(argv[1], "async") == 0)
+        return cmd_bench_async(argc, argv);
     if (argc < 2 || strcmp(argv[1], "io") != 0) {
         if (cli_wants_help(argc, argv)) {
             fputs(BENCH_HELP, stdout);
             return 0;
         }
-        fprintf(stderr, "strata bench: unknown or missing benchmark (known: io)\n%s", BENCH_HELP);
+        fprintf(stderr, "strata bench: unknown or missing benchmark (known: io, async)\n%s",
+                BENCH_HELP);
         return EXIT_USAGE;
     }
     demo_args a = {NULL, 2048, 1, 1, "tp=2,pp=1,dp=2,zero=1", NULL};

@@ -1,0 +1,240 @@
+/* bench_async.c - `strata bench async`: a training-loop simulator. Each iteration runs a
+ * "forward/backward" that reads the whole state (a memory-bandwidth kernel, --passes
+ * times) and an "update" that writes it; every k-th iteration checkpoints. Compares, in
+ * one run: no checkpoints, a synchronous strata_save, and the lazy strata_save_async
+ * (started before forward/backward, waited for with strata_wait_snapshot before the
+ * update, made durable in the background). One process, one rank. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+static const char HELP[] =
+    "usage: strata bench async [--dir D] [--size-mb N] [--iters I] [--every K] [--passes P]\n"
+    "                          [--pool-mb M]\n"
+    "\n"
+    "A training loop over an N MiB state (default 512) in 16 MiB f32 tensors: forward/\n"
+    "backward reads the state P times (default 4), the update writes it once; a checkpoint\n"
+    "every K iterations (default 5) into D (default $TMPDIR), I iterations (default 20)\n"
+    "per mode. Modes: none, sync (strata_save), async (strata_save_async with a pool of M\n"
+    "MiB, default min(1024, N)). For each: the mean iteration time, the overhead over\n"
+    "none, and the stall per checkpoint (time the loop was blocked by strata; the last\n"
+    "async checkpoint's flush after the loop is shown apart, as the final drain).\n"
+    "Last line: stall_ratio=X overhead=Y peak_extra_bytes=Z pool_bytes=P\n"
+    "(async stall / sync stall; async overhead over none; peak RSS growth during the async\n"
+    "mode, pool included).\n";
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* kB of a /proc/self/status field. */
+static long long status_kb(const char *field)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long long v = -1;
+    size_t n = strlen(field);
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, field, n) == 0 && line[n] == ':')
+            v = atoll(line + n + 1);
+    if (f)
+        fclose(f);
+    return v;
+}
+
+/* Resets the RSS high-water mark (Linux: write 5 to clear_refs). */
+static void reset_hwm(void)
+{
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (f) {
+        fputs("5", f);
+        fclose(f);
+    }
+}
+
+typedef struct {
+    float **t;
+    int nt;
+    size_t per; /* floats per tensor */
+    volatile double sink;
+} model;
+
+static void forward_backward(model *m, int passes)
+{
+    double s = 0;
+    for (int p = 0; p < passes; p++)
+        for (int i = 0; i < m->nt; i++)
+            for (size_t k = 0; k < m->per; k += 16)
+                s += m->t[i][k];
+    m->sink = s;
+}
+
+static void update(model *m, float step)
+{
+    for (int i = 0; i < m->nt; i++)
+        for (size_t k = 0; k < m->per; k++)
+            m->t[i][k] += step;
+}
+
+typedef struct {
+    double iter_s, stall_s, drain_s;
+    int ckpts;
+} result;
+
+int cmd_bench_async(int argc, char **argv)
+{
+    const char *dir = NULL;
+    long long size_mb = 512, iters = 20, every = 5, passes = 4, pool_mb = -1;
+    for (int i = 2; i < argc; i += 2) {
+        const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(k, "--help") == 0 || strcmp(k, "-h") == 0)
+            return fputs(HELP, stdout), 0;
+        long long n = v ? cli_parse_num(v) : -1;
+        if (v && strcmp(k, "--dir") == 0)
+            dir = v;
+        else if (strcmp(k, "--size-mb") == 0 && n >= 16)
+            size_mb = n;
+        else if (strcmp(k, "--iters") == 0 && n >= 1)
+            iters = n;
+        else if (strcmp(k, "--every") == 0 && n >= 1)
+            every = n;
+        else if (strcmp(k, "--passes") == 0 && n >= 1)
+            passes = n;
+        else if (strcmp(k, "--pool-mb") == 0 && n >= 1)
+            pool_mb = n;
+        else
+            return fprintf(stderr, "strata bench async: bad option '%s %s' (see --help)\n", k,
+                           v ? v : ""), EXIT_USAGE;
+    }
+    if (pool_mb < 0)
+        pool_mb = size_mb < 1024 ? size_mb : 1024;
+    char base[4096];
+    const char *tmp = getenv("TMPDIR");
+    snprintf(base, sizeof base, "%s/strata-bench-async-XXXXXX", dir ? dir : tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(base))
+        return perror("strata bench async: mkdtemp"), EXIT_OPFAIL;
+
+    model m = {0};
+    m.per = (16u << 20) / sizeof(float);
+    m.nt = (int)(size_mb / 16);
+    m.t = calloc((size_t)m.nt, sizeof *m.t);
+    strata_state *st;
+    strata_state_new(&st);
+    for (int i = 0; i < m.nt; i++) {
+        m.t[i] = malloc(m.per * sizeof(float));
+        for (size_t k = 0; k < m.per; k++)
+            m.t[i][k] = (float)(k % 1000) * 0.001f;
+        char name[64];
+        snprintf(name, sizeof name, "layers.%d.weight", i);
+        uint64_t shape[1] = {m.per};
+        strata_shard sh = {name, STRATA_F32, 1, shape, NULL, NULL, 0, 0, 0, m.t[i]};
+        strata_state_add_shard(st, &sh);
+    }
+    printf("strata bench async: %lld MiB state, %lld iterations per mode, a checkpoint every "
+           "%lld, forward/backward = %lld reads of the state, pool %lld MiB\n",
+           size_mb, iters, every, passes, pool_mb);
+    forward_backward(&m, (int)passes); /* warm up: caches, page tables, clocks */
+    update(&m, 0.0f);
+    result res[3] = {{0}};
+    long long peak_extra = 0;
+    uint64_t pool_bytes = 0;
+    int rc = 0;
+    for (int mode = 0; mode < 3 && !rc; mode++) {
+        strata_pool *pool = NULL;
+        strata_handle *pending = NULL;
+        long long rss0 = status_kb("VmRSS");
+        if (mode == 2) {
+            reset_hwm();
+            rss0 = status_kb("VmRSS");
+            if ((rc = strata_pool_new(&pool, (uint64_t)pool_mb << 20)))
+                break;
+            pool_bytes = strata_pool_bytes(pool);
+        }
+        double t0 = now(), stall = 0;
+        int ck = 0;
+        for (long long it = 1; it <= iters && !rc; it++) {
+            int checkpoint = mode > 0 && it % every == 0;
+            char path[4200];
+            snprintf(path, sizeof path, "%s/m%d-%lld", base, mode, it);
+            strata_save_opts o = STRATA_SAVE_OPTS_INIT;
+            o.step = (uint64_t)it;
+            strata_handle *h = NULL;
+            if (checkpoint && mode == 2) { /* lazy: starts now, copies during forward */
+                double s0 = now();
+                if (pending) { /* the previous one must be durable before it is removed */
+                    rc = strata_wait_durable(pending, NULL);
+                    strata_handle_free(pending);
+                    pending = NULL;
+                }
+                if (!rc)
+                    rc = strata_save_async(&h, path, &st, 1, &o, pool);
+                stall += now() - s0;
+            }
+            forward_backward(&m, (int)passes);
+            if (checkpoint && mode == 1) { /* synchronous: the loop waits for the disk */
+                double s0 = now();
+                rc = strata_save(path, &st, 1, &o, NULL);
+                stall += now() - s0;
+            }
+            if (h) { /* the update may not start before the snapshot is taken */
+                double s0 = now();
+                rc = strata_wait_snapshot(h);
+                stall += now() - s0;
+                pending = h;
+            }
+            update(&m, 1.0f);
+            ck += checkpoint;
+        }
+        double total = now() - t0;
+        if (pending) { /* after the loop: the last checkpoint drains (not a stall) */
+            double s0 = now();
+            int r2 = strata_wait_durable(pending, NULL);
+            res[mode].drain_s = now() - s0;
+            rc = rc ? rc : r2;
+            strata_handle_free(pending);
+        }
+        if (mode == 2)
+            peak_extra = (status_kb("VmHWM") - rss0) * 1024;
+        res[mode].iter_s = total / (double)iters;
+        res[mode].stall_s = ck ? stall / ck : 0;
+        res[mode].ckpts = ck;
+        strata_pool_free(pool);
+        for (long long it = every; it <= iters; it += every) { /* keep the disk bounded */
+            char path[4200];
+            snprintf(path, sizeof path, "%s/m%d-%lld", base, mode, it);
+            char cmd[4300];
+            snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+            if (system(cmd) != 0)
+                break;
+        }
+        (void)rss0;
+    }
+    rmdir(base);
+    int status = 0;
+    if (rc) {
+        status = cli_fail("bench async", rc);
+    } else {
+        static const char *names[3] = {"none", "sync", "async"};
+        printf("\n  %-6s %12s %10s %16s %18s\n", "mode", "iter_ms", "overhead", "stall_ms/ckpt",
+               "final_drain_ms");
+        for (int i = 0; i < 3; i++)
+            printf("  %-6s %12.1f %9.1f%% %16.1f %18.1f\n", names[i], res[i].iter_s * 1e3,
+                   100.0 * (res[i].iter_s / res[0].iter_s - 1.0), res[i].stall_s * 1e3,
+                   res[i].drain_s * 1e3);
+        printf("stall_ratio=%.3f overhead=%.3f peak_extra_bytes=%lld pool_bytes=%llu\n",
+               res[1].stall_s > 0 ? res[2].stall_s / res[1].stall_s : 0.0,
+               res[2].iter_s / res[0].iter_s - 1.0, peak_extra, (unsigned long long)pool_bytes);
+    }
+    for (int i = 0; i < m.nt; i++)
+        free(m.t[i]);
+    free(m.t);
+    strata_state_free(st);
+    return status;
+}
