@@ -278,6 +278,14 @@ typedef struct strata_handle strata_handle;
  * Errors here: as strata_save's planning errors; later ones travel on the handle. */
 int strata_save_async(strata_handle **out, const char *uri, strata_state *const *ranks,
                       int nranks, const strata_save_opts *opts, strata_pool *pool);
+/* The same to several destinations ("tiers"), fastest first, e.g. mem://run/step-100,
+ * then file:///local/..., then file:///shared/... (at most 8). Every buffer is written to
+ * each tier in order; each tier gets its own commit record once its copy is complete. A
+ * tier that fails is abandoned (its files removed) and the others go on; wait_durable
+ * then returns that tier's error although the other tiers are committed. */
+int strata_save_async_tiers(strata_handle **out, const char *const *uris, int ntiers,
+                            strata_state *const *ranks, int nranks,
+                            const strata_save_opts *opts, strata_pool *pool);
 /* Returns once every byte has been copied out of the caller's buffers (or the save
  * failed): the caller may change them after it. 0 or the save's error so far. */
 int strata_wait_snapshot(strata_handle *h);
@@ -288,6 +296,13 @@ int strata_wait_durable(strata_handle *h, strata_stats *stats);
 int strata_handle_error(strata_handle *h, const char **msg);
 /* Waits for the save to end, then frees the handle. */
 void strata_handle_free(strata_handle *h);
+
+/* Loads from the first of several copies (fastest first) that is committed and loads
+ * with every checksum right, falling back to the next on any error. *used (may be NULL)
+ * gets the index of the copy used. Errors: the last copy's, with the reasons of all. */
+int strata_load_tiers(const char *const *uris, int ntiers, strata_state *const *ranks,
+                      int nranks, const strata_load_opts *opts, strata_stats *stats,
+                      int *used);
 
 /* ---- reading a checkpoint's description ------------------------------------------------ */
 

@@ -147,12 +147,95 @@ static void test_errors(void **state)
     tu_set_free(&s);
 }
 
+static int load_tiers(const char *const *uris, int n, int *used)
+{
+    tu_set d;
+    tu_set_init(&d, 1);
+    tu_set_shard(&d, 0, "w", STRATA_F32, 2, wshape, NULL, NULL, 0, 0, 0, 0);
+    tu_set_shard(&d, 0, "z", STRATA_BF16, 1, zshape, NULL, NULL, 0, 0, 0, 0);
+    tu_set_blob(&d, 0, "cfg", 0, -1, 77, 0);
+    int rc = strata_load_tiers(uris, n, d.st, 1, NULL, NULL, used);
+    if (rc == 0 && tu_set_check(&d) != 0)
+        rc = -1000;
+    tu_set_free(&d);
+    return rc;
+}
+
+static void test_tiers(void **state)
+{
+    (void)state;
+    char memroot[600], local[600], shared[600], memdir[700], uri0[64], f[800];
+    snprintf(memroot, sizeof memroot, "%s/shm", base_dir);
+    setenv("STRATA_MEM_ROOT", memroot, 1); /* keep the test's memory tier in its tmp dir */
+    snprintf(uri0, sizeof uri0, "mem://step-5");
+    snprintf(local, sizeof local, "%s/local/step-5", base_dir);
+    snprintf(shared, sizeof shared, "%s/shared/step-5", base_dir);
+    snprintf(memdir, sizeof memdir, "%s/step-5", memroot);
+    const char *uris[3] = {uri0, local, shared};
+    tu_set s;
+    state2(&s, 1);
+    strata_save_opts o = opts();
+    strata_handle *h;
+    assert_ok(strata_save_async_tiers(&h, uris, 3, s.st, 2, &o, NULL));
+    assert_ok(strata_wait_snapshot(h));
+    poison(&s);
+    assert_ok(strata_wait_durable(h, NULL));
+    strata_handle_free(h);
+    for (int t = 0; t < 3; t++) { /* a commit record in every tier */
+        strata_probe_info pi;
+        assert_ok(strata_probe(uris[t], &pi));
+        assert_true(pi.committed);
+    }
+    int used = -1;
+    assert_ok(load_tiers(uris, 3, &used));
+    assert_int_equal(used, 0); /* the fastest tier */
+    /* a bit flip in the memory copy: the load falls back to the local disk */
+    tu_join(f, memdir, "data-000000.bin");
+    tu_flip_byte(f, 100, 0x40);
+    assert_ok(load_tiers(uris, 3, &used));
+    assert_int_equal(used, 1);
+    /* the memory copy gone and the local one incomplete: the shared copy */
+    tu_rmrf(memdir);
+    tu_join(f, local, "COMMIT");
+    assert_int_equal(unlink(f), 0);
+    assert_ok(load_tiers(uris, 3, &used));
+    assert_int_equal(used, 2);
+    /* none left: the error says why for each */
+    tu_rmrf(shared);
+    assert_rc(load_tiers(uris, 3, &used), STRATA_ENOENT);
+    assert_msg_has("no copy could be loaded");
+    assert_msg_has("mem://step-5");
+    tu_set_free(&s);
+    /* a failing tier is abandoned; the others still commit */
+    state2(&s, 1);
+    char bad[900];
+    snprintf(bad, sizeof bad, "fault+file://%s/local/step-6?op=write&n=2&errno=EIO", base_dir);
+    snprintf(local, sizeof local, "%s/local/step-6", base_dir);
+    snprintf(shared, sizeof shared, "%s/shared/step-6", base_dir);
+    const char *uris6[3] = {"mem://step-6", bad, shared};
+    assert_ok(strata_save_async_tiers(&h, uris6, 3, s.st, 2, &o, NULL));
+    assert_rc(strata_wait_durable(h, NULL), STRATA_EIO);
+    strata_handle_free(h);
+    strata_probe_info pi;
+    assert_ok(strata_probe("mem://step-6", &pi));
+    assert_true(pi.committed);
+    assert_ok(strata_probe(shared, &pi));
+    assert_true(pi.committed);
+    assert_false(tu_exists(local)); /* the failed tier left nothing */
+    const char *back[2] = {local, shared};
+    assert_ok(load_tiers(back, 2, &used));
+    assert_int_equal(used, 1);
+    tu_set_free(&s);
+    unsetenv("STRATA_MEM_ROOT");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lazy_consistency),
         cmocka_unit_test(test_overlapping_saves),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_tiers),
     };
     return cmocka_run_group_tests(tests, tu_group_setup, tu_group_teardown);
 }

@@ -86,15 +86,19 @@ static void pool_put(strata_pool *p, size_t i)
     pthread_mutex_unlock(&p->mu);
 }
 
+#define MAX_TIERS 8
+
 struct strata_handle {
     st_save_plan sp;
     st_load_plan lay;
-    const st_vfs *v;
-    char dir[PATH_MAX];
+    int ntiers;
+    const st_vfs *v[MAX_TIERS];
+    char dir[MAX_TIERS][PATH_MAX];
+    st_file **files[MAX_TIERS];
+    int tier_rc[MAX_TIERS]; /* guarded by mu */
     strata_save_opts o;
     strata_pool *pool;
     int own_pool;
-    st_file **files;
     pthread_t coord;
     pthread_t *flushers;
     int nflush;
@@ -108,21 +112,36 @@ struct strata_handle {
     int q_closed;
 };
 
-/* Records the first failure of the save (message from this thread). */
-static void fail(strata_handle *h, int rc)
+/* Records the first failure of the save (message from this thread); tier >= 0 also
+ * abandons that tier, tier -1 stops the whole save. */
+static void fail(strata_handle *h, int rc, int tier)
 {
     pthread_mutex_lock(&h->mu);
     if (!h->rc) {
         h->rc = rc;
         snprintf(h->msg, sizeof h->msg, "%s", strata_error_last());
     }
+    for (int t = 0; t < h->ntiers; t++)
+        if ((tier < 0 || t == tier) && !h->tier_rc[t])
+            h->tier_rc[t] = rc;
     pthread_mutex_unlock(&h->mu);
 }
 
-static int failed(strata_handle *h)
+/* Is every tier abandoned? */
+static int all_failed(strata_handle *h)
 {
     pthread_mutex_lock(&h->mu);
-    int rc = h->rc;
+    int all = 1;
+    for (int t = 0; t < h->ntiers; t++)
+        all &= h->tier_rc[t] != 0;
+    pthread_mutex_unlock(&h->mu);
+    return all;
+}
+
+static int tier_failed(strata_handle *h, int t)
+{
+    pthread_mutex_lock(&h->mu);
+    int rc = h->tier_rc[t];
     pthread_mutex_unlock(&h->mu);
     return rc;
 }
@@ -142,14 +161,16 @@ static void *flusher(void *arg)
         size_t task = h->q_task[slot], b = h->q_buf[slot];
         h->q_head = (h->q_head + 1) % h->pool->nbuf;
         h->q_len--;
-        int skip = h->rc != 0;
         pthread_mutex_unlock(&h->mu);
-        if (!skip) {
-            const st_read *w = &h->lay.reads[task];
-            int rc = st_write_task(h->v, h->files[w->file], h->dir,
+        /* fastest tier first; a tier that failed is abandoned, the others go on */
+        const st_read *w = &h->lay.reads[task];
+        for (int t = 0; t < h->ntiers; t++) {
+            if (tier_failed(h, t))
+                continue;
+            int rc = st_write_task(h->v[t], h->files[t][w->file], h->dir[t],
                                    h->sp.meta->files[w->file].name, w, h->pool->bufs[b]);
             if (rc)
-                fail(h, rc);
+                fail(h, rc, t);
         }
         pool_put(h->pool, b);
     }
@@ -166,20 +187,25 @@ static void set_flag(strata_handle *h, int *flag)
 static void *coordinator(void *arg)
 {
     strata_handle *h = arg;
-    int rc = st_prepare_dir(h->v, h->dir), started = 0, prepared = rc == 0;
-    if (!rc && !(h->files = calloc(h->sp.meta->nfiles + 1, sizeof *h->files)))
-        rc = st_fail(STRATA_ENOMEM, "out of memory");
-    if (!rc)
-        rc = st_create_data_files(h->v, h->dir, &h->sp, !h->o.no_direct, h->files);
-    for (int i = 0; !rc && i < h->nflush; i++, started++)
+    int prepared[MAX_TIERS] = {0}, started = 0, rc = 0;
+    for (int t = 0; t < h->ntiers; t++) {
+        int trc = st_prepare_dir(h->v[t], h->dir[t]);
+        prepared[t] = trc == 0;
+        if (!trc && !(h->files[t] = calloc(h->sp.meta->nfiles + 1, sizeof *h->files[t])))
+            trc = st_fail(STRATA_ENOMEM, "out of memory");
+        if (!trc)
+            trc = st_create_data_files(h->v[t], h->dir[t], &h->sp, !h->o.no_direct, h->files[t]);
+        if (trc)
+            fail(h, trc, t);
+    }
+    for (int i = 0; i < h->nflush && !all_failed(h); i++, started++)
         if (pthread_create(&h->flushers[i], NULL, flusher, h)) {
             rc = st_fail(STRATA_ENOMEM, "cannot start an I/O thread");
+            fail(h, rc, -1);
             break;
         }
-    if (rc)
-        fail(h, rc);
     /* the snapshot: copy each write task into a pool buffer, hand it to the flushers */
-    for (size_t t = 0; !rc && t < h->lay.nreads && !failed(h); t++) {
+    for (size_t t = 0; started && t < h->lay.nreads && !all_failed(h); t++) {
         size_t b = pool_get(h->pool);
         st_fill_write(&h->lay, &h->sp, t, h->pool->bufs[b]);
         pthread_mutex_lock(&h->mu);
@@ -197,14 +223,18 @@ static void *coordinator(void *arg)
     pthread_mutex_unlock(&h->mu);
     for (int i = 0; i < started; i++)
         pthread_join(h->flushers[i], NULL);
-    rc = failed(h);
-    rc = st_finish_data_files(h->v, h->dir, &h->sp, h->files, !h->o.no_sync, rc);
-    if (!rc)
-        rc = st_commit_dir(h->v, h->dir, h->sp.meta, !h->o.no_sync);
-    if (rc) {
-        fail(h, rc);
-        if (prepared) /* nothing half-written stays behind */
-            st_remove_failed(h->v, h->dir, 1);
+    /* each tier commits on its own once its copy is complete */
+    for (int t = 0; t < h->ntiers; t++) {
+        int trc = tier_failed(h, t);
+        trc = st_finish_data_files(h->v[t], h->dir[t], &h->sp, h->files[t], !h->o.no_sync, trc);
+        if (!trc)
+            trc = st_commit_dir(h->v[t], h->dir[t], h->sp.meta, !h->o.no_sync);
+        if (trc) {
+            if (!tier_failed(h, t))
+                fail(h, trc, t);
+            if (prepared[t]) /* nothing half-written stays behind */
+                st_remove_failed(h->v[t], h->dir[t], 1);
+        }
     }
     set_flag(h, &h->durable_done);
     return NULL;
@@ -214,10 +244,12 @@ static void handle_free(strata_handle *h)
 {
     st_save_plan_free(&h->sp);
     st_load_plan_free(&h->lay);
-    st_vfs_release(h->v);
+    for (int t = 0; t < h->ntiers; t++) {
+        st_vfs_release(h->v[t]);
+        free(h->files[t]);
+    }
     if (h->own_pool)
         strata_pool_free(h->pool);
-    free(h->files);
     free(h->flushers);
     free(h->q_task);
     free(h->q_buf);
@@ -229,7 +261,16 @@ static void handle_free(strata_handle *h)
 int strata_save_async(strata_handle **out, const char *uri, strata_state *const *ranks,
                       int nranks, const strata_save_opts *opts, strata_pool *pool)
 {
+    return strata_save_async_tiers(out, &uri, 1, ranks, nranks, opts, pool);
+}
+
+int strata_save_async_tiers(strata_handle **out, const char *const *uris, int ntiers,
+                            strata_state *const *ranks, int nranks,
+                            const strata_save_opts *opts, strata_pool *pool)
+{
     *out = NULL;
+    if (ntiers < 1 || ntiers > MAX_TIERS || !uris)
+        return st_fail(STRATA_EINVAL, "a save needs 1 to %d destinations", MAX_TIERS);
     strata_save_opts def = STRATA_SAVE_OPTS_INIT;
     const strata_save_opts *o = opts ? opts : &def;
     if (o->version != STRATA_SAVE_OPTS_VERSION)
@@ -261,8 +302,9 @@ int strata_save_async(strata_handle **out, const char *uri, strata_state *const 
     if (!rc)
         rc = st_plan_save(&h->sp, rv, nranks, chunk, o->step);
     free(rv);
-    if (!rc)
-        rc = st_vfs_resolve(uri, &h->v, h->dir, sizeof h->dir);
+    h->ntiers = ntiers;
+    for (int t = 0; t < ntiers && !rc; t++)
+        rc = st_vfs_resolve(uris[t], &h->v[t], h->dir[t], sizeof h->dir[t]);
     if (!rc && !pool) {
         uint64_t want = ST_MIN((uint64_t)1 << 30, ST_ALIGN_UP(h->sp.meta->data_bytes, ST_ALIGN));
         rc = strata_pool_new(&pool, ST_MAX(want, 2 * (uint64_t)chunk));

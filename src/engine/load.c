@@ -55,6 +55,31 @@ int strata_load(const char *uri, strata_state *const *ranks, int nranks,
     return rc;
 }
 
+int strata_load_tiers(const char *const *uris, int ntiers, strata_state *const *ranks,
+                      int nranks, const strata_load_opts *opts, strata_stats *stats,
+                      int *used)
+{
+    if (ntiers < 1 || !uris)
+        return st_fail(STRATA_EINVAL, "a load needs at least one source");
+    char why[2048] = "";
+    size_t n = 0;
+    int rc = 0;
+    for (int t = 0; t < ntiers; t++) {
+        rc = strata_load(uris[t], ranks, nranks, opts, stats);
+        if (rc == 0) {
+            if (used)
+                *used = t;
+            return 0;
+        }
+        /* the destinations may hold a part of this copy: the next one overwrites all */
+        int k = snprintf(why + n, sizeof why - n, "%s%s: %s", t ? "; " : "", uris[t],
+                         strata_error_last());
+        if (k > 0)
+            n = ST_MIN(sizeof why - 1, n + (size_t)k);
+    }
+    return st_fail(rc, "no copy could be loaded: %s", why);
+}
+
 static void ignore_report(void *ctx, const char *o, const char *f, const char *m)
 {
     (void)ctx, (void)o, (void)f, (void)m;

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,15 +37,32 @@ int st_vfs_resolve(const char *uri, const st_vfs **vfs, char *path_out, size_t c
     }
     const char *sep = strstr(uri, "://");
     const char *path = uri;
+    char mem[PATH_MAX];
     if (sep) {
         size_t n = (size_t)(sep - uri);
         if (n == 4 && strncmp(uri, "file", 4) == 0) {
             path = sep + 3;
             if (*path != '/')
                 return st_fail(STRATA_EINVAL, "file URI must hold an absolute path: '%s'", uri);
+        } else if (n == 3 && strncmp(uri, "mem", 3) == 0) {
+            /* the host-memory tier: files in shared memory, which outlive the process but
+             * not the node ($STRATA_MEM_ROOT, default /dev/shm/strata) */
+            const char *root = getenv("STRATA_MEM_ROOT");
+            const char *rest = sep + 3;
+            while (*rest == '/')
+                rest++;
+            if (!*rest || strstr(rest, ".."))
+                return st_fail(STRATA_EINVAL, "mem URI needs a relative name without '..': '%s'",
+                               uri);
+            int k = snprintf(mem, sizeof mem, "%s/%s", root && *root ? root : "/dev/shm/strata",
+                             rest);
+            if (k < 0 || (size_t)k >= sizeof mem)
+                return st_fail(STRATA_EINVAL, "URI too long: '%s'", uri);
+            path = mem;
         } else {
             return st_fail(STRATA_ESCHEME,
-                           "unknown URI scheme '%.*s' in '%s' (known: file://, fault+file://)",
+                           "unknown URI scheme '%.*s' in '%s' (known: file://, mem://, "
+                           "fault+file://)",
                            (int)n, uri, uri);
         }
     }

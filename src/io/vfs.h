@@ -66,7 +66,8 @@ struct st_vfs {
 extern const st_vfs st_vfs_posix;
 
 /* Resolves a URI to a backend instance and a path: "file:///a/b" and "/a/b" or "a/b" are
- * POSIX paths; "fault+<uri>?op=OP&n=N&errno=E[&short=1][&sticky=1]" wraps the backend of
+ * POSIX paths; "mem://name" is the host-memory tier, name under $STRATA_MEM_ROOT
+ * (default /dev/shm/strata); "fault+<uri>?op=OP&n=N&errno=E[&short=1][&sticky=1]" wraps the backend of
  * <uri> in the fault injector (vfs_fault.c). Returns STRATA_ESCHEME (with a message) for
  * any other scheme, STRATA_EINVAL for a malformed URI. path_out gets the path with
  * trailing slashes removed. Release the instance with st_vfs_release. */
