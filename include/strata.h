@@ -371,6 +371,14 @@ typedef struct strata_probe_info {
 } strata_probe_info;
 int strata_probe(const char *uri, strata_probe_info *out);
 
+/* Retention in a directory of checkpoints (one tier): keeps the `keep` newest committed
+ * checkpoints directly under dir_uri (by commit time) and removes the older ones (commit
+ * record first, so a crash midway leaves an incomplete checkpoint, never a broken
+ * committed one), and removes incomplete checkpoints older than the newest committed one
+ * (a save in progress is newer and is left alone). Corrupt ones are kept for a person to
+ * look at. *removed (may be NULL) gets the count removed. */
+int strata_retain(const char *dir_uri, int keep, int *removed);
+
 /* Removes a checkpoint directory that has no valid commit record (never a committed one:
  * STRATA_EEXIST). Only strata's own files are unlinked, and symlinks are never followed. */
 int strata_remove_incomplete(const char *uri);

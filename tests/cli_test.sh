@@ -51,6 +51,22 @@ check "ls marks a commit record that does not match as CORRUPT" bash -c "'$S' ls
 check "gc --dry-run removes nothing" bash -c "'$S' gc '$T' --dry-run | grep -q 'would remove $T/ck2' && test -d '$T/ck2'"
 check "gc removes the incomplete one only" bash -c "'$S' gc '$T' && test ! -e '$T/ck2' && test -f '$T/garb/COMMIT' && '$S' verify '$T/ck1'"
 
+# retention: gc --keep 2 keeps exactly the 2 newest committed checkpoints, and removes an
+# incomplete one older than the newest committed
+retain() {
+    mkdir -p "$T/ret"
+    for i in 1 2 3 4; do
+        "$S" demo --size-mb 2 --dir "$T/ret/s$i" --step $i >/dev/null 2>&1 || return 1
+        [ $i = 2 ] && { cp -r "$T/ret/s2" "$T/ret/inc"; rm "$T/ret/inc/COMMIT"; touch -d '1 hour ago' "$T/ret/inc"; }
+    done
+    sleep 0.01
+    cp -r "$T/ret/s4" "$T/ret/fresh" && rm "$T/ret/fresh/COMMIT" # a save in progress
+    "$S" gc "$T/ret" --keep 2 || return 1
+    "$S" ls "$T/ret"
+    [ "$(ls "$T/ret" | xargs)" = "fresh s3 s4" ] && "$S" verify "$T/ret/s4" >/dev/null
+}
+check "gc --keep 2 keeps the 2 newest committed and a save in progress, drops an old incomplete one" retain
+
 check "README example (examples/reshard.c) runs" "${S%/strata}/examples/reshard" "$T/example"
 
 for c in demo inspect ls verify gc bench; do

@@ -298,11 +298,16 @@ int cmd_verify(int argc, char **argv)
 
 static const char GC_HELP[] =
     "usage: strata gc DIR [--dry-run]\n"
+    "       strata gc DIR --keep K\n"
     "\n"
     "Removes the incomplete checkpoints directly under DIR (interrupted or failed saves:\n"
     "no commit record). Committed checkpoints are never touched, nor corrupt ones (a commit\n"
     "record that does not match), nor files that are not strata's; symlinks are never\n"
-    "followed.\n";
+    "followed.\n"
+    "\n"
+    "With --keep K (retention): keeps the K newest committed checkpoints under DIR (by commit\n"
+    "time) and removes older committed ones, and incomplete ones older than the newest\n"
+    "committed one (a save still in progress is left alone).\n";
 
 typedef struct {
     int dry, removed, failed;
@@ -335,12 +340,16 @@ int cmd_gc(int argc, char **argv)
 {
     gc_ctx g = {0};
     const char *dir = NULL;
+    long long keep = -1;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fputs(GC_HELP, stdout);
             return 0;
         } else if (strcmp(argv[i], "--dry-run") == 0) {
             g.dry = 1;
+        } else if (strcmp(argv[i], "--keep") == 0 && i + 1 < argc &&
+                   (keep = cli_parse_num(argv[i + 1])) >= 0) {
+            i++;
         } else if (!dir) {
             dir = argv[i];
         } else {
@@ -348,9 +357,17 @@ int cmd_gc(int argc, char **argv)
             return EXIT_USAGE;
         }
     }
-    if (!dir) {
+    if (!dir || (keep >= 0 && g.dry)) {
         fputs(GC_HELP, stderr);
         return EXIT_USAGE;
+    }
+    if (keep >= 0) {
+        int removed = 0, rc = strata_retain(dir, (int)keep, &removed);
+        if (rc)
+            return cli_fail("gc", rc);
+        printf("kept the %lld newest committed checkpoints under %s; removed %d\n", keep, dir,
+               removed);
+        return 0;
     }
     int rc = for_each_ckpt("gc", dir, gc_one, &g);
     return rc ? rc : g.failed;

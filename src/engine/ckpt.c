@@ -329,3 +329,111 @@ static int remove_incomplete(const st_vfs *v, const char *path)
         return st_fail(st_from_errno(-e), "cannot remove '%s': %s", path, strerror(-e));
     return 0;
 }
+
+/* ---- retention ---- */
+
+typedef struct {
+    char name[256];
+    int committed, has_commit;
+    uint64_t time;
+} entry_t;
+
+typedef struct {
+    entry_t *e;
+    size_t n, cap;
+} entries;
+
+static int collect_dir(void *p, const char *name, uint64_t size, int kind)
+{
+    (void)size;
+    entries *es = p;
+    if (kind != 1 || strlen(name) >= sizeof es->e[0].name)
+        return ST_LIST_NEXT;
+    if (st_grow(&es->e, &es->cap, es->n + 1, sizeof *es->e))
+        return ST_LIST_STOP;
+    memset(&es->e[es->n], 0, sizeof es->e[es->n]);
+    snprintf(es->e[es->n++].name, sizeof es->e[0].name, "%s", name);
+    return ST_LIST_NEXT;
+}
+
+static int cmp_newest_first(const void *a, const void *b)
+{
+    const entry_t *x = a, *y = b;
+    return (x->time < y->time) - (x->time > y->time);
+}
+
+/* Removes a committed checkpoint: the commit record first, made durable, then the rest. */
+static int remove_committed(const st_vfs *v, const char *path)
+{
+    char p[PATH_MAX];
+    int rc = st_path_join(p, path, ST_COMMIT_FILE);
+    if (rc)
+        return rc;
+    int e = v->unlink(v, p);
+    if (e)
+        return st_fail(st_from_errno(-e), "cannot remove '%s': %s", p, strerror(-e));
+    v->sync_dir(v, path);
+    return remove_incomplete(v, path);
+}
+
+int strata_retain(const char *dir_uri, int keep, int *removed)
+{
+    if (removed)
+        *removed = 0;
+    if (keep < 0)
+        return st_fail(STRATA_EINVAL, "keep must be 0 or more, not %d", keep);
+    const st_vfs *v;
+    char dir[PATH_MAX];
+    int rc = st_vfs_resolve(dir_uri, &v, dir, sizeof dir);
+    if (rc)
+        return rc;
+    entries es = {0};
+    int e = v->list(v, dir, collect_dir, &es);
+    if (e)
+        rc = st_fail(st_from_errno(-e), "cannot list '%s': %s", dir, strerror(-e));
+    uint64_t newest = 0;
+    size_t ncommitted = 0;
+    for (size_t i = 0; i < es.n && !rc; i++) {
+        char p[PATH_MAX];
+        if (st_path_join(p, dir, es.e[i].name))
+            continue;
+        strata_probe_info pi;
+        if (strata_probe(p, &pi) || !pi.is_ckpt) {
+            es.e[i].has_commit = 1; /* not ours: never touched */
+            continue;
+        }
+        es.e[i].has_commit = pi.has_commit;
+        es.e[i].committed = pi.committed;
+        st_dir d;
+        if (pi.committed && st_dir_open(&d, p, 0) == 0) {
+            es.e[i].time = d.commit.time_ns;
+            st_dir_close(&d);
+            newest = ST_MAX(newest, es.e[i].time);
+            ncommitted++;
+        } else if (v->mtime(v, p, &es.e[i].time)) {
+            es.e[i].time = UINT64_MAX; /* unknown: treat as new, keep */
+        }
+    }
+    qsort(es.e, es.n, sizeof *es.e, cmp_newest_first);
+    int kept = 0, count = 0;
+    for (size_t i = 0; i < es.n && !rc; i++) {
+        char p[PATH_MAX];
+        if (st_path_join(p, dir, es.e[i].name))
+            continue;
+        if (es.e[i].committed) {
+            if (kept++ < keep)
+                continue;
+            rc = remove_committed(v, p);
+        } else if (!es.e[i].has_commit && ncommitted && es.e[i].time < newest) {
+            rc = remove_incomplete(v, p);
+        } else {
+            continue;
+        }
+        count += rc == 0;
+    }
+    free(es.e);
+    st_vfs_release(v);
+    if (removed)
+        *removed = count;
+    return rc;
+}

@@ -61,6 +61,8 @@ struct st_vfs {
     int (*allocate)(st_file *f, uint64_t size);
     /* Frees a backend instance made by st_vfs_resolve; NULL for static backends. */
     void (*release)(const st_vfs *v);
+    /* Last modification time of path, ns since the epoch (not following a symlink). */
+    int (*mtime)(const st_vfs *v, const char *path, uint64_t *ns);
 };
 
 extern const st_vfs st_vfs_posix;

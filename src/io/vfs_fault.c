@@ -186,6 +186,11 @@ static int f_stat(const st_vfs *v, const char *path, uint64_t *size, int *kind)
     return FV(v)->inner->stat(FV(v)->inner, path, size, kind);
 }
 
+static int f_mtime(const st_vfs *v, const char *path, uint64_t *ns)
+{
+    return FV(v)->inner->mtime(FV(v)->inner, path, ns);
+}
+
 static void f_release(const st_vfs *v)
 {
     st_vfs_release(FV(v)->inner);
@@ -209,6 +214,7 @@ int st_vfs_fault_new(const st_vfs **out, const st_vfs *inner, const char *query)
         .truncate = f_truncate, .close = f_close, .direct = f_direct, .mkdir = f_mkdir,
         .rename = f_rename, .unlink = f_unlink, .rmdir = f_rmdir, .sync_dir = f_sync_dir,
         .list = f_list, .stat = f_stat, .allocate = f_allocate, .release = f_release,
+        .mtime = f_mtime,
     };
     v->inner = inner;
     v->op = -1;

@@ -182,6 +182,16 @@ static int px_stat(const st_vfs *v, const char *path, uint64_t *size, int *kind)
     return 0;
 }
 
+static int px_mtime(const st_vfs *v, const char *path, uint64_t *ns)
+{
+    (void)v;
+    struct stat st;
+    if (lstat(path, &st))
+        return -errno;
+    *ns = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
+    return 0;
+}
+
 const st_vfs st_vfs_posix = {
     .version = ST_VFS_VERSION,
     .scheme = "file",
@@ -202,4 +212,5 @@ const st_vfs st_vfs_posix = {
     .list = px_list,
     .stat = px_stat,
     .allocate = px_allocate,
+    .mtime = px_mtime,
 };
