@@ -23,6 +23,7 @@
 #   STRATA_KILL_SEED       seeds $RANDOM (printed, to repeat a run)
 #   STRATA_KILL_VERBOSE=1  a line per trial
 #   STRATA_KILL_MODE       single: `strata demo` saves the ranks of one process (default);
+#                          async: single, through strata_save_async;
 #                          mpi: 4 MPI processes save, SIGKILL hits one random rank or
 #                          the whole job. A mode is the mode_<name>_* functions and
 #                          MODE_<name>_* patterns below.
@@ -71,6 +72,17 @@ mode_single_kill() {
     wait "$JOB_PID" 2>/dev/null
     JOB_STATUS=$?
 }
+
+# async: the single-process demo saving with strata_save_async (kills land in the
+# snapshot or in the flush behind it)
+mode_async_launch() {
+    "$S" demo --async --size-mb "$SIZE" --dir "$1" >"$2" 2>"$3" &
+    JOB_PID=$!
+}
+MODE_async_START='^saving to'
+MODE_async_DONE='^loading into'
+mode_async_ok() { mode_single_ok "$@"; }
+mode_async_kill() { mode_single_kill; }
 
 # mpi: `mpiexec -n 4 strata demo save` (tp=2,dp=2,zero=1), then a load on 3 processes
 # that checks every byte. The kill hits either one random rank of the save (the others

@@ -46,6 +46,8 @@ for script in cli_test.sh kill_test.sh $mpi; do
         run_one "tests/$script" bash "$here/$script"
     fi
 done
+run_one "tests/kill_test.sh (async)" env STRATA_KILL_MODE=async \
+    STRATA_KILL_TRIALS="${STRATA_KILL_ASYNC_TRIALS:-6}" bash "$here/kill_test.sh"
 if [ -n "$mpi" ]; then # the kill test on multi-process saves, a few trials
     run_one "tests/kill_test.sh (mpi)" env STRATA_KILL_MODE=mpi \
         STRATA_KILL_TRIALS="${STRATA_KILL_MPI_TRIALS:-6}" bash "$here/kill_test.sh"

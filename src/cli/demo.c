@@ -24,6 +24,7 @@ typedef struct {
     int nsrc_bufs;
     unsigned char **blobs; /* per save rank: rng + loader; then per load rank */
     uint64_t step;
+    int async;
     char config[256];
 } demo_state;
 
@@ -86,6 +87,23 @@ static void free_states(strata_state **st, int n)
     free(st);
 }
 
+/* The lazy path: start, wait for the snapshot (the sources may change after it), then
+ * for the commit. */
+static int save_async(const char *dir, strata_state **st, int W, const strata_save_opts *o,
+                      strata_stats *stats)
+{
+    strata_handle *h;
+    int rc = strata_save_async(&h, dir, st, W, o, NULL);
+    if (rc)
+        return rc;
+    rc = strata_wait_snapshot(h);
+    if (!rc)
+        fprintf(stderr, "snapshot taken, flushing ...\n");
+    int rc2 = strata_wait_durable(h, stats);
+    strata_handle_free(h);
+    return rc ? rc : rc2;
+}
+
 static int do_save(demo_state *d, const char *dir, strata_stats *stats)
 {
     int W = d->src.nranks, rc = 0;
@@ -115,7 +133,7 @@ static int do_save(demo_state *d, const char *dir, strata_stats *stats)
     strata_save_opts o = STRATA_SAVE_OPTS_INIT;
     o.step = d->step;
     if (!rc)
-        rc = strata_save(dir, st, W, &o, stats);
+        rc = d->async ? save_async(dir, st, W, &o, stats) : strata_save(dir, st, W, &o, stats);
     free_states(st, W);
     return rc;
 }
@@ -230,7 +248,7 @@ static const char *drop_cache(const char *dir)
 }
 
 static const char DEMO_HELP[] =
-    "usage: strata demo [--dir D] [--size-mb N] [--from LAYOUT] [--to LAYOUT] [--step N]\n"
+    "usage: strata demo [--dir D] [--size-mb N] [--from LAYOUT] [--to LAYOUT] [--step N] [--async]\n"
     "       mpiexec.mpich -n N strata demo save|load --dir D --layout L   (see demo save --help)\n"
     "\n"
     "Builds a synthetic GPT-style training state (bf16 embeddings and per-layer qkv, proj,\n"
@@ -245,6 +263,7 @@ static const char DEMO_HELP[] =
     "  --from L      layout saved (default tp=2,pp=2,dp=2,zero=1)\n"
     "  --to L        layout loaded (default tp=1,pp=3,dp=2)\n"
     "  --step N      training step recorded in the checkpoint (default 1000)\n"
+    "  --async       save with strata_save_async (snapshot into a pool, then flush)\n"
     "\n"
     "LAYOUT is tp=T,pp=P,dp=D with an optional ,zero=1: tensor-parallel (Megatron column /\n"
     "row splits, uneven when sizes do not divide), pipeline stages, data-parallel replicas;\n"
@@ -258,6 +277,7 @@ typedef struct {
     const char *dir;
     long long size_mb, step, runs;
     const char *from, *to;
+    int async;
 } demo_args;
 
 /* Options of demo (bench = 0: --from, --to, --step) or bench io (--layout, --runs). */
@@ -269,6 +289,11 @@ static int parse_args(int argc, char **argv, demo_args *a, int bench, const char
         if (strcmp(k, "--help") == 0 || strcmp(k, "-h") == 0) {
             fputs(help, stdout);
             return -1;
+        }
+        if (!bench && strcmp(k, "--async") == 0) { /* a flag: no value */
+            a->async = 1;
+            i--;
+            continue;
         }
         if (!v) {
             fprintf(stderr, "strata %s: %s needs a value (see --help)\n", cmd, k);
@@ -307,6 +332,7 @@ static int setup(demo_state *d, const demo_args *a, const char *cmd)
         return EXIT_OPFAIL;
     }
     d->step = (uint64_t)a->step;
+    d->async = a->async;
     snprintf(d->config, sizeof d->config,
              "{\"model\":\"gpt\",\"layers\":%d,\"hidden\":%llu,\"ffn\":%llu,\"vocab\":%llu}",
              d->m.layers, (unsigned long long)d->m.hidden, (unsigned long long)d->m.ffn,
@@ -338,7 +364,7 @@ int cmd_demo(int argc, char **argv)
 {
     if (argc > 1 && (strcmp(argv[1], "save") == 0 || strcmp(argv[1], "load") == 0))
         return cmd_demo_mpi(argc, argv);
-    demo_args a = {NULL, 256, 1000, 1, "tp=2,pp=2,dp=2,zero=1", "tp=1,pp=3,dp=2"};
+    demo_args a = {NULL, 256, 1000, 1, "tp=2,pp=2,dp=2,zero=1", "tp=1,pp=3,dp=2", 0};
     int rc = parse_args(argc, argv, &a, 0, "demo", DEMO_HELP);
     if (rc)
         return rc < 0 ? 0 : rc;
@@ -428,7 +454,7 @@ int cmd_bench(int argc, char **argv)
                 BENCH_HELP);
         return EXIT_USAGE;
     }
-    demo_args a = {NULL, 2048, 1, 1, "tp=2,pp=1,dp=2,zero=1", NULL};
+    demo_args a = {NULL, 2048, 1, 1, "tp=2,pp=1,dp=2,zero=1", NULL, 0};
     int rc = parse_args(argc - 1, argv + 1, &a, 1, "bench io", BENCH_HELP);
     if (rc)
         return rc < 0 ? 0 : rc;
