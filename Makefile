@@ -11,7 +11,7 @@ CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fPIC -Iinclude $(SAN)
 LDFLAGS += $(SAN) -Wl,--as-needed
 MPI_CFLAGS := $(shell pkg-config --cflags mpich 2>/dev/null)
 MPI_LIBS   := $(shell pkg-config --libs mpich 2>/dev/null || echo -lmpich)
-LIBS     = -lxxhash -lpthread $(MPI_LIBS)
+LIBS     = -lxxhash -lpthread -ldl $(MPI_LIBS)
 
 LIB_SRC := $(wildcard src/core/*.c src/io/*.c src/meta/*.c src/plan/*.c src/comm/*.c src/engine/*.c)
 CLI_SRC := $(wildcard src/cli/*.c)

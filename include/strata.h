@@ -46,7 +46,8 @@ extern "C" {
     X(ESCHEME, -12, "unknown URI scheme")                                                     \
     X(ENOENT, -13, "file or checkpoint does not exist")                                       \
     X(EOVERLAP, -14, "saved shards overlap without being identical replicas")                 \
-    X(EABORTED, -15, "operation aborted")
+    X(EABORTED, -15, "operation aborted")                                                     \
+    X(EDEVICE, -16, "device memory given but CUDA is not usable")
 
 typedef enum strata_error_code {
 #define STRATA_X_(name, val, msg) STRATA_##name = (val),
@@ -105,6 +106,8 @@ typedef struct strata_shard {
     int flat;                     /* 0: the whole box; 1: only [flat_start, flat_end) */
     uint64_t flat_start, flat_end;
     void *data;                   /* save: read; load: written */
+    int device;                   /* 1: data is CUDA device memory (cudart is loaded at run
+                                     time; without a usable driver: STRATA_EDEVICE) */
 } strata_shard;
 
 /* Number of elements a shard holds (0 if the description is invalid). */

@@ -207,7 +207,12 @@ static void *coordinator(void *arg)
     /* the snapshot: copy each write task into a pool buffer, hand it to the flushers */
     for (size_t t = 0; started && t < h->lay.nreads && !all_failed(h); t++) {
         size_t b = pool_get(h->pool);
-        st_fill_write(&h->lay, &h->sp, t, h->pool->bufs[b]);
+        int frc = st_fill_write(&h->lay, &h->sp, t, h->pool->bufs[b]);
+        if (frc) {
+            fail(h, frc, -1);
+            pool_put(h->pool, b);
+            break;
+        }
         pthread_mutex_lock(&h->mu);
         size_t slot = (h->q_head + h->q_len) % h->pool->nbuf;
         h->q_task[slot] = t;

@@ -15,6 +15,7 @@
 #include "../comm/comm.h"
 #include "../core/checksum.h"
 #include "../core/error.h"
+#include "../io/cuda.h"
 #include "../io/pool.h"
 #include "engine.h"
 
@@ -259,7 +260,8 @@ static int write_mine(const save_cache *c, const st_rank_view *v, int me, const 
         at += (size_t)st_nchunks(q->bytes, c->chunk);
         pcs[i] = (st_piece){me, q->local, q->src_off, q->offset, q->bytes,
                             (const char *)data + q->src_off, &ext[i],
-                            q->local < v->nsh ? v->sh[q->local].name : v->bl[q->local - v->nsh].name};
+                            q->local < v->nsh ? v->sh[q->local].name : v->bl[q->local - v->nsh].name,
+                            q->local < v->nsh && v->sh[q->local].device};
     }
     st_save_plan mine = {.meta = &m, .pieces = pcs, .npieces = c->nmine, .nranks = 1};
     rc = st_write_data(vfs, dir, &mine, o, io_calls);
@@ -520,6 +522,7 @@ typedef struct {
     const char *buf;      /* the read's buffer (sender) */
     unsigned char **out;  /* per destination: write cursor (sender) */
     const unsigned char *in; /* receive cursor (receiver) */
+    int rc;                  /* a device copy failed */
 } move_ctx;
 
 static void pack_run(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, uint64_t at)
@@ -537,7 +540,14 @@ static void unpack_run(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, u
     move_ctx *m = ctx;
     if (run->rank != m->me)
         return;
-    memcpy(st_run_dst(run, m->p->ranks) + (x0 - run->src), m->in, x1 - x0);
+    char *dst = st_run_dst(run, m->p->ranks) + (x0 - run->src);
+    if (st_run_device(run, m->p->ranks)) {
+        int rc = st_cuda_copy(dst, m->in, x1 - x0, 0);
+        if (rc && !m->rc)
+            m->rc = rc;
+    } else {
+        memcpy(dst, m->in, x1 - x0);
+    }
     m->in += x1 - x0;
 }
 
@@ -703,7 +713,7 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_load_pla
             at += sc[r];
         }
         for (size_t j = 0; j < n; j++) {
-            move_ctx m = {p, me, bufs[j], cur, NULL};
+            move_ctx m = {p, me, bufs[j], cur, NULL, 0};
             st_walk_read(p, mine[first + j], pack_run, &m);
         }
         rc = st_alltoallv(comm, sbuf, sc, rbuf, rc_);
@@ -711,9 +721,11 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_load_pla
             const unsigned char *in = rbuf; /* readers in rank order, their reads in order */
             for (size_t k = next; k < end; k++)
                 if (reader[order[k]] != me) {
-                    move_ctx m = {p, me, NULL, NULL, in};
+                    move_ctx m = {p, me, NULL, NULL, in, 0};
                     st_walk_read(p, order[k], unpack_run, &m);
                     in = m.in;
+                    if (m.rc && !local_rc)
+                        local_rc = m.rc; /* reported with the next round's status */
                 }
         }
         next = end;
@@ -722,6 +734,8 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_load_pla
         if (rc)
             goto out;
     }
+    if (local_rc) /* failed after the last round's status exchange (a device copy) */
+        rc = local_rc;
 out:
     for (int k = 0; bufs && k < per_round; k++)
         st_scratch_put(bufs[k], bufsize);

@@ -36,10 +36,11 @@ int st_write_data(const st_vfs *v, const char *dir, const st_save_plan *sp,
 /* The write tasks of sp: whole chunks, file order (interleaved across files), at most
  * task_bytes (or one chunk) each, as the reads of a load plan. */
 int st_layout_writes(st_load_plan *lay, const st_save_plan *sp, uint64_t task_bytes);
-/* Fills buf with write task `task`: the sources' bytes, zero padding, and each chunk's
- * checksum into the plan's extents. buf holds the task's len bytes. */
-void st_fill_write(const st_load_plan *lay, const st_save_plan *sp, size_t task,
-                   unsigned char *buf);
+/* Fills buf with write task `task`: the sources' bytes (copied from the device for
+ * device shards), zero padding, and each chunk's checksum into the plan's extents. buf
+ * holds the task's len bytes. 0 or STRATA_EDEVICE. */
+int st_fill_write(const st_load_plan *lay, const st_save_plan *sp, size_t task,
+                  unsigned char *buf);
 int st_write_task(const st_vfs *v, st_file *f, const char *dir, const char *name,
                   const st_read *w, const void *buf);
 /* Opens (creating) the data files of sp and reserves their space; files[] gets them. */

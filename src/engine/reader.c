@@ -10,6 +10,7 @@
 
 #include "../core/checksum.h"
 #include "../core/error.h"
+#include "../io/cuda.h"
 #include "../io/pool.h"
 #include "engine.h"
 
@@ -76,6 +77,7 @@ typedef struct {
     const st_load_plan *p;
     const char *buf;
     int only_rank;
+    int rc;
 } scatter_ctx;
 
 static void scatter_run(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, uint64_t at)
@@ -83,7 +85,13 @@ static void scatter_run(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, 
     scatter_ctx *c = ctx;
     if (run->rank < 0 || (c->only_rank >= 0 && run->rank != c->only_rank))
         return;
-    memcpy(st_run_dst(run, c->p->ranks) + (x0 - run->src), c->buf + at, x1 - x0);
+    char *dst = st_run_dst(run, c->p->ranks) + (x0 - run->src);
+    if (st_run_device(run, c->p->ranks)) {
+        int rc = st_cuda_copy(dst, c->buf + at, x1 - x0, 0);
+        if (rc && !c->rc)
+            c->rc = rc;
+    } else
+        memcpy(dst, c->buf + at, x1 - x0);
 }
 
 static int run_read(void *arg, size_t task, int worker)
@@ -137,8 +145,10 @@ static int run_read(void *arg, size_t task, int worker)
     }
     /* verify-only plans have no destinations */
     if (p->ranks) {
-        scatter_ctx sc = {p, buf, x->only_rank};
+        scatter_ctx sc = {p, buf, x->only_rank, 0};
         st_walk_read(p, (size_t)(rd - p->reads), scatter_run, &sc);
+        if (sc.rc)
+            return sc.rc;
     }
     return 0;
 }

@@ -8,6 +8,7 @@
 
 #include "../core/checksum.h"
 #include "../core/error.h"
+#include "../io/cuda.h"
 #include "../io/pool.h"
 #include "engine.h"
 
@@ -23,8 +24,8 @@ typedef struct {
     const char *dir;
 } save_ctx;
 
-void st_fill_write(const st_load_plan *lay, const st_save_plan *sp, size_t task,
-                   unsigned char *buf)
+int st_fill_write(const st_load_plan *lay, const st_save_plan *sp, size_t task,
+                  unsigned char *buf)
 {
     const st_read *w = &lay->reads[task];
     const uint64_t C = sp->meta->chunk;
@@ -37,12 +38,18 @@ void st_fill_write(const st_load_plan *lay, const st_save_plan *sp, size_t task,
         for (uint64_t c = s->c0; c < s->c1; c++) {
             uint64_t lo = c * C, n = ST_MIN(C, pc->bytes - lo);
             unsigned char *dst = buf + pc->offset + lo - w->off;
-            memcpy(dst, (const unsigned char *)pc->src + lo, n);
+            if (pc->device) {
+                int rc = st_cuda_copy(dst, (const unsigned char *)pc->src + lo, n, 1);
+                if (rc)
+                    return st_wrap(rc, "tensor '%s'", pc->object);
+            } else
+                memcpy(dst, (const unsigned char *)pc->src + lo, n);
             pc->ext->sums[c] = st_hash(dst, n);
             pos = pc->offset + lo + n - w->off;
         }
     }
     memset(buf + pos, 0, w->len - pos);
+    return 0;
 }
 
 int st_write_task(const st_vfs *v, st_file *f, const char *dir, const char *name,
@@ -61,7 +68,9 @@ static int run_write(void *arg, size_t task, int worker)
     const st_read *w = &x->lay.reads[task];
     if (!x->buf[worker] && !(x->buf[worker] = st_scratch_get(x->bufsize)))
         return st_fail(STRATA_ENOMEM, "out of memory for a write buffer");
-    st_fill_write(&x->lay, x->sp, task, x->buf[worker]);
+    int rc = st_fill_write(&x->lay, x->sp, task, x->buf[worker]);
+    if (rc)
+        return rc;
     return st_write_task(x->v, x->files[w->file], x->dir, x->sp->meta->files[w->file].name, w,
                          x->buf[worker]);
 }

@@ -3,6 +3,7 @@
 
 #include "../core/error.h"
 #include "../core/geom.h"
+#include "../io/cuda.h"
 #include "engine.h"
 
 int strata_state_new(strata_state **out)
@@ -78,6 +79,12 @@ static int normalise(st_entry *e, const strata_shard *s)
     }
     e->bytes = (e->fe - e->fs) * esz;
     e->data = s->data;
+    e->device = s->device != 0;
+    if (e->device && e->bytes) {
+        int rc = st_cuda_check();
+        if (rc)
+            return st_wrap(rc, "tensor '%s'", s->name);
+    }
     if (e->bytes && !e->data)
         return st_fail(STRATA_EINVAL, "tensor '%s': data is NULL", s->name);
     return 0;

@@ -17,6 +17,7 @@ typedef struct st_entry {
     uint64_t fs, fe; /* within the box; whole box: 0, numel(box) */
     void *data;
     uint64_t bytes;
+    int device; /* data is CUDA device memory */
 } st_entry;
 
 typedef struct st_blobent {
@@ -48,6 +49,7 @@ typedef struct st_piece {
     const void *src;
     st_extent *ext;     /* in the plan's metadata; the writer fills ext->sums */
     const char *object; /* tensor or blob name, for messages */
+    int device;         /* src is CUDA device memory */
 } st_piece;
 
 typedef struct st_save_plan {
@@ -89,6 +91,13 @@ typedef struct st_run {
     uint64_t n;
     uint64_t dst;
 } st_run;
+
+/* Is the destination of a run CUDA device memory? */
+static inline int st_run_device(const st_run *r, const st_rank_view *ranks)
+{
+    const st_rank_view *v = &ranks[r->rank];
+    return r->local < v->nsh && v->sh[r->local].device;
+}
 
 /* The destination address of a run, given the rank views the plan was made from. */
 static inline char *st_run_dst(const st_run *r, const st_rank_view *ranks)

@@ -33,6 +33,7 @@ typedef struct {
     uint32_t local;   /* the writer's registration index */
     uint64_t src_off; /* bytes into that registration's data */
     const void *src;
+    int device;       /* src is CUDA device memory */
     size_t meta_pos;
 } item;
 
@@ -424,6 +425,7 @@ int st_plan_save(st_save_plan *out, const st_rank_view *ranks, int nranks, uint3
                 if (!it[j].blob) /* a piece starts inside the holder's buffer */
                     it[j].src_off = (it[j].fs - it[j].e->fs) * strata_dtype_size(it[j].e->dtype);
                 it[j].src = w->data ? (const char *)w->data + it[j].src_off : NULL;
+                it[j].device = !it[j].blob && ranks[w->rank].sh[w->local].device;
                 break;
             }
 
@@ -548,7 +550,8 @@ int st_plan_save(st_save_plan *out, const st_rank_view *ranks, int nranks, uint3
         f->bytes = ST_ALIGN_UP(f->bytes + x->bytes, ST_ALIGN);
         m->data_bytes += x->bytes;
         out->pieces[out->npieces++] =
-            (st_piece){x->writer, x->local, x->src_off, ext->offset, x->bytes, x->src, ext, object};
+            (st_piece){x->writer, x->local,  x->src_off, ext->offset, x->bytes,
+                       x->src,    ext,       object,      x->device};
     }
     for (size_t t = 0; t < nt && !rc; t++)
         rc = st_meta_check_overlap(&m->tensors[t]);
