@@ -283,30 +283,14 @@ int strata_save_async_tiers(strata_handle **out, const char *const *uris, int nt
                        STRATA_SAVE_OPTS_VERSION);
     st_clear_error();
     uint32_t chunk = o->chunk_bytes ? o->chunk_bytes : ST_DEFAULT_CHUNK;
-    int rc = st_check_chunk(chunk);
-    if (rc)
-        return rc;
-    if (nranks < 1 || !ranks)
-        return st_fail(STRATA_EINVAL, "save needs at least one rank state");
     strata_handle *h = calloc(1, sizeof *h);
-    st_rank_view *rv = calloc((size_t)nranks, sizeof *rv);
-    if (!h || !rv) {
-        free(h);
-        free(rv);
+    if (!h)
         return st_fail(STRATA_ENOMEM, "out of memory");
-    }
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->cv, NULL);
     h->t0 = st_now();
     h->o = *o;
-    for (int r = 0; r < nranks && !rc; r++)
-        if (!ranks[r])
-            rc = st_fail(STRATA_EINVAL, "state of rank %d is NULL", r);
-        else
-            rv[r] = st_state_view(ranks[r]);
-    if (!rc)
-        rc = st_plan_save(&h->sp, rv, nranks, chunk, o->step);
-    free(rv);
+    int rc = st_plan_states(&h->sp, ranks, nranks, o);
     h->ntiers = ntiers;
     for (int t = 0; t < ntiers && !rc; t++)
         rc = st_vfs_resolve(uris[t], &h->v[t], h->dir[t], sizeof h->dir[t]);
@@ -357,16 +341,8 @@ int strata_wait_snapshot(strata_handle *h) { return wait_flag(h, &h->snap_done);
 int strata_wait_durable(strata_handle *h, strata_stats *stats)
 {
     int rc = wait_flag(h, &h->durable_done);
-    if (!rc && stats) {
-        *stats = (strata_stats){.data_bytes = h->sp.meta->data_bytes,
-                                .bytes = h->sp.meta->data_bytes,
-                                .all_bytes = h->sp.meta->data_bytes,
-                                .io_calls = h->lay.nreads,
-                                .max_writer_bytes = h->sp.max_writer_bytes,
-                                .balance_bound = h->sp.writer_bytes_bound,
-                                .writers = (uint64_t)h->sp.nwriters};
-        stats->seconds = st_now() - h->t0;
-    }
+    if (!rc && stats)
+        st_save_stats(stats, &h->sp, h->lay.nreads, h->t0);
     return rc;
 }
 

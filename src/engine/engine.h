@@ -26,6 +26,11 @@ static inline st_rank_view st_state_view(const strata_state *s)
 /* ---- save steps (save.c), shared by strata_save and strata_save_dist ---- */
 
 int st_check_chunk(uint32_t chunk);
+/* Checks the options and the rank states and makes the global save plan of them. */
+int st_plan_states(st_save_plan *sp, strata_state *const *ranks, int nranks,
+                   const strata_save_opts *o);
+/* The stats of a finished single-process save (started at t0). */
+void st_save_stats(strata_stats *stats, const st_save_plan *sp, uint64_t io_calls, double t0);
 /* Makes dir an empty directory for a new checkpoint (creating parents), or clears an
  * incomplete checkpoint there; refuses a committed one or foreign files (STRATA_EEXIST). */
 int st_prepare_dir(const st_vfs *v, const char *dir);

@@ -344,10 +344,9 @@ int st_check_chunk(uint32_t chunk)
     return 0;
 }
 
-static int save_impl(const char *uri, strata_state *const *ranks, int nranks,
-                     const strata_save_opts *o, strata_stats *stats)
+int st_plan_states(st_save_plan *sp, strata_state *const *ranks, int nranks,
+                   const strata_save_opts *o)
 {
-    double t0 = st_now();
     uint32_t chunk = o->chunk_bytes ? o->chunk_bytes : ST_DEFAULT_CHUNK;
     int rc = st_check_chunk(chunk);
     if (rc)
@@ -357,16 +356,35 @@ static int save_impl(const char *uri, strata_state *const *ranks, int nranks,
     st_rank_view *rv = calloc((size_t)nranks, sizeof *rv);
     if (!rv)
         return st_fail(STRATA_ENOMEM, "out of memory");
-    for (int r = 0; r < nranks; r++) {
-        if (!ranks[r]) {
-            free(rv);
-            return st_fail(STRATA_EINVAL, "state of rank %d is NULL", r);
-        }
-        rv[r] = st_state_view(ranks[r]);
-    }
-    st_save_plan sp;
-    rc = st_plan_save(&sp, rv, nranks, chunk, o->step);
+    for (int r = 0; r < nranks && !rc; r++)
+        if (!ranks[r])
+            rc = st_fail(STRATA_EINVAL, "state of rank %d is NULL", r);
+        else
+            rv[r] = st_state_view(ranks[r]);
+    if (!rc)
+        rc = st_plan_save(sp, rv, nranks, chunk, o->step);
     free(rv);
+    return rc;
+}
+
+void st_save_stats(strata_stats *stats, const st_save_plan *sp, uint64_t io_calls, double t0)
+{
+    *stats = (strata_stats){.data_bytes = sp->meta->data_bytes,
+                            .bytes = sp->meta->data_bytes,
+                            .all_bytes = sp->meta->data_bytes,
+                            .io_calls = io_calls,
+                            .max_writer_bytes = sp->max_writer_bytes,
+                            .balance_bound = sp->writer_bytes_bound,
+                            .writers = (uint64_t)sp->nwriters};
+    stats->seconds = st_now() - t0;
+}
+
+static int save_impl(const char *uri, strata_state *const *ranks, int nranks,
+                     const strata_save_opts *o, strata_stats *stats)
+{
+    double t0 = st_now();
+    st_save_plan sp;
+    int rc = st_plan_states(&sp, ranks, nranks, o);
     if (rc)
         return rc;
     const st_vfs *v;
@@ -383,16 +401,8 @@ static int save_impl(const char *uri, strata_state *const *ranks, int nranks,
         if (rc) /* a failed save leaves no half-written files behind */
             st_remove_failed(v, dir, 1);
     }
-    if (!rc && stats) {
-        *stats = (strata_stats){.data_bytes = sp.meta->data_bytes,
-                                .bytes = sp.meta->data_bytes,
-                                .all_bytes = sp.meta->data_bytes,
-                                .io_calls = calls,
-                                .max_writer_bytes = sp.max_writer_bytes,
-                                .balance_bound = sp.writer_bytes_bound,
-                                .writers = (uint64_t)sp.nwriters};
-        stats->seconds = st_now() - t0;
-    }
+    if (!rc && stats)
+        st_save_stats(stats, &sp, calls, t0);
     st_save_plan_free(&sp);
     st_vfs_release(v);
     return rc;
