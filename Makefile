@@ -59,10 +59,15 @@ $(BUILD)/tests/%: tests/%.c $(BUILD)/libstrata.a tests/testutil.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -Isrc -o $@ $< $(BUILD)/libstrata.a -lcmocka $(LIBS) -lm
 
+# A stand-in CUDA runtime for testing the device paths without a GPU (see tests/fake_cudart.c).
+$(BUILD)/tests/libfakecudart.so: tests/fake_cudart.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -shared -o $@ $< -lpthread
+
 demo: deps all
 	$(BUILD)/strata demo
 
-test: deps all $(TESTS)
+test: deps all $(TESTS) $(BUILD)/tests/libfakecudart.so
 	@BUILD=$(BUILD) SANITIZED=$(if $(SAN),1,) bash tests/run.sh $(TESTS)
 
 test-asan:

@@ -38,6 +38,13 @@ run_one() { # name, command...
 for t in "$@"; do
     run_one "$t" "$t"
 done
+# the device paths once more against the fake CUDA runtime: with one device, and none
+fake=${BUILD:-build}/tests/libfakecudart.so
+if [ -f "$fake" ] && [ -f "${BUILD:-build}/tests/test_cuda" ]; then
+    run_one "test_cuda (fake runtime)" env STRATA_CUDART="$fake" "${BUILD:-build}/tests/test_cuda"
+    run_one "test_cuda (fake runtime, no device)" env STRATA_CUDART="$fake" FAKE_CUDA_DEVICES=0 \
+        "${BUILD:-build}/tests/test_cuda"
+fi
 # the MPI tests run in the plain build only: MPICH itself is not built with the sanitizers
 mpi=mpi_test.sh
 [ -n "${SANITIZED:-}" ] && mpi=

@@ -1,6 +1,10 @@
 /* test_cuda.c - shards in CUDA device memory. Without a usable CUDA runtime and driver
- * (this project's usual machines) registering one is STRATA_EDEVICE with a clear message;
- * with a GPU, a save from and a load into device buffers round-trip bitwise. */
+ * (this project's usual machines) registering one is STRATA_EDEVICE with a clear message.
+ * With a device - a real GPU, or the fake runtime (tests/fake_cudart.c, loaded through
+ * STRATA_CUDART; tests/run.sh runs this file against it too) - saves from device buffers
+ * (synchronous, and asynchronous through a pinned pool with the lazy-consistency poison
+ * test) load back into device buffers bitwise, and a failing device copy fails the save
+ * with STRATA_EDEVICE and commits nothing. */
 #include <dlfcn.h>
 
 #include "io/cuda.h"
@@ -9,66 +13,237 @@
 static char base_dir[512];
 TU_TMPDIR_GROUP(base_dir, "cuda")
 
-static const uint64_t shape[] = {1031, 67};
+#define ROWS 1031
+#define COLS 67
+static const uint64_t shape[] = {ROWS, COLS};
+static const size_t N = (size_t)ROWS * COLS, BYTES = (size_t)ROWS * COLS * 4;
 
-static void test_device_shards(void **state)
+/* The runtime strata loaded: the same library, so that buffers are its device memory. */
+static struct {
+    int (*malloc)(void **, size_t);
+    int (*free)(void *);
+    int (*memcpy)(void *, const void *, size_t, int);
+    void (*counters)(void *); /* the fake runtime only */
+} rt;
+
+typedef struct {
+    uint64_t async_copies, async_bytes, async_pinned_bytes, sync_copies, streams_created,
+        streams_destroyed, pending_at_destroy, registered_bytes, bad_calls;
+} fake_counters;
+
+static void open_runtime(void)
+{
+    const char *env = getenv("STRATA_CUDART");
+    void *h = dlopen(env && *env ? env : "libcudart.so", RTLD_NOW);
+    assert_non_null(h);
+    *(void **)&rt.malloc = dlsym(h, "cudaMalloc");
+    *(void **)&rt.free = dlsym(h, "cudaFree");
+    *(void **)&rt.memcpy = dlsym(h, "cudaMemcpy");
+    *(void **)&rt.counters = dlsym(h, "fake_cuda_counters");
+    assert_true(rt.malloc && rt.free && rt.memcpy);
+}
+
+static void counters(fake_counters *c)
+{
+    memset(c, 0, sizeof *c);
+    if (rt.counters)
+        rt.counters(c);
+}
+
+/* A device buffer holding pattern `seed`. */
+static void *device_pattern(uint32_t seed, float *host)
+{
+    for (size_t i = 0; i < N; i++)
+        host[i] = (float)(i ^ seed) * 0.25f - 7.0f;
+    void *d;
+    assert_int_equal(rt.malloc(&d, BYTES), 0);
+    assert_ok(st_cuda_copy(d, host, BYTES, 0));
+    return d;
+}
+
+/* A state of two ranks, each holding half of the rows of gpu.w on the device, plus a
+ * host blob. */
+static void two_rank_state(strata_state *st[2], void *dev, uint64_t offs[2][2],
+                           uint64_t lens[2][2], char *blob)
+{
+    for (int r = 0; r < 2; r++) {
+        assert_ok(strata_state_new(&st[r]));
+        offs[r][0] = r ? ROWS / 2 : 0;
+        offs[r][1] = 0;
+        lens[r][0] = r ? ROWS - ROWS / 2 : ROWS / 2;
+        lens[r][1] = COLS;
+        strata_shard sh = {.name = "gpu.w", .dtype = STRATA_F32, .ndim = 2,
+                           .global_shape = shape, .offsets = offs[r], .lengths = lens[r],
+                           .data = (char *)dev + offs[r][0] * COLS * 4, .device = 1};
+        assert_ok(strata_state_add_shard(st[r], &sh));
+        assert_ok(strata_state_add_blob(st[r], "step", 0, 0, blob, strlen(blob)));
+    }
+}
+
+/* Loads ck into fresh device memory (one rank, whole tensor) and compares with want. */
+static void load_and_compare(const char *ck, const float *want)
+{
+    void *d;
+    assert_int_equal(rt.malloc(&d, BYTES), 0);
+    strata_state *s;
+    assert_ok(strata_state_new(&s));
+    strata_shard sh = {.name = "gpu.w", .dtype = STRATA_F32, .ndim = 2, .global_shape = shape,
+                       .data = d, .device = 1};
+    assert_ok(strata_state_add_shard(s, &sh));
+    assert_ok(strata_load(ck, &s, 1, NULL, NULL));
+    float *back = malloc(BYTES);
+    assert_ok(st_cuda_copy(back, d, BYTES, 1));
+    assert_memory_equal(want, back, BYTES);
+    free(back);
+    strata_state_free(s);
+    rt.free(d);
+}
+
+static void test_no_device(void **state)
 {
     (void)state;
-    size_t n = 1031 * 67, bytes = n * 4;
-    if (st_cuda_check() != 0) { /* no GPU: the clear error, for save and load alike */
-        float host[4];
-        strata_state *st;
-        assert_ok(strata_state_new(&st));
-        strata_shard sh = {.name = "gpu.w", .dtype = STRATA_F32, .ndim = 2,
-                           .global_shape = shape, .data = host, .device = 1};
-        assert_rc(strata_state_add_shard(st, &sh), STRATA_EDEVICE);
-        assert_msg_has("gpu.w");
-        assert_msg_has("CUDA is not usable");
-        sh.device = 0; /* the same shard in host memory is fine */
-        sh.data = malloc(bytes);
-        assert_ok(strata_state_add_shard(st, &sh));
-        free(sh.data);
-        strata_state_free(st);
-        print_message("no usable CUDA device: checked the error path only\n");
-        return;
-    }
-    /* a GPU: device buffers through the runtime the library uses */
-    void *h = dlopen("libcudart.so", RTLD_NOW);
-    assert_non_null(h);
-    int (*cmalloc)(void **, size_t) = (int (*)(void **, size_t))dlsym(h, "cudaMalloc");
-    int (*cfree)(void *) = (int (*)(void *))dlsym(h, "cudaFree");
-    assert_non_null(cmalloc);
-    float *src = malloc(bytes), *back = malloc(bytes);
-    for (size_t i = 0; i < n; i++)
-        src[i] = (float)i * 0.25f - 7.0f;
-    void *dsrc, *ddst;
-    assert_int_equal(cmalloc(&dsrc, bytes), 0);
-    assert_int_equal(cmalloc(&ddst, bytes), 0);
-    assert_ok(st_cuda_copy(dsrc, src, bytes, 0));
-    char ck[700];
-    snprintf(ck, sizeof ck, "%s/gpu", base_dir);
-    strata_state *s, *d;
-    assert_ok(strata_state_new(&s));
-    assert_ok(strata_state_new(&d));
+    if (st_cuda_check() == 0)
+        skip();
+    float host[4];
+    strata_state *st;
+    assert_ok(strata_state_new(&st));
     strata_shard sh = {.name = "gpu.w", .dtype = STRATA_F32, .ndim = 2, .global_shape = shape,
-                       .data = dsrc, .device = 1};
-    assert_ok(strata_state_add_shard(s, &sh));
-    sh.data = ddst;
-    assert_ok(strata_state_add_shard(d, &sh));
-    assert_ok(strata_save(ck, &s, 1, NULL, NULL));
-    assert_ok(strata_load(ck, &d, 1, NULL, NULL));
-    assert_ok(st_cuda_copy(back, ddst, bytes, 1));
-    assert_memory_equal(src, back, bytes);
-    strata_state_free(s);
-    strata_state_free(d);
-    cfree(dsrc);
-    cfree(ddst);
-    free(src);
-    free(back);
+                       .data = host, .device = 1};
+    assert_rc(strata_state_add_shard(st, &sh), STRATA_EDEVICE);
+    assert_msg_has("gpu.w");
+    assert_msg_has("CUDA is not usable");
+    print_message("no usable CUDA device: %s\n", strata_error_last());
+    sh.device = 0; /* the same shard in host memory is fine */
+    sh.data = malloc(BYTES);
+    assert_ok(strata_state_add_shard(st, &sh));
+    free(sh.data);
+    strata_state_free(st);
+}
+
+static void test_sync_roundtrip(void **state)
+{
+    (void)state;
+    if (st_cuda_check() != 0)
+        skip();
+    open_runtime();
+    float *host = malloc(BYTES);
+    void *dev = device_pattern(1, host);
+    strata_state *st[2];
+    uint64_t offs[2][2], lens[2][2];
+    two_rank_state(st, dev, offs, lens, (char[]){"step 7"});
+    char ck[700];
+    snprintf(ck, sizeof ck, "%s/sync", base_dir);
+    fake_counters a, b;
+    counters(&a);
+    assert_ok(strata_save(ck, st, 2, NULL, NULL));
+    counters(&b);
+    if (rt.counters) { /* every device byte went through the streams, none was missed */
+        assert_int_equal(b.async_bytes - a.async_bytes, BYTES);
+        assert_int_equal(b.bad_calls, 0);
+        assert_int_equal(b.pending_at_destroy, 0);
+    }
+    load_and_compare(ck, host);
+    for (int r = 0; r < 2; r++)
+        strata_state_free(st[r]);
+    rt.free(dev);
+    free(host);
+}
+
+/* The lazy-consistency test on device memory: poison the device buffers right after the
+ * snapshot; the checkpoint holds the values from before. The pool (256 KiB, two 128 KiB
+ * buffers) is smaller than one shard, and is registered as pinned for the copies. */
+static void test_async_pinned(void **state)
+{
+    (void)state;
+    if (st_cuda_check() != 0)
+        skip();
+    open_runtime();
+    float *host = malloc(BYTES), *poison = malloc(BYTES);
+    void *dev = device_pattern(2, host);
+    strata_state *st[2];
+    uint64_t offs[2][2], lens[2][2];
+    two_rank_state(st, dev, offs, lens, (char[]){"step 8"});
+    strata_pool *pool;
+    assert_ok(strata_pool_new(&pool, 256 << 10));
+    strata_save_opts o = STRATA_SAVE_OPTS_INIT;
+    o.chunk_bytes = 64 << 10;
+    char ck[700];
+    snprintf(ck, sizeof ck, "%s/async", base_dir);
+    fake_counters a, b;
+    counters(&a);
+    strata_handle *h;
+    assert_ok(strata_save_async(&h, ck, st, 2, &o, pool));
+    assert_ok(strata_wait_snapshot(h));
+    memset(poison, 0xEE, BYTES);
+    assert_ok(st_cuda_copy(dev, poison, BYTES, 0));
+    assert_ok(strata_wait_durable(h, NULL));
+    strata_handle_free(h);
+    counters(&b);
+    if (rt.counters) {
+        assert_int_equal(b.async_bytes - a.async_bytes, BYTES);
+        assert_int_equal(b.async_pinned_bytes - a.async_pinned_bytes, BYTES);
+        assert_int_equal(b.registered_bytes, strata_pool_bytes(pool));
+        assert_int_equal(b.bad_calls, 0);
+    }
+    load_and_compare(ck, host);
+    strata_pool_free(pool);
+    counters(&b);
+    if (rt.counters)
+        assert_int_equal(b.registered_bytes, 0); /* unpinned with the pool */
+    for (int r = 0; r < 2; r++)
+        strata_state_free(st[r]);
+    rt.free(dev);
+    free(host);
+    free(poison);
+}
+
+/* A device copy that fails mid-save (fake runtime only): STRATA_EDEVICE on the handle,
+ * nothing committed, nothing left behind. */
+static void test_async_copy_fails(void **state)
+{
+    (void)state;
+    if (st_cuda_check() != 0 || !getenv("STRATA_CUDART"))
+        skip();
+    open_runtime();
+    if (!rt.counters)
+        skip();
+    float *host = malloc(BYTES);
+    void *dev = device_pattern(3, host);
+    strata_state *st[2];
+    uint64_t offs[2][2], lens[2][2];
+    two_rank_state(st, dev, offs, lens, (char[]){"step 9"});
+    strata_save_opts o = STRATA_SAVE_OPTS_INIT;
+    o.chunk_bytes = 64 << 10;
+    strata_pool *pool;
+    assert_ok(strata_pool_new(&pool, 256 << 10));
+    char ck[700];
+    snprintf(ck, sizeof ck, "%s/fails", base_dir);
+    setenv("FAKE_CUDA_FAIL_ASYNC_AFTER", "0", 1);
+    strata_handle *h;
+    assert_ok(strata_save_async(&h, ck, st, 2, &o, pool));
+    assert_rc(strata_wait_durable(h, NULL), STRATA_EDEVICE);
+    assert_msg_has("cudaMemcpyAsync");
+    assert_msg_has("gpu.w");
+    strata_handle_free(h);
+    assert_rc(strata_save(ck, st, 2, NULL, NULL), STRATA_EDEVICE);
+    unsetenv("FAKE_CUDA_FAIL_ASYNC_AFTER");
+    assert_false(tu_exists(ck));
+    assert_ok(strata_save(ck, st, 2, NULL, NULL)); /* and then it works */
+    load_and_compare(ck, host);
+    strata_pool_free(pool);
+    for (int r = 0; r < 2; r++)
+        strata_state_free(st[r]);
+    rt.free(dev);
+    free(host);
 }
 
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_device_shards)};
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_no_device),
+        cmocka_unit_test(test_sync_roundtrip),
+        cmocka_unit_test(test_async_pinned),
+        cmocka_unit_test(test_async_copy_fails),
+    };
     return cmocka_run_group_tests(tests, tu_group_setup, tu_group_teardown);
 }

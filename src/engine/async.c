@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "../core/error.h"
+#include "../io/cuda.h"
 #include "../io/pool.h"
 #include "engine.h"
 
@@ -19,6 +20,7 @@ struct strata_pool {
     size_t nbuf, bufsize, nfree;
     unsigned char **bufs;
     size_t *freelist;
+    int pinned; /* 0 not tried yet, 1 page-locked for device copies, -1 could not be */
 };
 
 int strata_pool_new(strata_pool **out, uint64_t bytes)
@@ -57,8 +59,11 @@ void strata_pool_free(strata_pool *p)
 {
     if (!p)
         return;
-    for (size_t i = 0; p->bufs && i < p->nbuf; i++)
+    for (size_t i = 0; p->bufs && i < p->nbuf; i++) {
+        if (p->pinned == 1)
+            st_cuda_unpin(p->bufs[i]);
         free(p->bufs[i]);
+    }
     free(p->bufs);
     free(p->freelist);
     pthread_mutex_destroy(&p->mu);
@@ -76,6 +81,23 @@ static size_t pool_get(strata_pool *p)
     size_t i = p->freelist[--p->nfree];
     pthread_mutex_unlock(&p->mu);
     return i;
+}
+
+/* Page-locks the pool once, the first time a save copies from device memory into it:
+ * cudaMemcpyAsync into pinned memory is a DMA that overlaps the CPU. Without it the
+ * copies still work (staged by the driver), only slower. */
+static void pool_pin(strata_pool *p)
+{
+    pthread_mutex_lock(&p->mu);
+    for (size_t i = 0; !p->pinned && i < p->nbuf; i++)
+        if (st_cuda_pin(p->bufs[i], p->bufsize)) {
+            while (i-- > 0)
+                st_cuda_unpin(p->bufs[i]);
+            p->pinned = -1;
+        }
+    if (!p->pinned)
+        p->pinned = 1;
+    pthread_mutex_unlock(&p->mu);
 }
 
 static void pool_put(strata_pool *p, size_t i)
@@ -202,6 +224,11 @@ static void *coordinator(void *arg)
         if (pthread_create(&h->flushers[i], NULL, flusher, h)) {
             rc = st_fail(STRATA_ENOMEM, "cannot start an I/O thread");
             fail(h, rc, -1);
+            break;
+        }
+    for (size_t i = 0; i < h->sp.npieces; i++)
+        if (h->sp.pieces[i].device) {
+            pool_pin(h->pool);
             break;
         }
     /* the snapshot: copy each write task into a pool buffer, hand it to the flushers */

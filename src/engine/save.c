@@ -30,26 +30,45 @@ int st_fill_write(const st_load_plan *lay, const st_save_plan *sp, size_t task,
     const st_read *w = &lay->reads[task];
     const uint64_t C = sp->meta->chunk;
     uint64_t pos = 0; /* bytes of buf filled */
-    for (size_t si = w->seg0; si < w->seg1; si++) {
+    int device = 0, rc = 0;
+    /* host chunks are copied and hashed in one pass; device chunks are enqueued on this
+     * thread's stream and hashed once they have all arrived */
+    for (size_t si = w->seg0; si < w->seg1 && !rc; si++) {
         const st_seg *s = &lay->segs[si];
         const st_piece *pc = &sp->pieces[s->piece];
         uint64_t at = pc->offset + s->c0 * C - w->off;
         memset(buf + pos, 0, at - pos); /* alignment padding between extents */
+        if (pc->device) { /* the segment's chunks are contiguous: one copy */
+            uint64_t lo = s->c0 * C, hi = ST_MIN(s->c1 * C, pc->bytes);
+            device = 1;
+            if ((rc = st_cuda_copy_async(buf + at, (const unsigned char *)pc->src + lo, hi - lo)))
+                rc = st_wrap(rc, "tensor '%s'", pc->object);
+            pos = at + hi - lo;
+            continue;
+        }
         for (uint64_t c = s->c0; c < s->c1; c++) {
             uint64_t lo = c * C, n = ST_MIN(C, pc->bytes - lo);
             unsigned char *dst = buf + pc->offset + lo - w->off;
-            if (pc->device) {
-                int rc = st_cuda_copy(dst, (const unsigned char *)pc->src + lo, n, 1);
-                if (rc)
-                    return st_wrap(rc, "tensor '%s'", pc->object);
-            } else
-                memcpy(dst, (const unsigned char *)pc->src + lo, n);
+            memcpy(dst, (const unsigned char *)pc->src + lo, n);
             pc->ext->sums[c] = st_hash(dst, n);
             pos = pc->offset + lo + n - w->off;
         }
     }
-    memset(buf + pos, 0, w->len - pos);
-    return 0;
+    if (device) {
+        int wrc = st_cuda_wait(); /* also after a failure: no copy may still land in buf */
+        rc = rc ? rc : wrc;
+    }
+    for (size_t si = w->seg0; device && !rc && si < w->seg1; si++) {
+        const st_seg *s = &lay->segs[si];
+        const st_piece *pc = &sp->pieces[s->piece];
+        for (uint64_t c = s->c0; pc->device && c < s->c1; c++) {
+            uint64_t lo = c * C;
+            pc->ext->sums[c] = st_hash(buf + pc->offset + lo - w->off, ST_MIN(C, pc->bytes - lo));
+        }
+    }
+    if (!rc)
+        memset(buf + pos, 0, w->len - pos);
+    return rc;
 }
 
 int st_write_task(const st_vfs *v, st_file *f, const char *dir, const char *name,
