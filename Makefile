@@ -97,11 +97,13 @@ fuzz: deps
 	bash fuzz/fuzz.sh
 
 # The kill test at full size: SIGKILL during saves (one process, and 4 MPI processes with a
-# random rank or the whole job killed), then verify / ls / gc everything.
+# random rank or the whole job killed; synchronous and asynchronous saves), then verify / ls / gc
+# everything.
 stress: deps all
 	STRATA_KILL_TRIALS=$${STRATA_KILL_TRIALS:-200} BUILD=$(BUILD) bash tests/kill_test.sh
 	STRATA_KILL_MODE=async STRATA_KILL_TRIALS=$${STRATA_KILL_TRIALS:-200} BUILD=$(BUILD) bash tests/kill_test.sh
 	STRATA_KILL_MODE=mpi STRATA_KILL_SIZE_MB=24 STRATA_KILL_TRIALS=$${STRATA_KILL_TRIALS:-200} BUILD=$(BUILD) bash tests/kill_test.sh
+	STRATA_KILL_MODE=mpiasync STRATA_KILL_SIZE_MB=24 STRATA_KILL_TRIALS=$${STRATA_KILL_TRIALS:-200} BUILD=$(BUILD) bash tests/kill_test.sh
 
 $(BUILD)/bench/bench_plan: bench/bench_plan.c src/cli/synth.c $(BUILD)/libstrata.a
 	@mkdir -p $(dir $@)

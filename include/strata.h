@@ -300,6 +300,22 @@ int strata_handle_error(strata_handle *h, const char **msg);
 /* Waits for the save to end, then frees the handle. */
 void strata_handle_free(strata_handle *h);
 
+/* The asynchronous strata_save_dist, a collective. It returns once this rank knows its
+ * part of the plan: with a cached plan (every rank's layout unchanged) after one small
+ * collective, with no I/O and no copy. The snapshot and this rank's writes go on in the
+ * background through pool (NULL: one of its own, as for strata_save_async), into the
+ * directory (created by whichever rank comes first). strata_wait_snapshot is local.
+ * strata_wait_durable is a collective: it waits for this rank's writes, then every
+ * rank's outcome and checksums go to rank 0, which checks the directory (no commit record,
+ * no foreign files; stale files of an earlier incomplete save are removed) and commits;
+ * every rank returns the same result. Every rank must call strata_wait_durable before its
+ * next collective on comm. Errors of one rank (a bad URI, a failed write) travel on its
+ * handle to wait_durable, where they fail the save on every rank; a failed save removes
+ * what it wrote. */
+int strata_save_dist_async(strata_handle **out, strata_comm *comm, const char *uri,
+                           strata_state *local, const strata_save_opts *opts,
+                           strata_pool *pool);
+
 /* Loads from the first of several copies (fastest first) that is committed and loads
  * with every checksum right, falling back to the next on any error. *used (may be NULL)
  * gets the index of the copy used. Errors: the last copy's, with the reasons of all. */

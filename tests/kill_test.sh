@@ -25,7 +25,8 @@
 #   STRATA_KILL_MODE       single: `strata demo` saves the ranks of one process (default);
 #                          async: single, through strata_save_async;
 #                          mpi: 4 MPI processes save, SIGKILL hits one random rank or
-#                          the whole job. A mode is the mode_<name>_* functions and
+#                          the whole job; mpiasync: mpi, through strata_save_dist_async.
+#                          A mode is the mode_<name>_* functions and
 #                          MODE_<name>_* patterns below.
 set -u
 cd "$(dirname "$0")/.."
@@ -88,7 +89,7 @@ mode_async_kill() { mode_single_kill; }
 # that checks every byte. The kill hits either one random rank of the save (the others
 # stop at the 3 s time limit, or MPICH ends them) or the whole job.
 mode_mpi_launch() {
-    setsid bash -c "mpiexec.mpich -disable-auto-cleanup -n 4 '$S' demo save --dir '$1' \
+    setsid bash -c "mpiexec.mpich -disable-auto-cleanup -n 4 '$S' demo save ${MPI_ASYNC:-}--dir '$1' \
         --layout tp=2,pp=1,dp=2,zero=1 --size-mb $SIZE --timeout-ms 3000 &&
         mpiexec.mpich -n 3 '$S' demo load --dir '$1' --layout tp=1,pp=1,dp=3 --size-mb $SIZE" \
         >"$2" 2>"$3" &
@@ -103,14 +104,21 @@ mode_mpi_kill() {
     if [ $((RANDOM % 2)) = 0 ]; then # the whole job
         kill -9 -- -"$JOB_PID" 2>/dev/null
     else # one random rank of the save
-        pids=($(pgrep -f "demo save --dir $JOB_DIR " || true))
+        pids=($(pgrep -f "demo save ${MPI_ASYNC:-}--dir $JOB_DIR " || true))
         [ ${#pids[@]} -gt 0 ] && kill -9 "${pids[$((RANDOM % ${#pids[@]}))]}" 2>/dev/null
     fi
     wait "$JOB_PID" 2>/dev/null
     JOB_STATUS=$?
+    pkill -9 -f "demo (save|load) ${MPI_ASYNC:-}--dir $JOB_DIR " 2>/dev/null
     pkill -9 -f "demo (save|load) --dir $JOB_DIR " 2>/dev/null
     [ "$JOB_STATUS" = 0 ] || JOB_STATUS=137 # any end after a kill is the kill's doing
 }
+# mpiasync: mpi, saving with strata_save_dist_async (--async, a pool of 8 MiB per rank)
+MPI_ASYNC=
+if [ "$MODE" = mpiasync ]; then
+    MPI_ASYNC="--async --pool-mb 8 "
+    MODE=mpi
+fi
 
 if ! declare -F "mode_${MODE}_launch" >/dev/null; then
     echo "kill_test.sh: unknown STRATA_KILL_MODE '$MODE'" >&2
@@ -193,7 +201,7 @@ if ! full_save "$P/base"; then
 fi
 cp -a "$P/base" "$T/ref"
 WINDOW=${STRATA_KILL_WINDOW_MS:-$((SAVE_MS * 3 / 2 > 80 ? SAVE_MS * 3 / 2 : 80))}
-echo "kill test: mode $MODE, $TRIALS trials, state $SIZE MiB, a save takes ~$SAVE_MS ms, kills 0-$WINDOW ms into it, seed $SEED"
+echo "kill test: mode $MODE${MPI_ASYNC:+ (async)}, $TRIALS trials, state $SIZE MiB, a save takes ~$SAVE_MS ms, kills 0-$WINDOW ms into it, seed $SEED"
 check_committed "$P/base" || loss "base checkpoint does not check out before the trials"
 
 # ---- trials, in rounds of $ROUND in one parent directory ------------------------------

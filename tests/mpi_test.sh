@@ -40,6 +40,18 @@ done
 # the plan cache: the same layout twice is a hit; another layout is a miss
 check "plan cache: built, then cached" bash -c "$MPIEXEC -n 4 '$S' demo save --dir '$T/c' --layout tp=2,pp=1,dp=2 --size-mb 6 --repeat 2 | tee /dev/stderr | grep -q 'save 1: .* plan built' && $MPIEXEC -n 4 '$S' demo save --dir '$T/c2' --layout tp=2,pp=1,dp=2 --size-mb 6 --repeat 2 | grep -q 'save 2: .* plan cached'"
 
+# the asynchronous distributed save: three saves (plan built, then cached), each loaded
+# on 3 processes and checked bitwise
+async_saves() {
+    $MPIEXEC -n 4 "$S" demo save --async --dir "$T/as" --layout tp=2,pp=1,dp=2,zero=1 --size-mb 12 \
+        --repeat 3 --pool-mb 8 >"$T/run" 2>&1; cat "$T/run"; last_ok || return 1
+    grep -q 'save 1: .* plan built' "$T/run" && grep -q 'save 3: .* plan cached' "$T/run" &&
+        grep -q 'async: started in' "$T/run" || return 1
+    for d in "$T/as" "$T/as.2" "$T/as.3"; do load 3 "$d" tp=1,pp=1,dp=3 || return 1; done
+}
+check "async save on 4 processes (pool of 8 MiB per rank: 2 chunks), plan cached, loads on 3" \
+    bash -c "$(declare -f async_saves load last_ok); MPIEXEC='$MPIEXEC' S='$S' T='$T'; async_saves"
+
 # a rank killed during a save: no hang (every process ends within the time limit and a
 # bound), the new checkpoint is either committed and verifies (the kill came after the
 # commit) or not committed, the old checkpoint is intact, gc cleans up

@@ -58,6 +58,8 @@ run_one "tests/kill_test.sh (async)" env STRATA_KILL_MODE=async \
 if [ -n "$mpi" ]; then # the kill test on multi-process saves, a few trials
     run_one "tests/kill_test.sh (mpi)" env STRATA_KILL_MODE=mpi \
         STRATA_KILL_TRIALS="${STRATA_KILL_MPI_TRIALS:-6}" bash "$here/kill_test.sh"
+    run_one "tests/kill_test.sh (mpi, async)" env STRATA_KILL_MODE=mpiasync STRATA_KILL_SIZE_MB=24 \
+        STRATA_KILL_TRIALS="${STRATA_KILL_MPI_TRIALS:-6}" bash "$here/kill_test.sh"
 fi
 
 for f in "${failures[@]+"${failures[@]}"}"; do

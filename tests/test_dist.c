@@ -106,7 +106,7 @@ static void world_free(world *w)
 
 typedef struct {
     world *w;
-    int rank, save;
+    int rank, save; /* save: 0 load, 1 save, 2 asynchronous save (SAVE_ASYNC) */
     const char *uri; /* per rank: normally the same */
     tu_set *set;
     strata_save_opts so;
@@ -115,10 +115,70 @@ typedef struct {
     strata_stats stats;
 } job;
 
+enum { SAVE_ASYNC = 2, SAVE_OVERLAP = 3 };
+
+/* Overwrites rank r's buffers (the optimizer step after the snapshot). */
+static void poison_rank(tu_set *s, int r)
+{
+    for (size_t i = 0; i < s->nsh; i++)
+        if (s->sh[i].rank == r && s->sh[i].sh.data)
+            memset(s->sh[i].sh.data, 0xff,
+                   tu_shard_numel(&s->sh[i].sh) * strata_dtype_size(s->sh[i].sh.dtype));
+    for (size_t i = 0; i < s->nbl; i++)
+        if (s->bl[i].rank == r)
+            memset(s->bl[i].data, 0xff, s->bl[i].size);
+}
+
+/* The lazy save of one rank: start, wait for the snapshot, poison the sources, wait until
+ * committed. The checkpoint must hold the values from before the poison. */
+static int async_save(job *j)
+{
+    strata_handle *h;
+    int rc = strata_save_dist_async(&h, j->w->comm[j->rank], j->uri, j->set->st[j->rank],
+                                     &j->so, NULL);
+    if (rc)
+        return rc;
+    rc = strata_wait_snapshot(h);
+    poison_rank(j->set, j->rank);
+    int drc = strata_wait_durable(h, &j->stats); /* a collective: always called */
+    strata_handle_free(h);
+    return drc ? drc : rc;
+}
+
+/* Two saves in flight at once: the second (to uri-b, another chunk size, so another plan
+ * that replaces the cached one) starts before the first is durable. */
+static int overlap_save(job *j)
+{
+    strata_handle *h[2] = {NULL, NULL};
+    char uri_b[700];
+    snprintf(uri_b, sizeof uri_b, "%s-b", j->uri);
+    strata_save_opts ob = j->so;
+    ob.chunk_bytes = 8192;
+    strata_comm *c = j->w->comm[j->rank];
+    int rc = strata_save_dist_async(&h[0], c, j->uri, j->set->st[j->rank], &j->so, NULL);
+    if (!rc)
+        rc = strata_save_dist_async(&h[1], c, uri_b, j->set->st[j->rank], &ob, NULL);
+    for (int i = 0; i < 2 && h[i]; i++) {
+        int src = strata_wait_snapshot(h[i]);
+        rc = rc ? rc : src;
+    }
+    poison_rank(j->set, j->rank);
+    for (int i = 0; i < 2 && h[i]; i++) {
+        int drc = strata_wait_durable(h[i], &j->stats);
+        rc = rc ? rc : drc;
+        strata_handle_free(h[i]);
+    }
+    return rc;
+}
+
 static void *run_job(void *p)
 {
     job *j = p;
-    if (j->save)
+    if (j->save == SAVE_OVERLAP)
+        j->rc = overlap_save(j);
+    else if (j->save == SAVE_ASYNC)
+        j->rc = async_save(j);
+    else if (j->save)
         j->rc = strata_save_dist(j->w->comm[j->rank], j->uri, j->set->st[j->rank], &j->so,
                                  &j->stats);
     else
@@ -309,6 +369,89 @@ static void test_rank_failure(void **state)
     tu_set_free(&src);
 }
 
+/* Asynchronous distributed saves: the poison after the snapshot does not reach the
+ * checkpoint; the second save reuses the plan; a failing rank fails every rank at
+ * wait_durable (the start returned 0: its I/O came after) and nothing is committed. */
+static void test_async(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 4);
+    job jobs[4];
+    char ck[600];
+    for (int i = 0; i < 2; i++) {
+        tu_set a;
+        layout(&a, 2, 2, 1); /* fresh values: the last save poisoned them */
+        snprintf(ck, sizeof ck, "%s/async%d", base, i);
+        run_all(&w, SAVE_ASYNC, ck, NULL, &a, jobs);
+        expect_all_ok(jobs, 4);
+        for (int r = 0; r < 4; r++)
+            assert_int_equal(jobs[r].stats.plan_cached, i > 0);
+        assert_true(jobs[0].stats.all_bytes > 0);
+        tu_set d;
+        layout(&d, 1, 1, 0);
+        assert_ok(strata_load(ck, d.st, 1, NULL, NULL));
+        assert_int_equal(tu_set_check(&d), 0);
+        tu_set_free(&d);
+        tu_set_free(&a);
+    }
+    /* two saves overlap, the second with a new plan: both load bitwise */
+    tu_set a;
+    layout(&a, 2, 2, 1);
+    snprintf(ck, sizeof ck, "%s/overlap", base);
+    run_all(&w, SAVE_OVERLAP, ck, NULL, &a, jobs);
+    expect_all_ok(jobs, 4);
+    for (int i = 0; i < 2; i++) {
+        char p[700];
+        snprintf(p, sizeof p, "%s%s", ck, i ? "-b" : "");
+        tu_set d;
+        layout(&d, 1, 1, 0);
+        assert_ok(strata_load(p, d.st, 1, NULL, NULL));
+        assert_int_equal(tu_set_check(&d), 0);
+        tu_set_free(&d);
+    }
+    tu_set_free(&a);
+    /* rank 2 cannot write: every rank fails with its error at wait_durable */
+    layout(&a, 2, 2, 1);
+    char bad[700], prev[600];
+    snprintf(prev, sizeof prev, "%s", ck);
+    snprintf(ck, sizeof ck, "%s/async-fail", base);
+    snprintf(bad, sizeof bad, "fault+file://%s?op=write&n=1&errno=ENOSPC", ck);
+    const char *uris[4] = {ck, ck, bad, ck};
+    run_all(&w, SAVE_ASYNC, NULL, uris, &a, jobs);
+    for (int r = 0; r < 4; r++) {
+        assert_int_equal(jobs[r].rc, STRATA_ENOSPC);
+        if (r != 2 && !strstr(jobs[r].msg, "rank 2"))
+            fail_msg("rank %d's message does not name rank 2: %s", r, jobs[r].msg);
+    }
+    strata_probe_info pi;
+    assert_ok(strata_probe(ck, &pi));
+    assert_false(pi.committed);
+    assert_false(pi.is_ckpt); /* every rank removed what it wrote */
+    /* a save onto a committed checkpoint is refused, and the checkpoint is untouched */
+    tu_set_free(&a);
+    layout(&a, 2, 2, 1);
+    run_all(&w, SAVE_ASYNC, prev, NULL, &a, jobs);
+    for (int r = 0; r < 4; r++)
+        assert_int_equal(jobs[r].rc, STRATA_EEXIST);
+    tu_set d;
+    layout(&d, 1, 1, 0);
+    assert_ok(strata_load(prev, d.st, 1, NULL, NULL));
+    assert_int_equal(tu_set_check(&d), 0);
+    tu_set_free(&d);
+    /* and a retry of the failed one works */
+    tu_set_free(&a);
+    layout(&a, 2, 2, 1);
+    run_all(&w, SAVE_ASYNC, ck, NULL, &a, jobs);
+    expect_all_ok(jobs, 4);
+    layout(&d, 1, 1, 0);
+    assert_ok(strata_load(ck, d.st, 1, NULL, NULL));
+    assert_int_equal(tu_set_check(&d), 0);
+    tu_set_free(&d);
+    tu_set_free(&a);
+    world_free(&w);
+}
+
 TU_TMPDIR_GROUP(base, "dist")
 
 int main(void)
@@ -317,6 +460,7 @@ int main(void)
         cmocka_unit_test(test_reshard),
         cmocka_unit_test(test_plan_cache),
         cmocka_unit_test(test_rank_failure),
+        cmocka_unit_test(test_async),
     };
     return cmocka_run_group_tests(tests, tu_group_setup, tu_group_teardown);
 }

@@ -31,6 +31,9 @@ static const char HELP[] =
     "  --size-mb N      size of the distinct state in MiB (default 64; save and load must agree)\n"
     "  --step N         training step recorded (save; default 1000)\n"
     "  --repeat K       save K times, to D, D.2, ... D.K (shows the plan cache; default 1)\n"
+    "  --async          save with strata_save_dist_async through a pool of --pool-mb MiB per\n"
+    "                   rank (default 64), and print how long the start, the snapshot and\n"
+    "                   the commit took\n"
     "  --timeout-ms T   give up on ranks that do not answer within T ms (default 60000)\n"
     "\n"
     "Rank 0 prints the one-process demo's last line:\n"
@@ -41,16 +44,22 @@ static const char HELP[] =
 
 typedef struct {
     const char *dir, *layout;
-    long long size_mb, step, repeat, timeout_ms;
+    long long size_mb, step, repeat, timeout_ms, pool_mb;
+    int async;
 } args;
 
 static int parse(int argc, char **argv, args *a, int world)
 {
     static char def[64];
     snprintf(def, sizeof def, "tp=1,pp=1,dp=%d", world);
-    *a = (args){NULL, def, 64, 1000, 1, 60000};
+    *a = (args){NULL, def, 64, 1000, 1, 60000, 64, 0};
     for (int i = 2; i < argc; i += 2) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(k, "--async") == 0) {
+            a->async = 1;
+            i--;
+            continue;
+        }
         long long n = v ? cli_parse_num(v) : -1;
         if (!v)
             return fprintf(stderr, "strata demo: %s needs a value\n", k), -1;
@@ -66,6 +75,8 @@ static int parse(int argc, char **argv, args *a, int world)
             a->repeat = n;
         else if (strcmp(k, "--timeout-ms") == 0 && n >= 0)
             a->timeout_ms = n;
+        else if (strcmp(k, "--pool-mb") == 0 && n >= 1)
+            a->pool_mb = n;
         else
             return fprintf(stderr, "strata demo: bad option or value '%s %s' (see --help)\n", k, v), -1;
     }
@@ -82,6 +93,13 @@ static void *die_later(void *ms)
 }
 
 static int timeout_ms = 60000;
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
 
 /* The demo's own collectives have the same time limit as strata's: a peer that died
  * after the save must not leave this process waiting forever. */
@@ -128,6 +146,7 @@ static int run(int save, int argc, char **argv, int rank, int world)
     args a;
     char err[256];
     layout l;
+    strata_pool *pool = NULL;
     if (agree(parse(argc, argv, &a, world) ? EXIT_USAGE : 0))
         return EXIT_USAGE;
     if (layout_parse(&l, a.layout, err, sizeof err) || layout_world(&l) != world) {
@@ -238,7 +257,24 @@ static int run(int save, int argc, char **argv, int rank, int world)
         so.step = step;
         if (rank == 0) /* progress, and the markers the kill test waits for */
             fprintf(stderr, "%s %s ...\n", save ? "saving to" : "loading", dir);
-        rc = save ? strata_save_dist(comm, dir, st, &so, &s) : strata_load_dist(comm, dir, st, NULL, &s);
+        double t_start = 0, t_snap = 0, t0 = now_s();
+        if (save && a.async) {
+            strata_handle *h = NULL;
+            rc = pool ? 0 : strata_pool_new(&pool, (uint64_t)a.pool_mb << 20);
+            if (!rc)
+                rc = strata_save_dist_async(&h, comm, dir, st, &so, pool);
+            t_start = now_s() - t0;
+            if (!rc) {
+                int src = strata_wait_snapshot(h);
+                t_snap = now_s() - t0;
+                rc = strata_wait_durable(h, &s); /* a collective: called whatever happened */
+                rc = rc ? rc : src;
+            }
+            strata_handle_free(h);
+        } else {
+            rc = save ? strata_save_dist(comm, dir, st, &so, &s)
+                      : strata_load_dist(comm, dir, st, NULL, &s);
+        }
         if (rc) {
             status = cli_fail("demo", rc);
             if (rc == STRATA_EABORTED) /* a peer is gone: MPI cannot finish cleanly */
@@ -253,6 +289,14 @@ static int run(int save, int argc, char **argv, int rank, int world)
             printf("save %lld: %s, %d ranks, %llu bytes in %.3f s (%.3f GB/s), plan %s\n", i,
                    dir, world, (unsigned long long)s.all_bytes, mx, (double)s.all_bytes / mx / 1e9,
                    s.plan_cached ? "cached" : "built");
+        if (save && a.async) { /* the slowest rank's start and snapshot */
+            double ms = t_start, sn = t_snap;
+            reduce(&t_start, &ms, MPI_DOUBLE, MPI_MAX);
+            reduce(&t_snap, &sn, MPI_DOUBLE, MPI_MAX);
+            if (rank == 0)
+                printf("  async: started in %.3f ms, snapshot after %.1f ms, committed after "
+                       "%.1f ms\n", ms * 1e3, sn * 1e3, mx * 1e3);
+        }
         if (!save) {
             for (int j = 0; j < n; j++) {
                 uint64_t first, nb = synth_check(&m, &sh[j], &first);
@@ -293,6 +337,7 @@ static int run(int save, int argc, char **argv, int rank, int world)
     }
 out:
     fflush(stdout);
+    strata_pool_free(pool);
     strata_state_free(st);
     strata_comm_free(comm);
     for (int i = 0; i < n; i++)
@@ -310,7 +355,8 @@ int cmd_demo_mpi(int argc, char **argv)
         fputs(HELP, stdout);
         return 0;
     }
-    MPI_Init(NULL, NULL);
+    int level; /* strata's threads never call MPI: only this one does */
+    MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &level);
     int rank, world;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world);

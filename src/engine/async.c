@@ -132,6 +132,9 @@ struct strata_handle {
     char msg[1024];
     size_t *q_task, *q_buf, q_head, q_len; /* ring of full buffers to write */
     int q_closed;
+    st_async_dist *dist; /* a distributed save's part: committed in wait_durable */
+    int dist_done, dist_rc;
+    int no_thread; /* failed before the coordinator started */
 };
 
 /* Records the first failure of the save (message from this thread); tier >= 0 also
@@ -211,8 +214,10 @@ static void *coordinator(void *arg)
     strata_handle *h = arg;
     int prepared[MAX_TIERS] = {0}, started = 0, rc = 0;
     for (int t = 0; t < h->ntiers; t++) {
-        int trc = st_prepare_dir(h->v[t], h->dir[t]);
+        int trc = h->dist ? st_prepare_shared(h->v[t], h->dir[t]) : st_prepare_dir(h->v[t], h->dir[t]);
         prepared[t] = trc == 0;
+        if (prepared[t] && h->dist)
+            st_dist_wrote(h->dist);
         if (!trc && !(h->files[t] = calloc(h->sp.meta->nfiles + 1, sizeof *h->files[t])))
             trc = st_fail(STRATA_ENOMEM, "out of memory");
         if (!trc)
@@ -259,12 +264,12 @@ static void *coordinator(void *arg)
     for (int t = 0; t < h->ntiers; t++) {
         int trc = tier_failed(h, t);
         trc = st_finish_data_files(h->v[t], h->dir[t], &h->sp, h->files[t], !h->o.no_sync, trc);
-        if (!trc)
+        if (!trc && !h->dist) /* a distributed save commits in wait_durable */
             trc = st_commit_dir(h->v[t], h->dir[t], h->sp.meta, !h->o.no_sync);
         if (trc) {
             if (!tier_failed(h, t))
                 fail(h, trc, t);
-            if (prepared[t]) /* nothing half-written stays behind */
+            if (prepared[t] && !h->dist) /* nothing half-written stays behind */
                 st_remove_failed(h->v[t], h->dir[t], 1);
         }
     }
@@ -282,6 +287,7 @@ static void handle_free(strata_handle *h)
     }
     if (h->own_pool)
         strata_pool_free(h->pool);
+    st_dist_free(h->dist);
     free(h->flushers);
     free(h->q_task);
     free(h->q_buf);
@@ -301,25 +307,42 @@ int strata_save_async_tiers(strata_handle **out, const char *const *uris, int nt
                             const strata_save_opts *opts, strata_pool *pool)
 {
     *out = NULL;
-    if (ntiers < 1 || ntiers > MAX_TIERS || !uris)
-        return st_fail(STRATA_EINVAL, "a save needs 1 to %d destinations", MAX_TIERS);
     strata_save_opts def = STRATA_SAVE_OPTS_INIT;
     const strata_save_opts *o = opts ? opts : &def;
     if (o->version != STRATA_SAVE_OPTS_VERSION)
         return st_fail(STRATA_EINVAL, "strata_save_opts.version %d is not %d", o->version,
                        STRATA_SAVE_OPTS_VERSION);
     st_clear_error();
-    uint32_t chunk = o->chunk_bytes ? o->chunk_bytes : ST_DEFAULT_CHUNK;
+    st_save_plan sp;
+    int rc = st_plan_states(&sp, ranks, nranks, o);
+    if (rc)
+        return rc;
+    return st_async_start(out, &sp, uris, ntiers, o, pool, NULL, 0);
+}
+
+int st_async_start(strata_handle **out, st_save_plan *sp, const char *const *uris, int ntiers,
+                   const strata_save_opts *o, strata_pool *pool, st_async_dist *dist,
+                   int failed)
+{
+    *out = NULL;
     strata_handle *h = calloc(1, sizeof *h);
-    if (!h)
+    if (!h) {
+        st_save_plan_free(sp);
+        st_dist_free(dist);
         return st_fail(STRATA_ENOMEM, "out of memory");
+    }
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->cv, NULL);
     h->t0 = st_now();
     h->o = *o;
-    int rc = st_plan_states(&h->sp, ranks, nranks, o);
-    h->ntiers = ntiers;
-    for (int t = 0; t < ntiers && !rc; t++)
+    h->sp = *sp;
+    h->dist = dist;
+    memset(sp, 0, sizeof *sp);
+    uint32_t chunk = o->chunk_bytes ? o->chunk_bytes : ST_DEFAULT_CHUNK;
+    int rc = failed;
+    if (!rc && (ntiers < 1 || ntiers > MAX_TIERS || !uris))
+        rc = st_fail(STRATA_EINVAL, "a save needs 1 to %d destinations", MAX_TIERS);
+    for (int t = 0; t < ntiers && !rc; t++, h->ntiers++)
         rc = st_vfs_resolve(uris[t], &h->v[t], h->dir[t], sizeof h->dir[t]);
     if (!rc && !pool) {
         uint64_t want = ST_MIN((uint64_t)1 << 30, ST_ALIGN_UP(h->sp.meta->data_bytes, ST_ALIGN));
@@ -343,6 +366,16 @@ int strata_save_async_tiers(strata_handle **out, const char *const *uris, int nt
     }
     if (!rc && pthread_create(&h->coord, NULL, coordinator, h))
         rc = st_fail(STRATA_ENOMEM, "cannot start the save's thread");
+    if (rc && dist) {
+        /* the rank must still take part in the commit's collectives: the handle carries
+         * the failure there */
+        h->rc = rc;
+        snprintf(h->msg, sizeof h->msg, "%s", strata_error_last());
+        h->snap_done = h->durable_done = 1;
+        h->no_thread = 1;
+        *out = h;
+        return 0;
+    }
     if (rc) {
         handle_free(h);
         return rc;
@@ -368,6 +401,20 @@ int strata_wait_snapshot(strata_handle *h) { return wait_flag(h, &h->snap_done);
 int strata_wait_durable(strata_handle *h, strata_stats *stats)
 {
     int rc = wait_flag(h, &h->durable_done);
+    if (h->dist) {
+        /* once only: the collectives of the commit; then the outcome is kept */
+        if (!h->dist_done) {
+            h->dist_rc = st_dist_finish(h->dist, rc, h->msg, &h->sp, h->lay.nreads, stats);
+            pthread_mutex_lock(&h->mu);
+            if (h->dist_rc) { /* the save's outcome on every rank */
+                h->rc = h->dist_rc;
+                snprintf(h->msg, sizeof h->msg, "%s", strata_error_last());
+            }
+            h->dist_done = 1;
+            pthread_mutex_unlock(&h->mu);
+        }
+        return h->dist_rc ? st_fail(h->rc, "%s", h->msg) : 0;
+    }
     if (!rc && stats)
         st_save_stats(stats, &h->sp, h->lay.nreads, h->t0);
     return rc;
@@ -391,6 +438,7 @@ void strata_handle_free(strata_handle *h)
     while (!h->durable_done)
         pthread_cond_wait(&h->cv, &h->mu);
     pthread_mutex_unlock(&h->mu);
-    pthread_join(h->coord, NULL);
+    if (!h->no_thread)
+        pthread_join(h->coord, NULL);
     handle_free(h);
 }

@@ -217,7 +217,20 @@ int st_is_strata_file(const char *name)
 typedef struct {
     int strata, foreign, unlink;
     uint64_t bytes;
+    const st_save_plan *keep; /* with unlink: the data files of this plan stay */
 } scan_ctx;
+
+/* Is name a data file of sp (data-<writer rank>.bin)? */
+static int in_plan(const st_save_plan *sp, const char *name)
+{
+    if (strncmp(name, "data-", 5) != 0)
+        return 0;
+    char *end;
+    long r = strtol(name + 5, &end, 10);
+    if (r < 0 || r >= sp->nranks || sp->writer_file[r] < 0)
+        return 0;
+    return strcmp(sp->meta->files[sp->writer_file[r]].name, name) == 0;
+}
 
 static int scan_one(void *p, const char *name, uint64_t size, int kind)
 {
@@ -228,7 +241,7 @@ static int scan_one(void *p, const char *name, uint64_t size, int kind)
     }
     c->strata++;
     c->bytes += size;
-    return c->unlink ? ST_LIST_REMOVE : ST_LIST_NEXT;
+    return c->unlink && !(c->keep && in_plan(c->keep, name)) ? ST_LIST_REMOVE : ST_LIST_NEXT;
 }
 
 int st_scan_dir(const st_vfs *v, const char *dir, int unlink, int *strata, int *foreign,
@@ -246,6 +259,26 @@ int st_scan_dir(const st_vfs *v, const char *dir, int unlink, int *strata, int *
     if (bytes)
         *bytes = c.bytes;
     return 0;
+}
+
+int st_clear_stale(const st_vfs *v, const char *dir, const st_save_plan *sp)
+{
+    char p[PATH_MAX];
+    int rc = st_path_join(p, dir, ST_COMMIT_FILE);
+    if (!rc && v->stat(v, p, NULL, NULL) == 0)
+        rc = st_fail(STRATA_EEXIST,
+                     "'%s' already holds a committed checkpoint; it is never overwritten", dir);
+    int foreign = 0;
+    if (!rc && !(rc = st_scan_dir(v, dir, 0, NULL, &foreign, NULL)) && foreign)
+        rc = st_fail(STRATA_EEXIST,
+                     "'%s' holds files that are not strata's; refusing to commit there", dir);
+    if (rc)
+        return rc;
+    scan_ctx c = {.unlink = 1, .keep = sp};
+    int e = v->list(v, dir, scan_one, &c);
+    return e ? st_fail(st_from_errno(-e), "cannot clear stale files in '%s': %s", dir,
+                       strerror(-e))
+             : 0;
 }
 
 static int probe(const st_vfs *v, const char *uri, const char *path, strata_probe_info *out);

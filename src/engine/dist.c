@@ -9,6 +9,7 @@
  * Load: 0 reads commit + metadata -> [bcast] -> [allgather requests] -> every rank makes
  *       the same global plan and assigns each read to one rank that needs it -> rounds of
  *       (read + verify my reads, [allgather status], [alltoallv the bytes others need]). */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -135,7 +136,10 @@ typedef struct {
     uint64_t src_off, offset, bytes;
 } my_piece;
 
+/* The last save plan, cached on the communicator. Referenced by the communicator and by
+ * each distributed save in flight (so that a new plan can replace it meanwhile). */
 typedef struct {
+    atomic_int refs;
     uint64_t hash;
     int size;
     uint32_t chunk;
@@ -151,7 +155,7 @@ typedef struct {
 static void save_cache_free(void *p)
 {
     save_cache *c = p;
-    if (!c)
+    if (!c || atomic_fetch_sub(&c->refs, 1) > 1)
         return;
     free(c->mine);
     st_save_plan_free(&c->sp);
@@ -223,58 +227,63 @@ static int decode_part(save_cache *c, const unsigned char *p, size_t n)
     return 0;
 }
 
-/* Writes this rank's pieces into its own data file; sums (malloc'd) get their checksums
- * in piece order. */
-static int write_mine(const save_cache *c, const st_rank_view *v, int me, const st_vfs *vfs,
-                      const char *dir, const strata_save_opts *o, uint64_t **sums_out,
-                      size_t *nsums, uint64_t *io_calls)
+/* This rank's part of the save as a one-file plan: its data file, its pieces, their
+ * extents, and one array of checksums in piece order (ext[0].sums). Owns its memory. */
+static int mine_plan(const save_cache *c, const st_rank_view *v, int me, st_save_plan *out)
 {
-    *sums_out = NULL;
-    *nsums = 0;
-    if (!c->nmine)
-        return 0;
+    memset(out, 0, sizeof *out);
+    st_meta *m = calloc(1, sizeof *m);
+    if (!m)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    out->meta = m;
+    out->nranks = 1;
+    m->chunk = c->chunk;
     size_t total = 0;
     for (size_t i = 0; i < c->nmine; i++)
         total += (size_t)st_nchunks(c->mine[i].bytes, c->chunk);
     char name[32];
     snprintf(name, sizeof name, "data-%06d.bin", me);
-    st_mfile file = {name, c->file_bytes};
-    st_meta m = {.chunk = c->chunk, .nfiles = 1, .files = &file};
-    st_extent *ext = calloc(c->nmine, sizeof *ext);
-    st_piece *pcs = calloc(c->nmine, sizeof *pcs);
-    uint64_t *sums = malloc((total + 1) * 8);
-    int rc = 0;
-    if (!ext || !pcs || !sums) {
-        rc = st_fail(STRATA_ENOMEM, "out of memory");
-        goto out;
+    st_extent *ext = st_arena_alloc(&m->arena, (c->nmine + 1) * sizeof *ext);
+    uint64_t *sums = st_arena_alloc(&m->arena, (total + 1) * 8);
+    m->files = st_arena_alloc(&m->arena, sizeof *m->files);
+    char *fname = st_arena_strndup(&m->arena, name, strlen(name));
+    out->pieces = calloc(c->nmine + 1, sizeof *out->pieces);
+    if (!ext || !sums || !m->files || !fname || !out->pieces) {
+        st_save_plan_free(out);
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    }
+    if (c->nmine) {
+        m->nfiles = 1;
+        m->files[0] = (st_mfile){fname, c->file_bytes};
     }
     size_t at = 0;
     for (size_t i = 0; i < c->nmine; i++) {
         const my_piece *q = &c->mine[i];
         if (q->local >= v->nsh + v->nbl) {
-            rc = st_fail(STRATA_EINVAL, "the coordinator assigned an unknown registration");
-            goto out;
+            st_save_plan_free(out);
+            return st_fail(STRATA_EINVAL, "the coordinator assigned an unknown registration");
         }
-        const void *data = q->local < v->nsh ? v->sh[q->local].data : v->bl[q->local - v->nsh].data;
+        int shard = q->local < v->nsh;
+        const void *data = shard ? v->sh[q->local].data : v->bl[q->local - v->nsh].data;
         ext[i] = (st_extent){0, q->offset, q->bytes, sums + at};
         at += (size_t)st_nchunks(q->bytes, c->chunk);
-        pcs[i] = (st_piece){me, q->local, q->src_off, q->offset, q->bytes,
-                            (const char *)data + q->src_off, &ext[i],
-                            q->local < v->nsh ? v->sh[q->local].name : v->bl[q->local - v->nsh].name,
-                            q->local < v->nsh && v->sh[q->local].device};
+        out->pieces[i] = (st_piece){0, q->local, q->src_off, q->offset, q->bytes,
+                                    (const char *)data + q->src_off, &ext[i],
+                                    shard ? v->sh[q->local].name : v->bl[q->local - v->nsh].name,
+                                    shard && v->sh[q->local].device};
+        m->data_bytes += q->bytes;
     }
-    st_save_plan mine = {.meta = &m, .pieces = pcs, .npieces = c->nmine, .nranks = 1};
-    rc = st_write_data(vfs, dir, &mine, o, io_calls);
-out:
-    free(ext);
-    free(pcs);
-    if (rc) {
-        free(sums);
-        return rc;
-    }
-    *sums_out = sums;
-    *nsums = total;
+    out->npieces = c->nmine;
     return 0;
+}
+
+/* The checksums of a rank's part, in piece order. */
+static const uint64_t *mine_sums(const st_save_plan *mine, size_t *n)
+{
+    *n = 0;
+    for (size_t i = 0; i < mine->npieces; i++)
+        *n += (size_t)st_nchunks(mine->pieces[i].bytes, mine->meta->chunk);
+    return mine->npieces ? mine->pieces[0].ext->sums : NULL;
 }
 
 static uint64_t plan_hash(const unsigned char *p, size_t n, int P, uint32_t chunk)
@@ -282,55 +291,69 @@ static uint64_t plan_hash(const unsigned char *p, size_t n, int P, uint32_t chun
     return st_hash(p, n) ^ st_mix64((uint64_t)P * 0x100000001b3ULL + chunk);
 }
 
-int strata_save_dist(strata_comm *comm, const char *uri, strata_state *local,
-                     const strata_save_opts *opts, strata_stats *stats)
+/* A distributed save between its planning and its commit (the async handle keeps it). */
+struct st_async_dist {
+    strata_comm *comm;
+    const st_vfs *vfs;
+    char uri[PATH_MAX], dir[PATH_MAX];
+    strata_save_opts o;
+    double t0;
+    int all_cached, wrote;
+    save_cache *cache; /* the plan (referenced) */
+};
+
+void st_dist_free(st_async_dist *d)
 {
-    strata_save_opts def = STRATA_SAVE_OPTS_INIT;
-    const strata_save_opts *o = opts ? opts : &def;
-    if (!comm || !local)
-        return st_fail(STRATA_EINVAL, "strata_save_dist needs a communicator and a state");
-    if (o->version != STRATA_SAVE_OPTS_VERSION)
-        return st_fail(STRATA_EINVAL, "strata_save_opts.version %d is not %d", o->version,
-                       STRATA_SAVE_OPTS_VERSION);
-    st_clear_error();
-    double t0 = st_now();
+    if (d) {
+        st_vfs_release(d->vfs);
+        save_cache_free(d->cache);
+    }
+    free(d);
+}
+
+/* Steps 1-3: every rank learns its part (*mine) of the save. With prepare_root, rank 0
+ * prepares the directory first (st_prepare_dir) and every rank learns the outcome; without,
+ * a cached plan needs no more than the one collective that finds it cached. A local
+ * failure is returned in *local_rc (message in local_msg): the rank must still take part
+ * in st_dist_finish. */
+static int dist_begin(st_async_dist *d, strata_state *local, int prepare_root,
+                      st_save_plan *mine, int *local_rc, char *local_msg)
+{
+    strata_comm *comm = d->comm;
+    const strata_save_opts *o = &d->o;
     const int P = comm->size, me = comm->rank;
     uint32_t chunk = o->chunk_bytes ? o->chunk_bytes : ST_DEFAULT_CHUNK;
-    st_rank_view mine = st_state_view(local);
+    st_rank_view view = st_state_view(local);
+    memset(mine, 0, sizeof *mine);
     st_buf lp = {0};
-    encode_state(&lp, &mine);
-    const st_vfs *vfs = NULL;
-    char dir[PATH_MAX];
+    encode_state(&lp, &view);
     int rc = lp.oom ? st_fail(STRATA_ENOMEM, "out of memory") : st_check_chunk(chunk);
     /* a local error must still take part in the collectives: it travels as a status */
-    int local_rc = rc ? rc : st_vfs_resolve(uri, &vfs, dir, sizeof dir);
-    char local_msg[MSG_BYTES];
-    snprintf(local_msg, sizeof local_msg, "%s", local_rc ? strata_error_last() : "");
-
+    int lrc = rc ? rc : st_vfs_resolve(d->uri, &d->vfs, d->dir, sizeof d->dir);
+    snprintf(local_msg, MSG_BYTES, "%s", lrc ? strata_error_last() : "");
     uint64_t h = plan_hash(lp.p, lp.n, P, chunk);
     save_cache *cache = comm->cache_free == save_cache_free ? comm->cache : NULL;
-    int all_cached = 0, wrote = 0;
-    unsigned char *all = NULL, *parts = NULL, *mypart = NULL, *sums_all = NULL;
+    unsigned char *all = NULL, *parts = NULL, *mypart = NULL;
     size_t *counts = calloc((size_t)P, sizeof *counts), mylen = 0;
-    uint64_t *sums = NULL, io_calls = 0;
-    size_t nsums = 0;
     st_arena arena = {0};
     st_rank_view *views = NULL;
     status_block st = {0};
     save_cache *fresh = NULL;
-    if (!counts)
+    if (!counts) {
+        free(lp.p);
         return st_fail(STRATA_ENOMEM, "out of memory");
-
+    }
     /* 1. one collective: is every rank's layout what it was at the last save? */
-    if ((rc = st_all_true(comm, !local_rc && cache && cache->hash == h && cache->size == P,
-                          &all_cached)))
+    if ((rc = st_all_true(comm, !lrc && cache && cache->hash == h && cache->size == P,
+                          &d->all_cached)))
         goto out;
-    if (!all_cached) {
+    if (!d->all_cached) {
         /* 2. the coordinator gathers the local plans and plans */
         if ((rc = st_gatherv(comm, lp.p, lp.n, ROOT, &all, counts)))
             goto out;
         if (me == ROOT) {
-            fresh = calloc(1, sizeof *fresh);
+            if ((fresh = calloc(1, sizeof *fresh)))
+                atomic_init(&fresh->refs, 1);
             views = calloc((size_t)P, sizeof *views);
             int prc = !fresh || !views ? st_fail(STRATA_ENOMEM, "out of memory") : 0;
             if (!prc)
@@ -344,25 +367,27 @@ int strata_save_dist(strata_comm *comm, const char *uri, strata_state *local,
         }
     }
     /* 3. the coordinator prepares the directory; everyone learns the outcome */
-    if (me == ROOT && !st.rc) {
-        int prc = local_rc ? (st_fail(local_rc, "%s", local_msg), local_rc)
-                           : st_prepare_dir(vfs, dir);
+    if (me == ROOT && !st.rc && prepare_root) {
+        int prc = lrc ? (st_fail(lrc, "%s", local_msg), lrc) : st_prepare_dir(d->vfs, d->dir);
         if (prc)
             status_set(&st, prc, ROOT);
     }
-    if ((rc = st_bcast(comm, &st, sizeof st, ROOT)))
-        goto out;
-    if (st.rc) {
-        rc = status_raise(&st, me);
-        goto out;
+    if (prepare_root || !d->all_cached) {
+        if ((rc = st_bcast(comm, &st, sizeof st, ROOT)))
+            goto out;
+        if (st.rc) {
+            rc = status_raise(&st, me);
+            goto out;
+        }
     }
-    if (!all_cached) {
+    if (!d->all_cached) {
         if ((rc = st_scatterv(comm, parts, counts, ROOT, &mypart, &mylen)))
             goto out;
         if (!fresh && !(fresh = calloc(1, sizeof *fresh))) {
             rc = st_fail(STRATA_ENOMEM, "out of memory");
             goto out;
         }
+        atomic_init(&fresh->refs, 1);
         fresh->hash = h;
         fresh->size = P;
         fresh->chunk = chunk;
@@ -371,23 +396,70 @@ int strata_save_dist(strata_comm *comm, const char *uri, strata_state *local,
         comm->cache = NULL;
         comm->cache_free = NULL;
         cache = NULL;
-        if ((local_rc = decode_part(fresh, mypart, mylen))) {
-            snprintf(local_msg, sizeof local_msg, "%s", strata_error_last());
+        if ((lrc = decode_part(fresh, mypart, mylen))) {
+            snprintf(local_msg, MSG_BYTES, "%s", strata_error_last());
         } else {
             comm->cache = cache = fresh;
             comm->cache_free = save_cache_free;
             fresh = NULL;
         }
     }
-
-    /* 4. every rank writes its own data file */
-    wrote = 1;
-    if (!local_rc && cache) {
-        local_rc = write_mine(cache, &mine, me, vfs, dir, o, &sums, &nsums, &io_calls);
-        if (local_rc)
-            snprintf(local_msg, sizeof local_msg, "%s", strata_error_last());
+    if (!lrc && cache && (lrc = mine_plan(cache, &view, me, mine)))
+        snprintf(local_msg, MSG_BYTES, "%s", strata_error_last());
+    if (cache) { /* this save's reference: the plan stays while it is in flight */
+        atomic_fetch_add(&cache->refs, 1);
+        d->cache = cache;
     }
+out:
+    *local_rc = lrc;
+    save_cache_free(fresh);
+    if (rc && comm->cache_free == save_cache_free && comm->broken) {
+        save_cache_free(comm->cache); /* the layout is unknown after a failure */
+        comm->cache = NULL;
+        comm->cache_free = NULL;
+    }
+    st_arena_free(&arena);
+    free(views);
+    free(lp.p);
+    free(all);
+    free(parts);
+    free(mypart);
+    free(counts);
+    return rc;
+}
 
+/* Removes this rank's data file (and on rank 0 the metadata) of a failed save. */
+static void dist_cleanup(const st_async_dist *d)
+{
+    char p[PATH_MAX], name[32];
+    if (st_path_join(p, d->dir, ST_COMMIT_FILE) || d->vfs->stat(d->vfs, p, NULL, NULL) == 0)
+        return; /* committed after all, or by another save: never touched */
+    snprintf(name, sizeof name, "data-%06d.bin", d->comm->rank);
+    if (st_path_join(p, d->dir, name) == 0)
+        d->vfs->unlink(d->vfs, p);
+    if (d->comm->rank == ROOT) {
+        if (st_path_join(p, d->dir, ST_META_FILE) == 0)
+            d->vfs->unlink(d->vfs, p);
+        if (st_path_join(p, d->dir, ST_COMMIT_FILE ".tmp") == 0)
+            d->vfs->unlink(d->vfs, p);
+    }
+}
+
+int st_dist_finish(st_async_dist *d, int local_rc, const char *local_msg,
+                   const st_save_plan *mine, uint64_t io_calls, strata_stats *stats)
+{
+    strata_comm *comm = d->comm;
+    const int P = comm->size, me = comm->rank;
+    save_cache *cache = d->cache;
+    size_t nsums = 0, *counts = calloc((size_t)P, sizeof *counts);
+    const uint64_t *sums = local_rc ? NULL : mine_sums(mine, &nsums);
+    unsigned char *sums_all = NULL;
+    status_block st = {0};
+    int rc;
+    if (!counts)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    if (local_rc)
+        nsums = 0;
     /* 5. status and checksums to the coordinator */
     st_buf rep = {0};
     st_buf_u32(&rep, (uint32_t)local_rc);
@@ -402,9 +474,7 @@ int strata_save_dist(strata_comm *comm, const char *uri, strata_state *local,
         goto out;
 
     /* 6. the coordinator commits only if every rank succeeded */
-    memset(&st, 0, sizeof st);
     if (me == ROOT) {
-        st_save_plan *sp = &cache->sp;
         size_t off = 0;
         for (int r = 0; r < P && !st.rc; r++) {
             st_rd rd = {.p = sums_all + off, .end = sums_all + off + counts[r]};
@@ -423,8 +493,8 @@ int strata_save_dist(strata_comm *comm, const char *uri, strata_state *local,
                 break;
             uint64_t k = st_rd_var(&rd), at = 0;
             for (size_t q = cache->rank0[r]; q < cache->rank0[r + 1] && !rd.err; q++) {
-                st_extent *e = sp->pieces[cache->by_rank[q]].ext;
-                uint64_t nc = st_nchunks(e->bytes, sp->meta->chunk);
+                st_extent *e = cache->sp.pieces[cache->by_rank[q]].ext;
+                uint64_t nc = st_nchunks(e->bytes, cache->sp.meta->chunk);
                 for (uint64_t c = 0; c < nc && at < k; c++, at++)
                     e->sums[c] = st_rd_u64(&rd);
             }
@@ -436,9 +506,13 @@ int strata_save_dist(strata_comm *comm, const char *uri, strata_state *local,
             }
         }
         if (!st.rc) {
-            sp->meta->step = o->step;
-            if ((rc = st_commit_dir(vfs, dir, sp->meta, !o->no_sync)))
-                status_set(&st, rc, ROOT);
+            cache->sp.meta->step = d->o.step;
+            /* without a prepared directory (an asynchronous save), check it now */
+            int crc = st_clear_stale(d->vfs, d->dir, &cache->sp);
+            if (!crc)
+                crc = st_commit_dir(d->vfs, d->dir, cache->sp.meta, !d->o.no_sync);
+            if (crc)
+                status_set(&st, crc, ROOT);
         }
     }
     if ((rc = st_bcast(comm, &st, sizeof st, ROOT)))
@@ -448,11 +522,9 @@ int strata_save_dist(strata_comm *comm, const char *uri, strata_state *local,
         goto out;
     }
     if (stats) {
-        uint64_t mine_b = 0, *every = malloc((size_t)P * 8);
-        for (size_t i = 0; i < cache->nmine; i++)
-            mine_b += cache->mine[i].bytes;
+        uint64_t mine_b = mine->meta ? mine->meta->data_bytes : 0, *every = malloc((size_t)P * 8);
         *stats = (strata_stats){.bytes = mine_b, .io_calls = io_calls,
-                                .plan_cached = all_cached};
+                                .plan_cached = d->all_cached};
         if (every && st_allgather(comm, &mine_b, 8, every) == 0)
             for (int r = 0; r < P; r++) {
                 stats->all_bytes += every[r];
@@ -461,38 +533,101 @@ int strata_save_dist(strata_comm *comm, const char *uri, strata_state *local,
             }
         stats->data_bytes = stats->all_bytes;
         free(every);
-        stats->seconds = st_now() - t0;
+        stats->seconds = st_now() - d->t0;
     }
 out:
-    if (rc && wrote && vfs && !comm->broken) {
-        /* nothing was committed: each rank removes what it wrote (only once the directory
-         * was prepared for this save, never a committed checkpoint's files) */
-        char p[PATH_MAX], name[32];
-        snprintf(name, sizeof name, "data-%06d.bin", me);
-        if (st_path_join(p, dir, name) == 0)
-            vfs->unlink(vfs, p);
-        if (me == ROOT && st_path_join(p, dir, ST_META_FILE) == 0)
-            vfs->unlink(vfs, p);
-    }
-    save_cache_free(fresh);
+    /* nothing was committed: each rank removes what it wrote (only if it wrote for this
+     * save: never a committed checkpoint's files) */
+    if (rc && d->wrote && d->vfs && !comm->broken)
+        dist_cleanup(d);
     if (rc && comm->cache_free == save_cache_free && comm->broken) {
-        save_cache_free(comm->cache); /* the layout is unknown after a failure */
+        save_cache_free(comm->cache);
         comm->cache = NULL;
         comm->cache_free = NULL;
     }
-    st_vfs_release(vfs);
-    st_arena_free(&arena);
-    free(views);
-    free(lp.p);
-    free(all);
-    free(parts);
-    free(mypart);
-    free(sums);
     free(sums_all);
     free(counts);
     return rc;
 }
 
+static int dist_new(st_async_dist **out, strata_comm *comm, const char *uri,
+                    strata_state *local, const strata_save_opts *opts)
+{
+    *out = NULL;
+    strata_save_opts def = STRATA_SAVE_OPTS_INIT;
+    const strata_save_opts *o = opts ? opts : &def;
+    if (!comm || !local || !uri)
+        return st_fail(STRATA_EINVAL, "a distributed save needs a communicator, a URI and a "
+                                      "state");
+    if (o->version != STRATA_SAVE_OPTS_VERSION)
+        return st_fail(STRATA_EINVAL, "strata_save_opts.version %d is not %d", o->version,
+                       STRATA_SAVE_OPTS_VERSION);
+    if (strlen(uri) >= PATH_MAX)
+        return st_fail(STRATA_EINVAL, "URI too long");
+    st_async_dist *d = calloc(1, sizeof *d);
+    if (!d)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    d->comm = comm;
+    d->o = *o;
+    d->t0 = st_now();
+    strcpy(d->uri, uri);
+    *out = d;
+    return 0;
+}
+
+int strata_save_dist(strata_comm *comm, const char *uri, strata_state *local,
+                     const strata_save_opts *opts, strata_stats *stats)
+{
+    st_async_dist *d;
+    int rc = dist_new(&d, comm, uri, local, opts);
+    if (rc)
+        return rc;
+    st_clear_error();
+    st_save_plan mine;
+    int local_rc;
+    char local_msg[MSG_BYTES];
+    uint64_t io_calls = 0;
+    if ((rc = dist_begin(d, local, 1, &mine, &local_rc, local_msg)) == 0) {
+        /* 4. every rank writes its own data file */
+        d->wrote = 1;
+        if (!local_rc && (local_rc = st_write_data(d->vfs, d->dir, &mine, &d->o, &io_calls)))
+            snprintf(local_msg, sizeof local_msg, "%s", strata_error_last());
+        rc = st_dist_finish(d, local_rc, local_msg, &mine, io_calls, stats);
+    }
+    st_save_plan_free(&mine);
+    st_dist_free(d);
+    return rc;
+}
+
+int strata_save_dist_async(strata_handle **out, strata_comm *comm, const char *uri,
+                           strata_state *local, const strata_save_opts *opts,
+                           strata_pool *pool)
+{
+    *out = NULL;
+    st_async_dist *d;
+    int rc = dist_new(&d, comm, uri, local, opts);
+    if (rc)
+        return rc;
+    st_clear_error();
+    st_save_plan mine;
+    int local_rc;
+    char local_msg[MSG_BYTES];
+    if ((rc = dist_begin(d, local, 0, &mine, &local_rc, local_msg))) {
+        st_save_plan_free(&mine);
+        st_dist_free(d);
+        return rc;
+    }
+    if (local_rc) { /* a local failure: the handle carries it into st_dist_finish */
+        st_save_plan_free(&mine);
+        st_fail(local_rc, "%s", local_msg);
+    }
+    return st_async_start(out, &mine, &uri, 1, &d->o, pool, d, local_rc);
+}
+
+void st_dist_wrote(st_async_dist *d)
+{
+    d->wrote = 1;
+}
 /* ---- load ---- */
 
 typedef struct {

@@ -59,6 +59,36 @@ int st_commit_dir(const st_vfs *v, const char *dir, const st_meta *m, int sync);
 /* After a failure: removes strata's files in dir (and dir if rmdir), keeping the error. */
 void st_remove_failed(const st_vfs *v, const char *dir, int rmdir);
 
+/* Before the commit of a distributed asynchronous save (every rank has written its data
+ * file into dir): STRATA_EEXIST if dir holds a commit record or foreign files; removes
+ * strata's files that are not data files of sp (left by an earlier incomplete save). */
+int st_clear_stale(const st_vfs *v, const char *dir, const st_save_plan *sp);
+/* The directory of one rank's part of a distributed asynchronous save: creates dir (and
+ * parents) if missing; STRATA_EEXIST if it is not a directory or holds a commit record.
+ * Several ranks may call it at once. */
+int st_prepare_shared(const st_vfs *v, const char *dir);
+
+/* ---- asynchronous saves (async.c) ---- */
+
+/* The part of an asynchronous save that is a distributed one's (dist.c): after this
+ * rank's writes, strata_wait_durable calls st_dist_finish (a collective) with their
+ * outcome; it gathers every rank's, and rank 0 commits. */
+typedef struct st_async_dist st_async_dist;
+int st_dist_finish(st_async_dist *d, int local_rc, const char *local_msg,
+                   const st_save_plan *mine, uint64_t io_calls, strata_stats *stats);
+void st_dist_free(st_async_dist *d);
+/* Marks that this rank prepared the directory for this save and may write its data file
+ * (so that a failure removes it). */
+void st_dist_wrote(st_async_dist *d);
+/* Starts an asynchronous save of sp (taken over by the handle, also on failure) to the
+ * destinations. With dist (taken over too), sp is one rank's part of a distributed save:
+ * its directory is prepared with st_prepare_shared, the commit is st_dist_finish's, and
+ * every failure - failed (a local one before the start, message set) included - travels
+ * on the returned handle, so that the rank still takes part in st_dist_finish. */
+int st_async_start(strata_handle **out, st_save_plan *sp, const char *const *uris, int ntiers,
+                   const strata_save_opts *o, strata_pool *pool, st_async_dist *dist,
+                   int failed);
+
 /* An opened checkpoint directory. */
 typedef struct st_dir {
     const st_vfs *vfs;

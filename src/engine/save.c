@@ -355,6 +355,26 @@ void st_remove_failed(const st_vfs *v, const char *dir, int rmdir)
     st_fail(0, "%s", msg);
 }
 
+int st_prepare_shared(const st_vfs *v, const char *dir)
+{
+    int rc = make_parents(v, dir);
+    if (rc)
+        return rc;
+    int e = v->mkdir(v, dir), kind;
+    if (e && e != -EEXIST)
+        return st_fail(st_from_errno(-e), "cannot create checkpoint directory '%s': %s", dir,
+                       strerror(-e));
+    if ((e = v->stat(v, dir, NULL, &kind)) != 0 || kind != 1)
+        return st_fail(STRATA_EEXIST, "'%s' exists and is not a directory", dir);
+    char p[PATH_MAX];
+    if ((rc = st_path_join(p, dir, ST_COMMIT_FILE)))
+        return rc;
+    if (v->stat(v, p, NULL, NULL) == 0)
+        return st_fail(STRATA_EEXIST,
+                       "'%s' already holds a committed checkpoint; it is never overwritten", dir);
+    return 0;
+}
+
 int st_check_chunk(uint32_t chunk)
 {
     if (chunk < 4096 || chunk > (64u << 20) || (chunk & (chunk - 1)))
