@@ -171,6 +171,8 @@ static int overlap_save(job *j)
     return rc;
 }
 
+static int sync_saves; /* run_all's saves fsync (for the fault walk) */
+
 static void *run_job(void *p)
 {
     job *j = p;
@@ -196,7 +198,7 @@ static void run_all(world *w, int save, const char *uri, const char **uris, tu_s
     pthread_t *th = calloc((size_t)n, sizeof *th);
     for (int r = 0; r < n; r++) {
         jobs[r] = (job){w, r, save, uris ? uris[r] : uri, set, STRATA_SAVE_OPTS_INIT, 0, "", {0}};
-        jobs[r].so.no_sync = 1;
+        jobs[r].so.no_sync = !sync_saves;
         jobs[r].so.chunk_bytes = 4096;
         jobs[r].so.step = 9;
         assert_int_equal(pthread_create(&th[r], NULL, run_job, &jobs[r]), 0);
@@ -452,6 +454,82 @@ static void test_async(void **state)
     world_free(&w);
 }
 
+/* The fault walk of the distributed save (synchronous, or asynchronous): call n of op fails on rank 0 (which
+ * also commits) or rank 1, for n = 1, 2, ... until the save succeeds. Every rank must
+ * return the same error, nothing may be committed or left behind, and the counts must be
+ * the protocol's: a rank opens, reserves and fsyncs its data file and writes its tasks;
+ * rank 0 also writes metadata.bin and COMMIT.tmp, renames, and fsyncs the directory and
+ * its parent. */
+static void fault_walk(int mode)
+{
+    world w;
+    world_init(&w, 4);
+    job jobs[4];
+    char ck[600], bad[700];
+    snprintf(ck, sizeof ck, "%s/afault", base);
+    sync_saves = 1;
+    tu_set a;
+    layout(&a, 2, 2, 1);
+    run_all(&w, mode, ck, NULL, &a, jobs); /* a clean save: the write counts */
+    expect_all_ok(jobs, 4);
+    tu_set_free(&a);
+    int tasks[2] = {(int)jobs[0].stats.io_calls, (int)jobs[1].stats.io_calls};
+    tu_rmrf(ck);
+    static const char *const ops[] = {"open", "write", "allocate", "fsync", "rename", "mkdir"};
+    int points = 0;
+    for (int who = 0; who < 2; who++)
+        for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
+            /* the synchronous save: rank 0 alone prepares the directory */
+            int mkdirs = mode == SAVE_ASYNC || who == 0;
+            int want[] = {who ? 1 : 3, tasks[who] + (who ? 0 : 2), 1, who ? 1 : 5, who ? 0 : 1,
+                          mkdirs};
+            for (int n = 1;; n++) {
+                snprintf(bad, sizeof bad, "fault+file://%s?op=%s&n=%d&errno=EIO", ck, ops[k], n);
+                const char *uris[4] = {ck, ck, ck, ck};
+                uris[who] = bad;
+                layout(&a, 2, 2, 1);
+                run_all(&w, mode, NULL, uris, &a, jobs);
+                tu_set_free(&a);
+                if (jobs[0].rc == 0) {
+                    expect_all_ok(jobs, 4);
+                    tu_set d;
+                    layout(&d, 1, 1, 0);
+                    assert_ok(strata_load(ck, d.st, 1, NULL, NULL));
+                    assert_int_equal(tu_set_check(&d), 0);
+                    tu_set_free(&d);
+                    tu_rmrf(ck);
+                    if (n - 1 != want[k])
+                        fail_msg("rank %d makes %d %s calls, want %d", who, n - 1, ops[k],
+                                 want[k]);
+                    break;
+                }
+                points++;
+                for (int r = 0; r < 4; r++)
+                    if (jobs[r].rc != STRATA_EIO)
+                        fail_msg("%s on rank %d: rank %d returned %s (%s)", bad, who, r,
+                                 strata_error_name(jobs[r].rc), jobs[r].msg);
+                strata_probe_info pi;
+                int prc = strata_probe(ck, &pi);
+                if (prc == 0 && (pi.committed || pi.has_commit || pi.is_ckpt))
+                    fail_msg("%s on rank %d: committed %d, strata files left %d", bad, who,
+                             pi.committed, pi.is_ckpt);
+                tu_rmrf(ck);
+                assert_true(n < 1000);
+            }
+        }
+    print_message("%s distributed save: %d fault points, each failed every rank\n",
+                  mode == SAVE_ASYNC ? "async" : "sync", points);
+    sync_saves = 0;
+    world_free(&w);
+}
+
+static void test_save_faults(void **state)
+{
+    (void)state;
+    fault_walk(1);
+    fault_walk(SAVE_ASYNC);
+}
+
 TU_TMPDIR_GROUP(base, "dist")
 
 int main(void)
@@ -461,6 +539,7 @@ int main(void)
         cmocka_unit_test(test_plan_cache),
         cmocka_unit_test(test_rank_failure),
         cmocka_unit_test(test_async),
+        cmocka_unit_test(test_save_faults),
     };
     return cmocka_run_group_tests(tests, tu_group_setup, tu_group_teardown);
 }

@@ -135,6 +135,7 @@ struct strata_handle {
     st_async_dist *dist; /* a distributed save's part: committed in wait_durable */
     int dist_done, dist_rc;
     int no_thread; /* failed before the coordinator started */
+    int borrowed;  /* v[0] is the distributed save's */
 };
 
 /* Records the first failure of the save (message from this thread); tier >= 0 also
@@ -282,7 +283,8 @@ static void handle_free(strata_handle *h)
     st_save_plan_free(&h->sp);
     st_load_plan_free(&h->lay);
     for (int t = 0; t < h->ntiers; t++) {
-        st_vfs_release(h->v[t]);
+        if (!h->borrowed)
+            st_vfs_release(h->v[t]);
         free(h->files[t]);
     }
     if (h->own_pool)
@@ -340,9 +342,14 @@ int st_async_start(strata_handle **out, st_save_plan *sp, const char *const *uri
     memset(sp, 0, sizeof *sp);
     uint32_t chunk = o->chunk_bytes ? o->chunk_bytes : ST_DEFAULT_CHUNK;
     int rc = failed;
-    if (!rc && (ntiers < 1 || ntiers > MAX_TIERS || !uris))
+    if (!rc && (ntiers < 1 || ntiers > MAX_TIERS || !uris || (dist && ntiers != 1)))
         rc = st_fail(STRATA_EINVAL, "a save needs 1 to %d destinations", MAX_TIERS);
-    for (int t = 0; t < ntiers && !rc; t++, h->ntiers++)
+    if (!rc && dist) { /* the distributed save's own backend: one instance for its calls */
+        h->ntiers = 1;
+        h->borrowed = 1;
+        h->v[0] = st_dist_vfs(dist, h->dir[0]);
+    }
+    for (int t = 0; t < ntiers && !rc && !dist; t++, h->ntiers++)
         rc = st_vfs_resolve(uris[t], &h->v[t], h->dir[t], sizeof h->dir[t]);
     if (!rc && !pool) {
         uint64_t want = ST_MIN((uint64_t)1 << 30, ST_ALIGN_UP(h->sp.meta->data_bytes, ST_ALIGN));

@@ -509,8 +509,8 @@ int st_dist_finish(st_async_dist *d, int local_rc, const char *local_msg,
             cache->sp.meta->step = d->o.step;
             /* without a prepared directory (an asynchronous save), check it now */
             int crc = st_clear_stale(d->vfs, d->dir, &cache->sp);
-            if (!crc)
-                crc = st_commit_dir(d->vfs, d->dir, cache->sp.meta, !d->o.no_sync);
+            if (!crc && (crc = st_commit_dir(d->vfs, d->dir, cache->sp.meta, !d->o.no_sync)))
+                st_uncommit(d->vfs, d->dir); /* this save's record, if it got that far */
             if (crc)
                 status_set(&st, crc, ROOT);
         }
@@ -622,6 +622,12 @@ int strata_save_dist_async(strata_handle **out, strata_comm *comm, const char *u
         st_fail(local_rc, "%s", local_msg);
     }
     return st_async_start(out, &mine, &uri, 1, &d->o, pool, d, local_rc);
+}
+
+const st_vfs *st_dist_vfs(st_async_dist *d, char *dir)
+{
+    strcpy(dir, d->dir);
+    return d->vfs;
 }
 
 void st_dist_wrote(st_async_dist *d)

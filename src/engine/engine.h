@@ -56,6 +56,9 @@ int st_finish_data_files(const st_vfs *v, const char *dir, const st_save_plan *s
                          st_file **files, int sync, int rc);
 /* Writes metadata.bin, then the commit record (temp, fsync, rename, fsync dir + parent). */
 int st_commit_dir(const st_vfs *v, const char *dir, const st_meta *m, int sync);
+/* After a commit that failed late (an fsync after the rename): removes the commit record
+ * of this save, durably, before anything else is removed. */
+void st_uncommit(const st_vfs *v, const char *dir);
 /* After a failure: removes strata's files in dir (and dir if rmdir), keeping the error. */
 void st_remove_failed(const st_vfs *v, const char *dir, int rmdir);
 
@@ -80,6 +83,8 @@ void st_dist_free(st_async_dist *d);
 /* Marks that this rank prepared the directory for this save and may write its data file
  * (so that a failure removes it). */
 void st_dist_wrote(st_async_dist *d);
+/* The backend (owned by d) and directory (into dir, PATH_MAX) of a distributed save. */
+const st_vfs *st_dist_vfs(st_async_dist *d, char *dir);
 /* Starts an asynchronous save of sp (taken over by the handle, also on failure) to the
  * destinations. With dist (taken over too), sp is one rank's part of a distributed save:
  * its directory is prepared with st_prepare_shared, the commit is st_dist_finish's, and

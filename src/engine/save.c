@@ -339,16 +339,22 @@ int st_write_data(const st_vfs *v, const char *dir, const st_save_plan *sp,
     return rc;
 }
 
-void st_remove_failed(const st_vfs *v, const char *dir, int rmdir)
+void st_uncommit(const st_vfs *v, const char *dir)
 {
-    /* the error message is kept: cleanup failures are not the story */
-    char msg[1024], p[PATH_MAX];
-    snprintf(msg, sizeof msg, "%s", strata_error_last());
     /* the commit record goes first (and durably), so that a crash during the cleanup
      * leaves an incomplete checkpoint, never a "committed" one with files missing */
+    char p[PATH_MAX];
     if (st_path_join(p, dir, ST_COMMIT_FILE) == 0 && v->stat(v, p, NULL, NULL) == 0 &&
         v->unlink(v, p) == 0)
         v->sync_dir(v, dir);
+}
+
+void st_remove_failed(const st_vfs *v, const char *dir, int rmdir)
+{
+    /* the error message is kept: cleanup failures are not the story */
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", strata_error_last());
+    st_uncommit(v, dir);
     st_scan_dir(v, dir, 1, NULL, NULL, NULL);
     if (rmdir)
         v->rmdir(v, dir);
