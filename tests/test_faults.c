@@ -19,7 +19,9 @@
  * COMMIT.tmp) just fail. Faults that never fire in a clean save: unlink, which only the
  * clearing of an incomplete checkpoint and the cleanup after a failure call (tested on
  * their own below).
- * Saves run on one I/O thread (deterministic call order) except for a few rounds on 4. */
+ * Saves run on one I/O thread (deterministic call order) except for a few rounds on 4.
+ * The walk runs once more through strata_save_async, where every fault must come back on
+ * the handle (the start does no I/O). */
 #include <signal.h>
 #include <sys/resource.h>
 
