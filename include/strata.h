@@ -139,7 +139,7 @@ int strata_state_add_blob(strata_state *st, const char *name, int rank_local, in
 
 /* ---- save and load (ranks in one process) ---------------------------------------------- */
 
-#define STRATA_SAVE_OPTS_VERSION 1
+#define STRATA_SAVE_OPTS_VERSION 2
 typedef struct strata_save_opts {
     int version;
     uint64_t step;         /* recorded in the metadata and the commit record */
@@ -147,8 +147,11 @@ typedef struct strata_save_opts {
     int io_threads;        /* 0 = default (4, or $STRATA_IO_THREADS) */
     int no_sync;           /* 1 = skip fsync (tests only: NOT crash safe) */
     int no_direct;         /* 1 = never use O_DIRECT */
+    /* asynchronous saves: niceness added to their background threads (Linux), so that
+     * they yield the CPU to the training loop; 0 = default (10), -1 = none */
+    int bg_nice;
 } strata_save_opts;
-#define STRATA_SAVE_OPTS_INIT {STRATA_SAVE_OPTS_VERSION, 0, 0, 0, 0, 0}
+#define STRATA_SAVE_OPTS_INIT {STRATA_SAVE_OPTS_VERSION, 0, 0, 0, 0, 0, 0}
 
 typedef struct strata_stats {
     uint64_t data_bytes;   /* distinct shard + blob bytes in the checkpoint */

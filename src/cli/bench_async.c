@@ -14,18 +14,20 @@
 
 static const char HELP[] =
     "usage: strata bench async [--dir D] [--size-mb N] [--iters I] [--every K] [--passes P]\n"
-    "                          [--pool-mb M]\n"
+    "                          [--pool-mb M] [--rounds R]\n"
     "\n"
     "A training loop over an N MiB state (default 512) in 16 MiB f32 tensors: forward/\n"
     "backward reads the state P times (default 4), the update writes it once; a checkpoint\n"
     "every K iterations (default 5) into D (default $TMPDIR), I iterations (default 20)\n"
     "per mode. Modes: none, sync (strata_save), async (strata_save_async with a pool of M\n"
-    "MiB, default min(1024, N)). For each: the mean iteration time, the overhead over\n"
-    "none, and the stall per checkpoint (time the loop was blocked by strata; the last\n"
-    "async checkpoint's flush after the loop is shown apart, as the final drain).\n"
+    "MiB, default min(1024, N), allocated once). The modes take turns, R rounds (default\n"
+    "3, each round in another order); for each mode, the medians over the rounds of: the\n"
+    "mean iteration time, the overhead over none, and the stall per checkpoint (time the\n"
+    "loop was blocked by strata; the last async checkpoint's flush after the loop is shown\n"
+    "apart, as the final drain).\n"
     "Last line: stall_ratio=X overhead=Y peak_extra_bytes=Z pool_bytes=P\n"
-    "(async stall / sync stall; async overhead over none; peak RSS growth during the async\n"
-    "mode, pool included).\n";
+    "(async stall / sync stall; async overhead over none; the largest peak RSS growth during\n"
+    "an async run, pool included).\n";
 
 static double now(void)
 {
@@ -88,10 +90,86 @@ typedef struct {
     int ckpts;
 } result;
 
+static const char *const mode_names[3] = {"none", "sync", "async"};
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* One mode's run of the loop: mode 0 no checkpoints, 1 strata_save, 2 strata_save_async
+ * through pool. The checkpoints are removed afterwards (the disk stays bounded). */
+static int run_mode(model *m, strata_state *st, int mode, strata_pool *pool, const char *base,
+                    long long iters, long long every, long long passes, result *res)
+{
+    strata_handle *pending = NULL;
+    double t0 = now(), stall = 0;
+    int ck = 0, rc = 0;
+    for (long long it = 1; it <= iters && !rc; it++) {
+        int checkpoint = mode > 0 && it % every == 0;
+        char path[4200];
+        snprintf(path, sizeof path, "%s/m%d-%lld", base, mode, it);
+        strata_save_opts o = STRATA_SAVE_OPTS_INIT;
+        o.step = (uint64_t)it;
+        strata_handle *h = NULL;
+        if (checkpoint && mode == 2) { /* lazy: starts now, copies during forward */
+            double s0 = now();
+            if (pending) { /* the previous one must be durable before it is removed */
+                rc = strata_wait_durable(pending, NULL);
+                strata_handle_free(pending);
+                pending = NULL;
+            }
+            if (!rc)
+                rc = strata_save_async(&h, path, &st, 1, &o, pool);
+            stall += now() - s0;
+        }
+        forward_backward(m, (int)passes);
+        if (checkpoint && mode == 1) { /* synchronous: the loop waits for the disk */
+            double s0 = now();
+            rc = strata_save(path, &st, 1, &o, NULL);
+            stall += now() - s0;
+        }
+        if (h) { /* the update may not start before the snapshot is taken */
+            double s0 = now();
+            rc = strata_wait_snapshot(h);
+            stall += now() - s0;
+            pending = h;
+        }
+        update(m, 1.0f);
+        ck += checkpoint;
+    }
+    double total = now() - t0;
+    if (pending) { /* after the loop: the last checkpoint drains (not a stall) */
+        double s0 = now();
+        int r2 = strata_wait_durable(pending, NULL);
+        res->drain_s = now() - s0;
+        rc = rc ? rc : r2;
+        strata_handle_free(pending);
+    }
+    res->iter_s = total / (double)iters;
+    res->stall_s = ck ? stall / ck : 0;
+    res->ckpts = ck;
+    for (long long it = every; it <= iters; it += every) {
+        char path[4200], cmd[4300];
+        snprintf(path, sizeof path, "%s/m%d-%lld", base, mode, it);
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+        if (system(cmd) != 0)
+            break;
+    }
+    return rc;
+}
+
 int cmd_bench_async(int argc, char **argv)
 {
     const char *dir = NULL;
-    long long size_mb = 512, iters = 20, every = 5, passes = 4, pool_mb = -1;
+    long long size_mb = 512, iters = 20, every = 5, passes = 4, pool_mb = -1, rounds = 3;
     for (int i = 2; i < argc; i += 2) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(k, "--help") == 0 || strcmp(k, "-h") == 0)
@@ -109,6 +187,8 @@ int cmd_bench_async(int argc, char **argv)
             passes = n;
         else if (strcmp(k, "--pool-mb") == 0 && n >= 1)
             pool_mb = n;
+        else if (strcmp(k, "--rounds") == 0 && n >= 1 && n <= 15)
+            rounds = n;
         else
             return fprintf(stderr, "strata bench async: bad option '%s %s' (see --help)\n", k,
                            v ? v : ""), EXIT_USAGE;
@@ -137,100 +217,64 @@ int cmd_bench_async(int argc, char **argv)
         strata_shard sh = {name, STRATA_F32, 1, shape, NULL, NULL, 0, 0, 0, m.t[i], 0};
         strata_state_add_shard(st, &sh);
     }
-    printf("strata bench async: %lld MiB state, %lld iterations per mode, a checkpoint every "
-           "%lld, forward/backward = %lld reads of the state, pool %lld MiB\n",
-           size_mb, iters, every, passes, pool_mb);
+    printf("strata bench async: %lld MiB state, %lld iterations per mode and round, a "
+           "checkpoint every %lld, forward/backward = %lld reads of the state, pool %lld MiB, "
+           "%lld rounds\n",
+           size_mb, iters, every, passes, pool_mb, rounds);
     forward_backward(&m, (int)passes); /* warm up: caches, page tables, clocks */
     update(&m, 0.0f);
-    result res[3] = {{0}};
+    enum { MAX_ROUNDS = 15 };
+    result res[MAX_ROUNDS][3];
+    memset(res, 0, sizeof res);
     long long peak_extra = 0;
     uint64_t pool_bytes = 0;
+    strata_pool *pool = NULL; /* allocated once, at the first async run, and reused */
     int rc = 0;
-    for (int mode = 0; mode < 3 && !rc; mode++) {
-        strata_pool *pool = NULL;
-        strata_handle *pending = NULL;
-        long long rss0 = status_kb("VmRSS");
-        if (mode == 2) {
+    for (long long round = 0; round < rounds && !rc; round++)
+        for (int turn = 0; turn < 3 && !rc; turn++) {
+            int mode = (int)((turn + round) % 3); /* none sync async, sync async none, ... */
+            result *r = &res[round][mode];
             reset_hwm();
-            rss0 = status_kb("VmRSS");
-            if ((rc = strata_pool_new(&pool, (uint64_t)pool_mb << 20)))
-                break;
-            pool_bytes = strata_pool_bytes(pool);
-        }
-        double t0 = now(), stall = 0;
-        int ck = 0;
-        for (long long it = 1; it <= iters && !rc; it++) {
-            int checkpoint = mode > 0 && it % every == 0;
-            char path[4200];
-            snprintf(path, sizeof path, "%s/m%d-%lld", base, mode, it);
-            strata_save_opts o = STRATA_SAVE_OPTS_INIT;
-            o.step = (uint64_t)it;
-            strata_handle *h = NULL;
-            if (checkpoint && mode == 2) { /* lazy: starts now, copies during forward */
-                double s0 = now();
-                if (pending) { /* the previous one must be durable before it is removed */
-                    rc = strata_wait_durable(pending, NULL);
-                    strata_handle_free(pending);
-                    pending = NULL;
-                }
-                if (!rc)
-                    rc = strata_save_async(&h, path, &st, 1, &o, pool);
-                stall += now() - s0;
+            long long rss0 = status_kb("VmRSS");
+            if (mode == 2 && !pool) {
+                if ((rc = strata_pool_new(&pool, (uint64_t)pool_mb << 20)))
+                    break;
+                pool_bytes = strata_pool_bytes(pool);
+            } else if (mode == 2) {
+                rss0 -= (long long)(pool_bytes >> 10); /* the pool counts as extra */
             }
-            forward_backward(&m, (int)passes);
-            if (checkpoint && mode == 1) { /* synchronous: the loop waits for the disk */
-                double s0 = now();
-                rc = strata_save(path, &st, 1, &o, NULL);
-                stall += now() - s0;
+            rc = run_mode(&m, st, mode, pool, base, iters, every, passes, r);
+            if (mode == 2) {
+                long long extra = (status_kb("VmHWM") - rss0) * 1024;
+                peak_extra = extra > peak_extra ? extra : peak_extra;
             }
-            if (h) { /* the update may not start before the snapshot is taken */
-                double s0 = now();
-                rc = strata_wait_snapshot(h);
-                stall += now() - s0;
-                pending = h;
-            }
-            update(&m, 1.0f);
-            ck += checkpoint;
+            printf("  round %lld: %-5s iter %.1f ms, stall %.1f ms per checkpoint\n", round + 1,
+                   mode_names[mode], r->iter_s * 1e3, r->stall_s * 1e3);
+            fflush(stdout);
         }
-        double total = now() - t0;
-        if (pending) { /* after the loop: the last checkpoint drains (not a stall) */
-            double s0 = now();
-            int r2 = strata_wait_durable(pending, NULL);
-            res[mode].drain_s = now() - s0;
-            rc = rc ? rc : r2;
-            strata_handle_free(pending);
-        }
-        if (mode == 2)
-            peak_extra = (status_kb("VmHWM") - rss0) * 1024;
-        res[mode].iter_s = total / (double)iters;
-        res[mode].stall_s = ck ? stall / ck : 0;
-        res[mode].ckpts = ck;
-        strata_pool_free(pool);
-        for (long long it = every; it <= iters; it += every) { /* keep the disk bounded */
-            char path[4200];
-            snprintf(path, sizeof path, "%s/m%d-%lld", base, mode, it);
-            char cmd[4300];
-            snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
-            if (system(cmd) != 0)
-                break;
-        }
-        (void)rss0;
-    }
+    strata_pool_free(pool);
     rmdir(base);
     int status = 0;
     if (rc) {
         status = cli_fail("bench async", rc);
     } else {
-        static const char *names[3] = {"none", "sync", "async"};
-        printf("\n  %-6s %12s %10s %16s %18s\n", "mode", "iter_ms", "overhead", "stall_ms/ckpt",
-               "final_drain_ms");
+        result med[3];
+        for (int i = 0; i < 3; i++) {
+            double it[MAX_ROUNDS], sl[MAX_ROUNDS], dr[MAX_ROUNDS];
+            for (long long k = 0; k < rounds; k++)
+                it[k] = res[k][i].iter_s, sl[k] = res[k][i].stall_s, dr[k] = res[k][i].drain_s;
+            med[i] = (result){median(it, (int)rounds), median(sl, (int)rounds),
+                              median(dr, (int)rounds), res[0][i].ckpts};
+        }
+        printf("\n  medians of %lld rounds\n  %-6s %12s %10s %16s %18s\n", rounds, "mode",
+               "iter_ms", "overhead", "stall_ms/ckpt", "final_drain_ms");
         for (int i = 0; i < 3; i++)
-            printf("  %-6s %12.1f %9.1f%% %16.1f %18.1f\n", names[i], res[i].iter_s * 1e3,
-                   100.0 * (res[i].iter_s / res[0].iter_s - 1.0), res[i].stall_s * 1e3,
-                   res[i].drain_s * 1e3);
+            printf("  %-6s %12.1f %9.1f%% %16.1f %18.1f\n", mode_names[i], med[i].iter_s * 1e3,
+                   100.0 * (med[i].iter_s / med[0].iter_s - 1.0), med[i].stall_s * 1e3,
+                   med[i].drain_s * 1e3);
         printf("stall_ratio=%.3f overhead=%.3f peak_extra_bytes=%lld pool_bytes=%llu\n",
-               res[1].stall_s > 0 ? res[2].stall_s / res[1].stall_s : 0.0,
-               res[2].iter_s / res[0].iter_s - 1.0, peak_extra, (unsigned long long)pool_bytes);
+               med[1].stall_s > 0 ? med[2].stall_s / med[1].stall_s : 0.0,
+               med[2].iter_s / med[0].iter_s - 1.0, peak_extra, (unsigned long long)pool_bytes);
     }
     for (int i = 0; i < m.nt; i++)
         free(m.t[i]);

@@ -3,7 +3,11 @@
  * buffers (the snapshot) while flusher threads write full buffers behind it; the commit
  * follows the last write. Threading: the handle's fields after `mu` are guarded by it;
  * pool buffers are owned by one thread at a time (coordinator fills, one flusher writes). */
+#include <errno.h>
 #include <pthread.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -172,9 +176,25 @@ static int tier_failed(strata_handle *h, int t)
     return rc;
 }
 
+/* Lowers the calling background thread's priority by the save's bg_nice (Linux threads
+ * have their own nice values): the training loop keeps its cores, and idle cores still
+ * run the save at full speed. */
+static void bg_nice(const strata_handle *h)
+{
+    int n = h->o.bg_nice ? h->o.bg_nice : 10;
+    if (n < 0)
+        return;
+    id_t tid = (id_t)syscall(SYS_gettid);
+    errno = 0;
+    int cur = getpriority(PRIO_PROCESS, tid);
+    if (cur != -1 || errno == 0)
+        setpriority(PRIO_PROCESS, tid, cur + n > 19 ? 19 : cur + n);
+}
+
 static void *flusher(void *arg)
 {
     strata_handle *h = arg;
+    bg_nice(h);
     for (;;) {
         pthread_mutex_lock(&h->mu);
         while (!h->q_len && !h->q_closed)
@@ -213,6 +233,7 @@ static void set_flag(strata_handle *h, int *flag)
 static void *coordinator(void *arg)
 {
     strata_handle *h = arg;
+    bg_nice(h);
     int prepared[MAX_TIERS] = {0}, started = 0, rc = 0;
     for (int t = 0; t < h->ntiers; t++) {
         int trc = h->dist ? st_prepare_shared(h->v[t], h->dir[t]) : st_prepare_dir(h->v[t], h->dir[t]);
