@@ -218,6 +218,18 @@ static void expect_all_ok(const job *jobs, int n)
 static char base[512];
 static const uint64_t xs_one[] = {1};
 
+static void layout(tu_set *s, int tp, int dp, int fill);
+
+/* ck loads on one rank and holds the pattern, bitwise. */
+static void expect_loads(const char *ck)
+{
+    tu_set d;
+    layout(&d, 1, 1, 0);
+    assert_ok(strata_load(ck, d.st, 1, NULL, NULL));
+    assert_int_equal(tu_set_check(&d), 0);
+    tu_set_free(&d);
+}
+
 /* The model: a [37, 23] f32 weight split by rows over tp, a [23] bias replicated, a
  * [101] bf16 vector flat-sharded (ZeRO) over the dp ranks, a global and a per-rank blob. */
 static const uint64_t wshape[] = {37, 23}, bshape[] = {23}, zshape[] = {101};
@@ -300,11 +312,7 @@ static void test_plan_cache(void **state)
             assert_int_equal(jobs[r].stats.plan_cached, i > 0); /* miss, then hits */
     }
     /* a cached save still saves the current values */
-    tu_set d;
-    layout(&d, 1, 1, 0);
-    assert_ok(strata_load(ck, d.st, 1, NULL, NULL));
-    assert_int_equal(tu_set_check(&d), 0);
-    tu_set_free(&d);
+    expect_loads(ck);
     /* one rank's layout changes (rank 2 also saves an extra tensor): the cache misses */
     uint64_t xs[] = {5};
     tu_set_shard(&a, 2, "extra", STRATA_I32, 1, xs, NULL, NULL, 0, 0, 0, 1);
@@ -313,6 +321,7 @@ static void test_plan_cache(void **state)
     expect_all_ok(jobs, 4);
     for (int r = 0; r < 4; r++)
         assert_int_equal(jobs[r].stats.plan_cached, 0);
+    tu_set d;
     layout(&d, 1, 1, 0);
     tu_set_shard(&d, 0, "extra", STRATA_I32, 1, xs, NULL, NULL, 0, 0, 0, 0);
     assert_ok(strata_load(ck, d.st, 1, NULL, NULL));
@@ -350,16 +359,13 @@ static void test_rank_failure(void **state)
     assert_ok(strata_probe(ck, &pi));
     assert_false(pi.committed);
     /* the previous checkpoint is intact; a retry succeeds */
-    tu_set d;
-    layout(&d, 1, 1, 0);
-    assert_ok(strata_load(prev, d.st, 1, NULL, NULL));
-    assert_int_equal(tu_set_check(&d), 0);
-    tu_set_free(&d);
+    expect_loads(prev);
     run_all(&w, 1, ck, NULL, &src, jobs);
     expect_all_ok(jobs, 4);
     /* a request for a missing tensor on one rank fails the load on every rank */
     world w3;
     world_init(&w3, 3);
+    tu_set d;
     layout(&d, 3, 1, 0);
     tu_set_shard(&d, 2, "nope", STRATA_U8, 1, xs_one, NULL, NULL, 0, 0, 0, 0);
     run_all(&w3, 0, ck, NULL, &d, jobs);
@@ -390,11 +396,7 @@ static void test_async(void **state)
         for (int r = 0; r < 4; r++)
             assert_int_equal(jobs[r].stats.plan_cached, i > 0);
         assert_true(jobs[0].stats.all_bytes > 0);
-        tu_set d;
-        layout(&d, 1, 1, 0);
-        assert_ok(strata_load(ck, d.st, 1, NULL, NULL));
-        assert_int_equal(tu_set_check(&d), 0);
-        tu_set_free(&d);
+        expect_loads(ck);
         tu_set_free(&a);
     }
     /* two saves overlap, the second with a new plan: both load bitwise */
@@ -406,11 +408,7 @@ static void test_async(void **state)
     for (int i = 0; i < 2; i++) {
         char p[700];
         snprintf(p, sizeof p, "%s%s", ck, i ? "-b" : "");
-        tu_set d;
-        layout(&d, 1, 1, 0);
-        assert_ok(strata_load(p, d.st, 1, NULL, NULL));
-        assert_int_equal(tu_set_check(&d), 0);
-        tu_set_free(&d);
+        expect_loads(p);
     }
     tu_set_free(&a);
     /* rank 2 cannot write: every rank fails with its error at wait_durable */
@@ -436,20 +434,13 @@ static void test_async(void **state)
     run_all(&w, SAVE_ASYNC, prev, NULL, &a, jobs);
     for (int r = 0; r < 4; r++)
         assert_int_equal(jobs[r].rc, STRATA_EEXIST);
-    tu_set d;
-    layout(&d, 1, 1, 0);
-    assert_ok(strata_load(prev, d.st, 1, NULL, NULL));
-    assert_int_equal(tu_set_check(&d), 0);
-    tu_set_free(&d);
+    expect_loads(prev);
     /* and a retry of the failed one works */
     tu_set_free(&a);
     layout(&a, 2, 2, 1);
     run_all(&w, SAVE_ASYNC, ck, NULL, &a, jobs);
     expect_all_ok(jobs, 4);
-    layout(&d, 1, 1, 0);
-    assert_ok(strata_load(ck, d.st, 1, NULL, NULL));
-    assert_int_equal(tu_set_check(&d), 0);
-    tu_set_free(&d);
+    expect_loads(ck);
     tu_set_free(&a);
     world_free(&w);
 }
@@ -492,11 +483,7 @@ static void fault_walk(int mode)
                 tu_set_free(&a);
                 if (jobs[0].rc == 0) {
                     expect_all_ok(jobs, 4);
-                    tu_set d;
-                    layout(&d, 1, 1, 0);
-                    assert_ok(strata_load(ck, d.st, 1, NULL, NULL));
-                    assert_int_equal(tu_set_check(&d), 0);
-                    tu_set_free(&d);
+                    expect_loads(ck);
                     tu_rmrf(ck);
                     if (n - 1 != want[k])
                         fail_msg("rank %d makes %d %s calls, want %d", who, n - 1, ops[k],

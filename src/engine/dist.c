@@ -575,25 +575,40 @@ static int dist_new(st_async_dist **out, strata_comm *comm, const char *uri,
     return 0;
 }
 
+/* dist_new + dist_begin. 0: *d and *mine are this save's (a local failure in *local_rc,
+ * message in local_msg); else the collective's error, and nothing to free. */
+static int dist_start(st_async_dist **d, strata_comm *comm, const char *uri,
+                      strata_state *local, const strata_save_opts *opts, int prepare_root,
+                      st_save_plan *mine, int *local_rc, char *local_msg)
+{
+    int rc = dist_new(d, comm, uri, local, opts);
+    if (rc)
+        return rc;
+    st_clear_error();
+    if ((rc = dist_begin(*d, local, prepare_root, mine, local_rc, local_msg))) {
+        st_save_plan_free(mine);
+        st_dist_free(*d);
+        *d = NULL;
+    }
+    return rc;
+}
+
 int strata_save_dist(strata_comm *comm, const char *uri, strata_state *local,
                      const strata_save_opts *opts, strata_stats *stats)
 {
     st_async_dist *d;
-    int rc = dist_new(&d, comm, uri, local, opts);
-    if (rc)
-        return rc;
-    st_clear_error();
     st_save_plan mine;
     int local_rc;
     char local_msg[MSG_BYTES];
     uint64_t io_calls = 0;
-    if ((rc = dist_begin(d, local, 1, &mine, &local_rc, local_msg)) == 0) {
-        /* 4. every rank writes its own data file */
-        d->wrote = 1;
-        if (!local_rc && (local_rc = st_write_data(d->vfs, d->dir, &mine, &d->o, &io_calls)))
-            snprintf(local_msg, sizeof local_msg, "%s", strata_error_last());
-        rc = st_dist_finish(d, local_rc, local_msg, &mine, io_calls, stats);
-    }
+    int rc = dist_start(&d, comm, uri, local, opts, 1, &mine, &local_rc, local_msg);
+    if (rc)
+        return rc;
+    /* 4. every rank writes its own data file */
+    d->wrote = 1;
+    if (!local_rc && (local_rc = st_write_data(d->vfs, d->dir, &mine, &d->o, &io_calls)))
+        snprintf(local_msg, sizeof local_msg, "%s", strata_error_last());
+    rc = st_dist_finish(d, local_rc, local_msg, &mine, io_calls, stats);
     st_save_plan_free(&mine);
     st_dist_free(d);
     return rc;
@@ -605,18 +620,12 @@ int strata_save_dist_async(strata_handle **out, strata_comm *comm, const char *u
 {
     *out = NULL;
     st_async_dist *d;
-    int rc = dist_new(&d, comm, uri, local, opts);
-    if (rc)
-        return rc;
-    st_clear_error();
     st_save_plan mine;
     int local_rc;
     char local_msg[MSG_BYTES];
-    if ((rc = dist_begin(d, local, 0, &mine, &local_rc, local_msg))) {
-        st_save_plan_free(&mine);
-        st_dist_free(d);
+    int rc = dist_start(&d, comm, uri, local, opts, 0, &mine, &local_rc, local_msg);
+    if (rc)
         return rc;
-    }
     if (local_rc) { /* a local failure: the handle carries it into st_dist_finish */
         st_save_plan_free(&mine);
         st_fail(local_rc, "%s", local_msg);

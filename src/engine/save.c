@@ -124,21 +124,20 @@ static int make_parents(const st_vfs *v, const char *dir)
     return 0;
 }
 
-/* Makes dir an empty directory for a new checkpoint: creates it (and its parents), or
- * clears an incomplete checkpoint there. Refuses a committed checkpoint and a directory
- * with foreign files. */
-int st_prepare_dir(const st_vfs *v, const char *dir)
+/* Creates dir (and its parents) if missing (*created = 1); refuses a non-directory or a
+ * committed checkpoint there (STRATA_EEXIST). */
+static int make_dir(const st_vfs *v, const char *dir, int *created)
 {
+    *created = 0;
     int rc = make_parents(v, dir);
     if (rc)
         return rc;
-    int e = v->mkdir(v, dir);
+    int e = v->mkdir(v, dir), kind;
     if (e == 0)
-        return 0;
+        return *created = 1, 0;
     if (e != -EEXIST)
         return st_fail(st_from_errno(-e), "cannot create checkpoint directory '%s': %s", dir,
                        strerror(-e));
-    int kind;
     if ((e = v->stat(v, dir, NULL, &kind)) != 0 || kind != 1)
         return st_fail(STRATA_EEXIST, "'%s' exists and is not a directory", dir);
     char p[PATH_MAX];
@@ -147,6 +146,23 @@ int st_prepare_dir(const st_vfs *v, const char *dir)
     if (v->stat(v, p, NULL, NULL) == 0)
         return st_fail(STRATA_EEXIST,
                        "'%s' already holds a committed checkpoint; it is never overwritten", dir);
+    return 0;
+}
+
+int st_prepare_shared(const st_vfs *v, const char *dir)
+{
+    int created;
+    return make_dir(v, dir, &created);
+}
+
+/* Makes dir an empty directory for a new checkpoint: creates it (and its parents), or
+ * clears an incomplete checkpoint there. Refuses a committed checkpoint and a directory
+ * with foreign files. */
+int st_prepare_dir(const st_vfs *v, const char *dir)
+{
+    int created, rc = make_dir(v, dir, &created);
+    if (rc || created)
+        return rc;
     int foreign = 0, ours = 0;
     if ((rc = st_scan_dir(v, dir, 0, &ours, &foreign, NULL)))
         return rc;
@@ -359,26 +375,6 @@ void st_remove_failed(const st_vfs *v, const char *dir, int rmdir)
     if (rmdir)
         v->rmdir(v, dir);
     st_fail(0, "%s", msg);
-}
-
-int st_prepare_shared(const st_vfs *v, const char *dir)
-{
-    int rc = make_parents(v, dir);
-    if (rc)
-        return rc;
-    int e = v->mkdir(v, dir), kind;
-    if (e && e != -EEXIST)
-        return st_fail(st_from_errno(-e), "cannot create checkpoint directory '%s': %s", dir,
-                       strerror(-e));
-    if ((e = v->stat(v, dir, NULL, &kind)) != 0 || kind != 1)
-        return st_fail(STRATA_EEXIST, "'%s' exists and is not a directory", dir);
-    char p[PATH_MAX];
-    if ((rc = st_path_join(p, dir, ST_COMMIT_FILE)))
-        return rc;
-    if (v->stat(v, p, NULL, NULL) == 0)
-        return st_fail(STRATA_EEXIST,
-                       "'%s' already holds a committed checkpoint; it is never overwritten", dir);
-    return 0;
 }
 
 int st_check_chunk(uint32_t chunk)
