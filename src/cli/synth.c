@@ -12,35 +12,47 @@ int layout_parse(layout *out, const char *s, char *err, size_t errlen)
 {
     layout l = {1, 1, 1, 0};
     const char *p = s;
+    unsigned seen = 0;
     while (p && *p) {
+        /* key=digits, strictly: no signs, spaces, repeats or empty pairs */
         char key[16];
-        long v;
-        int n = 0;
-        if (sscanf(p, "%15[a-z]=%ld%n", key, &v, &n) != 2) {
+        size_t k = 0;
+        while (*p >= 'a' && *p <= 'z' && k < sizeof key - 1)
+            key[k++] = *p++;
+        key[k] = 0;
+        long v = 0;
+        int digits = 0;
+        if (*p == '=')
+            for (p++; *p >= '0' && *p <= '9' && v <= 4096; p++, digits++)
+                v = v * 10 + (*p - '0');
+        if (!k || !digits) {
             snprintf(err, errlen, "bad layout '%s': expected key=value pairs like tp=2,pp=2,dp=2", s);
             return -1;
         }
-        if (v < 0 || v > 4096) {
-            snprintf(err, errlen, "bad layout '%s': %s=%ld is out of range", s, key, v);
+        if (v > 4096) {
+            snprintf(err, errlen, "bad layout '%s': %s is out of range", s, key);
             return -1;
         }
-        if (strcmp(key, "tp") == 0)
-            l.tp = (int)v;
-        else if (strcmp(key, "pp") == 0)
-            l.pp = (int)v;
-        else if (strcmp(key, "dp") == 0)
-            l.dp = (int)v;
-        else if (strcmp(key, "zero") == 0 && v <= 1)
-            l.zero = (int)v;
-        else {
+        static const char *const keys[] = {"tp", "pp", "dp", "zero"};
+        int which = -1;
+        for (int i = 0; i < 4; i++)
+            if (strcmp(key, keys[i]) == 0)
+                which = i;
+        if (which < 0 || (which == 3 && v > 1)) {
             snprintf(err, errlen, "bad layout '%s': unknown key or value '%s=%ld' (keys: tp, pp, dp, zero=0|1)", s, key, v);
             return -1;
         }
-        p += n;
-        if (*p == ',')
+        if (seen & (1u << which)) {
+            snprintf(err, errlen, "bad layout '%s': %s given twice", s, key);
+            return -1;
+        }
+        seen |= 1u << which;
+        int *field[] = {&l.tp, &l.pp, &l.dp, &l.zero};
+        *field[which] = (int)v;
+        if (*p == ',' && p[1])
             p++;
         else if (*p) {
-            snprintf(err, errlen, "bad layout '%s': expected ',' after %s=%ld", s, key, v);
+            snprintf(err, errlen, "bad layout '%s': expected ',' and another pair after %s=%ld", s, key, v);
             return -1;
         }
     }
