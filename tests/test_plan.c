@@ -1,6 +1,7 @@
 /* test_plan.c - the save planner (dedup of replicas, balance of writers, layout errors)
  * and the load planner (exact coverage, empty requests, shared chunks read once, partial
  * reads), on states registered through the public API. */
+#include "core/geom.h"
 #include "engine/engine.h"
 #include "plan/plan.h"
 #include "testutil.h"
@@ -538,6 +539,128 @@ static void test_load_errors(void **state)
     tu_set_free(&src);
 }
 
+/* ---- the overlap check against the pairwise definition ---- */
+
+#define OV_MAX 96
+
+typedef struct {
+    st_mtensor t;
+    st_mshard sh[OV_MAX];
+    uint64_t off[OV_MAX][STRATA_MAX_DIMS], len[OV_MAX][STRATA_MAX_DIMS];
+} ov_case;
+
+static void ov_add(ov_case *c, const uint64_t *off, const uint64_t *len, uint64_t fs,
+                   uint64_t fe)
+{
+    size_t i = c->t.nshards++;
+    memcpy(c->off[i], off, sizeof c->off[i]);
+    memcpy(c->len[i], len, sizeof c->len[i]);
+    c->sh[i] = (st_mshard){c->off[i], c->len[i], fs, fe, 1, {0}};
+}
+
+/* A random set of regions: a grid of boxes (each whole, or cut into flat pieces), or random
+ * boxes and flat ranges; then perhaps one shard made to reach into others. */
+static void ov_random(ov_case *c, tu_rng *r)
+{
+    memset(c, 0, sizeof *c);
+    c->t.name = "t";
+    c->t.ndim = (int)tu_below(r, 5);
+    c->t.shards = c->sh;
+    for (int d = 0; d < c->t.ndim; d++)
+        c->t.shape[d] = tu_range(r, 1, 6);
+    if (tu_below(r, 3)) { /* a grid: disjoint by construction */
+        uint64_t cuts[STRATA_MAX_DIMS][8], ncut[STRATA_MAX_DIMS], at[STRATA_MAX_DIMS] = {0};
+        for (int d = 0; d < c->t.ndim; d++) {
+            ncut[d] = 0;
+            cuts[d][ncut[d]++] = 0;
+            for (uint64_t x = 1; x < c->t.shape[d]; x++)
+                if (tu_below(r, 2))
+                    cuts[d][ncut[d]++] = x;
+            cuts[d][ncut[d]] = c->t.shape[d];
+        }
+        for (;;) {
+            uint64_t off[STRATA_MAX_DIMS] = {0}, len[STRATA_MAX_DIMS] = {0}, numel = 1;
+            for (int d = 0; d < c->t.ndim; d++) {
+                off[d] = cuts[d][at[d]];
+                len[d] = cuts[d][at[d] + 1] - off[d];
+                numel *= len[d];
+            }
+            for (uint64_t fs = 0; fs < numel && c->t.nshards < OV_MAX - 1;) {
+                uint64_t fe = tu_below(r, 3) ? numel : tu_range(r, fs + 1, numel);
+                ov_add(c, off, len, fs, fe);
+                fs = fe;
+            }
+            int d = c->t.ndim - 1;
+            while (d >= 0 && ++at[d] == ncut[d])
+                at[d--] = 0;
+            if (d < 0)
+                break;
+        }
+    } else { /* random regions: mostly overlapping */
+        size_t n = tu_range(r, 2, 12);
+        for (size_t i = 0; i < n; i++) {
+            uint64_t off[STRATA_MAX_DIMS] = {0}, len[STRATA_MAX_DIMS] = {0}, numel = 1;
+            for (int d = 0; d < c->t.ndim; d++) {
+                off[d] = tu_below(r, c->t.shape[d]);
+                len[d] = tu_range(r, 1, c->t.shape[d] - off[d]);
+                numel *= len[d];
+            }
+            uint64_t fs = tu_below(r, numel), fe = tu_range(r, fs, numel);
+            ov_add(c, off, len, fs, fe);
+        }
+    }
+    if (c->t.nshards && tu_below(r, 2)) { /* one shard grows: its whole box, or a duplicate */
+        size_t i = tu_below(r, c->t.nshards);
+        if (tu_below(r, 2) || c->t.nshards >= OV_MAX) {
+            c->sh[i].fs = 0;
+            c->sh[i].fe = st_box_numel(c->t.ndim, c->len[i], NULL);
+        } else {
+            ov_add(c, c->off[i], c->len[i], c->sh[i].fs, c->sh[i].fe);
+        }
+    }
+    for (size_t i = c->t.nshards; i > 1; i--) { /* any order */
+        size_t j = tu_below(r, i);
+        ov_case tmp;
+        tmp.sh[0] = c->sh[i - 1];
+        memcpy(tmp.off[0], c->off[i - 1], sizeof tmp.off[0]);
+        memcpy(tmp.len[0], c->len[i - 1], sizeof tmp.len[0]);
+        c->sh[i - 1] = c->sh[j];
+        memcpy(c->off[i - 1], c->off[j], sizeof tmp.off[0]);
+        memcpy(c->len[i - 1], c->len[j], sizeof tmp.len[0]);
+        c->sh[j] = tmp.sh[0];
+        memcpy(c->off[j], tmp.off[0], sizeof tmp.off[0]);
+        memcpy(c->len[j], tmp.len[0], sizeof tmp.len[0]);
+        c->sh[i - 1].off = c->off[i - 1], c->sh[i - 1].len = c->len[i - 1];
+        c->sh[j].off = c->off[j], c->sh[j].len = c->len[j];
+    }
+}
+
+static void test_overlap_check(void **state)
+{
+    (void)state;
+    tu_rng r = {2026};
+    static ov_case c;
+    int found = 0, clean = 0;
+    for (int k = 0; k < 20000; k++) {
+        ov_random(&c, &r);
+        int want = 0;
+        for (size_t i = 0; i < c.t.nshards && !want; i++)
+            for (size_t j = i + 1; j < c.t.nshards && !want; j++) {
+                st_region a = {c.t.ndim, c.sh[i].off, c.sh[i].len, c.sh[i].fs, c.sh[i].fe};
+                st_region b = {c.t.ndim, c.sh[j].off, c.sh[j].len, c.sh[j].fs, c.sh[j].fe};
+                want = st_region_runs(&a, &b, NULL, NULL) > 0;
+            }
+        int rc = st_meta_check_overlap(&c.t);
+        if (rc != (want ? STRATA_EOVERLAP : 0))
+            fail_msg("case %d (ndim %d, %zu shards): check says %s, pairs say %s", k, c.t.ndim,
+                     c.t.nshards, strata_error_name(rc), want ? "overlap" : "disjoint");
+        found += want;
+        clean += !want;
+    }
+    print_message("overlap check: %d overlapping and %d disjoint sets agree\n", found, clean);
+    assert_true(found > 1000 && clean > 1000);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -547,6 +670,7 @@ int main(void)
         cmocka_unit_test(test_save_errors),     cmocka_unit_test(test_load_cover),
         cmocka_unit_test(test_load_empty),      cmocka_unit_test(test_load_shared_chunks),
         cmocka_unit_test(test_load_partial),    cmocka_unit_test(test_load_errors),
+        cmocka_unit_test(test_overlap_check),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
