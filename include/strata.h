@@ -318,6 +318,13 @@ void strata_handle_free(strata_handle *h);
 int strata_save_dist_async(strata_handle **out, strata_comm *comm, const char *uri,
                            strata_state *local, const strata_save_opts *opts,
                            strata_pool *pool);
+/* strata_save_dist_async to several destinations (1 to 8, fastest first), as
+ * strata_save_async_tiers: each pool buffer goes to every tier, and rank 0 commits each
+ * tier in which every rank succeeded. A failed tier is removed and wait_durable returns
+ * its error (naming the destination) although the other tiers are committed. */
+int strata_save_dist_async_tiers(strata_handle **out, strata_comm *comm,
+                                 const char *const *uris, int ntiers, strata_state *local,
+                                 const strata_save_opts *opts, strata_pool *pool);
 
 /* Loads from the first of several copies (fastest first) that is committed and loads
  * with every checksum right, falling back to the next on any error. *used (may be NULL)

@@ -52,6 +52,16 @@ async_saves() {
 check "async save on 4 processes (pool of 8 MiB per rank: 2 chunks), plan cached, loads on 3" \
     bash -c "$(declare -f async_saves load last_ok); MPIEXEC='$MPIEXEC' S='$S' T='$T'; async_saves"
 
+# two tiers: shared memory (mem://, under $T/shm) and disk; both load on 3 processes
+tiers() {
+    export STRATA_MEM_ROOT="$T/shm"
+    $MPIEXEC -n 4 "$S" demo save --async --dir mem://tc --also "$T/tc" --layout tp=2,pp=1,dp=2,zero=1 \
+        --size-mb 12 --pool-mb 8 >"$T/run" 2>&1; cat "$T/run"; last_ok || return 1
+    load 3 mem://tc tp=1,pp=1,dp=3 && load 3 "$T/tc" tp=1,pp=1,dp=3
+}
+check "async save to two tiers (mem:// and disk) on 4 processes, each loads on 3" \
+    bash -c "$(declare -f tiers load last_ok); MPIEXEC='$MPIEXEC' S='$S' T='$T'; tiers"
+
 # a rank killed during a save: no hang (every process ends within the time limit and a
 # bound), the new checkpoint is either committed and verifies (the kill came after the
 # commit) or not committed, the old checkpoint is intact, gc cleans up

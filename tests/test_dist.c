@@ -108,6 +108,7 @@ typedef struct {
     world *w;
     int rank, save; /* save: 0 load, 1 save, 2 asynchronous save (SAVE_ASYNC) */
     const char *uri; /* per rank: normally the same */
+    const char *uri2; /* SAVE_TIERS: the second destination */
     tu_set *set;
     strata_save_opts so;
     int rc;
@@ -115,7 +116,7 @@ typedef struct {
     strata_stats stats;
 } job;
 
-enum { SAVE_ASYNC = 2, SAVE_OVERLAP = 3 };
+enum { SAVE_ASYNC = 2, SAVE_OVERLAP = 3, SAVE_TIERS = 4 };
 
 /* Overwrites rank r's buffers (the optimizer step after the snapshot). */
 static void poison_rank(tu_set *s, int r)
@@ -173,10 +174,28 @@ static int overlap_save(job *j)
 
 static int sync_saves; /* run_all's saves fsync (for the fault walk) */
 
+/* A lazy save to two destinations: j->uri (tier 0) and j->uri2 (tier 1). */
+static int tiers_save(job *j)
+{
+    strata_handle *h;
+    const char *uris[2] = {j->uri, j->uri2};
+    int rc = strata_save_dist_async_tiers(&h, j->w->comm[j->rank], uris, 2,
+                                          j->set->st[j->rank], &j->so, NULL);
+    if (rc)
+        return rc;
+    rc = strata_wait_snapshot(h);
+    poison_rank(j->set, j->rank);
+    int drc = strata_wait_durable(h, &j->stats);
+    strata_handle_free(h);
+    return drc ? drc : rc;
+}
+
 static void *run_job(void *p)
 {
     job *j = p;
-    if (j->save == SAVE_OVERLAP)
+    if (j->save == SAVE_TIERS)
+        j->rc = tiers_save(j);
+    else if (j->save == SAVE_OVERLAP)
         j->rc = overlap_save(j);
     else if (j->save == SAVE_ASYNC)
         j->rc = async_save(j);
@@ -191,13 +210,16 @@ static void *run_job(void *p)
 }
 
 /* Runs save (or load) on every rank of w, each with uris[r] (or uri); results in jobs. */
+static const char **tier2; /* SAVE_TIERS: each rank's second destination */
+
 static void run_all(world *w, int save, const char *uri, const char **uris, tu_set *set,
                     job *jobs)
 {
     int n = w->h.size;
     pthread_t *th = calloc((size_t)n, sizeof *th);
     for (int r = 0; r < n; r++) {
-        jobs[r] = (job){w, r, save, uris ? uris[r] : uri, set, STRATA_SAVE_OPTS_INIT, 0, "", {0}};
+        jobs[r] = (job){w, r, save, uris ? uris[r] : uri, tier2 ? tier2[r] : NULL, set,
+                        STRATA_SAVE_OPTS_INIT, 0, "", {0}};
         jobs[r].so.no_sync = !sync_saves;
         jobs[r].so.chunk_bytes = 4096;
         jobs[r].so.step = 9;
@@ -445,6 +467,49 @@ static void test_async(void **state)
     world_free(&w);
 }
 
+/* Two tiers: both commit and load; a tier that fails on one rank fails every rank with its
+ * error (naming the destination), is removed, and the other tier is committed. */
+static void test_async_tiers(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 4);
+    job jobs[4];
+    char fast[600], slow[600], bad[700];
+    snprintf(fast, sizeof fast, "%s/tier-fast", base);
+    snprintf(slow, sizeof slow, "%s/tier-slow", base);
+    const char *second[4] = {slow, slow, slow, slow};
+    tier2 = second;
+    tu_set a;
+    layout(&a, 2, 2, 1);
+    run_all(&w, SAVE_TIERS, fast, NULL, &a, jobs);
+    expect_all_ok(jobs, 4);
+    tu_set_free(&a);
+    expect_loads(fast);
+    expect_loads(slow);
+    tu_rmrf(fast);
+    tu_rmrf(slow);
+    /* rank 1 cannot write the second tier */
+    snprintf(bad, sizeof bad, "fault+file://%s?op=write&n=1&errno=EIO", slow);
+    second[1] = bad;
+    layout(&a, 2, 2, 1);
+    run_all(&w, SAVE_TIERS, fast, NULL, &a, jobs);
+    tu_set_free(&a);
+    for (int r = 0; r < 4; r++) {
+        assert_int_equal(jobs[r].rc, STRATA_EIO);
+        if (!strstr(jobs[r].msg, "destination 1") || (r != 1 && !strstr(jobs[r].msg, "rank 1")))
+            fail_msg("rank %d's message names neither the tier nor rank 1: %s", r, jobs[r].msg);
+    }
+    print_message("a failed tier, as rank 0 reports it: %s\n", jobs[0].msg);
+    expect_loads(fast);
+    strata_probe_info pi;
+    assert_ok(strata_probe(slow, &pi));
+    assert_false(pi.committed);
+    assert_false(pi.is_ckpt);
+    tier2 = NULL;
+    world_free(&w);
+}
+
 /* The fault walk of the distributed save (synchronous, or asynchronous): call n of op fails on rank 0 (which
  * also commits) or rank 1, for n = 1, 2, ... until the save succeeds. Every rank must
  * return the same error, nothing may be committed or left behind, and the counts must be
@@ -527,6 +592,7 @@ int main(void)
         cmocka_unit_test(test_rank_failure),
         cmocka_unit_test(test_async),
         cmocka_unit_test(test_save_faults),
+        cmocka_unit_test(test_async_tiers),
     };
     return cmocka_run_group_tests(tests, tu_group_setup, tu_group_teardown);
 }

@@ -217,6 +217,17 @@ static inline uint8_t st_rd_u8(st_rd *r)
     return *r->p++;
 }
 
+static inline uint32_t st_rd_u32(st_rd *r)
+{
+    if (st_rd_left(r) < 4) {
+        st_rd_fail(r, "truncated");
+        return 0;
+    }
+    uint32_t v = st_get_u32(r->p);
+    r->p += 4;
+    return v;
+}
+
 static inline uint64_t st_rd_u64(st_rd *r)
 {
     if (st_rd_left(r) < 8) {

@@ -112,7 +112,7 @@ static void pool_put(strata_pool *p, size_t i)
     pthread_mutex_unlock(&p->mu);
 }
 
-#define MAX_TIERS 8
+#define MAX_TIERS ST_MAX_TIERS
 
 struct strata_handle {
     st_save_plan sp;
@@ -121,7 +121,8 @@ struct strata_handle {
     const st_vfs *v[MAX_TIERS];
     char dir[MAX_TIERS][PATH_MAX];
     st_file **files[MAX_TIERS];
-    int tier_rc[MAX_TIERS]; /* guarded by mu */
+    int tier_rc[MAX_TIERS]; /* guarded by mu, as is tier_msg */
+    char tier_msg[MAX_TIERS][768];
     strata_save_opts o;
     strata_pool *pool;
     int own_pool;
@@ -152,8 +153,10 @@ static void fail(strata_handle *h, int rc, int tier)
         snprintf(h->msg, sizeof h->msg, "%s", strata_error_last());
     }
     for (int t = 0; t < h->ntiers; t++)
-        if ((tier < 0 || t == tier) && !h->tier_rc[t])
+        if ((tier < 0 || t == tier) && !h->tier_rc[t]) {
             h->tier_rc[t] = rc;
+            snprintf(h->tier_msg[t], sizeof h->tier_msg[t], "%s", strata_error_last());
+        }
     pthread_mutex_unlock(&h->mu);
 }
 
@@ -239,7 +242,7 @@ static void *coordinator(void *arg)
         int trc = h->dist ? st_prepare_shared(h->v[t], h->dir[t]) : st_prepare_dir(h->v[t], h->dir[t]);
         prepared[t] = trc == 0;
         if (prepared[t] && h->dist)
-            st_dist_wrote(h->dist);
+            st_dist_wrote(h->dist, t);
         if (!trc && !(h->files[t] = calloc(h->sp.meta->nfiles + 1, sizeof *h->files[t])))
             trc = st_fail(STRATA_ENOMEM, "out of memory");
         if (!trc)
@@ -363,12 +366,13 @@ int st_async_start(strata_handle **out, st_save_plan *sp, const char *const *uri
     memset(sp, 0, sizeof *sp);
     uint32_t chunk = o->chunk_bytes ? o->chunk_bytes : ST_DEFAULT_CHUNK;
     int rc = failed;
-    if (!rc && (ntiers < 1 || ntiers > MAX_TIERS || !uris || (dist && ntiers != 1)))
+    if (!rc && (ntiers < 1 || ntiers > MAX_TIERS || !uris))
         rc = st_fail(STRATA_EINVAL, "a save needs 1 to %d destinations", MAX_TIERS);
-    if (!rc && dist) { /* the distributed save's own backend: one instance for its calls */
-        h->ntiers = 1;
+    if (dist) { /* the distributed save's own backends: one instance each for its calls */
+        h->ntiers = st_dist_tiers(dist);
         h->borrowed = 1;
-        h->v[0] = st_dist_vfs(dist, h->dir[0]);
+        for (int t = 0; t < h->ntiers; t++)
+            h->v[t] = st_dist_vfs(dist, t, h->dir[t]);
     }
     for (int t = 0; t < ntiers && !rc && !dist; t++, h->ntiers++)
         rc = st_vfs_resolve(uris[t], &h->v[t], h->dir[t], sizeof h->dir[t]);
@@ -397,8 +401,7 @@ int st_async_start(strata_handle **out, st_save_plan *sp, const char *const *uri
     if (rc && dist) {
         /* the rank must still take part in the commit's collectives: the handle carries
          * the failure there */
-        h->rc = rc;
-        snprintf(h->msg, sizeof h->msg, "%s", strata_error_last());
+        fail(h, rc, -1);
         h->snap_done = h->durable_done = 1;
         h->no_thread = 1;
         *out = h;
@@ -432,7 +435,13 @@ int strata_wait_durable(strata_handle *h, strata_stats *stats)
     if (h->dist) {
         /* once only: the collectives of the commit; then the outcome is kept */
         if (!h->dist_done) {
-            h->dist_rc = st_dist_finish(h->dist, rc, h->msg, &h->sp, h->lay.nreads, stats);
+            int trc[MAX_TIERS];
+            const char *tmsg[MAX_TIERS];
+            pthread_mutex_lock(&h->mu); /* the threads are done: a snapshot for form's sake */
+            for (int t = 0; t < h->ntiers; t++)
+                trc[t] = h->tier_rc[t], tmsg[t] = h->tier_msg[t];
+            pthread_mutex_unlock(&h->mu);
+            h->dist_rc = st_dist_finish(h->dist, trc, tmsg, &h->sp, h->lay.nreads, stats);
             pthread_mutex_lock(&h->mu);
             if (h->dist_rc) { /* the save's outcome on every rank */
                 h->rc = h->dist_rc;

@@ -294,18 +294,21 @@ static uint64_t plan_hash(const unsigned char *p, size_t n, int P, uint32_t chun
 /* A distributed save between its planning and its commit (the async handle keeps it). */
 struct st_async_dist {
     strata_comm *comm;
-    const st_vfs *vfs;
-    char uri[PATH_MAX], dir[PATH_MAX];
+    int ntiers;
+    char uri[ST_MAX_TIERS][PATH_MAX], dir[ST_MAX_TIERS][PATH_MAX];
+    const st_vfs *vfs[ST_MAX_TIERS];
+    int wrote[ST_MAX_TIERS];
     strata_save_opts o;
     double t0;
-    int all_cached, wrote;
+    int all_cached;
     save_cache *cache; /* the plan (referenced) */
 };
 
 void st_dist_free(st_async_dist *d)
 {
     if (d) {
-        st_vfs_release(d->vfs);
+        for (int t = 0; t < d->ntiers; t++)
+            st_vfs_release(d->vfs[t]);
         save_cache_free(d->cache);
     }
     free(d);
@@ -329,7 +332,9 @@ static int dist_begin(st_async_dist *d, strata_state *local, int prepare_root,
     encode_state(&lp, &view);
     int rc = lp.oom ? st_fail(STRATA_ENOMEM, "out of memory") : st_check_chunk(chunk);
     /* a local error must still take part in the collectives: it travels as a status */
-    int lrc = rc ? rc : st_vfs_resolve(d->uri, &d->vfs, d->dir, sizeof d->dir);
+    int lrc = rc;
+    for (int t = 0; t < d->ntiers && !lrc; t++)
+        lrc = st_vfs_resolve(d->uri[t], &d->vfs[t], d->dir[t], sizeof d->dir[t]);
     snprintf(local_msg, MSG_BYTES, "%s", lrc ? strata_error_last() : "");
     uint64_t h = plan_hash(lp.p, lp.n, P, chunk);
     save_cache *cache = comm->cache_free == save_cache_free ? comm->cache : NULL;
@@ -368,7 +373,7 @@ static int dist_begin(st_async_dist *d, strata_state *local, int prepare_root,
     }
     /* 3. the coordinator prepares the directory; everyone learns the outcome */
     if (me == ROOT && !st.rc && prepare_root) {
-        int prc = lrc ? (st_fail(lrc, "%s", local_msg), lrc) : st_prepare_dir(d->vfs, d->dir);
+        int prc = lrc ? (st_fail(lrc, "%s", local_msg), lrc) : st_prepare_dir(d->vfs[0], d->dir[0]);
         if (prc)
             status_set(&st, prc, ROOT);
     }
@@ -428,99 +433,120 @@ out:
     return rc;
 }
 
-/* Removes this rank's data file (and on rank 0 the metadata) of a failed save. */
-static void dist_cleanup(const st_async_dist *d)
+/* Removes this rank's data file (and on rank 0 the metadata) of a failed save in tier t. */
+static void dist_cleanup(const st_async_dist *d, int t)
 {
     char p[PATH_MAX], name[32];
-    if (st_path_join(p, d->dir, ST_COMMIT_FILE) || d->vfs->stat(d->vfs, p, NULL, NULL) == 0)
+    const st_vfs *v = d->vfs[t];
+    const char *dir = d->dir[t];
+    if (st_path_join(p, dir, ST_COMMIT_FILE) || v->stat(v, p, NULL, NULL) == 0)
         return; /* committed after all, or by another save: never touched */
     snprintf(name, sizeof name, "data-%06d.bin", d->comm->rank);
-    if (st_path_join(p, d->dir, name) == 0)
-        d->vfs->unlink(d->vfs, p);
+    if (st_path_join(p, dir, name) == 0)
+        v->unlink(v, p);
     if (d->comm->rank == ROOT) {
-        if (st_path_join(p, d->dir, ST_META_FILE) == 0)
-            d->vfs->unlink(d->vfs, p);
-        if (st_path_join(p, d->dir, ST_COMMIT_FILE ".tmp") == 0)
-            d->vfs->unlink(d->vfs, p);
+        if (st_path_join(p, dir, ST_META_FILE) == 0)
+            v->unlink(v, p);
+        if (st_path_join(p, dir, ST_COMMIT_FILE ".tmp") == 0)
+            v->unlink(v, p);
     }
 }
 
-int st_dist_finish(st_async_dist *d, int local_rc, const char *local_msg,
+int st_dist_finish(st_async_dist *d, const int *local_rc, const char *const *local_msg,
                    const st_save_plan *mine, uint64_t io_calls, strata_stats *stats)
 {
     strata_comm *comm = d->comm;
-    const int P = comm->size, me = comm->rank;
+    const int P = comm->size, me = comm->rank, T = d->ntiers;
     save_cache *cache = d->cache;
     size_t nsums = 0, *counts = calloc((size_t)P, sizeof *counts);
-    const uint64_t *sums = local_rc ? NULL : mine_sums(mine, &nsums);
-    unsigned char *sums_all = NULL;
-    status_block st = {0};
+    int any_ok = 0;
+    for (int t = 0; t < T; t++)
+        any_ok |= local_rc[t] == 0;
+    const uint64_t *sums = any_ok ? mine_sums(mine, &nsums) : NULL;
+    unsigned char *reports = NULL;
+    status_block st[ST_MAX_TIERS];
+    memset(st, 0, sizeof st);
     int rc;
     if (!counts)
         return st_fail(STRATA_ENOMEM, "out of memory");
-    if (local_rc)
+    if (!any_ok)
         nsums = 0;
-    /* 5. status and checksums to the coordinator */
+    /* 5. each tier's status, and the checksums (the same bytes went to every tier) */
     st_buf rep = {0};
-    st_buf_u32(&rep, (uint32_t)local_rc);
-    st_buf_str(&rep, local_rc ? local_msg : "-");
+    for (int t = 0; t < T; t++) {
+        st_buf_u32(&rep, (uint32_t)local_rc[t]);
+        st_buf_str(&rep, local_rc[t] ? local_msg[t] : "-");
+    }
     st_buf_var(&rep, nsums);
     for (size_t i = 0; i < nsums; i++)
         st_buf_u64(&rep, sums[i]);
     rc = rep.oom ? st_fail(STRATA_ENOMEM, "out of memory")
-                 : st_gatherv(comm, rep.p, rep.n, ROOT, &sums_all, counts);
+                 : st_gatherv(comm, rep.p, rep.n, ROOT, &reports, counts);
     free(rep.p);
     if (rc)
         goto out;
 
-    /* 6. the coordinator commits only if every rank succeeded */
+    /* 6. the coordinator commits each tier in which every rank succeeded */
     if (me == ROOT) {
         size_t off = 0;
-        for (int r = 0; r < P && !st.rc; r++) {
-            st_rd rd = {.p = sums_all + off, .end = sums_all + off + counts[r]};
+        for (int r = 0; r < P; r++) {
+            st_rd rd = {.p = reports + off, .end = reports + off + counts[r]};
             off += counts[r];
-            int32_t prc = (int32_t)st_get_u32(rd.p);
-            rd.p += 4;
-            st_arena tmp = {0};
-            char *msg = st_rd_str(&rd, &tmp, MSG_BYTES);
-            if (prc) {
-                st.rc = prc;
-                st.rank = r;
-                snprintf(st.msg, sizeof st.msg, "%s", msg ? msg : "failed");
+            int rank_ok = 0;
+            for (int t = 0; t < T; t++) {
+                int32_t prc = (int32_t)st_rd_u32(&rd);
+                st_arena tmp = {0};
+                char *msg = st_rd_str(&rd, &tmp, MSG_BYTES);
+                if (prc && !st[t].rc) {
+                    st[t].rc = prc;
+                    st[t].rank = r;
+                    snprintf(st[t].msg, sizeof st[t].msg, "%s", msg ? msg : "failed");
+                }
+                rank_ok |= prc == 0;
+                st_arena_free(&tmp);
             }
-            st_arena_free(&tmp);
-            if (prc)
-                break;
             uint64_t k = st_rd_var(&rd), at = 0;
-            for (size_t q = cache->rank0[r]; q < cache->rank0[r + 1] && !rd.err; q++) {
+            for (size_t q = cache->rank0[r]; rank_ok && q < cache->rank0[r + 1] && !rd.err; q++) {
                 st_extent *e = cache->sp.pieces[cache->by_rank[q]].ext;
                 uint64_t nc = st_nchunks(e->bytes, cache->sp.meta->chunk);
                 for (uint64_t c = 0; c < nc && at < k; c++, at++)
                     e->sums[c] = st_rd_u64(&rd);
             }
-            if (rd.err || at != k) {
-                st.rc = STRATA_EINVAL;
-                st.rank = r;
-                snprintf(st.msg, sizeof st.msg, "rank %d sent %llu checksums, not the plan's",
-                         r, (unsigned long long)k);
-            }
+            if (rank_ok && (rd.err || at != k))
+                for (int t = 0; t < T; t++)
+                    if (!st[t].rc) {
+                        st[t].rc = STRATA_EINVAL;
+                        st[t].rank = r;
+                        snprintf(st[t].msg, sizeof st[t].msg,
+                                 "rank %d sent %llu checksums, not the plan's", r,
+                                 (unsigned long long)k);
+                    }
         }
-        if (!st.rc) {
-            cache->sp.meta->step = d->o.step;
+        cache->sp.meta->step = d->o.step;
+        for (int t = 0; t < T; t++) {
+            if (st[t].rc)
+                continue;
             /* without a prepared directory (an asynchronous save), check it now */
-            int crc = st_clear_stale(d->vfs, d->dir, &cache->sp);
-            if (!crc && (crc = st_commit_dir(d->vfs, d->dir, cache->sp.meta, !d->o.no_sync)))
-                st_uncommit(d->vfs, d->dir); /* this save's record, if it got that far */
+            int crc = st_clear_stale(d->vfs[t], d->dir[t], &cache->sp);
+            if (!crc && (crc = st_commit_dir(d->vfs[t], d->dir[t], cache->sp.meta, !d->o.no_sync)))
+                st_uncommit(d->vfs[t], d->dir[t]); /* this save's record, if it got that far */
             if (crc)
-                status_set(&st, crc, ROOT);
+                status_set(&st[t], crc, ROOT);
         }
     }
-    if ((rc = st_bcast(comm, &st, sizeof st, ROOT)))
+    if ((rc = st_bcast(comm, st, (size_t)T * sizeof st[0], ROOT)))
         goto out;
-    if (st.rc) {
-        rc = status_raise(&st, me);
+    /* nothing committed in a failed tier: each rank removes what it wrote there (only if
+     * it wrote for this save: never a committed checkpoint's files) */
+    for (int t = 0; t < T; t++)
+        if (st[t].rc && d->wrote[t] && !comm->broken)
+            dist_cleanup(d, t);
+    for (int t = 0; t < T && !rc; t++)
+        if (st[t].rc)
+            rc = T > 1 ? st_wrap(status_raise(&st[t], me), "destination %d (%s)", t, d->uri[t])
+                       : status_raise(&st[t], me);
+    if (rc)
         goto out;
-    }
     if (stats) {
         uint64_t mine_b = mine->meta ? mine->meta->data_bytes : 0, *every = malloc((size_t)P * 8);
         *stats = (strata_stats){.bytes = mine_b, .io_calls = io_calls,
@@ -536,52 +562,55 @@ int st_dist_finish(st_async_dist *d, int local_rc, const char *local_msg,
         stats->seconds = st_now() - d->t0;
     }
 out:
-    /* nothing was committed: each rank removes what it wrote (only if it wrote for this
-     * save: never a committed checkpoint's files) */
-    if (rc && d->wrote && d->vfs && !comm->broken)
-        dist_cleanup(d);
-    if (rc && comm->cache_free == save_cache_free && comm->broken) {
+    /* after a failed collective rank 0 may have committed: nothing is removed, and the
+     * layout is unknown */
+    if (rc && comm->broken && comm->cache_free == save_cache_free) {
         save_cache_free(comm->cache);
         comm->cache = NULL;
         comm->cache_free = NULL;
     }
-    free(sums_all);
+    free(reports);
     free(counts);
     return rc;
 }
 
-static int dist_new(st_async_dist **out, strata_comm *comm, const char *uri,
-                    strata_state *local, const strata_save_opts *opts)
+static int dist_new(st_async_dist **out, strata_comm *comm, const char *const *uris,
+                    int ntiers, strata_state *local, const strata_save_opts *opts)
 {
     *out = NULL;
     strata_save_opts def = STRATA_SAVE_OPTS_INIT;
     const strata_save_opts *o = opts ? opts : &def;
-    if (!comm || !local || !uri)
+    if (!comm || !local || !uris)
         return st_fail(STRATA_EINVAL, "a distributed save needs a communicator, a URI and a "
                                       "state");
+    if (ntiers < 1 || ntiers > ST_MAX_TIERS)
+        return st_fail(STRATA_EINVAL, "a save needs 1 to %d destinations", ST_MAX_TIERS);
     if (o->version != STRATA_SAVE_OPTS_VERSION)
         return st_fail(STRATA_EINVAL, "strata_save_opts.version %d is not %d", o->version,
                        STRATA_SAVE_OPTS_VERSION);
-    if (strlen(uri) >= PATH_MAX)
-        return st_fail(STRATA_EINVAL, "URI too long");
+    for (int t = 0; t < ntiers; t++)
+        if (!uris[t] || strlen(uris[t]) >= PATH_MAX)
+            return st_fail(STRATA_EINVAL, "destination %d: no URI, or one too long", t);
     st_async_dist *d = calloc(1, sizeof *d);
     if (!d)
         return st_fail(STRATA_ENOMEM, "out of memory");
     d->comm = comm;
     d->o = *o;
     d->t0 = st_now();
-    strcpy(d->uri, uri);
+    d->ntiers = ntiers;
+    for (int t = 0; t < ntiers; t++)
+        strcpy(d->uri[t], uris[t]);
     *out = d;
     return 0;
 }
 
 /* dist_new + dist_begin. 0: *d and *mine are this save's (a local failure in *local_rc,
  * message in local_msg); else the collective's error, and nothing to free. */
-static int dist_start(st_async_dist **d, strata_comm *comm, const char *uri,
-                      strata_state *local, const strata_save_opts *opts, int prepare_root,
-                      st_save_plan *mine, int *local_rc, char *local_msg)
+static int dist_start(st_async_dist **d, strata_comm *comm, const char *const *uris,
+                      int ntiers, strata_state *local, const strata_save_opts *opts,
+                      int prepare_root, st_save_plan *mine, int *local_rc, char *local_msg)
 {
-    int rc = dist_new(d, comm, uri, local, opts);
+    int rc = dist_new(d, comm, uris, ntiers, local, opts);
     if (rc)
         return rc;
     st_clear_error();
@@ -601,48 +630,56 @@ int strata_save_dist(strata_comm *comm, const char *uri, strata_state *local,
     int local_rc;
     char local_msg[MSG_BYTES];
     uint64_t io_calls = 0;
-    int rc = dist_start(&d, comm, uri, local, opts, 1, &mine, &local_rc, local_msg);
+    int rc = dist_start(&d, comm, &uri, 1, local, opts, 1, &mine, &local_rc, local_msg);
     if (rc)
         return rc;
     /* 4. every rank writes its own data file */
-    d->wrote = 1;
-    if (!local_rc && (local_rc = st_write_data(d->vfs, d->dir, &mine, &d->o, &io_calls)))
+    d->wrote[0] = 1;
+    if (!local_rc && (local_rc = st_write_data(d->vfs[0], d->dir[0], &mine, &d->o, &io_calls)))
         snprintf(local_msg, sizeof local_msg, "%s", strata_error_last());
-    rc = st_dist_finish(d, local_rc, local_msg, &mine, io_calls, stats);
+    const char *msg = local_msg;
+    rc = st_dist_finish(d, &local_rc, &msg, &mine, io_calls, stats);
     st_save_plan_free(&mine);
     st_dist_free(d);
     return rc;
 }
 
-int strata_save_dist_async(strata_handle **out, strata_comm *comm, const char *uri,
-                           strata_state *local, const strata_save_opts *opts,
-                           strata_pool *pool)
+int strata_save_dist_async_tiers(strata_handle **out, strata_comm *comm,
+                                 const char *const *uris, int ntiers, strata_state *local,
+                                 const strata_save_opts *opts, strata_pool *pool)
 {
     *out = NULL;
     st_async_dist *d;
     st_save_plan mine;
     int local_rc;
     char local_msg[MSG_BYTES];
-    int rc = dist_start(&d, comm, uri, local, opts, 0, &mine, &local_rc, local_msg);
+    int rc = dist_start(&d, comm, uris, ntiers, local, opts, 0, &mine, &local_rc, local_msg);
     if (rc)
         return rc;
     if (local_rc) { /* a local failure: the handle carries it into st_dist_finish */
         st_save_plan_free(&mine);
         st_fail(local_rc, "%s", local_msg);
     }
-    return st_async_start(out, &mine, &uri, 1, &d->o, pool, d, local_rc);
+    return st_async_start(out, &mine, uris, ntiers, &d->o, pool, d, local_rc);
 }
 
-const st_vfs *st_dist_vfs(st_async_dist *d, char *dir)
+int strata_save_dist_async(strata_handle **out, strata_comm *comm, const char *uri,
+                           strata_state *local, const strata_save_opts *opts,
+                           strata_pool *pool)
 {
-    strcpy(dir, d->dir);
-    return d->vfs;
+    return strata_save_dist_async_tiers(out, comm, &uri, 1, local, opts, pool);
 }
 
-void st_dist_wrote(st_async_dist *d)
+int st_dist_tiers(const st_async_dist *d) { return d->ntiers; }
+
+const st_vfs *st_dist_vfs(st_async_dist *d, int t, char *dir)
 {
-    d->wrote = 1;
+    strcpy(dir, d->dir[t]);
+    return d->vfs[t];
 }
+
+void st_dist_wrote(st_async_dist *d, int t) { d->wrote[t] = 1; }
+
 /* ---- load ---- */
 
 typedef struct {

@@ -73,18 +73,22 @@ int st_prepare_shared(const st_vfs *v, const char *dir);
 
 /* ---- asynchronous saves (async.c) ---- */
 
+#define ST_MAX_TIERS 8 /* destinations of one save */
+
 /* The part of an asynchronous save that is a distributed one's (dist.c): after this
  * rank's writes, strata_wait_durable calls st_dist_finish (a collective) with their
  * outcome; it gathers every rank's, and rank 0 commits. */
 typedef struct st_async_dist st_async_dist;
-int st_dist_finish(st_async_dist *d, int local_rc, const char *local_msg,
+/* rc[t], msg[t]: this rank's outcome for each destination (tier) t of d. */
+int st_dist_finish(st_async_dist *d, const int *rc, const char *const *msg,
                    const st_save_plan *mine, uint64_t io_calls, strata_stats *stats);
 void st_dist_free(st_async_dist *d);
-/* Marks that this rank prepared the directory for this save and may write its data file
- * (so that a failure removes it). */
-void st_dist_wrote(st_async_dist *d);
-/* The backend (owned by d) and directory (into dir, PATH_MAX) of a distributed save. */
-const st_vfs *st_dist_vfs(st_async_dist *d, char *dir);
+int st_dist_tiers(const st_async_dist *d);
+/* Marks that this rank prepared tier t's directory for this save and may write its data
+ * file there (so that a failure removes it). */
+void st_dist_wrote(st_async_dist *d, int t);
+/* The backend (owned by d) and directory (into dir, PATH_MAX) of tier t. */
+const st_vfs *st_dist_vfs(st_async_dist *d, int t, char *dir);
 /* Starts an asynchronous save of sp (taken over by the handle, also on failure) to the
  * destinations. With dist (taken over too), sp is one rank's part of a distributed save:
  * its directory is prepared with st_prepare_shared, the commit is st_dist_finish's, and
