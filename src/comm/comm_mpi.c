@@ -4,6 +4,7 @@
  * (MPI_ERRORS_RETURN on a private duplicate of the caller's communicator). */
 #include <limits.h>
 #include <mpi.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -25,10 +26,13 @@ static int mpi_err(int e, const char *what)
     return st_fail(STRATA_EABORTED, "MPI %s: %s", what, s);
 }
 
-/* Polls req until done or the time limit passes. */
+/* Polls req until done or the time limit passes. MPI progresses a transfer only inside
+ * its calls, so the first second polls back to back (yielding the core to other ranks on
+ * it); after that the wait is for a slow or dead peer, and polls back off to 1 ms apart. */
 static int wait_for(mpi_ctx *m, MPI_Request *req, const char *what)
 {
-    double limit = m->owner->timeout_ms > 0 ? st_now() + m->owner->timeout_ms / 1000.0 : 0;
+    double t0 = st_now();
+    double limit = m->owner->timeout_ms > 0 ? t0 + m->owner->timeout_ms / 1000.0 : 0;
     long sleep_ns = 1000;
     for (;;) {
         int done = 0;
@@ -37,11 +41,16 @@ static int wait_for(mpi_ctx *m, MPI_Request *req, const char *what)
             return mpi_err(e, what);
         if (done)
             return 0;
-        if (limit && st_now() > limit)
+        double now = st_now();
+        if (limit && now > limit)
             return st_fail(STRATA_EABORTED,
                            "MPI %s: no answer from the other ranks within %d ms (a rank died "
                            "or stopped)",
                            what, m->owner->timeout_ms);
+        if (now - t0 < 1.0) {
+            sched_yield();
+            continue;
+        }
         struct timespec ts = {0, sleep_ns};
         nanosleep(&ts, NULL);
         if (sleep_ns < 1000000)

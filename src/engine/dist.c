@@ -793,6 +793,19 @@ static int cmp_order(const void *a, const void *b, void *ctx)
 }
 
 /* The reads and exchanges, in rounds of up to `per_round` reads per rank. */
+/* A scratch buffer of at least n bytes in place of buf (capacity *cap); NULL if out of
+ * memory (buf is given back either way). */
+static unsigned char *grow(unsigned char *buf, size_t *cap, size_t n)
+{
+    if (buf)
+        st_scratch_put(buf, *cap);
+    *cap = ST_MAX(n, (size_t)1 << 20);
+    buf = st_scratch_get(*cap);
+    if (!buf)
+        *cap = 0;
+    return buf;
+}
+
 static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_load_plan *p,
                            const strata_load_opts *o, uint64_t max_io, uint64_t *my_bytes)
 {
@@ -809,7 +822,8 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_load_pla
     char **bufs = calloc((size_t)per_round, sizeof *bufs);
     st_file **files = NULL;
     int32_t *sts = malloc((size_t)P * sizeof *sts);
-    size_t bufsize = st_read_buf_bytes(p->meta, max_io), rounds = 0;
+    size_t bufsize = st_read_buf_bytes(p->meta, max_io), rounds = 0, scap = 0, rcap = 0;
+    unsigned char *sbuf = NULL, *rbuf = NULL;
     int rc = 0;
     if (!reader || !mine || !round_of || !order || !count || !sc || !rc_ || !bytes || !cur || !bufs || !sts) {
         rc = st_fail(STRATA_ENOMEM, "out of memory");
@@ -887,10 +901,9 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_load_pla
         }
         for (int r = 0; r < P; r++)
             rtot += rc_[r];
-        unsigned char *sbuf = malloc(stot + 1), *rbuf = malloc(rtot + 1);
-        if (!sbuf || !rbuf) {
-            free(sbuf);
-            free(rbuf);
+        /* the exchange buffers are reused across rounds: fresh pages cost a first touch */
+        if ((stot > scap && !(sbuf = grow(sbuf, &scap, stot))) ||
+            (rtot > rcap && !(rbuf = grow(rbuf, &rcap, rtot)))) {
             rc = st_fail(STRATA_ENOMEM, "out of memory");
             goto out; /* the others then time out: memory is gone anyway */
         }
@@ -916,8 +929,6 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_load_pla
                 }
         }
         next = end;
-        free(sbuf);
-        free(rbuf);
         if (rc)
             goto out;
     }
@@ -926,6 +937,10 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_load_pla
 out:
     for (int k = 0; bufs && k < per_round; k++)
         st_scratch_put(bufs[k], bufsize);
+    if (sbuf)
+        st_scratch_put(sbuf, scap);
+    if (rbuf)
+        st_scratch_put(rbuf, rcap);
     if (files)
         st_close_data_files(d, p, files);
     free(reader);
