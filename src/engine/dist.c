@@ -799,7 +799,9 @@ static unsigned char *grow(unsigned char *buf, size_t *cap, size_t n)
 {
     if (buf)
         st_scratch_put(buf, *cap);
-    *cap = ST_MAX(n, (size_t)1 << 20);
+    *cap = (size_t)1 << 20; /* powers of two: sizes that repeat, for the scratch cache */
+    while (*cap < n)
+        *cap *= 2;
     buf = st_scratch_get(*cap);
     if (!buf)
         *cap = 0;

@@ -104,11 +104,13 @@ void *st_aligned_alloc(size_t n)
 /* ---- scratch buffer cache ---- */
 
 #define SCRATCH_KEEP 8
+#define SCRATCH_BYTES ((size_t)64 << 20) /* kept between calls, at most */
 static pthread_mutex_t scratch_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct {
     void *p;
     size_t n;
 } scratch[SCRATCH_KEEP];
+static size_t scratch_bytes; /* held in scratch[] */
 
 void *st_scratch_get(size_t n)
 {
@@ -117,6 +119,7 @@ void *st_scratch_get(size_t n)
         if (scratch[i].p && scratch[i].n == n) {
             void *p = scratch[i].p;
             scratch[i].p = NULL;
+            scratch_bytes -= n;
             pthread_mutex_unlock(&scratch_mu);
             return p;
         }
@@ -129,10 +132,11 @@ void st_scratch_put(void *p, size_t n)
     if (!p)
         return;
     pthread_mutex_lock(&scratch_mu);
-    for (int i = 0; i < SCRATCH_KEEP; i++)
+    for (int i = 0; i < SCRATCH_KEEP && scratch_bytes + n <= SCRATCH_BYTES; i++)
         if (!scratch[i].p) {
             scratch[i].p = p;
             scratch[i].n = n;
+            scratch_bytes += n;
             p = NULL;
             break;
         }

@@ -18,8 +18,9 @@ int st_io_threads(int asked);
 void *st_aligned_alloc(size_t n);
 
 /* Reused, pre-faulted aligned scratch buffers (first touch of fresh memory is slow):
- * get returns a buffer of at least n bytes; put gives it back for later calls. A few are
- * kept process-wide; the rest are freed. Thread-safe. */
+ * get returns a buffer of at least n bytes (one of exactly n bytes if one is kept); put gives
+ * it back for later calls. Up to 8 buffers and 64 MiB are kept process-wide; the rest are
+ * freed. Thread-safe. */
 void *st_scratch_get(size_t n);
 void st_scratch_put(void *p, size_t n);
 
