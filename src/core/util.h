@@ -217,26 +217,28 @@ static inline uint8_t st_rd_u8(st_rd *r)
     return *r->p++;
 }
 
+/* The next n bytes (NULL if fewer are left: the reader fails). */
+static inline const unsigned char *st_rd_take(st_rd *r, size_t n)
+{
+    if (st_rd_left(r) < n) {
+        st_rd_fail(r, "truncated");
+        return NULL;
+    }
+    const unsigned char *p = r->p;
+    r->p += n;
+    return p;
+}
+
 static inline uint32_t st_rd_u32(st_rd *r)
 {
-    if (st_rd_left(r) < 4) {
-        st_rd_fail(r, "truncated");
-        return 0;
-    }
-    uint32_t v = st_get_u32(r->p);
-    r->p += 4;
-    return v;
+    const unsigned char *p = st_rd_take(r, 4);
+    return p ? st_get_u32(p) : 0;
 }
 
 static inline uint64_t st_rd_u64(st_rd *r)
 {
-    if (st_rd_left(r) < 8) {
-        st_rd_fail(r, "truncated");
-        return 0;
-    }
-    uint64_t v = st_get_u64(r->p);
-    r->p += 8;
-    return v;
+    const unsigned char *p = st_rd_take(r, 8);
+    return p ? st_get_u64(p) : 0;
 }
 
 /* A string of 1..max bytes with no NUL, copied into the arena (NULL on error). */

@@ -416,6 +416,20 @@ typedef struct {
     uint64_t fs, fe;
 } box_group;
 
+/* The spans along dim d of the hulls of box groups g[0..ng) (a box, with the flat range
+ * of all its shards), sorted into v. */
+static void group_spans(const st_mtensor *t, const size_t *idx, const box_group *g, size_t ng,
+                        int d, span0 *v)
+{
+    for (size_t k = 0; k < ng; k++) {
+        const st_mshard *s = &t->shards[idx[g[k].start]];
+        st_region r = {t->ndim, s->off, s->len, g[k].fs, g[k].fe};
+        v[k].idx = k;
+        span_of(&r, d, &v[k].lo, &v[k].hi);
+    }
+    qsort(v, ng, sizeof *v, cmp_span0);
+}
+
 /* Shards idx[0..n) that no dim separates. v, groups: scratch of n. */
 static int check_leaf(const st_mtensor *t, size_t *idx, size_t n, span0 *v, box_group *g)
 {
@@ -445,26 +459,14 @@ static int check_leaf(const st_mtensor *t, size_t *idx, size_t n, span0 *v, box_
     int best = 0;
     uint64_t best_pairs = UINT64_MAX;
     for (int d = 0; d < t->ndim && best_pairs > 0; d++) {
-        for (size_t k = 0; k < ng; k++) {
-            const st_mshard *s = &t->shards[idx[g[k].start]];
-            st_region r = {t->ndim, s->off, s->len, g[k].fs, g[k].fe};
-            v[k].idx = k;
-            span_of(&r, d, &v[k].lo, &v[k].hi);
-        }
-        qsort(v, ng, sizeof *v, cmp_span0);
+        group_spans(t, idx, g, ng, d, v);
         uint64_t pairs = sweep_pairs(v, ng);
         if (pairs < best_pairs) {
             best_pairs = pairs;
             best = d;
         }
     }
-    for (size_t k = 0; k < ng; k++) {
-        const st_mshard *s = &t->shards[idx[g[k].start]];
-        st_region r = {t->ndim, s->off, s->len, g[k].fs, g[k].fe};
-        v[k].idx = k;
-        span_of(&r, best, &v[k].lo, &v[k].hi);
-    }
-    qsort(v, ng, sizeof *v, cmp_span0);
+    group_spans(t, idx, g, ng, best, v);
     for (size_t i = 0; i < ng; i++) {
         const box_group *a = &g[v[i].idx];
         const st_mshard *as = &t->shards[idx[a->start]];
