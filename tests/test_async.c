@@ -1,6 +1,10 @@
 /* test_async.c - strata_save_async: the snapshot is taken before wait_snapshot returns
  * (poisoning the sources afterwards changes nothing), saves overlap on one pool, a pool
  * smaller than a shard works, errors travel on the handle. */
+#include <dirent.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+
 #include "testutil.h"
 
 static char base_dir[512];
@@ -229,6 +233,86 @@ static void test_tiers(void **state)
     unsetenv("STRATA_MEM_ROOT");
 }
 
+/* The nice values of this process's threads other than the caller's (Linux /proc), into
+ * seen[]; returns how many. */
+static int thread_nices(long *seen, int cap)
+{
+    char self[32];
+    snprintf(self, sizeof self, "%ld", (long)syscall(SYS_gettid));
+    DIR *d = opendir("/proc/self/task");
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d)) && n < cap;) {
+        if (e->d_name[0] == '.' || strcmp(e->d_name, self) == 0)
+            continue;
+        char p[300], buf[1024];
+        snprintf(p, sizeof p, "/proc/self/task/%s/stat", e->d_name);
+        FILE *f = fopen(p, "r");
+        if (!f)
+            continue; /* the thread ended */
+        size_t len = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[len] = 0;
+        char *q = strrchr(buf, ')'); /* then state (field 3) ... nice (field 19) */
+        int field = 2;
+        for (char *t = q ? strtok(q + 1, " ") : NULL; t; t = strtok(NULL, " "))
+            if (++field == 19) {
+                seen[n++] = atol(t);
+                break;
+            }
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* The save's threads run at the caller's nice + bg_nice (7 here), the flushers too (they
+ * inherit it: not 7 twice); the caller's own thread is untouched. */
+static void test_background_nice(void **state)
+{
+    (void)state;
+    char ck[600];
+    snprintf(ck, sizeof ck, "%s/nice", base_dir);
+    size_t n = (size_t)64 << 20;
+    unsigned char *x = malloc(n);
+    memset(x, 3, n);
+    uint64_t shape[1] = {n};
+    strata_state *st;
+    assert_ok(strata_state_new(&st));
+    strata_shard sh = {.name = "x", .dtype = STRATA_U8, .ndim = 1, .global_shape = shape, .data = x};
+    assert_ok(strata_state_add_shard(st, &sh));
+    strata_pool *pool;
+    assert_ok(strata_pool_new(&pool, 1 << 20)); /* a slow snapshot: back-pressure */
+    strata_save_opts o = STRATA_SAVE_OPTS_INIT;
+    o.bg_nice = 7;
+    o.chunk_bytes = 64 << 10;
+    o.no_sync = 1;
+    errno = 0;
+    int base = getpriority(PRIO_PROCESS, 0);
+    strata_handle *h;
+    assert_ok(strata_save_async(&h, ck, &st, 1, &o, pool));
+    int found = 0, bad = 0;
+    long seen[64];
+    /* every 1 ms for 200 ms (the save takes longer): the coordinator and the flushers at
+     * base + 7, nothing at any other value but base (a thread not yet reniced) */
+    for (int sample = 0; sample < 200 && !bad; sample++) {
+        int k = thread_nices(seen, 64), at7 = 0;
+        for (int i = 0; i < k; i++) {
+            at7 += seen[i] == base + 7;
+            bad += seen[i] != base + 7 && seen[i] != base;
+        }
+        found = ST_MAX(found, at7);
+        usleep(1000);
+    }
+    assert_ok(strata_wait_durable(h, NULL));
+    strata_handle_free(h);
+    assert_int_equal(bad, 0);
+    assert_true(found >= 2);
+    assert_int_equal(getpriority(PRIO_PROCESS, 0), base);
+    strata_pool_free(pool);
+    strata_state_free(st);
+    free(x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -236,6 +320,7 @@ int main(void)
         cmocka_unit_test(test_overlapping_saves),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_tiers),
+        cmocka_unit_test(test_background_nice),
     };
     return cmocka_run_group_tests(tests, tu_group_setup, tu_group_teardown);
 }

@@ -194,10 +194,9 @@ static void bg_nice(const strata_handle *h)
         setpriority(PRIO_PROCESS, tid, cur + n > 19 ? 19 : cur + n);
 }
 
-static void *flusher(void *arg)
+static void *flusher(void *arg) /* started by the coordinator: inherits its nice value */
 {
     strata_handle *h = arg;
-    bg_nice(h);
     for (;;) {
         pthread_mutex_lock(&h->mu);
         while (!h->q_len && !h->q_closed)
