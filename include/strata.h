@@ -147,8 +147,9 @@ typedef struct strata_save_opts {
     int io_threads;        /* 0 = default (4, or $STRATA_IO_THREADS) */
     int no_sync;           /* 1 = skip fsync (tests only: NOT crash safe) */
     int no_direct;         /* 1 = never use O_DIRECT */
-    /* asynchronous saves: niceness added to their background threads (Linux), so that
-     * they yield the CPU to the training loop; 0 = default (10), -1 = none */
+    /* asynchronous saves (Linux): niceness added to the thread that takes the snapshot
+     * (0 = default 10); its writer threads run at 19. They yield the CPU to the training
+     * loop. -1 = leave both at the caller's. */
     int bg_nice;
 } strata_save_opts;
 #define STRATA_SAVE_OPTS_INIT {STRATA_SAVE_OPTS_VERSION, 0, 0, 0, 0, 0, 0}

@@ -179,10 +179,12 @@ static int tier_failed(strata_handle *h, int t)
     return rc;
 }
 
-/* Lowers the calling background thread's priority by the save's bg_nice (Linux threads
- * have their own nice values): the training loop keeps its cores, and idle cores still
- * run the save at full speed. */
-static void bg_nice(const strata_handle *h)
+/* Lowers the calling background thread's priority (Linux threads have their own nice
+ * values): the coordinator, whose snapshot the caller may wait for, by the save's bg_nice;
+ * the flushers, whose writes only have to end before the next save and mostly wait for
+ * the disk, to the lowest (19). The training loop keeps its cores; idle cores still run
+ * the save at full speed. */
+static void bg_nice(const strata_handle *h, int flusher)
 {
     int n = h->o.bg_nice ? h->o.bg_nice : 10;
     if (n < 0)
@@ -191,12 +193,13 @@ static void bg_nice(const strata_handle *h)
     errno = 0;
     int cur = getpriority(PRIO_PROCESS, tid);
     if (cur != -1 || errno == 0)
-        setpriority(PRIO_PROCESS, tid, cur + n > 19 ? 19 : cur + n);
+        setpriority(PRIO_PROCESS, tid, flusher || cur + n > 19 ? 19 : cur + n);
 }
 
-static void *flusher(void *arg) /* started by the coordinator: inherits its nice value */
+static void *flusher(void *arg)
 {
     strata_handle *h = arg;
+    bg_nice(h, 1);
     for (;;) {
         pthread_mutex_lock(&h->mu);
         while (!h->q_len && !h->q_closed)
@@ -235,7 +238,7 @@ static void set_flag(strata_handle *h, int *flag)
 static void *coordinator(void *arg)
 {
     strata_handle *h = arg;
-    bg_nice(h);
+    bg_nice(h, 0);
     int prepared[MAX_TIERS] = {0}, started = 0, rc = 0;
     for (int t = 0; t < h->ntiers; t++) {
         int trc = h->dist ? st_prepare_shared(h->v[t], h->dir[t]) : st_prepare_dir(h->v[t], h->dir[t]);
