@@ -293,7 +293,7 @@ static void test_background_nice(void **state)
     int coord = 0, flushers = 0, bad = 0;
     long seen[64];
     /* every 1 ms for 200 ms (the save takes longer): nothing at any other value but base
-     * (a thread not yet reniced) */
+     * (a thread not yet reniced; a flusher starts at the coordinator's value) */
     for (int sample = 0; sample < 200 && !bad; sample++) {
         int k = thread_nices(seen, 64), c = 0, f = 0;
         for (int i = 0; i < k; i++) {
@@ -308,7 +308,7 @@ static void test_background_nice(void **state)
     assert_ok(strata_wait_durable(h, NULL));
     strata_handle_free(h);
     assert_int_equal(bad, 0);
-    assert_int_equal(coord, 1);
+    assert_true(coord >= 1); /* flushers too, for an instant: they inherit it, then drop */
     assert_true(flushers >= 1);
     assert_int_equal(getpriority(PRIO_PROCESS, 0), base);
     strata_pool_free(pool);
