@@ -112,17 +112,15 @@ static void pool_put(strata_pool *p, size_t i)
     pthread_mutex_unlock(&p->mu);
 }
 
-#define MAX_TIERS ST_MAX_TIERS
-
 struct strata_handle {
     st_save_plan sp;
     st_load_plan lay;
     int ntiers;
-    const st_vfs *v[MAX_TIERS];
-    char dir[MAX_TIERS][PATH_MAX];
-    st_file **files[MAX_TIERS];
-    int tier_rc[MAX_TIERS]; /* guarded by mu, as is tier_msg */
-    char tier_msg[MAX_TIERS][768];
+    const st_vfs *v[ST_MAX_TIERS];
+    char dir[ST_MAX_TIERS][PATH_MAX];
+    st_file **files[ST_MAX_TIERS];
+    int tier_rc[ST_MAX_TIERS]; /* guarded by mu, as is tier_msg */
+    char tier_msg[ST_MAX_TIERS][768];
     strata_save_opts o;
     strata_pool *pool;
     int own_pool;
@@ -140,7 +138,6 @@ struct strata_handle {
     st_async_dist *dist; /* a distributed save's part: committed in wait_durable */
     int dist_done, dist_rc;
     int no_thread; /* failed before the coordinator started */
-    int borrowed;  /* v[0] is the distributed save's */
 };
 
 /* Records the first failure of the save (message from this thread); tier >= 0 also
@@ -239,7 +236,7 @@ static void *coordinator(void *arg)
 {
     strata_handle *h = arg;
     bg_nice(h, 0);
-    int prepared[MAX_TIERS] = {0}, started = 0, rc = 0;
+    int prepared[ST_MAX_TIERS] = {0}, started = 0, rc = 0;
     for (int t = 0; t < h->ntiers; t++) {
         int trc = h->dist ? st_prepare_shared(h->v[t], h->dir[t]) : st_prepare_dir(h->v[t], h->dir[t]);
         prepared[t] = trc == 0;
@@ -309,7 +306,7 @@ static void handle_free(strata_handle *h)
     st_save_plan_free(&h->sp);
     st_load_plan_free(&h->lay);
     for (int t = 0; t < h->ntiers; t++) {
-        if (!h->borrowed)
+        if (!h->dist) /* a distributed save's backends are its own */
             st_vfs_release(h->v[t]);
         free(h->files[t]);
     }
@@ -368,11 +365,10 @@ int st_async_start(strata_handle **out, st_save_plan *sp, const char *const *uri
     memset(sp, 0, sizeof *sp);
     uint32_t chunk = o->chunk_bytes ? o->chunk_bytes : ST_DEFAULT_CHUNK;
     int rc = failed;
-    if (!rc && (ntiers < 1 || ntiers > MAX_TIERS || !uris))
-        rc = st_fail(STRATA_EINVAL, "a save needs 1 to %d destinations", MAX_TIERS);
+    if (!rc && (ntiers < 1 || ntiers > ST_MAX_TIERS || !uris))
+        rc = st_fail(STRATA_EINVAL, "a save needs 1 to %d destinations", ST_MAX_TIERS);
     if (dist) { /* the distributed save's own backends: one instance each for its calls */
         h->ntiers = st_dist_tiers(dist);
-        h->borrowed = 1;
         for (int t = 0; t < h->ntiers; t++)
             h->v[t] = st_dist_vfs(dist, t, h->dir[t]);
     }
@@ -437,8 +433,8 @@ int strata_wait_durable(strata_handle *h, strata_stats *stats)
     if (h->dist) {
         /* once only: the collectives of the commit; then the outcome is kept */
         if (!h->dist_done) {
-            int trc[MAX_TIERS];
-            const char *tmsg[MAX_TIERS];
+            int trc[ST_MAX_TIERS];
+            const char *tmsg[ST_MAX_TIERS];
             pthread_mutex_lock(&h->mu); /* the threads are done: a snapshot for form's sake */
             for (int t = 0; t < h->ntiers; t++)
                 trc[t] = h->tier_rc[t], tmsg[t] = h->tier_msg[t];

@@ -281,22 +281,30 @@ int st_clear_stale(const st_vfs *v, const char *dir, const st_save_plan *sp)
              : 0;
 }
 
-static int probe(const st_vfs *v, const char *uri, const char *path, strata_probe_info *out);
+static int probe(const st_vfs *v, const char *uri, const char *path, strata_probe_info *out,
+                 uint64_t *commit_time);
 
-int strata_probe(const char *uri, strata_probe_info *out)
+/* strata_probe, and the commit record's time of a committed checkpoint (commit_time may
+ * be NULL; 0 if not committed). */
+static int probe_uri(const char *uri, strata_probe_info *out, uint64_t *commit_time)
 {
     memset(out, 0, sizeof *out);
+    if (commit_time)
+        *commit_time = 0;
     const st_vfs *v;
     char path[PATH_MAX];
     int rc = st_vfs_resolve(uri, &v, path, sizeof path);
     if (rc)
         return rc;
-    rc = probe(v, uri, path, out);
+    rc = probe(v, uri, path, out, commit_time);
     st_vfs_release(v);
     return rc;
 }
 
-static int probe(const st_vfs *v, const char *uri, const char *path, strata_probe_info *out)
+int strata_probe(const char *uri, strata_probe_info *out) { return probe_uri(uri, out, NULL); }
+
+static int probe(const st_vfs *v, const char *uri, const char *path, strata_probe_info *out,
+                 uint64_t *commit_time)
 {
     int rc;
     int kind;
@@ -320,6 +328,8 @@ static int probe(const st_vfs *v, const char *uri, const char *path, strata_prob
         out->committed = d.committed;
         out->has_metadata = 1;
         out->step = d.meta->step;
+        if (commit_time && d.committed)
+            *commit_time = d.commit.time_ns;
         st_dir_close(&d);
     }
     st_clear_error();
@@ -431,16 +441,15 @@ int strata_retain(const char *dir_uri, int keep, int *removed)
         if (st_path_join(p, dir, es.e[i].name))
             continue;
         strata_probe_info pi;
-        if (strata_probe(p, &pi) || !pi.is_ckpt) {
+        uint64_t committed_at;
+        if (probe_uri(p, &pi, &committed_at) || !pi.is_ckpt) {
             es.e[i].has_commit = 1; /* not ours: never touched */
             continue;
         }
         es.e[i].has_commit = pi.has_commit;
         es.e[i].committed = pi.committed;
-        st_dir d;
-        if (pi.committed && st_dir_open(&d, p, 0) == 0) {
-            es.e[i].time = d.commit.time_ns;
-            st_dir_close(&d);
+        if (pi.committed) {
+            es.e[i].time = committed_at;
             newest = ST_MAX(newest, es.e[i].time);
             ncommitted++;
         } else if (v->mtime(v, p, &es.e[i].time)) {

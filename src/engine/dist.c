@@ -16,7 +16,6 @@
 #include "../comm/comm.h"
 #include "../core/checksum.h"
 #include "../core/error.h"
-#include "../io/cuda.h"
 #include "../io/pool.h"
 #include "engine.h"
 
@@ -42,6 +41,23 @@ static int status_raise(const status_block *s, int me)
     if (s->rank == me)
         return st_fail(s->rc, "%s", s->msg);
     return st_fail(s->rc, "rank %d: %s", s->rank, s->msg);
+}
+
+/* For the stats: the sum, maximum (may be NULL) and count of nonzero (may be NULL) of v
+ * over all ranks (an allgather); left 0 if that fails. */
+static void over_ranks(strata_comm *comm, uint64_t v, uint64_t *sum, uint64_t *max,
+                       uint64_t *nonzero)
+{
+    uint64_t *every = malloc((size_t)comm->size * 8);
+    if (every && st_allgather(comm, &v, 8, every) == 0)
+        for (int r = 0; r < comm->size; r++) {
+            *sum += every[r];
+            if (max)
+                *max = ST_MAX(*max, every[r]);
+            if (nonzero)
+                *nonzero += every[r] > 0;
+        }
+    free(every);
 }
 
 /* ---- local plans on the wire ---- */
@@ -548,17 +564,11 @@ int st_dist_finish(st_async_dist *d, const int *local_rc, const char *const *loc
     if (rc)
         goto out;
     if (stats) {
-        uint64_t mine_b = mine->meta ? mine->meta->data_bytes : 0, *every = malloc((size_t)P * 8);
+        uint64_t mine_b = mine->meta ? mine->meta->data_bytes : 0;
         *stats = (strata_stats){.bytes = mine_b, .io_calls = io_calls,
                                 .plan_cached = d->all_cached};
-        if (every && st_allgather(comm, &mine_b, 8, every) == 0)
-            for (int r = 0; r < P; r++) {
-                stats->all_bytes += every[r];
-                stats->max_writer_bytes = ST_MAX(stats->max_writer_bytes, every[r]);
-                stats->writers += every[r] > 0;
-            }
+        over_ranks(comm, mine_b, &stats->all_bytes, &stats->max_writer_bytes, &stats->writers);
         stats->data_bytes = stats->all_bytes;
-        free(every);
         stats->seconds = st_now() - d->t0;
     }
 out:
@@ -688,19 +698,40 @@ typedef struct {
     status_block st;
 } open_block;
 
-typedef struct {
-    uint64_t *per_rank; /* bytes per destination rank */
-    unsigned char *need; /* ranks with runs in the read */
-} count_ctx;
-
-static void count_run(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, uint64_t at)
+/* st_walk_read callbacks that count: the bytes of a read for each destination rank
+ * (ctx: uint64_t[P]); for one rank only; and the ranks that need a read. */
+static void count_per_rank(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, uint64_t at)
 {
     (void)at;
-    count_ctx *c = ctx;
-    if (c->per_rank)
-        c->per_rank[run->rank] += x1 - x0;
-    if (c->need)
+    ((uint64_t *)ctx)[run->rank] += x1 - x0;
+}
+
+typedef struct {
+    int rank;
+    uint64_t bytes;
+} one_rank;
+
+static void count_one_rank(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, uint64_t at)
+{
+    (void)at;
+    one_rank *c = ctx;
+    if (run->rank == c->rank)
+        c->bytes += x1 - x0;
+}
+
+typedef struct {
+    unsigned char *need; /* per rank, all 0 between reads */
+    int *who, n;         /* the ranks marked in need */
+} needers;
+
+static void mark_needer(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, uint64_t at)
+{
+    (void)x0, (void)x1, (void)at;
+    needers *c = ctx;
+    if (!c->need[run->rank]) {
         c->need[run->rank] = 1;
+        c->who[c->n++] = run->rank;
+    }
 }
 
 typedef struct {
@@ -727,14 +758,9 @@ static void unpack_run(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, u
     move_ctx *m = ctx;
     if (run->rank != m->me)
         return;
-    char *dst = st_run_dst(run, m->p->ranks) + (x0 - run->src);
-    if (st_run_device(run, m->p->ranks)) {
-        int rc = st_cuda_copy(dst, m->in, x1 - x0, 0);
-        if (rc && !m->rc)
-            m->rc = rc;
-    } else {
-        memcpy(dst, m->in, x1 - x0);
-    }
+    int rc = st_deliver(m->p, run, x0, x1, m->in);
+    if (rc && !m->rc)
+        m->rc = rc;
     m->in += x1 - x0;
 }
 
@@ -753,26 +779,25 @@ static uint64_t read_payload(const st_load_plan *p, size_t i)
 static int assign_readers(const st_load_plan *p, int P, int *reader)
 {
     uint64_t *load = calloc((size_t)P, sizeof *load);
-    unsigned char *need = calloc((size_t)P, 1);
-    if (!load || !need) {
-        free(load);
-        free(need);
-        return st_fail(STRATA_ENOMEM, "out of memory");
-    }
-    for (size_t i = 0; i < p->nreads; i++) {
-        memset(need, 0, (size_t)P);
-        count_ctx c = {NULL, need};
-        st_walk_read(p, i, count_run, &c);
+    needers c = {calloc((size_t)P, 1), malloc((size_t)P * sizeof *c.who), 0};
+    int rc = !load || !c.need || !c.who ? st_fail(STRATA_ENOMEM, "out of memory") : 0;
+    for (size_t i = 0; !rc && i < p->nreads; i++) {
+        c.n = 0;
+        st_walk_read(p, i, mark_needer, &c);
         int best = -1;
-        for (int r = 0; r < P; r++)
-            if (need[r] && (best < 0 || load[r] < load[best]))
+        for (int k = 0; k < c.n; k++) { /* the lowest rank wins ties */
+            int r = c.who[k];
+            if (best < 0 || load[r] < load[best] || (load[r] == load[best] && r < best))
                 best = r;
+            c.need[r] = 0;
+        }
         reader[i] = best < 0 ? 0 : best;
         load[reader[i]] += p->reads[i].len;
     }
     free(load);
-    free(need);
-    return 0;
+    free(c.need);
+    free(c.who);
+    return rc;
 }
 
 typedef struct {
@@ -792,7 +817,6 @@ static int cmp_order(const void *a, const void *b, void *ctx)
     return (i > j) - (i < j);
 }
 
-/* The reads and exchanges, in rounds of up to `per_round` reads per rank. */
 /* A scratch buffer of at least n bytes in place of buf (capacity *cap); NULL if out of
  * memory (buf is given back either way). */
 static unsigned char *grow(unsigned char *buf, size_t *cap, size_t n)
@@ -808,6 +832,7 @@ static unsigned char *grow(unsigned char *buf, size_t *cap, size_t n)
     return buf;
 }
 
+/* The reads and exchanges, in rounds of up to `per_round` reads per rank. */
 static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_load_plan *p,
                            const strata_load_opts *o, uint64_t max_io, uint64_t *my_bytes)
 {
@@ -877,10 +902,8 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_load_pla
         }
         /* what I send: the bytes of my reads that other ranks need */
         memset(bytes, 0, (size_t)P * sizeof *bytes);
-        for (size_t j = 0; j < n; j++) {
-            count_ctx c = {bytes, NULL};
-            st_walk_read(p, mine[first + j], count_run, &c);
-        }
+        for (size_t j = 0; j < n; j++)
+            st_walk_read(p, mine[first + j], count_per_rank, bytes);
         size_t stot = 0, rtot = 0;
         for (int r = 0; r < P; r++) {
             sc[r] = r == me ? 0 : (size_t)bytes[r];
@@ -896,10 +919,9 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_load_pla
             size_t i = order[k];
             if (reader[i] == me)
                 continue;
-            memset(bytes, 0, (size_t)P * sizeof *bytes);
-            count_ctx c = {bytes, NULL};
-            st_walk_read(p, i, count_run, &c);
-            rc_[reader[i]] += (size_t)bytes[me];
+            one_rank c = {me, 0};
+            st_walk_read(p, i, count_one_rank, &c);
+            rc_[reader[i]] += (size_t)c.bytes;
         }
         for (int r = 0; r < P; r++)
             rtot += rc_[r];
@@ -1035,12 +1057,8 @@ int strata_load_dist(strata_comm *comm, const char *uri, strata_state *local,
     if ((rc = exchange_rounds(comm, &d, &plan, o, max_io, &got)))
         goto out;
     if (stats) { /* payload bytes read, not alignment padding, as strata_load counts */
-        uint64_t *every = malloc((size_t)P * 8);
         *stats = (strata_stats){.data_bytes = d.meta->data_bytes, .bytes = got};
-        if (every && st_allgather(comm, &got, 8, every) == 0)
-            for (int r = 0; r < P; r++)
-                stats->all_bytes += every[r];
-        free(every);
+        over_ranks(comm, got, &stats->all_bytes, NULL, NULL);
         stats->seconds = st_now() - t0;
     }
 out:

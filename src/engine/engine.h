@@ -147,6 +147,10 @@ int st_read_some(const st_dir *d, const st_load_plan *p, st_file **files, const 
  * the read, `at` its offset in the read's buffer. */
 typedef void (*st_walk_fn)(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, uint64_t at);
 void st_walk_read(const st_load_plan *p, size_t i, st_walk_fn fn, void *ctx);
+/* Copies the bytes [x0, x1) of a run (offsets in its extent) from src to the run's
+ * destination, host or device memory. 0 or STRATA_EDEVICE. */
+int st_deliver(const st_load_plan *p, const st_run *run, uint64_t x0, uint64_t x1,
+               const void *src);
 static inline size_t st_read_buf_bytes(const st_meta *m, uint64_t max_io)
 {
     return (size_t)ST_ALIGN_UP(ST_MAX(max_io, m->chunk) + ST_ALIGN, ST_ALIGN);

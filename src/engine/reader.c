@@ -80,18 +80,24 @@ typedef struct {
     int rc;
 } scatter_ctx;
 
+int st_deliver(const st_load_plan *p, const st_run *run, uint64_t x0, uint64_t x1,
+               const void *src)
+{
+    char *dst = st_run_dst(run, p->ranks) + (x0 - run->src);
+    if (st_run_device(run, p->ranks))
+        return st_cuda_copy(dst, src, x1 - x0, 0);
+    memcpy(dst, src, x1 - x0);
+    return 0;
+}
+
 static void scatter_run(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, uint64_t at)
 {
     scatter_ctx *c = ctx;
     if (run->rank < 0 || (c->only_rank >= 0 && run->rank != c->only_rank))
         return;
-    char *dst = st_run_dst(run, c->p->ranks) + (x0 - run->src);
-    if (st_run_device(run, c->p->ranks)) {
-        int rc = st_cuda_copy(dst, c->buf + at, x1 - x0, 0);
-        if (rc && !c->rc)
-            c->rc = rc;
-    } else
-        memcpy(dst, c->buf + at, x1 - x0);
+    int rc = st_deliver(c->p, run, x0, x1, c->buf + at);
+    if (rc && !c->rc)
+        c->rc = rc;
 }
 
 static int run_read(void *arg, size_t task, int worker)
