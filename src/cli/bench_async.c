@@ -29,13 +29,6 @@ static const char HELP[] =
     "(async stall / sync stall; async overhead over none; the largest peak RSS growth during\n"
     "an async run, pool included).\n";
 
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 /* kB of a /proc/self/status field. */
 static long long status_kb(const char *field)
 {
@@ -110,7 +103,7 @@ static int run_mode(model *m, strata_state *st, int mode, strata_pool *pool, con
                     long long iters, long long every, long long passes, result *res)
 {
     strata_handle *pending = NULL;
-    double t0 = now(), stall = 0;
+    double t0 = cli_now(), stall = 0;
     int ck = 0, rc = 0;
     for (long long it = 1; it <= iters && !rc; it++) {
         int checkpoint = mode > 0 && it % every == 0;
@@ -120,7 +113,7 @@ static int run_mode(model *m, strata_state *st, int mode, strata_pool *pool, con
         o.step = (uint64_t)it;
         strata_handle *h = NULL;
         if (checkpoint && mode == 2) { /* lazy: starts now, copies during forward */
-            double s0 = now();
+            double s0 = cli_now();
             if (pending) { /* the previous one must be durable before it is removed */
                 rc = strata_wait_durable(pending, NULL);
                 strata_handle_free(pending);
@@ -128,28 +121,28 @@ static int run_mode(model *m, strata_state *st, int mode, strata_pool *pool, con
             }
             if (!rc)
                 rc = strata_save_async(&h, path, &st, 1, &o, pool);
-            stall += now() - s0;
+            stall += cli_now() - s0;
         }
         forward_backward(m, (int)passes);
         if (checkpoint && mode == 1) { /* synchronous: the loop waits for the disk */
-            double s0 = now();
+            double s0 = cli_now();
             rc = strata_save(path, &st, 1, &o, NULL);
-            stall += now() - s0;
+            stall += cli_now() - s0;
         }
         if (h) { /* the update may not start before the snapshot is taken */
-            double s0 = now();
+            double s0 = cli_now();
             rc = strata_wait_snapshot(h);
-            stall += now() - s0;
+            stall += cli_now() - s0;
             pending = h;
         }
         update(m, 1.0f);
         ck += checkpoint;
     }
-    double total = now() - t0;
+    double total = cli_now() - t0;
     if (pending) { /* after the loop: the last checkpoint drains (not a stall) */
-        double s0 = now();
+        double s0 = cli_now();
         int r2 = strata_wait_durable(pending, NULL);
-        res->drain_s = now() - s0;
+        res->drain_s = cli_now() - s0;
         rc = rc ? rc : r2;
         strata_handle_free(pending);
     }
@@ -157,11 +150,9 @@ static int run_mode(model *m, strata_state *st, int mode, strata_pool *pool, con
     res->stall_s = ck ? stall / ck : 0;
     res->ckpts = ck;
     for (long long it = every; it <= iters; it += every) {
-        char path[4200], cmd[4300];
+        char path[4200];
         snprintf(path, sizeof path, "%s/m%d-%lld", base, mode, it);
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
-        if (system(cmd) != 0)
-            break;
+        cli_rm_rf(path);
     }
     return rc;
 }

@@ -13,6 +13,10 @@ int cli_fail(const char *cmd, int strata_rc);
 /* Parses a decimal size; -1 on error. */
 long long cli_parse_num(const char *s);
 int cli_wants_help(int argc, char **argv);
+/* Removes a directory tree (symlinks are removed, not followed); errors are ignored. */
+void cli_rm_rf(const char *dir);
+/* Monotonic seconds. */
+double cli_now(void);
 
 int cmd_demo(int argc, char **argv);
 /* `demo save` / `demo load` under MPI (demo_mpi.c); argv[1] is "save" or "load". */

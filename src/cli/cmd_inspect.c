@@ -206,9 +206,16 @@ static int for_each_ckpt(const char *cmd, const char *dir, ckpt_fn fn, void *ctx
     while ((e = readdir(d))) {
         if (e->d_name[0] == '.')
             continue;
-        if (n == cap && !(names = realloc(names, (cap = cap ? 2 * cap : 64) * sizeof *names)))
+        if (n == cap) {
+            char **more = realloc(names, (cap ? 2 * cap : 64) * sizeof *names);
+            if (!more)
+                break;
+            names = more;
+            cap = cap ? 2 * cap : 64;
+        }
+        if (!(names[n] = strdup(e->d_name)))
             break;
-        names[n++] = strdup(e->d_name);
+        n++;
     }
     closedir(d);
     if (n)

@@ -2,7 +2,6 @@
  * another, check every element bitwise) and `strata bench io` (the same, timed with a
  * cold page cache). Logical ranks live in this one process. */
 #include <fcntl.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,8 +12,6 @@
 #include "cli.h"
 #include "synth.h"
 
-#define RNG_BYTES 5003
-#define LOADER_BYTES 777
 
 typedef struct {
     synth_model m;
@@ -116,15 +113,15 @@ static int do_save(demo_state *d, const char *dir, strata_stats *stats)
             break;
         if ((rc = synth_register(st[r], &d->m, d->src.shards[r], d->src.nshards[r])))
             break;
-        if (!(d->blobs[r] = malloc(RNG_BYTES + LOADER_BYTES))) {
+        if (!(d->blobs[r] = malloc(SYNTH_RNG_BYTES + SYNTH_LOADER_BYTES))) {
             rc = STRATA_ENOMEM;
             break;
         }
-        synth_blob("rng", r, d->blobs[r], RNG_BYTES);
-        synth_blob("dataloader", r, d->blobs[r] + RNG_BYTES, LOADER_BYTES);
-        if ((rc = strata_state_add_blob(st[r], "rng", 1, 0, d->blobs[r], RNG_BYTES)) ||
-            (rc = strata_state_add_blob(st[r], "dataloader", 1, 0, d->blobs[r] + RNG_BYTES,
-                                        LOADER_BYTES)) ||
+        synth_blob("rng", r, d->blobs[r], SYNTH_RNG_BYTES);
+        synth_blob("dataloader", r, d->blobs[r] + SYNTH_RNG_BYTES, SYNTH_LOADER_BYTES);
+        if ((rc = strata_state_add_blob(st[r], "rng", 1, 0, d->blobs[r], SYNTH_RNG_BYTES)) ||
+            (rc = strata_state_add_blob(st[r], "dataloader", 1, 0, d->blobs[r] + SYNTH_RNG_BYTES,
+                                        SYNTH_LOADER_BYTES)) ||
             (rc = strata_state_add_blob(st[r], "train.step", 0, -1, &d->step, sizeof d->step)) ||
             (rc = strata_state_add_blob(st[r], "train.config", 0, -1, d->config,
                                         strlen(d->config))))
@@ -144,22 +141,22 @@ static int do_load(demo_state *d, const char *dir, strata_stats *stats, uint64_t
 {
     int W = d->dst.nranks, Wf = d->src.nranks, rc = 0;
     strata_state **st = calloc((size_t)W, sizeof *st);
-    unsigned char *bl = calloc((size_t)W, RNG_BYTES + LOADER_BYTES + 256 + 8);
+    unsigned char *bl = calloc((size_t)W, SYNTH_RNG_BYTES + SYNTH_LOADER_BYTES + 256 + 8);
     if (!st || !bl) {
         free(st);
         free(bl);
         return STRATA_ENOMEM;
     }
-    const size_t per = RNG_BYTES + LOADER_BYTES + 256 + 8;
+    const size_t per = SYNTH_RNG_BYTES + SYNTH_LOADER_BYTES + 256 + 8;
     for (int r = 0; r < W && !rc; r++) {
         unsigned char *b = bl + (size_t)r * per;
         if ((rc = strata_state_new(&st[r])) ||
             (rc = synth_register(st[r], &d->m, d->dst.shards[r], d->dst.nshards[r])) ||
-            (rc = strata_state_add_blob(st[r], "rng", 1, r % Wf, b, RNG_BYTES)) ||
-            (rc = strata_state_add_blob(st[r], "dataloader", 1, r % Wf, b + RNG_BYTES,
-                                        LOADER_BYTES)) ||
+            (rc = strata_state_add_blob(st[r], "rng", 1, r % Wf, b, SYNTH_RNG_BYTES)) ||
+            (rc = strata_state_add_blob(st[r], "dataloader", 1, r % Wf, b + SYNTH_RNG_BYTES,
+                                        SYNTH_LOADER_BYTES)) ||
             (rc = strata_state_add_blob(st[r], "train.step", 0, -1, b + per - 8, 8)) ||
-            (rc = strata_state_add_blob(st[r], "train.config", 0, -1, b + RNG_BYTES + LOADER_BYTES,
+            (rc = strata_state_add_blob(st[r], "train.config", 0, -1, b + SYNTH_RNG_BYTES + SYNTH_LOADER_BYTES,
                                         strlen(d->config))))
             break;
     }
@@ -167,7 +164,7 @@ static int do_load(demo_state *d, const char *dir, strata_stats *stats, uint64_t
         rc = strata_load(dir, st, W, NULL, stats);
     *bad = 0;
     if (!rc && check) {
-        unsigned char want[RNG_BYTES];
+        unsigned char want[SYNTH_RNG_BYTES];
         for (int r = 0; r < W; r++) {
             for (int i = 0; i < d->dst.nshards[r]; i++) {
                 uint64_t first, n = synth_check(&d->m, &d->dst.shards[r][i], &first);
@@ -178,11 +175,11 @@ static int do_load(demo_state *d, const char *dir, strata_stats *stats, uint64_t
                 *bad += n;
             }
             unsigned char *b = bl + (size_t)r * per;
-            synth_blob("rng", r % Wf, want, RNG_BYTES);
-            *bad += memcmp(b, want, RNG_BYTES) != 0;
-            synth_blob("dataloader", r % Wf, want, LOADER_BYTES);
-            *bad += memcmp(b + RNG_BYTES, want, LOADER_BYTES) != 0;
-            *bad += memcmp(b + RNG_BYTES + LOADER_BYTES, d->config, strlen(d->config)) != 0;
+            synth_blob("rng", r % Wf, want, SYNTH_RNG_BYTES);
+            *bad += memcmp(b, want, SYNTH_RNG_BYTES) != 0;
+            synth_blob("dataloader", r % Wf, want, SYNTH_LOADER_BYTES);
+            *bad += memcmp(b + SYNTH_RNG_BYTES, want, SYNTH_LOADER_BYTES) != 0;
+            *bad += memcmp(b + SYNTH_RNG_BYTES + SYNTH_LOADER_BYTES, d->config, strlen(d->config)) != 0;
             *bad += memcmp(b + per - 8, &d->step, 8) != 0;
         }
     }
@@ -207,14 +204,6 @@ static void demo_free(demo_state *d)
     synth_ranks_free(&d->dst);
     synth_model_free(&d->m);
 }
-
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-
-static void rm_rf(const char *dir) { nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
 
 /* Makes the page cache forget a checkpoint's files: drop_caches when root, else
  * POSIX_FADV_DONTNEED on each file. Returns a word saying which worked. */
@@ -333,10 +322,7 @@ static int setup(demo_state *d, const demo_args *a, const char *cmd)
     }
     d->step = (uint64_t)a->step;
     d->async = a->async;
-    snprintf(d->config, sizeof d->config,
-             "{\"model\":\"gpt\",\"layers\":%d,\"hidden\":%llu,\"ffn\":%llu,\"vocab\":%llu}",
-             d->m.layers, (unsigned long long)d->m.hidden, (unsigned long long)d->m.ffn,
-             (unsigned long long)d->m.vocab);
+    synth_config(&d->m, d->config, sizeof d->config);
     fprintf(stderr, "building the state (%llu MiB) ...\n", (unsigned long long)a->size_mb);
     if (build_source(d) || build_dest(d)) {
         fprintf(stderr, "strata %s: out of memory building the state\n", cmd);
@@ -424,7 +410,7 @@ int cmd_demo(int argc, char **argv)
     printf("saved_bytes=%llu read_bytes=%llu save_gbps=%.3f load_gbps=%.3f ok=%d\n",
            (unsigned long long)ss.bytes, (unsigned long long)ls.bytes, sg, lg, bad == 0);
     if (temp)
-        rm_rf(dir);
+        cli_rm_rf(dir);
     demo_free(&d);
     return bad ? EXIT_OPFAIL : 0;
 }
@@ -475,7 +461,7 @@ int cmd_bench(int argc, char **argv)
             failed = 1;
             break;
         }
-        rm_rf(dir);
+        cli_rm_rf(dir);
         strata_stats ss = {0}, ls = {0};
         uint64_t bad = 0;
         rc = do_save(&d, dir, &ss);
@@ -498,7 +484,7 @@ int cmd_bench(int argc, char **argv)
             if (bad)
                 failed = EXIT_OPFAIL;
         }
-        rm_rf(dir);
+        cli_rm_rf(dir);
     }
     demo_free(&d);
     return failed;

@@ -14,8 +14,6 @@
 #include "cli.h"
 #include "synth.h"
 
-#define RNG_BYTES 5003
-#define LOADER_BYTES 777
 
 static const char HELP[] =
     "usage: mpiexec.mpich -n N build/strata demo save --dir D --layout L [options]\n"
@@ -100,27 +98,17 @@ static void *die_later(void *ms)
 
 static int timeout_ms = 60000;
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 /* The demo's own collectives have the same time limit as strata's: a peer that died
  * after the save must not leave this process waiting forever. */
-static void reduce(const void *in, void *out, MPI_Datatype t, MPI_Op op)
+static void reduce(const void *in, void *out, int n, MPI_Datatype t, MPI_Op op)
 {
     MPI_Request req;
-    MPI_Iallreduce(in, out, 1, t, op, MPI_COMM_WORLD, &req);
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    MPI_Iallreduce(in, out, n, t, op, MPI_COMM_WORLD, &req);
+    double t0 = cli_now();
     for (int done = 0; !done;) {
         MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-        struct timespec now;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        if (!done && timeout_ms &&
-            (now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000 > timeout_ms) {
+        if (!done && timeout_ms && (cli_now() - t0) * 1e3 > timeout_ms) {
             fprintf(stderr, "strata demo: another rank stopped answering (%d ms)\n", timeout_ms);
             _exit(EXIT_OPFAIL);
         }
@@ -133,7 +121,7 @@ static void reduce(const void *in, void *out, MPI_Datatype t, MPI_Op op)
 static int agree(int status)
 {
     int worst = status;
-    reduce(&status, &worst, MPI_INT, MPI_MAX);
+    reduce(&status, &worst, 1, MPI_INT, MPI_MAX);
     return worst;
 }
 
@@ -155,10 +143,13 @@ static int run(int save, int argc, char **argv, int rank, int world)
     strata_pool *pool = NULL;
     if (agree(parse(argc, argv, &a, world) ? EXIT_USAGE : 0))
         return EXIT_USAGE;
-    if (layout_parse(&l, a.layout, err, sizeof err) || layout_world(&l) != world) {
+    const char *why = layout_parse(&l, a.layout, err, sizeof err) ? err
+                      : layout_world(&l) != world
+                          ? "the layout's tp*pp*dp must equal the number of processes"
+                          : NULL;
+    if (why) {
         if (rank == 0)
-            fprintf(stderr, "strata demo: %s\n",
-                    err[0] && layout_world(&l) == world ? err : "the layout's tp*pp*dp must equal the number of processes");
+            fprintf(stderr, "strata demo: %s\n", why);
         return EXIT_USAGE;
     }
     synth_model m;
@@ -177,10 +168,7 @@ static int run(int save, int argc, char **argv, int rank, int world)
     synth_shard *sh = rs.shards[rank];
     uint64_t step = (uint64_t)a.step, bad = 0;
     char config[256];
-    snprintf(config, sizeof config,
-             "{\"model\":\"gpt\",\"layers\":%d,\"hidden\":%llu,\"ffn\":%llu,\"vocab\":%llu}",
-             m.layers, (unsigned long long)m.hidden, (unsigned long long)m.ffn,
-             (unsigned long long)m.vocab);
+    synth_config(&m, config, sizeof config);
     for (int i = 0; i < n; i++) {
         uint64_t b = synth_shard_bytes(&m, &sh[i]);
         sh[i].data = malloc(b ? b : 1);
@@ -211,19 +199,19 @@ static int run(int save, int argc, char **argv, int rank, int world)
     int nmine = 0;
     for (int o = rank; o < saved_world; o += world)
         nmine++;
-    unsigned char *blobs = calloc((size_t)nmine + 1, RNG_BYTES + LOADER_BYTES);
+    unsigned char *blobs = calloc((size_t)nmine + 1, SYNTH_RNG_BYTES + SYNTH_LOADER_BYTES);
     unsigned char got_cfg[256] = {0};
     uint64_t got_step = 0;
     int k = 0;
     for (int o = rank; !rc && o < saved_world; o += world, k++) {
-        unsigned char *b = blobs + (size_t)k * (RNG_BYTES + LOADER_BYTES);
+        unsigned char *b = blobs + (size_t)k * (SYNTH_RNG_BYTES + SYNTH_LOADER_BYTES);
         if (save) {
-            synth_blob("rng", o, b, RNG_BYTES);
-            synth_blob("dataloader", o, b + RNG_BYTES, LOADER_BYTES);
+            synth_blob("rng", o, b, SYNTH_RNG_BYTES);
+            synth_blob("dataloader", o, b + SYNTH_RNG_BYTES, SYNTH_LOADER_BYTES);
         }
-        rc = strata_state_add_blob(st, "rng", 1, o, b, RNG_BYTES);
+        rc = strata_state_add_blob(st, "rng", 1, o, b, SYNTH_RNG_BYTES);
         if (!rc)
-            rc = strata_state_add_blob(st, "dataloader", 1, o, b + RNG_BYTES, LOADER_BYTES);
+            rc = strata_state_add_blob(st, "dataloader", 1, o, b + SYNTH_RNG_BYTES, SYNTH_LOADER_BYTES);
     }
     if (!rc)
         rc = strata_state_add_blob(st, "train.step", 0, -1, save ? (void *)&step : &got_step, 8);
@@ -254,7 +242,8 @@ static int run(int save, int argc, char **argv, int rank, int world)
     }
     strata_stats s = {0};
     char dir[4096], dir2[4096];
-    for (long long i = 1; i <= (save ? a.repeat : 1); i++) {
+    const long long reps = save ? a.repeat : 1;
+    for (long long i = 1; i <= reps; i++) {
         if (i == 1) {
             snprintf(dir, sizeof dir, "%s", a.dir);
             snprintf(dir2, sizeof dir2, "%s", a.also ? a.also : "");
@@ -268,19 +257,19 @@ static int run(int save, int argc, char **argv, int rank, int world)
             fprintf(stderr, "%s %s ...\n", save ? "saving to" : "loading", dir);
         if (save && a.async && !pool) /* once: the pool is reused by every save */
             rc = strata_pool_new(&pool, (uint64_t)a.pool_mb << 20);
-        double t_start = 0, t_snap = 0, t_done = 0, t0 = now_s();
+        double t_start = 0, t_snap = 0, t_done = 0, t0 = cli_now();
         if (save && a.async) {
             strata_handle *h = NULL;
             if (!rc)
                 rc = strata_save_dist_async_tiers(&h, comm, (const char *[]){dir, dir2},
                                                   a.also ? 2 : 1, st, &so, pool);
-            t_start = now_s() - t0;
+            t_start = cli_now() - t0;
             if (!rc) {
                 int src = strata_wait_snapshot(h);
-                t_snap = now_s() - t0;
+                t_snap = cli_now() - t0;
                 rc = strata_wait_durable(h, &s); /* a collective: called whatever happened */
                 rc = rc ? rc : src;
-                t_done = now_s() - t0;
+                t_done = cli_now() - t0;
             }
             strata_handle_free(h);
         } else {
@@ -294,7 +283,7 @@ static int run(int save, int argc, char **argv, int rank, int world)
             goto out;
         }
         double mx = s.seconds;
-        reduce(&s.seconds, &mx, MPI_DOUBLE, MPI_MAX);
+        reduce(&s.seconds, &mx, 1, MPI_DOUBLE, MPI_MAX);
         if (rank == 0)
             fprintf(stderr, "%s %s\n", save ? "saved" : "loaded", dir);
         if (save && rank == 0)
@@ -302,13 +291,11 @@ static int run(int save, int argc, char **argv, int rank, int world)
                    dir, world, (unsigned long long)s.all_bytes, mx, (double)s.all_bytes / mx / 1e9,
                    s.plan_cached ? "cached" : "built");
         if (save && a.async) { /* the slowest rank's start, snapshot and commit */
-            double ms = t_start, sn = t_snap, dn = t_done;
-            reduce(&t_start, &ms, MPI_DOUBLE, MPI_MAX);
-            reduce(&t_snap, &sn, MPI_DOUBLE, MPI_MAX);
-            reduce(&t_done, &dn, MPI_DOUBLE, MPI_MAX);
+            double t[3] = {t_start, t_snap, t_done}, mx3[3];
+            reduce(t, mx3, 3, MPI_DOUBLE, MPI_MAX);
             if (rank == 0)
                 printf("  async: started in %.3f ms, snapshot after %.1f ms, committed after "
-                       "%.1f ms\n", ms * 1e3, sn * 1e3, dn * 1e3);
+                       "%.1f ms\n", mx3[0] * 1e3, mx3[1] * 1e3, mx3[2] * 1e3);
         }
         if (!save) {
             for (int j = 0; j < n; j++) {
@@ -319,18 +306,18 @@ static int run(int save, int argc, char **argv, int rank, int world)
                             (unsigned long long)first);
                 bad += nb;
             }
-            unsigned char want[RNG_BYTES];
+            unsigned char want[SYNTH_RNG_BYTES];
             k = 0;
             for (int o = rank; o < saved_world; o += world, k++) {
-                unsigned char *b = blobs + (size_t)k * (RNG_BYTES + LOADER_BYTES);
-                synth_blob("rng", o, want, RNG_BYTES);
-                bad += memcmp(b, want, RNG_BYTES) != 0;
-                synth_blob("dataloader", o, want, LOADER_BYTES);
-                bad += memcmp(b + RNG_BYTES, want, LOADER_BYTES) != 0;
+                unsigned char *b = blobs + (size_t)k * (SYNTH_RNG_BYTES + SYNTH_LOADER_BYTES);
+                synth_blob("rng", o, want, SYNTH_RNG_BYTES);
+                bad += memcmp(b, want, SYNTH_RNG_BYTES) != 0;
+                synth_blob("dataloader", o, want, SYNTH_LOADER_BYTES);
+                bad += memcmp(b + SYNTH_RNG_BYTES, want, SYNTH_LOADER_BYTES) != 0;
             }
             bad += memcmp(got_cfg, config, strlen(config)) != 0;
             uint64_t all_bad = 0;
-            reduce(&bad, &all_bad, MPI_UINT64_T, MPI_SUM);
+            reduce(&bad, &all_bad, 1, MPI_UINT64_T, MPI_SUM);
             if (rank == 0) {
                 printf("load: %s into %s on %d ranks: %llu bytes read in %.3f s (%.3f GB/s), "
                        "step %llu, %s\n",
@@ -342,7 +329,7 @@ static int run(int save, int argc, char **argv, int rank, int world)
                        (double)s.all_bytes / mx / 1e9, all_bad == 0);
             }
             status = all_bad ? EXIT_OPFAIL : 0;
-        } else if (rank == 0 && i == (save ? a.repeat : 1)) {
+        } else if (rank == 0 && i == reps) {
             printf("checkpoint: %s\n", a.dir);
             printf("saved_bytes=%llu read_bytes=0 save_gbps=%.3f load_gbps=0 ok=1\n",
                    (unsigned long long)s.all_bytes, (double)s.all_bytes / mx / 1e9);

@@ -2,6 +2,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <ftw.h>
+#include <sys/stat.h>
 
 #include "cli.h"
 
@@ -37,6 +40,21 @@ long long cli_parse_num(const char *s)
     char *end;
     long long v = strtoll(s, &end, 10);
     return (*end || v < 0) ? -1 : v;
+}
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+
+void cli_rm_rf(const char *dir) { nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+double cli_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
 int cli_wants_help(int argc, char **argv)

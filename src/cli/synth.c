@@ -388,3 +388,10 @@ void synth_blob(const char *name, int owner, unsigned char *out, uint64_t n)
     for (uint64_t i = 0; i < n; i++)
         out[i] = (unsigned char)(mix(seed + i) >> 56);
 }
+
+void synth_config(const synth_model *m, char *out, size_t cap)
+{
+    snprintf(out, cap, "{\"model\":\"gpt\",\"layers\":%d,\"hidden\":%llu,\"ffn\":%llu,\"vocab\":%llu}",
+             m->layers, (unsigned long long)m->hidden, (unsigned long long)m->ffn,
+             (unsigned long long)m->vocab);
+}

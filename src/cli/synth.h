@@ -76,4 +76,10 @@ int synth_register(strata_state *st, const synth_model *m, const synth_shard *sh
 /* Deterministic bytes of a blob (name, owner rank or -1). */
 void synth_blob(const char *name, int owner, unsigned char *out, uint64_t n);
 
+/* The demo's per-rank blobs: "rng" and "dataloader" bytes (synth_blob of these sizes). */
+#define SYNTH_RNG_BYTES 5003
+#define SYNTH_LOADER_BYTES 777
+/* The demo's global "train.config" blob: a JSON description of m. */
+void synth_config(const synth_model *m, char *out, size_t cap);
+
 #endif

@@ -163,17 +163,18 @@ static int exchange(strata_comm *c, const void *send, size_t n, int only_to, con
         total += rcounts[r];
     unsigned char *sbuf = NULL, *rbuf = malloc(total ? total : 1);
     int rc = 0;
+    /* one destination: the caller's bytes as they are; all: a copy for each */
     size_t nsend = only_to >= 0 ? 1 : (size_t)c->size;
-    if (!rbuf || !(sbuf = malloc(n * nsend + 1))) {
+    if (!rbuf || (nsend > 1 && !(sbuf = malloc(n * nsend + 1)))) {
         rc = st_fail(STRATA_ENOMEM, "out of memory");
     } else {
         for (int r = 0; r < c->size; r++)
             if (only_to < 0 || r == only_to)
                 sc[r] = n;
-        for (size_t i = 0; i < nsend; i++)
+        for (size_t i = 0; sbuf && i < nsend; i++)
             if (n)
                 memcpy(sbuf + i * n, send, n);
-        rc = st_alltoallv(c, sbuf, sc, rbuf, rcounts);
+        rc = st_alltoallv(c, sbuf ? sbuf : send, sc, rbuf, rcounts);
     }
     free(sc);
     free(sbuf);
