@@ -1,121 +1,230 @@
-# strata - build, test, demo, bench. `make` builds build/libstrata.{a,so} and build/strata.
+# strata - build, test, demo, bench, install. `make` builds build/libstrata.{a,so} (no MPI),
+# build/libstrata_mpi.{a,so} (the MPI communicator, strata_mpi.h) and build/strata.
 # Targets that need system packages install them first (make deps).
+#
+# Flags: CFLAGS (default $(OPT) -g), CPPFLAGS and LDFLAGS are the user's and only add to or
+# override the flags the code needs (ST_CFLAGS, ST_LDFLAGS): `make CFLAGS=-O0` works.
+# Install: make install PREFIX=/usr/local (DESTDIR=... to stage).
 
-CC      ?= gcc
+ifeq ($(origin CC),default)
+CC      = gcc
+endif
 BUILD   ?= build
 OPT     ?= -O2
 SAN     ?=
 CFLAGS  ?= $(OPT) -g
-CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fPIC -Iinclude $(SAN)
+ST_CFLAGS  = -std=c11 -D_GNU_SOURCE -fPIC -Iinclude -Wall -Wextra -Werror $(SAN)
+ALL_CFLAGS = $(ST_CFLAGS) $(CPPFLAGS) $(CFLAGS)
 # executables link only the shared libraries they use (MPICH only where MPI is called)
-LDFLAGS += $(SAN) -Wl,--as-needed
-MPI_CFLAGS := $(shell pkg-config --cflags mpich 2>/dev/null)
-MPI_LIBS   := $(shell pkg-config --libs mpich 2>/dev/null || echo -lmpich)
-LIBS     = -lxxhash -lpthread -ldl $(MPI_LIBS)
+ST_LDFLAGS = $(SAN) -Wl,--as-needed
+LIBS       = -lxxhash -lpthread -ldl
+# MPICH's flags, looked up when a recipe that needs them runs - after `deps` has installed
+# it (recursive variables: a `:=` here would run pkg-config before MPICH is there)
+MPI_CFLAGS = $(shell pkg-config --cflags mpich 2>/dev/null)
+MPI_LIBS   = $(shell pkg-config --libs mpich 2>/dev/null || echo -lmpich)
 
-LIB_SRC := $(wildcard src/core/*.c src/io/*.c src/meta/*.c src/plan/*.c src/comm/*.c src/engine/*.c)
+# the version (strata_types.h) and the shared libraries' names
+VERSION_MAJOR := $(shell sed -n 's/.*define STRATA_VERSION_MAJOR \([0-9][0-9]*\).*/\1/p' include/strata_types.h)
+VERSION_MINOR := $(shell sed -n 's/.*define STRATA_VERSION_MINOR \([0-9][0-9]*\).*/\1/p' include/strata_types.h)
+VERSION := $(VERSION_MAJOR).$(VERSION_MINOR)
+SONAME     := libstrata.so.$(VERSION_MAJOR)
+MPI_SONAME := libstrata_mpi.so.$(VERSION_MAJOR)
+
+PREFIX     ?= /usr/local
+DESTDIR    ?=
+BINDIR     ?= $(PREFIX)/bin
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+HEADERS := include/strata.h include/strata_types.h include/strata_comm.h include/strata_mpi.h
+
+# libstrata: every module under src/ but the command (cli) and the MPI add-on (mpi)
+LIB_SRC := $(filter-out src/cli/% src/mpi/%,$(wildcard src/*/*.c))
+MPI_SRC := $(wildcard src/mpi/*.c)
 CLI_SRC := $(wildcard src/cli/*.c)
 TEST_SRC := $(wildcard tests/test_*.c)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+MPI_OBJ := $(MPI_SRC:%.c=$(BUILD)/obj/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 TESTS   := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+LIBRARIES := $(BUILD)/libstrata.a $(BUILD)/libstrata.so $(BUILD)/libstrata_mpi.a \
+             $(BUILD)/libstrata_mpi.so
 
 # Debian packages used by the build, tests and tools (checked, installed when missing).
 DEB_PKGS = gcc make libxxhash-dev libcmocka-dev pkg-config mpich libmpich-dev
 
-.PHONY: all deps demo test bench clean test-asan test-tsan test-valgrind check-header check-clang fuzz stress
+# A shell function for recipes: `$(APT) apt_need PKG...` installs the Debian packages of
+# the list that are not installed (apt-get update first; sudo when not root; waits for
+# another apt or dpkg to finish). `$(APT) tool_need CMD PKG` installs PKG when the command
+# CMD is missing.
+APT = apt_need() { \
+  missing=""; \
+  for p in "$$@"; do \
+    dpkg-query -W -f='$${Status}\n' "$$p" 2>/dev/null | grep -q ' ok installed$$' || missing="$$missing $$p"; \
+  done; \
+  [ -z "$$missing" ] && return 0; \
+  echo "installing Debian packages:$$missing"; \
+  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+  $$SUDO apt-get -o DPkg::Lock::Timeout=600 update -qq && \
+  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq $$missing >/dev/null; \
+}; \
+tool_need() { command -v "$$1" >/dev/null 2>&1 || apt_need "$$2"; };
 
-all: deps $(BUILD)/libstrata.a $(BUILD)/libstrata.so $(BUILD)/strata $(BUILD)/examples/reshard
+.PHONY: all lib deps demo test bench clean test-asan test-tsan test-valgrind check-header \
+        check-clang fuzz stress install uninstall
+
+all: deps $(LIBRARIES) $(BUILD)/strata $(BUILD)/examples/reshard
+
+lib: deps $(LIBRARIES)
 
 deps:
-	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then \
-	  echo "installing Debian packages:$$missing"; \
-	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
-	fi
+	@$(APT) apt_need $(DEB_PKGS)
 
 $(BUILD)/obj/%.o: %.c | deps
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+	$(CC) $(ALL_CFLAGS) $(EXTRA_CFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/obj/src/comm/comm_mpi.o $(BUILD)/obj/src/cli/demo_mpi.o: CFLAGS += $(MPI_CFLAGS)
+# only the MPI add-on and the command's MPI demo see MPICH's headers
+$(MPI_OBJ) $(BUILD)/obj/src/cli/demo_mpi.o: EXTRA_CFLAGS = $(MPI_CFLAGS)
 
 $(BUILD)/libstrata.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
+# libstrata.so, soname libstrata.so.MAJOR (a link of that name beside it, for running
+# against the build tree)
 $(BUILD)/libstrata.so: $(LIB_OBJ) src/libstrata.map
-	$(CC) -shared $(SAN) -Wl,--version-script=src/libstrata.map -o $@ $(LIB_OBJ) $(LIBS)
+	$(CC) -shared $(SAN) $(LDFLAGS) -Wl,-soname,$(SONAME) -Wl,--version-script=src/libstrata.map \
+	    -o $@ $(LIB_OBJ) $(LIBS)
+	ln -sf libstrata.so $(BUILD)/$(SONAME)
 
-$(BUILD)/strata: $(CLI_OBJ) $(BUILD)/libstrata.a
-	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libstrata.a $(LIBS) -lm
+$(BUILD)/libstrata_mpi.a: $(MPI_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
 
-$(BUILD)/examples/%: examples/%.c $(BUILD)/libstrata.a
+# the MPI add-on: exports strata_comm_mpi alone, needs libstrata and MPICH
+$(BUILD)/libstrata_mpi.so: $(MPI_OBJ) src/libstrata_mpi.map $(BUILD)/libstrata.so
+	$(CC) -shared $(SAN) $(LDFLAGS) -Wl,-soname,$(MPI_SONAME) \
+	    -Wl,--version-script=src/libstrata_mpi.map -o $@ $(MPI_OBJ) -L$(BUILD) -lstrata $(MPI_LIBS)
+	ln -sf libstrata_mpi.so $(BUILD)/$(MPI_SONAME)
+
+# the command: the only executable with MPI (demo save/load under mpiexec)
+$(BUILD)/strata: $(CLI_OBJ) $(BUILD)/libstrata_mpi.a $(BUILD)/libstrata.a
+	$(CC) $(ST_LDFLAGS) $(LDFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libstrata_mpi.a $(BUILD)/libstrata.a \
+	    $(MPI_LIBS) $(LIBS) -lm
+
+$(BUILD)/examples/%: examples/%.c $(BUILD)/libstrata.a | deps
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libstrata.a $(LIBS)
+	$(CC) $(ALL_CFLAGS) $(ST_LDFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libstrata.a $(LIBS)
 
-$(BUILD)/tests/%: tests/%.c $(BUILD)/libstrata.a tests/testutil.h
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libstrata.a tests/testutil.h | deps
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) -Isrc -o $@ $< $(BUILD)/libstrata.a -lcmocka $(LIBS) -lm
+	$(CC) $(ALL_CFLAGS) $(ST_LDFLAGS) $(LDFLAGS) -Isrc -o $@ $< $(BUILD)/libstrata.a -lcmocka \
+	    $(LIBS) -lm
 
 # A stand-in CUDA runtime for testing the device paths without a GPU (see tests/fake_cudart.c).
-$(BUILD)/tests/libfakecudart.so: tests/fake_cudart.c
+$(BUILD)/tests/libfakecudart.so: tests/fake_cudart.c | deps
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -shared -o $@ $< -lpthread
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -shared -o $@ $< -lpthread
 
 demo: deps all
 	$(BUILD)/strata demo
 
+# the tests' tools: python3 (cli_test, kill_test)
 test: deps all $(TESTS) $(BUILD)/tests/libfakecudart.so
+	@$(APT) tool_need python3 python3
 	@BUILD=$(BUILD) SANITIZED=$(if $(SAN),1,) bash tests/run.sh $(TESTS)
 
 test-asan:
-	$(MAKE) BUILD=build/asan SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" OPT=-O1 test
+	$(MAKE) BUILD=$(BUILD)/asan SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" OPT=-O1 test
 
 test-tsan:
-	$(MAKE) BUILD=build/tsan SAN="-fsanitize=thread" OPT=-O1 test
+	$(MAKE) BUILD=$(BUILD)/tsan SAN="-fsanitize=thread" OPT=-O1 test
 
 # Warning-free under clang too (installed when missing).
 check-clang:
-	@command -v clang >/dev/null || { SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; $$SUDO apt-get install -y -qq clang >/dev/null; }
-	$(MAKE) CC=clang BUILD=build/clang all
+	@$(APT) tool_need clang clang
+	$(MAKE) CC=clang BUILD=$(BUILD)/clang all
 
-# The public header must stand alone under -pedantic, in C and C++.
-check-header:
-	echo '#include "strata.h"' | $(CC) -std=c99 -pedantic -Wall -Wextra -Werror -Iinclude -x c -fsyntax-only -
-	echo '#include "strata.h"' | g++ -std=c++11 -pedantic -Wall -Wextra -Werror -Iinclude -x c++ -fsyntax-only -
+# The public headers must each stand alone under -pedantic, in C and C++ (g++ installed
+# when missing).
+check-header: deps
+	@$(APT) tool_need g++ g++
+	@set -e; for h in $(notdir $(HEADERS)); do \
+	  echo "check-header: $$h (C99, C++11)"; \
+	  echo "#include \"$$h\"" | $(CC) -std=c99 -pedantic -Wall -Wextra -Werror -Iinclude -x c -fsyntax-only -; \
+	  echo "#include \"$$h\"" | g++ -std=c++11 -pedantic -Wall -Wextra -Werror -Iinclude -x c++ -fsyntax-only -; \
+	done
 
 # Under valgrind memcheck: the core C tests, no leaks.
 test-valgrind: deps all $(TESTS)
-	@command -v valgrind >/dev/null || { SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; $$SUDO apt-get install -y -qq valgrind >/dev/null; }
+	@$(APT) tool_need valgrind valgrind
 	BUILD=$(BUILD) bash tests/valgrind.sh $(TESTS)
 
-# libFuzzer targets (clang), each for FUZZ_SECONDS (default 60).
+# libFuzzer targets (clang and its runtime, installed when missing), each for FUZZ_SECONDS
+# (default 60).
 fuzz: deps
-	@command -v clang >/dev/null || { SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; $$SUDO apt-get install -y -qq clang libclang-rt-14-dev >/dev/null; }
+	@$(APT) tool_need clang clang && apt_need libclang-rt-$$(clang -dumpversion | cut -d. -f1)-dev
 	bash fuzz/fuzz.sh
 
 # The kill test at full size: SIGKILL during saves (one process, and 4 MPI processes with a
 # random rank or the whole job killed; synchronous and asynchronous saves), then verify / ls / gc
 # everything.
 stress: deps all
+	@$(APT) tool_need python3 python3
 	STRATA_KILL_TRIALS=$${STRATA_KILL_TRIALS:-200} BUILD=$(BUILD) bash tests/kill_test.sh
 	STRATA_KILL_MODE=async STRATA_KILL_TRIALS=$${STRATA_KILL_TRIALS:-200} BUILD=$(BUILD) bash tests/kill_test.sh
 	STRATA_KILL_MODE=mpi STRATA_KILL_SIZE_MB=24 STRATA_KILL_TRIALS=$${STRATA_KILL_TRIALS:-200} BUILD=$(BUILD) bash tests/kill_test.sh
 	STRATA_KILL_MODE=mpiasync STRATA_KILL_SIZE_MB=24 STRATA_KILL_TRIALS=$${STRATA_KILL_TRIALS:-200} BUILD=$(BUILD) bash tests/kill_test.sh
 
-$(BUILD)/bench/bench_plan: bench/bench_plan.c src/cli/synth.c $(BUILD)/libstrata.a
+$(BUILD)/bench/bench_plan: bench/bench_plan.c src/cli/synth.c $(BUILD)/libstrata.a | deps
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Isrc -o $@ bench/bench_plan.c src/cli/synth.c $(BUILD)/libstrata.a $(LIBS) -lm
+	$(CC) $(ALL_CFLAGS) $(ST_LDFLAGS) $(LDFLAGS) -Isrc -o $@ bench/bench_plan.c src/cli/synth.c \
+	    $(BUILD)/libstrata.a $(LIBS) -lm
 
 bench: deps all $(BUILD)/bench/bench_plan
 	$(BUILD)/bench/bench_plan
-	@command -v fio >/dev/null || { SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; $$SUDO apt-get install -y -qq fio >/dev/null; }
-	bash bench/bench_io.sh
+	@$(APT) tool_need fio fio && tool_need python3 python3
+	STRATA=$(BUILD)/strata BENCH_DIR=$(BUILD)/bench bash bench/bench_io.sh
 	$(BUILD)/strata bench async --dir $(BUILD) --size-mb 1024
+
+# pkg-config files: the install's directories, and MPICH's flags for strata-mpi
+$(BUILD)/strata.pc: src/strata.pc.in | deps
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' \
+	    -e 's|@VERSION@|$(VERSION)|g' $< >$@
+
+$(BUILD)/strata-mpi.pc: src/strata-mpi.pc.in | deps
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' \
+	    -e 's|@VERSION@|$(VERSION)|g' -e 's|@MPI_CFLAGS@|$(MPI_CFLAGS)|g' \
+	    -e 's|@MPI_LIBS@|$(MPI_LIBS)|g' $< >$@
+
+# always regenerated: PREFIX and the directories may differ from the last install
+.PHONY: $(BUILD)/strata.pc $(BUILD)/strata-mpi.pc
+
+# Headers, both libraries (static; shared as libX.so.MAJOR.MINOR with the soname link
+# libX.so.MAJOR and the link-time link libX.so), the command, and strata.pc / strata-mpi.pc.
+install: deps $(LIBRARIES) $(BUILD)/strata $(BUILD)/strata.pc $(BUILD)/strata-mpi.pc
+	install -d $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PKGCONFIGDIR) \
+	    $(DESTDIR)$(BINDIR)
+	install -m 644 $(HEADERS) $(DESTDIR)$(INCLUDEDIR)/
+	install -m 644 $(BUILD)/libstrata.a $(BUILD)/libstrata_mpi.a $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(BUILD)/libstrata.so $(DESTDIR)$(LIBDIR)/$(SONAME).$(VERSION_MINOR)
+	ln -sf $(SONAME).$(VERSION_MINOR) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libstrata.so
+	install -m 755 $(BUILD)/libstrata_mpi.so $(DESTDIR)$(LIBDIR)/$(MPI_SONAME).$(VERSION_MINOR)
+	ln -sf $(MPI_SONAME).$(VERSION_MINOR) $(DESTDIR)$(LIBDIR)/$(MPI_SONAME)
+	ln -sf $(MPI_SONAME) $(DESTDIR)$(LIBDIR)/libstrata_mpi.so
+	install -m 644 $(BUILD)/strata.pc $(BUILD)/strata-mpi.pc $(DESTDIR)$(PKGCONFIGDIR)/
+	install -m 755 $(BUILD)/strata $(DESTDIR)$(BINDIR)/
+
+uninstall:
+	rm -f $(addprefix $(DESTDIR)$(INCLUDEDIR)/,$(notdir $(HEADERS))) \
+	    $(addprefix $(DESTDIR)$(LIBDIR)/,libstrata.a libstrata_mpi.a libstrata.so $(SONAME) \
+	        $(SONAME).$(VERSION_MINOR) libstrata_mpi.so $(MPI_SONAME) $(MPI_SONAME).$(VERSION_MINOR)) \
+	    $(DESTDIR)$(PKGCONFIGDIR)/strata.pc $(DESTDIR)$(PKGCONFIGDIR)/strata-mpi.pc \
+	    $(DESTDIR)$(BINDIR)/strata
 
 clean:
 	rm -rf build
 
--include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(MPI_OBJ:.o=.d) $(CLI_OBJ:.o=.d)

@@ -145,7 +145,7 @@ int main(int argc, char **argv)
                 return 1;
             }
             double t3 = st_now();
-            st_load_plan lp;
+            st_io_plan lp;
             if (st_plan_load(&lp, back, vl, 1, 16u << 20)) { /* rank 0 of the other layout */
                 fprintf(stderr, "load plan failed: %s\n", strata_error_last());
                 return 1;
@@ -158,7 +158,7 @@ int main(int argc, char **argv)
             te[k] = t2 - t1;
             td[k] = t3 - t2;
             tl[k] = t4 - t3;
-            st_load_plan_free(&lp);
+            st_io_plan_free(&lp);
             st_meta_free(back);
             free(buf);
             st_save_plan_free(&sp);

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "io/vfs.h"
+#include "io/vfs_fault.h"
 #include "strata.h"
 
 #define FU_FAIL(...)                                                                         \
@@ -65,6 +65,7 @@ static int fu_resolve(const char *uri, size_t cap, char **path_copy)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    st_vfs_fault_register();
     char *uri = malloc(size + 1);
     if (!uri)
         return 0;

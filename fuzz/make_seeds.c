@@ -52,7 +52,7 @@ static void reset(int n)
 static void shard(int r, const char *name, strata_dtype dt, int nd, const uint64_t *shape,
                   const uint64_t *off, const uint64_t *len, int flat, uint64_t fs, uint64_t fe)
 {
-    strata_shard s = {name, dt, nd, shape, off, len, flat, fs, fe, NULL};
+    strata_shard s = {name, dt, nd, shape, off, len, flat, fs, fe, NULL, 0};
     s.data = buf(strata_shard_numel(&s) * strata_dtype_size(dt));
     check(strata_state_add_shard(st[r], &s), name);
 }
@@ -64,8 +64,9 @@ static void save(const char *dir, const char *name, int n, uint64_t step, uint32
     strata_save_opts o = STRATA_SAVE_OPTS_INIT;
     o.step = step;
     o.chunk_bytes = chunk;
-    o.no_sync = 1;
-    check(strata_save(uri, st, n, &o, NULL), uri);
+    o.flags |= STRATA_SAVE_NO_SYNC;
+    const char *u = uri;
+    check(strata_save(NULL, NULL, &u, 1, st, n, &o), uri);
     printf("%s\n", uri);
 }
 
@@ -83,7 +84,7 @@ int main(int argc, char **argv)
     shard(0, "scalar", STRATA_F64, 0, NULL, NULL, NULL, 0, 0, 0);
     shard(0, "vec", STRATA_BF16, 1, s1, NULL, NULL, 0, 0, 0);
     check(strata_state_add_blob(st[0], "step", 0, -1, buf(8), 8), "blob");
-    check(strata_state_add_blob(st[0], "rng", 1, 0, buf(13), 13), "blob");
+    check(strata_state_add_blob(st[0], "rng", STRATA_BLOB_RANK_LOCAL, 0, buf(13), 13), "blob");
     check(strata_state_add_blob(st[0], "empty", 0, -1, buf(0), 0), "blob");
     save(dir, "basic", 1, 7, 0);
 
@@ -96,7 +97,8 @@ int main(int argc, char **argv)
         shard(r, "w", STRATA_F32, 2, w, r ? o1 : o0, r ? l1 : l0, 0, 0, 0);
         shard(r, "norm", STRATA_F16, 1, n1, NULL, NULL, 0, 0, 0);
         shard(r, "adam.w", STRATA_F32, 2, w, NULL, NULL, 1, r ? 2000 : 0, r ? 37 * 129 : 2000);
-        check(strata_state_add_blob(st[r], "loader", 1, r, buf(100 + (size_t)r), 100 + (uint64_t)r),
+        check(strata_state_add_blob(st[r], "loader", STRATA_BLOB_RANK_LOCAL, r,
+                                    buf(100 + (size_t)r), 100 + (uint64_t)r),
               "blob");
     }
     save(dir, "zero", 2, 123456789, 4096);

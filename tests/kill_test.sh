@@ -23,9 +23,10 @@
 #   STRATA_KILL_SEED       seeds $RANDOM (printed, to repeat a run)
 #   STRATA_KILL_VERBOSE=1  a line per trial
 #   STRATA_KILL_MODE       single: `strata demo` saves the ranks of one process (default);
-#                          async: single, through strata_save_async;
+#                          async: single, through strata_save_start (a saver with a pool);
 #                          mpi: 4 MPI processes save, SIGKILL hits one random rank or
-#                          the whole job; mpiasync: mpi, through strata_save_dist_async.
+#                          the whole job; mpiasync: mpi, through strata_save_start on a
+#                          saver with a communicator.
 #                          A mode is the mode_<name>_* functions and
 #                          MODE_<name>_* patterns below.
 set -u
@@ -74,7 +75,7 @@ mode_single_kill() {
     JOB_STATUS=$?
 }
 
-# async: the single-process demo saving with strata_save_async (kills land in the
+# async: the single-process demo saving with strata_save_start (kills land in the
 # snapshot or in the flush behind it)
 mode_async_launch() {
     "$S" demo --async --size-mb "$SIZE" --dir "$1" >"$2" 2>"$3" &
@@ -113,7 +114,8 @@ mode_mpi_kill() {
     pkill -9 -f "demo (save|load) --dir $JOB_DIR " 2>/dev/null
     [ "$JOB_STATUS" = 0 ] || JOB_STATUS=137 # any end after a kill is the kill's doing
 }
-# mpiasync: mpi, saving with strata_save_dist_async (--async, a pool of 8 MiB per rank)
+# mpiasync: mpi, saving with strata_save_start on a saver with a communicator (--async,
+# a pool of 8 MiB per rank)
 MPI_ASYNC=
 if [ "$MODE" = mpiasync ]; then
     MPI_ASYNC="--async --pool-mb 8 "

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # run.sh - runs each test binary given as an argument as its own process (under a
-# timeout), then tests/cli_test.sh and tests/kill_test.sh if present, and prints
-# "N passed, N failed" (plus ", N skipped" when a test exits with 77). Exits non-zero if
-# anything failed.
+# timeout), then tests/cli_test.sh, install_test.sh, kill_test.sh (and mpi_test.sh outside
+# the sanitizers) if present, and prints "N passed, N failed" (plus ", N skipped" when a
+# test exits with 77). Exits non-zero if anything failed.
 # Usage: bash tests/run.sh build/tests/test_a build/tests/test_b ...
 set -u
-# MPICH is linked into every binary; its UCX layer (libucm) interposes madvise, which glibc
-# calls when a thread exits, and under ThreadSanitizer that hook crashes the process
-# (SIGSEGV in __tsan::MutexPreReadLock from ucm_event_enter). Single-process tests need no
-# UCX memory events.
+# MPICH is linked into the `strata` command (its MPI demo) and the install test's MPI
+# program; its UCX layer (libucm) interposes madvise, which glibc calls when a thread exits,
+# and under ThreadSanitizer that hook crashes the process (SIGSEGV in
+# __tsan::MutexPreReadLock from ucm_event_enter). Single-process runs need no UCX memory
+# events.
 export UCX_MEM_EVENTS=${UCX_MEM_EVENTS:-no}
 here=$(cd "$(dirname "$0")" && pwd)
 TEST_TIMEOUT=${TEST_TIMEOUT:-600}
@@ -48,7 +49,7 @@ fi
 # the MPI tests run in the plain build only: MPICH itself is not built with the sanitizers
 mpi=mpi_test.sh
 [ -n "${SANITIZED:-}" ] && mpi=
-for script in cli_test.sh kill_test.sh $mpi; do
+for script in cli_test.sh install_test.sh kill_test.sh $mpi; do
     if [ -f "$here/$script" ]; then
         run_one "tests/$script" bash "$here/$script"
     fi

@@ -1,4 +1,5 @@
-/* test_async.c - strata_save_async: the snapshot is taken before wait_snapshot returns
+/* test_async.c - strata_save_start on a saver in this process (ranks in process, a pool of
+ * the caller's or the saver's own): the snapshot is taken before wait_snapshot returns
  * (poisoning the sources afterwards changes nothing), saves overlap on one pool, a pool
  * smaller than a shard works, errors travel on the handle. */
 #include <dirent.h>
@@ -42,7 +43,7 @@ static void check_loads(const char *ck)
     tu_set_shard(&d, 0, "w", STRATA_F32, 2, wshape, NULL, NULL, 0, 0, 0, 0);
     tu_set_shard(&d, 0, "z", STRATA_BF16, 1, zshape, NULL, NULL, 0, 0, 0, 0);
     tu_set_blob(&d, 0, "cfg", 0, -1, 77, 0);
-    assert_ok(strata_load(ck, d.st, 1, NULL, NULL));
+    assert_ok(strata_load(NULL, NULL, &ck, 1, d.st, 1, NULL));
     assert_int_equal(tu_set_check(&d), 0);
     tu_set_free(&d);
 }
@@ -51,7 +52,7 @@ static strata_save_opts opts(void)
 {
     strata_save_opts o = STRATA_SAVE_OPTS_INIT;
     o.chunk_bytes = 4096;
-    o.no_sync = 1;
+    o.flags |= STRATA_SAVE_NO_SYNC;
     return o;
 }
 
@@ -67,15 +68,19 @@ static void test_lazy_consistency(void **state)
         if (!own_pool) /* far smaller than the state: back-pressure all the way */
             assert_ok(strata_pool_new(&pool, 64 << 10));
         strata_save_opts o = opts();
+        strata_saver *sv; /* own_pool: NULL, the saver makes its own */
+        assert_ok(strata_saver_new(&sv, NULL, pool));
         strata_handle *h;
-        assert_ok(strata_save_async(&h, ck, s.st, 2, &o, pool));
+        const char *u = ck;
+        assert_ok(strata_save_start(&h, sv, &u, 1, s.st, 2, &o));
         assert_ok(strata_wait_snapshot(h));
         poison(&s); /* the optimizer step: the checkpoint must not see it */
-        strata_stats st;
-        assert_ok(strata_wait_durable(h, &st));
-        assert_int_equal(strata_handle_error(h, NULL), 0);
+        strata_stats st = STRATA_STATS_INIT;
+        assert_ok(strata_wait_durable(&st, h));
+        assert_int_equal(strata_handle_status(NULL, h), 0);
         assert_true(st.bytes > 0);
         strata_handle_free(h);
+        strata_saver_free(sv);
         check_loads(ck);
         strata_pool_free(pool);
         tu_set_free(&s);
@@ -94,17 +99,21 @@ static void test_overlapping_saves(void **state)
     snprintf(ca, sizeof ca, "%s/overlap-a", base_dir);
     snprintf(cb, sizeof cb, "%s/overlap-b", base_dir);
     strata_save_opts o = opts();
+    strata_saver *sv;
+    assert_ok(strata_saver_new(&sv, NULL, pool));
     strata_handle *ha, *hb;
-    assert_ok(strata_save_async(&ha, ca, a.st, 2, &o, pool));
-    assert_ok(strata_save_async(&hb, cb, b.st, 2, &o, pool)); /* while the first flushes */
+    const char *ua = ca, *ub = cb;
+    assert_ok(strata_save_start(&ha, sv, &ua, 1, a.st, 2, &o));
+    assert_ok(strata_save_start(&hb, sv, &ub, 1, b.st, 2, &o)); /* while the first flushes */
     assert_ok(strata_wait_snapshot(ha));
     poison(&a);
     assert_ok(strata_wait_snapshot(hb));
     poison(&b);
-    assert_ok(strata_wait_durable(hb, NULL));
-    assert_ok(strata_wait_durable(ha, NULL));
+    assert_ok(strata_wait_durable(NULL, hb));
+    assert_ok(strata_wait_durable(NULL, ha));
     strata_handle_free(ha);
     strata_handle_free(hb);
+    strata_saver_free(sv);
     check_loads(ca);
     check_loads(cb);
     assert_int_equal(strata_pool_bytes(pool), 96 << 10); /* never grown */
@@ -120,33 +129,38 @@ static void test_errors(void **state)
     state2(&s, 1);
     strata_pool *pool;
     assert_ok(strata_pool_new(&pool, 8192)); /* two 4 KiB buffers */
+    strata_saver *sv;
+    assert_ok(strata_saver_new(&sv, NULL, pool));
     strata_save_opts o = opts();
     o.chunk_bytes = 1 << 16; /* larger than a pool buffer */
     strata_handle *h = NULL;
     char ck[700];
     snprintf(ck, sizeof ck, "%s/err", base_dir);
-    assert_rc(strata_save_async(&h, ck, s.st, 2, &o, pool), STRATA_EINVAL);
+    const char *u = ck;
+    assert_rc(strata_save_start(&h, sv, &u, 1, s.st, 2, &o), STRATA_EINVAL);
     assert_null(h);
     /* a write error is reported by the handle; nothing is committed */
     o = opts();
     char uri[900];
     snprintf(uri, sizeof uri, "fault+file://%s?op=write&n=3&errno=ENOSPC", ck);
-    assert_ok(strata_save_async(&h, uri, s.st, 2, &o, pool));
+    const char *fu = uri;
+    assert_ok(strata_save_start(&h, sv, &fu, 1, s.st, 2, &o));
     strata_wait_snapshot(h);
-    assert_rc(strata_wait_durable(h, NULL), STRATA_ENOSPC);
+    assert_rc(strata_wait_durable(NULL, h), STRATA_ENOSPC);
     assert_msg_has("data-00000");
     const char *msg;
-    assert_int_equal(strata_handle_error(h, &msg), STRATA_ENOSPC);
+    assert_int_equal(strata_handle_status(&msg, h), STRATA_ENOSPC);
     assert_non_null(strstr(msg, "No space"));
     strata_handle_free(h);
     strata_probe_info pi;
-    if (strata_probe(ck, &pi) == 0)
+    if (strata_probe(&pi, ck) == 0)
         assert_false(pi.committed);
-    /* the same save without the fault, through the same pool */
-    assert_ok(strata_save_async(&h, ck, s.st, 2, &o, pool));
-    assert_ok(strata_wait_durable(h, NULL));
+    /* the same save without the fault, through the same saver and pool */
+    assert_ok(strata_save_start(&h, sv, &u, 1, s.st, 2, &o));
+    assert_ok(strata_wait_durable(NULL, h));
     strata_handle_free(h);
     check_loads(ck);
+    strata_saver_free(sv);
     strata_pool_free(pool);
     tu_set_free(&s);
 }
@@ -158,7 +172,10 @@ static int load_tiers(const char *const *uris, int n, int *used)
     tu_set_shard(&d, 0, "w", STRATA_F32, 2, wshape, NULL, NULL, 0, 0, 0, 0);
     tu_set_shard(&d, 0, "z", STRATA_BF16, 1, zshape, NULL, NULL, 0, 0, 0, 0);
     tu_set_blob(&d, 0, "cfg", 0, -1, 77, 0);
-    int rc = strata_load_tiers(uris, n, d.st, 1, NULL, NULL, used);
+    strata_stats st = STRATA_STATS_INIT;
+    st.tier = -1;
+    int rc = strata_load(&st, NULL, uris, n, d.st, 1, NULL);
+    *used = st.tier;
     if (rc == 0 && tu_set_check(&d) != 0)
         rc = -1000;
     tu_set_free(&d);
@@ -179,15 +196,17 @@ static void test_tiers(void **state)
     tu_set s;
     state2(&s, 1);
     strata_save_opts o = opts();
+    strata_saver *sv; /* its own pool, kept for the second save */
+    assert_ok(strata_saver_new(&sv, NULL, NULL));
     strata_handle *h;
-    assert_ok(strata_save_async_tiers(&h, uris, 3, s.st, 2, &o, NULL));
+    assert_ok(strata_save_start(&h, sv, uris, 3, s.st, 2, &o));
     assert_ok(strata_wait_snapshot(h));
     poison(&s);
-    assert_ok(strata_wait_durable(h, NULL));
+    assert_ok(strata_wait_durable(NULL, h));
     strata_handle_free(h);
     for (int t = 0; t < 3; t++) { /* a commit record in every tier */
         strata_probe_info pi;
-        assert_ok(strata_probe(uris[t], &pi));
+        assert_ok(strata_probe(&pi, uris[t]));
         assert_true(pi.committed);
     }
     int used = -1;
@@ -217,13 +236,14 @@ static void test_tiers(void **state)
     snprintf(local, sizeof local, "%s/local/step-6", base_dir);
     snprintf(shared, sizeof shared, "%s/shared/step-6", base_dir);
     const char *uris6[3] = {"mem://step-6", bad, shared};
-    assert_ok(strata_save_async_tiers(&h, uris6, 3, s.st, 2, &o, NULL));
-    assert_rc(strata_wait_durable(h, NULL), STRATA_EIO);
+    assert_ok(strata_save_start(&h, sv, uris6, 3, s.st, 2, &o));
+    assert_rc(strata_wait_durable(NULL, h), STRATA_EIO);
     strata_handle_free(h);
+    strata_saver_free(sv);
     strata_probe_info pi;
-    assert_ok(strata_probe("mem://step-6", &pi));
+    assert_ok(strata_probe(&pi, "mem://step-6"));
     assert_true(pi.committed);
-    assert_ok(strata_probe(shared, &pi));
+    assert_ok(strata_probe(&pi, shared));
     assert_true(pi.committed);
     assert_false(tu_exists(local)); /* the failed tier left nothing */
     const char *back[2] = {local, shared};
@@ -285,11 +305,14 @@ static void test_background_nice(void **state)
     strata_save_opts o = STRATA_SAVE_OPTS_INIT;
     o.bg_nice = 7;
     o.chunk_bytes = 64 << 10;
-    o.no_sync = 1;
+    o.flags |= STRATA_SAVE_NO_SYNC;
     errno = 0;
     int base = getpriority(PRIO_PROCESS, 0);
+    strata_saver *sv;
+    assert_ok(strata_saver_new(&sv, NULL, pool));
     strata_handle *h;
-    assert_ok(strata_save_async(&h, ck, &st, 1, &o, pool));
+    const char *u = ck;
+    assert_ok(strata_save_start(&h, sv, &u, 1, &st, 1, &o));
     int coord = 0, flushers = 0, bad = 0;
     long seen[64];
     /* every 1 ms for 200 ms (the save takes longer): nothing at any other value but base
@@ -305,8 +328,9 @@ static void test_background_nice(void **state)
         flushers = ST_MAX(flushers, f);
         usleep(1000);
     }
-    assert_ok(strata_wait_durable(h, NULL));
+    assert_ok(strata_wait_durable(NULL, h));
     strata_handle_free(h);
+    strata_saver_free(sv);
     assert_int_equal(bad, 0);
     assert_true(coord >= 1); /* flushers too, for an instant: they inherit it, then drop */
     assert_true(flushers >= 1);

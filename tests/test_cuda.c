@@ -2,9 +2,9 @@
  * (this project's usual machines) registering one is STRATA_EDEVICE with a clear message.
  * With a device - a real GPU, or the fake runtime (tests/fake_cudart.c, loaded through
  * STRATA_CUDART; tests/run.sh runs this file against it too) - saves from device buffers
- * (synchronous, and asynchronous through a pinned pool with the lazy-consistency poison
- * test) load back into device buffers bitwise, and a failing device copy fails the save
- * with STRATA_EDEVICE and commits nothing. */
+ * (synchronous, and asynchronous through a saver with a pinned pool, with the
+ * lazy-consistency poison test) load back into device buffers bitwise, and a failing
+ * device copy fails the save with STRATA_EDEVICE and commits nothing. */
 #include <dlfcn.h>
 
 #include "io/cuda.h"
@@ -90,7 +90,7 @@ static void load_and_compare(const char *ck, const float *want)
     strata_shard sh = {.name = "gpu.w", .dtype = STRATA_F32, .ndim = 2, .global_shape = shape,
                        .data = d, .device = 1};
     assert_ok(strata_state_add_shard(s, &sh));
-    assert_ok(strata_load(ck, &s, 1, NULL, NULL));
+    assert_ok(strata_load(NULL, NULL, &ck, 1, &s, 1, NULL));
     float *back = malloc(BYTES);
     assert_ok(st_cuda_copy(back, d, BYTES, 1));
     assert_memory_equal(want, back, BYTES);
@@ -135,7 +135,8 @@ static void test_sync_roundtrip(void **state)
     snprintf(ck, sizeof ck, "%s/sync", base_dir);
     fake_counters a, b;
     counters(&a);
-    assert_ok(strata_save(ck, st, 2, NULL, NULL));
+    const char *u = ck;
+    assert_ok(strata_save(NULL, NULL, &u, 1, st, 2, NULL));
     counters(&b);
     if (rt.counters) { /* every device byte went through the streams, none was missed */
         assert_int_equal(b.async_bytes - a.async_bytes, BYTES);
@@ -171,13 +172,17 @@ static void test_async_pinned(void **state)
     snprintf(ck, sizeof ck, "%s/async", base_dir);
     fake_counters a, b;
     counters(&a);
+    strata_saver *sv;
+    assert_ok(strata_saver_new(&sv, NULL, pool));
     strata_handle *h;
-    assert_ok(strata_save_async(&h, ck, st, 2, &o, pool));
+    const char *u = ck;
+    assert_ok(strata_save_start(&h, sv, &u, 1, st, 2, &o));
     assert_ok(strata_wait_snapshot(h));
     memset(poison, 0xEE, BYTES);
     assert_ok(st_cuda_copy(dev, poison, BYTES, 0));
-    assert_ok(strata_wait_durable(h, NULL));
+    assert_ok(strata_wait_durable(NULL, h));
     strata_handle_free(h);
+    strata_saver_free(sv);
     counters(&b);
     if (rt.counters) {
         assert_int_equal(b.async_bytes - a.async_bytes, BYTES);
@@ -219,16 +224,20 @@ static void test_async_copy_fails(void **state)
     char ck[700];
     snprintf(ck, sizeof ck, "%s/fails", base_dir);
     setenv("FAKE_CUDA_FAIL_ASYNC_AFTER", "0", 1);
+    strata_saver *sv;
+    assert_ok(strata_saver_new(&sv, NULL, pool));
     strata_handle *h;
-    assert_ok(strata_save_async(&h, ck, st, 2, &o, pool));
-    assert_rc(strata_wait_durable(h, NULL), STRATA_EDEVICE);
+    const char *u = ck;
+    assert_ok(strata_save_start(&h, sv, &u, 1, st, 2, &o));
+    assert_rc(strata_wait_durable(NULL, h), STRATA_EDEVICE);
     assert_msg_has("cudaMemcpyAsync");
     assert_msg_has("gpu.w");
     strata_handle_free(h);
-    assert_rc(strata_save(ck, st, 2, NULL, NULL), STRATA_EDEVICE);
+    strata_saver_free(sv);
+    assert_rc(strata_save(NULL, NULL, &u, 1, st, 2, NULL), STRATA_EDEVICE);
     unsetenv("FAKE_CUDA_FAIL_ASYNC_AFTER");
     assert_false(tu_exists(ck));
-    assert_ok(strata_save(ck, st, 2, NULL, NULL)); /* and then it works */
+    assert_ok(strata_save(NULL, NULL, &u, 1, st, 2, NULL)); /* and then it works */
     load_and_compare(ck, host);
     strata_pool_free(pool);
     for (int r = 0; r < 2; r++)

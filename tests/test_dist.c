@@ -1,6 +1,8 @@
-/* test_dist.c - strata_save_dist / strata_load_dist with ranks as threads of this process,
- * joined by a host communicator (strata_comm_host) built on a pthread barrier: resharding
- * across world sizes, read-once loading, plan caching, and failure on one rank. */
+/* test_dist.c - saves through a saver with a communicator (strata_save, strata_save_start)
+ * and strata_load with a communicator, the ranks as threads of this process joined by a
+ * host communicator (strata_comm_host) built on a pthread barrier: resharding across world
+ * sizes, read-once loading, plan caching (one saver per rank, kept across saves), and
+ * failure on one rank. */
 #include <pthread.h>
 
 #include "testutil.h"
@@ -69,12 +71,14 @@ static int t_bcast(void *ctx, void *buf, size_t n, int root)
     return 0;
 }
 
-static const strata_comm_ops tops = {STRATA_COMM_OPS_VERSION, t_allgather, t_alltoallv, t_bcast};
+static const strata_comm_ops tops = {STRATA_COMM_OPS_VERSION, t_allgather, t_alltoallv, t_bcast,
+                                     NULL};
 
 typedef struct {
     hub h;
     tcomm *tc;
     strata_comm **comm;
+    strata_saver **sv; /* per rank, on its communicator: the plan cache lives here */
 } world;
 
 static void world_init(world *w, int n)
@@ -85,21 +89,26 @@ static void world_init(world *w, int n)
     w->h.scounts = calloc((size_t)n, sizeof *w->h.scounts);
     w->tc = calloc((size_t)n, sizeof *w->tc);
     w->comm = calloc((size_t)n, sizeof *w->comm);
+    w->sv = calloc((size_t)n, sizeof *w->sv);
     for (int r = 0; r < n; r++) {
         w->tc[r] = (tcomm){&w->h, r};
         assert_ok(strata_comm_host(&w->comm[r], &tops, &w->tc[r], r, n));
+        assert_ok(strata_saver_new(&w->sv[r], w->comm[r], NULL));
     }
 }
 
 static void world_free(world *w)
 {
-    for (int r = 0; r < w->h.size; r++)
+    for (int r = 0; r < w->h.size; r++) {
+        strata_saver_free(w->sv[r]);
         strata_comm_free(w->comm[r]);
+    }
     pthread_barrier_destroy(&w->h.bar);
     free(w->h.send);
     free(w->h.scounts);
     free(w->tc);
     free(w->comm);
+    free(w->sv);
 }
 
 /* ---- running a distributed call on every rank ---- */
@@ -135,13 +144,13 @@ static void poison_rank(tu_set *s, int r)
 static int async_save(job *j)
 {
     strata_handle *h;
-    int rc = strata_save_dist_async(&h, j->w->comm[j->rank], j->uri, j->set->st[j->rank],
-                                     &j->so, NULL);
+    int rc = strata_save_start(&h, j->w->sv[j->rank], &j->uri, 1, &j->set->st[j->rank], 1,
+                               &j->so);
     if (rc)
         return rc;
     rc = strata_wait_snapshot(h);
     poison_rank(j->set, j->rank);
-    int drc = strata_wait_durable(h, &j->stats); /* a collective: always called */
+    int drc = strata_wait_durable(&j->stats, h); /* a collective: always called */
     strata_handle_free(h);
     return drc ? drc : rc;
 }
@@ -153,19 +162,21 @@ static int overlap_save(job *j)
     strata_handle *h[2] = {NULL, NULL};
     char uri_b[700];
     snprintf(uri_b, sizeof uri_b, "%s-b", j->uri);
+    const char *ub = uri_b;
     strata_save_opts ob = j->so;
     ob.chunk_bytes = 8192;
-    strata_comm *c = j->w->comm[j->rank];
-    int rc = strata_save_dist_async(&h[0], c, j->uri, j->set->st[j->rank], &j->so, NULL);
+    strata_saver *sv = j->w->sv[j->rank];
+    strata_state *const *st = &j->set->st[j->rank];
+    int rc = strata_save_start(&h[0], sv, &j->uri, 1, st, 1, &j->so);
     if (!rc)
-        rc = strata_save_dist_async(&h[1], c, uri_b, j->set->st[j->rank], &ob, NULL);
+        rc = strata_save_start(&h[1], sv, &ub, 1, st, 1, &ob);
     for (int i = 0; i < 2 && h[i]; i++) {
         int src = strata_wait_snapshot(h[i]);
         rc = rc ? rc : src;
     }
     poison_rank(j->set, j->rank);
     for (int i = 0; i < 2 && h[i]; i++) {
-        int drc = strata_wait_durable(h[i], &j->stats);
+        int drc = strata_wait_durable(&j->stats, h[i]);
         rc = rc ? rc : drc;
         strata_handle_free(h[i]);
     }
@@ -179,13 +190,13 @@ static int tiers_save(job *j)
 {
     strata_handle *h;
     const char *uris[2] = {j->uri, j->uri2};
-    int rc = strata_save_dist_async_tiers(&h, j->w->comm[j->rank], uris, 2,
-                                          j->set->st[j->rank], &j->so, NULL);
+    int rc = strata_save_start(&h, j->w->sv[j->rank], uris, 2, &j->set->st[j->rank], 1,
+                               &j->so);
     if (rc)
         return rc;
     rc = strata_wait_snapshot(h);
     poison_rank(j->set, j->rank);
-    int drc = strata_wait_durable(h, &j->stats);
+    int drc = strata_wait_durable(&j->stats, h);
     strata_handle_free(h);
     return drc ? drc : rc;
 }
@@ -200,11 +211,11 @@ static void *run_job(void *p)
     else if (j->save == SAVE_ASYNC)
         j->rc = async_save(j);
     else if (j->save)
-        j->rc = strata_save_dist(j->w->comm[j->rank], j->uri, j->set->st[j->rank], &j->so,
-                                 &j->stats);
+        j->rc = strata_save(&j->stats, j->w->sv[j->rank], &j->uri, 1, &j->set->st[j->rank], 1,
+                            &j->so);
     else
-        j->rc = strata_load_dist(j->w->comm[j->rank], j->uri, j->set->st[j->rank], NULL,
-                                 &j->stats);
+        j->rc = strata_load(&j->stats, j->w->comm[j->rank], &j->uri, 1, &j->set->st[j->rank],
+                            1, NULL);
     snprintf(j->msg, sizeof j->msg, "%s", strata_error_last());
     return NULL;
 }
@@ -219,8 +230,9 @@ static void run_all(world *w, int save, const char *uri, const char **uris, tu_s
     pthread_t *th = calloc((size_t)n, sizeof *th);
     for (int r = 0; r < n; r++) {
         jobs[r] = (job){w, r, save, uris ? uris[r] : uri, tier2 ? tier2[r] : NULL, set,
-                        STRATA_SAVE_OPTS_INIT, 0, "", {0}};
-        jobs[r].so.no_sync = !sync_saves;
+                        STRATA_SAVE_OPTS_INIT, 0, "", STRATA_STATS_INIT};
+        if (!sync_saves)
+            jobs[r].so.flags |= STRATA_SAVE_NO_SYNC;
         jobs[r].so.chunk_bytes = 4096;
         jobs[r].so.step = 9;
         assert_int_equal(pthread_create(&th[r], NULL, run_job, &jobs[r]), 0);
@@ -247,7 +259,7 @@ static void expect_loads(const char *ck)
 {
     tu_set d;
     layout(&d, 1, 1, 0);
-    assert_ok(strata_load(ck, d.st, 1, NULL, NULL));
+    assert_ok(strata_load(NULL, NULL, &ck, 1, d.st, 1, NULL));
     assert_int_equal(tu_set_check(&d), 0);
     tu_set_free(&d);
 }
@@ -346,7 +358,8 @@ static void test_plan_cache(void **state)
     tu_set d;
     layout(&d, 1, 1, 0);
     tu_set_shard(&d, 0, "extra", STRATA_I32, 1, xs, NULL, NULL, 0, 0, 0, 0);
-    assert_ok(strata_load(ck, d.st, 1, NULL, NULL));
+    const char *u = ck;
+    assert_ok(strata_load(NULL, NULL, &u, 1, d.st, 1, NULL));
     assert_int_equal(tu_set_check(&d), 0);
     tu_set_free(&d);
     tu_set_free(&a);
@@ -378,7 +391,7 @@ static void test_rank_failure(void **state)
     tu_join(c, ck, "COMMIT");
     assert_false(tu_exists(c));
     strata_probe_info pi;
-    assert_ok(strata_probe(ck, &pi));
+    assert_ok(strata_probe(&pi, ck));
     assert_false(pi.committed);
     /* the previous checkpoint is intact; a retry succeeds */
     expect_loads(prev);
@@ -447,7 +460,7 @@ static void test_async(void **state)
             fail_msg("rank %d's message does not name rank 2: %s", r, jobs[r].msg);
     }
     strata_probe_info pi;
-    assert_ok(strata_probe(ck, &pi));
+    assert_ok(strata_probe(&pi, ck));
     assert_false(pi.committed);
     assert_false(pi.is_ckpt); /* every rank removed what it wrote */
     /* a save onto a committed checkpoint is refused, and the checkpoint is untouched */
@@ -503,19 +516,19 @@ static void test_async_tiers(void **state)
     print_message("a failed tier, as rank 0 reports it: %s\n", jobs[0].msg);
     expect_loads(fast);
     strata_probe_info pi;
-    assert_ok(strata_probe(slow, &pi));
+    assert_ok(strata_probe(&pi, slow));
     assert_false(pi.committed);
     assert_false(pi.is_ckpt);
     tier2 = NULL;
     world_free(&w);
 }
 
-/* The fault walk of the distributed save (synchronous, or asynchronous): call n of op fails on rank 0 (which
- * also commits) or rank 1, for n = 1, 2, ... until the save succeeds. Every rank must
- * return the same error, nothing may be committed or left behind, and the counts must be
- * the protocol's: a rank opens, reserves and fsyncs its data file and writes its tasks;
- * rank 0 also writes metadata.bin and COMMIT.tmp, renames, and fsyncs the directory and
- * its parent. */
+/* The fault walk of the distributed save (synchronous, or asynchronous): call n of op
+ * fails on rank 0 (which also commits) or rank 1, for n = 1, 2, ... until the save
+ * succeeds. Every rank must return the same error, nothing may be committed or left
+ * behind, and the counts must be the protocol's: a rank opens, reserves and fsyncs its
+ * data file and writes its tasks; rank 0 also writes metadata.bin and COMMIT.tmp, renames,
+ * and fsyncs the directory and its parent. */
 static void fault_walk(int mode)
 {
     world w;
@@ -561,7 +574,7 @@ static void fault_walk(int mode)
                         fail_msg("%s on rank %d: rank %d returned %s (%s)", bad, who, r,
                                  strata_error_name(jobs[r].rc), jobs[r].msg);
                 strata_probe_info pi;
-                int prc = strata_probe(ck, &pi);
+                int prc = strata_probe(&pi, ck);
                 if (prc == 0 && (pi.committed || pi.has_commit || pi.is_ckpt))
                     fail_msg("%s on rank %d: committed %d, strata files left %d", bad, who,
                              pi.committed, pi.is_ckpt);

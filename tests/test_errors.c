@@ -21,23 +21,29 @@ typedef struct {
     tu_set src;
 } fixture;
 
+/* The standard layout, on 2 ranks of s (not saved). */
+static void std_state(tu_set *s)
+{
+    tu_set_init(s, 2);
+    for (int r = 0; r < 2; r++) {
+        uint64_t off[] = {(uint64_t)r * 32, 0}, len[] = {32, 64};
+        tu_set_shard(s, r, W, STRATA_F32, 2, wshape, off, len, 0, 0, 0, 1);
+        tu_set_shard(s, r, B, STRATA_F32, 1, bshape, NULL, NULL, 0, 0, 0, 1);
+        tu_set_blob(s, r, "cfg", 0, 0, 100, 1);
+        tu_set_blob(s, r, "rng", 1, 0, 40, 1);
+    }
+}
+
 /* Saves the standard checkpoint to base_dir/<sub> (synced: default options). */
 static void make_ckpt(fixture *f, const char *sub)
 {
     snprintf(f->ck, sizeof f->ck, "%s/%s", base_dir, sub);
     tu_rmrf(f->ck);
-    tu_set_init(&f->src, 2);
-    for (int r = 0; r < 2; r++) {
-        uint64_t off[] = {(uint64_t)r * 32, 0}, len[] = {32, 64};
-        tu_set_shard(&f->src, r, W, STRATA_F32, 2, wshape, off, len, 0, 0, 0, 1);
-        tu_set_shard(&f->src, r, B, STRATA_F32, 1, bshape, NULL, NULL, 0, 0, 0, 1);
-        tu_set_blob(&f->src, r, "cfg", 0, 0, 100, 1);
-        tu_set_blob(&f->src, r, "rng", 1, 0, 40, 1);
-    }
+    std_state(&f->src);
     strata_save_opts o = STRATA_SAVE_OPTS_INIT;
     o.chunk_bytes = 4096;
     o.step = 42;
-    assert_ok(strata_save(f->ck, f->src.st, 2, &o, NULL));
+    assert_ok(strata_save(NULL, NULL, (const char *[]){f->ck}, 1, f->src.st, 2, &o));
 }
 
 static void drop_ckpt(fixture *f)
@@ -62,7 +68,7 @@ static tu_set last_req;
 
 static int load_req(const char *ck, tu_set *d)
 {
-    int rc = strata_load(ck, d->st, d->n, NULL, NULL);
+    int rc = strata_load(NULL, NULL, &ck, 1, d->st, d->n, NULL);
     if (rc == 0)
         assert_int_equal(tu_set_check(d), 0);
     return rc;
@@ -94,11 +100,11 @@ static void shard_file(const char *ck, const char *name, size_t s, char *path, s
     assert_ok(strata_ckpt_open(&c, ck, 0));
     for (size_t t = 0; t < strata_ckpt_ntensors(c); t++) {
         strata_tensor_info ti;
-        strata_ckpt_tensor(c, t, &ti);
+        strata_ckpt_tensor(&ti, c, t);
         if (strcmp(ti.name, name) != 0)
             continue;
         strata_shard_info si;
-        strata_ckpt_shard(c, t, s, &si);
+        strata_ckpt_shard(&si, c, t, s);
         snprintf(path, cap, "%s/%s", ck, si.file);
         snprintf(file, fcap, "%s", si.file);
         *off = si.file_offset;
@@ -108,10 +114,10 @@ static void shard_file(const char *ck, const char *name, size_t s, char *path, s
     fail_msg("tensor %s not in %s", name, ck);
 }
 
-static int open_rc(const char *ck, int allow_incomplete)
+static int open_rc(const char *ck, unsigned flags)
 {
     strata_ckpt *c = NULL;
-    int rc = strata_ckpt_open(&c, ck, allow_incomplete);
+    int rc = strata_ckpt_open(&c, ck, flags);
     if (c) /* not on failure: keep the message */
         strata_ckpt_free(c);
     return rc;
@@ -165,7 +171,7 @@ static void test_bit_flip(void **state)
     assert_ok(strata_ckpt_open(&c2, f.ck, 0));
     strata_blob_info bi;
     for (size_t i = 0; i < strata_ckpt_nblobs(c2); i++) {
-        strata_ckpt_blob(c2, i, &bi);
+        strata_ckpt_blob(&bi, c2, i);
         if (bi.owner == -1)
             break;
     }
@@ -177,7 +183,7 @@ static void test_bit_flip(void **state)
     tu_set d;
     tu_set_init(&d, 1);
     tu_set_blob(&d, 0, "cfg", 0, -1, 100, 0);
-    assert_rc(strata_load(f.ck, d.st, 1, NULL, NULL), STRATA_ECHECKSUM);
+    assert_rc(strata_load(NULL, NULL, (const char *[]){f.ck}, 1, d.st, 1, NULL), STRATA_ECHECKSUM);
     assert_msg_has("'cfg'");
     assert_msg_has(file);
     tu_set_free(&d);
@@ -249,14 +255,14 @@ static void test_meta_truncated(void **state)
                 assert_msg_has(ST_META_FILE);
                 assert_rc(open_rc(f.ck, 0), STRATA_EFORMAT);
             }
-            assert_rc(open_rc(f.ck, 1), STRATA_EFORMAT);
+            assert_rc(open_rc(f.ck, STRATA_OPEN_INCOMPLETE), STRATA_EFORMAT);
         }
     }
     print_message("metadata: %zu bytes, every shorter length refused\n", len);
     /* no metadata at all: corrupt if committed, incomplete if not */
     assert_int_equal(unlink(mp), 0);
     assert_rc(load_all(f.ck), STRATA_EINCOMPLETE);
-    assert_rc(open_rc(f.ck, 1), STRATA_EINCOMPLETE);
+    assert_rc(open_rc(f.ck, STRATA_OPEN_INCOMPLETE), STRATA_EINCOMPLETE);
     tu_write_file(cp, commit, clen);
     assert_rc(load_all(f.ck), STRATA_EFORMAT);
     assert_msg_has(ST_META_FILE);
@@ -352,8 +358,8 @@ static void test_decoder_corrupt(void **state)
     char ck[600], mp[700];
     snprintf(ck, sizeof ck, "%s/decoder", base_dir);
     strata_save_opts o = STRATA_SAVE_OPTS_INIT;
-    o.no_sync = 1;
-    assert_ok(strata_save(ck, s.st, 3, &o, NULL));
+    o.flags |= STRATA_SAVE_NO_SYNC;
+    assert_ok(strata_save(NULL, NULL, (const char *[]){ck}, 1, s.st, 3, &o));
     tu_set_free(&s);
     tu_join(mp, ck, ST_META_FILE);
     size_t len;
@@ -661,12 +667,12 @@ static void test_commit(void **state)
     assert_msg_has("commit record");
     assert_rc(open_rc(f.ck, 0), STRATA_EINCOMPLETE);
     strata_ckpt *c;
-    assert_ok(strata_ckpt_open(&c, f.ck, 1));
+    assert_ok(strata_ckpt_open(&c, f.ck, STRATA_OPEN_INCOMPLETE));
     assert_int_equal(strata_ckpt_committed(c), 0);
     assert_int_equal(strata_ckpt_step(c), 42);
     strata_ckpt_free(c);
     strata_probe_info pi;
-    assert_ok(strata_probe(f.ck, &pi));
+    assert_ok(strata_probe(&pi, f.ck));
     assert_int_equal(pi.is_ckpt, 1);
     assert_int_equal(pi.committed, 0);
 
@@ -690,7 +696,7 @@ static void test_commit(void **state)
 
     tu_write_file(cp, rec, clen);
     assert_ok(load_all(f.ck));
-    assert_ok(strata_probe(f.ck, &pi));
+    assert_ok(strata_probe(&pi, f.ck));
     assert_int_equal(pi.committed, 1);
     assert_int_equal(pi.step, 42);
     free(rec);
@@ -724,7 +730,7 @@ static void test_requests(void **state)
         tu_set_shard(&d, 0, B, STRATA_F32, 1, bshape, NULL, NULL, 0, 0, 0, 0);
         tu_set_shard(&d, 1, cases[i].name, cases[i].dt, cases[i].ndim, cases[i].shape, NULL,
                      NULL, 0, 0, 0, 0);
-        assert_rc(strata_load(f.ck, d.st, 2, NULL, NULL), cases[i].want);
+        assert_rc(strata_load(NULL, NULL, (const char *[]){f.ck}, 1, d.st, 2, NULL), cases[i].want);
         assert_msg_has(cases[i].name);
         tu_set_free(&d);
     }
@@ -746,7 +752,7 @@ static void test_requests(void **state)
         tu_set d;
         tu_set_init(&d, 1);
         tu_set_blob(&d, 0, blobs[i].name, blobs[i].owner >= 0, blobs[i].owner, blobs[i].size, 0);
-        assert_rc(strata_load(f.ck, d.st, 1, NULL, NULL), blobs[i].want);
+        assert_rc(strata_load(NULL, NULL, (const char *[]){f.ck}, 1, d.st, 1, NULL), blobs[i].want);
         if (blobs[i].want)
             assert_msg_has(blobs[i].name);
         else
@@ -766,26 +772,26 @@ static void test_unfilled(void **state)
     uint64_t off[] = {0, 0}, len[] = {32, 64};
     tu_set_shard(&s, 0, W, STRATA_F32, 2, wshape, off, len, 0, 0, 0, 1); /* half of W */
     tu_set_shard(&s, 0, B, STRATA_F32, 1, bshape, NULL, NULL, 1, 0, 63, 1); /* all but one */
-    assert_ok(strata_save(ck, s.st, 1, NULL, NULL));
+    assert_ok(strata_save(NULL, NULL, (const char *[]){ck}, 1, s.st, 1, NULL));
     tu_set_free(&s);
 
     tu_set d;
     tu_set_init(&d, 1);
     tu_set_shard(&d, 0, W, STRATA_F32, 2, wshape, NULL, NULL, 0, 0, 0, 0);
-    assert_rc(strata_load(ck, d.st, 1, NULL, NULL), STRATA_EUNFILLED);
+    assert_rc(strata_load(NULL, NULL, (const char *[]){ck}, 1, d.st, 1, NULL), STRATA_EUNFILLED);
     assert_msg_has(W);
     assert_msg_has("2048 of the 4096");
     tu_set_free(&d);
     tu_set_init(&d, 1);
     tu_set_shard(&d, 0, B, STRATA_F32, 1, bshape, NULL, NULL, 1, 60, 64, 0);
-    assert_rc(strata_load(ck, d.st, 1, NULL, NULL), STRATA_EUNFILLED);
+    assert_rc(strata_load(NULL, NULL, (const char *[]){ck}, 1, d.st, 1, NULL), STRATA_EUNFILLED);
     assert_msg_has(B);
     tu_set_free(&d);
     /* what was saved loads */
     tu_set_init(&d, 1);
     tu_set_shard(&d, 0, W, STRATA_F32, 2, wshape, off, len, 0, 0, 0, 0);
     tu_set_shard(&d, 0, B, STRATA_F32, 1, bshape, NULL, NULL, 1, 60, 63, 0);
-    assert_ok(strata_load(ck, d.st, 1, NULL, NULL));
+    assert_ok(strata_load(NULL, NULL, (const char *[]){ck}, 1, d.st, 1, NULL));
     assert_int_equal(tu_set_check(&d), 0);
     tu_set_free(&d);
     tu_rmrf(ck);
@@ -801,24 +807,25 @@ static void test_scheme(void **state)
     tu_set_blob(&s, 0, "x", 0, 0, 8, 1);
     const char *uris[] = {"s3://bucket/x", "gs://b/ckpt", "hdfs://nn/a"};
     for (size_t i = 0; i < 3; i++) {
-        assert_rc(strata_save(uris[i], s.st, 1, NULL, NULL), STRATA_ESCHEME);
+        assert_rc(strata_save(NULL, NULL, &uris[i], 1, s.st, 1, NULL), STRATA_ESCHEME);
         assert_msg_has(uris[i]);
-        assert_rc(strata_load(uris[i], s.st, 1, NULL, NULL), STRATA_ESCHEME);
+        assert_rc(strata_load(NULL, NULL, &uris[i], 1, s.st, 1, NULL), STRATA_ESCHEME);
         assert_msg_has(uris[i]);
-        assert_rc(open_rc(uris[i], 1), STRATA_ESCHEME);
+        assert_rc(open_rc(uris[i], STRATA_OPEN_INCOMPLETE), STRATA_ESCHEME);
         strata_probe_info pi;
-        assert_rc(strata_probe(uris[i], &pi), STRATA_ESCHEME);
+        assert_rc(strata_probe(&pi, uris[i]), STRATA_ESCHEME);
         assert_rc(strata_remove_incomplete(uris[i]), STRATA_ESCHEME);
     }
     /* a file:// URI must be absolute; an empty one is invalid */
-    assert_rc(strata_save("file://relative/x", s.st, 1, NULL, NULL), STRATA_EINVAL);
-    assert_rc(strata_save("", s.st, 1, NULL, NULL), STRATA_EINVAL);
+    assert_rc(strata_save(NULL, NULL, (const char *[]){"file://relative/x"}, 1, s.st, 1, NULL),
+              STRATA_EINVAL);
+    assert_rc(strata_save(NULL, NULL, (const char *[]){""}, 1, s.st, 1, NULL), STRATA_EINVAL);
     /* a missing checkpoint */
     char ck[600];
     snprintf(ck, sizeof ck, "%s/never-saved", base_dir);
-    assert_rc(strata_load(ck, s.st, 1, NULL, NULL), STRATA_ENOENT);
+    assert_rc(strata_load(NULL, NULL, (const char *[]){ck}, 1, s.st, 1, NULL), STRATA_ENOENT);
     assert_msg_has(ck);
-    assert_rc(open_rc(ck, 1), STRATA_ENOENT);
+    assert_rc(open_rc(ck, STRATA_OPEN_INCOMPLETE), STRATA_ENOENT);
     tu_set_free(&s);
 }
 
@@ -837,7 +844,7 @@ static void test_existing(void **state)
     tu_set_init(&s, 1);
     uint64_t shape[] = {10};
     tu_set_shard(&s, 0, "new", STRATA_U8, 1, shape, NULL, NULL, 0, 0, 0, 1);
-    assert_rc(strata_save(f.ck, s.st, 1, NULL, NULL), STRATA_EEXIST);
+    assert_rc(strata_save(NULL, NULL, (const char *[]){f.ck}, 1, s.st, 1, NULL), STRATA_EEXIST);
     assert_msg_has(f.ck);
     size_t len1;
     unsigned char *meta1 = tu_read_file(mp, &len1);
@@ -853,13 +860,13 @@ static void test_existing(void **state)
     tu_join(d1, f.ck, "data-000001.bin");
     assert_true(tu_exists(d1));
     assert_int_equal(unlink(cp), 0);
-    assert_ok(strata_save(f.ck, s.st, 1, NULL, NULL));
+    assert_ok(strata_save(NULL, NULL, (const char *[]){f.ck}, 1, s.st, 1, NULL));
     assert_false(tu_exists(d1)); /* the old save's files are gone */
     assert_rc(load_all(f.ck), STRATA_ENOTFOUND);
     tu_set d;
     tu_set_init(&d, 1);
     tu_set_shard(&d, 0, "new", STRATA_U8, 1, shape, NULL, NULL, 0, 0, 0, 0);
-    assert_ok(strata_load(f.ck, d.st, 1, NULL, NULL));
+    assert_ok(strata_load(NULL, NULL, (const char *[]){f.ck}, 1, d.st, 1, NULL));
     assert_int_equal(tu_set_check(&d), 0);
     tu_set_free(&d);
 
@@ -868,7 +875,7 @@ static void test_existing(void **state)
     tu_join(other, f.ck, "notes.txt");
     assert_int_equal(unlink(cp), 0);
     tu_write_file(other, "mine", 4);
-    assert_rc(strata_save(f.ck, s.st, 1, NULL, NULL), STRATA_EEXIST);
+    assert_rc(strata_save(NULL, NULL, (const char *[]){f.ck}, 1, s.st, 1, NULL), STRATA_EEXIST);
     assert_true(tu_exists(other));
     tu_set_free(&s);
     drop_ckpt(&f);
@@ -898,7 +905,7 @@ static void test_full_disk(void **state)
     lim = old;
     lim.rlim_cur = 1 << 20;
     assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
-    int rc = strata_save(ck, s.st, 2, NULL, NULL);
+    int rc = strata_save(NULL, NULL, (const char *[]){ck}, 1, s.st, 2, NULL);
     setrlimit(RLIMIT_FSIZE, &old);
     signal(SIGXFSZ, prev);
     assert_rc(rc, STRATA_ENOSPC);
@@ -908,11 +915,11 @@ static void test_full_disk(void **state)
     assert_false(tu_exists(cp));
     assert_false(tu_exists(ck)); /* the failed save removed what it created */
     assert_ok(load_all(f.ck));   /* the committed one is untouched */
-    assert_ok(strata_save(ck, s.st, 2, NULL, NULL));
+    assert_ok(strata_save(NULL, NULL, (const char *[]){ck}, 1, s.st, 2, NULL));
     tu_set d;
     tu_set_init(&d, 1);
     tu_set_shard(&d, 0, "big", STRATA_F32, 1, shape, NULL, NULL, 0, 0, 0, 0);
-    assert_ok(strata_load(ck, d.st, 1, NULL, NULL));
+    assert_ok(strata_load(NULL, NULL, (const char *[]){ck}, 1, d.st, 1, NULL));
     assert_int_equal(tu_set_check(&d), 0);
     tu_set_free(&d);
     tu_set_free(&s);
@@ -976,7 +983,8 @@ static void test_symlinks(void **state)
     assert_int_equal(symlink("step-10/COMMIT", tofile), 0);
     assert_ok(load_all(latest));
     assert_ok(open_rc(latest, 0));
-    assert_rc(strata_save(latest, f.src.st, 2, NULL, NULL), STRATA_EEXIST);
+    assert_rc(strata_save(NULL, NULL, (const char *[]){latest}, 1, f.src.st, 2, NULL),
+              STRATA_EEXIST);
     assert_rc(strata_remove_incomplete(latest), STRATA_EINVAL);
     assert_rc(load_all(dangling), STRATA_ENOENT);
     assert_rc(load_all(tofile), STRATA_ENOENT);
@@ -1062,26 +1070,34 @@ static void test_invalid_args(void **state)
     /* save and load arguments */
     char ck[600];
     snprintf(ck, sizeof ck, "%s/args", base_dir);
+    const char *u = ck;
     strata_save_opts so = STRATA_SAVE_OPTS_INIT;
     strata_load_opts lo = STRATA_LOAD_OPTS_INIT;
-    assert_rc(strata_save(ck, &st, 0, NULL, NULL), STRATA_EINVAL);
-    assert_rc(strata_save(ck, NULL, 1, NULL, NULL), STRATA_EINVAL);
+    assert_rc(strata_save(NULL, NULL, &u, 1, &st, 0, NULL), STRATA_EINVAL);
+    assert_rc(strata_save(NULL, NULL, &u, 1, NULL, 1, NULL), STRATA_EINVAL);
     strata_state *none[] = {NULL};
-    assert_rc(strata_save(ck, none, 1, NULL, NULL), STRATA_EINVAL);
+    assert_rc(strata_save(NULL, NULL, &u, 1, none, 1, NULL), STRATA_EINVAL);
     so.chunk_bytes = 1000;
-    assert_rc(strata_save(ck, &st, 1, &so, NULL), STRATA_EINVAL);
+    assert_rc(strata_save(NULL, NULL, &u, 1, &st, 1, &so), STRATA_EINVAL);
     assert_msg_has("1000");
     so.chunk_bytes = 2048;
-    assert_rc(strata_save(ck, &st, 1, &so, NULL), STRATA_EINVAL);
+    assert_rc(strata_save(NULL, NULL, &u, 1, &st, 1, &so), STRATA_EINVAL);
     so.chunk_bytes = 128u << 20;
-    assert_rc(strata_save(ck, &st, 1, &so, NULL), STRATA_EINVAL);
+    assert_rc(strata_save(NULL, NULL, &u, 1, &st, 1, &so), STRATA_EINVAL);
     so.chunk_bytes = 0;
-    so.version = 99;
-    assert_rc(strata_save(ck, &st, 1, &so, NULL), STRATA_EINVAL);
+    /* options versions: 1..current are accepted (test_versions), 0 and newer ones not */
+    const int bad_versions[] = {0, -1, STRATA_SAVE_OPTS_VERSION + 1, 99};
+    for (size_t i = 0; i < sizeof bad_versions / sizeof bad_versions[0]; i++) {
+        so.version = bad_versions[i];
+        assert_rc(strata_save(NULL, NULL, &u, 1, &st, 1, &so), STRATA_EINVAL);
+    }
     assert_false(tu_exists(ck)); /* nothing was created */
-    assert_rc(strata_load(ck, &st, 0, NULL, NULL), STRATA_EINVAL);
-    lo.version = 99;
-    assert_rc(strata_load(ck, &st, 1, &lo, NULL), STRATA_EINVAL);
+    assert_rc(strata_load(NULL, NULL, &u, 1, &st, 0, NULL), STRATA_EINVAL);
+    const int bad_lversions[] = {0, -1, STRATA_LOAD_OPTS_VERSION + 1, 99};
+    for (size_t i = 0; i < sizeof bad_lversions / sizeof bad_lversions[0]; i++) {
+        lo.version = bad_lversions[i];
+        assert_rc(strata_load(NULL, NULL, &u, 1, &st, 1, &lo), STRATA_EINVAL);
+    }
     strata_state_free(st);
 
     /* error names and strings cover the table */
@@ -1092,6 +1108,140 @@ static void test_invalid_args(void **state)
     assert_ok(strata_dtype_parse(&dt, "fp8_e5m2"));
     assert_int_equal(dt, STRATA_FP8_E5M2);
     assert_rc(strata_dtype_parse(&dt, "f128"), STRATA_EINVAL);
+}
+
+/* Options structs of an older version are accepted (the fields added later take their
+ * defaults); version 0 and versions newer than this header's are refused. */
+static void test_versions(void **state)
+{
+    (void)state;
+    tu_set s;
+    std_state(&s);
+    char ck[600];
+    snprintf(ck, sizeof ck, "%s/v1", base_dir);
+    const char *u = ck;
+
+    /* a version-1 save options struct: the layout before bg_nice, exactly its size on the
+     * heap (under ASan a read past it, of bg_nice, fails) */
+    typedef struct {
+        int version;
+        unsigned flags;
+        uint64_t step;
+        uint32_t chunk_bytes;
+        int io_threads;
+    } save_opts_v1;
+    save_opts_v1 *v1 = malloc(sizeof *v1);
+    assert_non_null(v1);
+    *v1 = (save_opts_v1){.version = 1, .flags = STRATA_SAVE_NO_SYNC, .step = 7,
+                         .chunk_bytes = 8192, .io_threads = 2};
+    assert_ok(strata_save(NULL, NULL, &u, 1, s.st, 2, (const strata_save_opts *)(void *)v1));
+    free(v1);
+    strata_ckpt *c;
+    assert_ok(strata_ckpt_open(&c, ck, 0));
+    assert_int_equal(strata_ckpt_committed(c), 1);
+    assert_int_equal(strata_ckpt_step(c), 7);
+    assert_int_equal(strata_ckpt_chunk_bytes(c), 8192);
+    strata_ckpt_free(c);
+    assert_ok(load_all(ck)); /* bitwise: load_all checks every value */
+
+    /* version 1 in a current struct is accepted too */
+    tu_rmrf(ck);
+    strata_save_opts so = STRATA_SAVE_OPTS_INIT;
+    so.version = 1;
+    so.flags = STRATA_SAVE_NO_SYNC;
+    so.step = 8;
+    so.chunk_bytes = 16384;
+    assert_ok(strata_save(NULL, NULL, &u, 1, s.st, 2, &so));
+    assert_ok(strata_ckpt_open(&c, ck, 0));
+    assert_int_equal(strata_ckpt_step(c), 8);
+    assert_int_equal(strata_ckpt_chunk_bytes(c), 16384);
+    strata_ckpt_free(c);
+
+    /* load options: version 1 is the current one; 0 and 2 are refused */
+    tu_set_free(&last_req);
+    request_all(&last_req);
+    strata_load_opts lo = STRATA_LOAD_OPTS_INIT;
+    assert_int_equal(lo.version, 1);
+    lo.version = 0;
+    assert_rc(strata_load(NULL, NULL, &u, 1, last_req.st, 1, &lo), STRATA_EINVAL);
+    lo.version = 2;
+    assert_rc(strata_load(NULL, NULL, &u, 1, last_req.st, 1, &lo), STRATA_EINVAL);
+    lo.version = 1;
+    assert_ok(strata_load(NULL, NULL, &u, 1, last_req.st, 1, &lo));
+    assert_int_equal(tu_set_check(&last_req), 0);
+
+    /* a stats struct of version 0 (zero-initialised, not STRATA_STATS_INIT) is refused,
+     * before anything is created */
+    char ck2[700];
+    tu_join(ck2, base_dir, "stats0");
+    const char *u2 = ck2;
+    strata_stats zero;
+    memset(&zero, 0, sizeof zero);
+    assert_rc(strata_save(&zero, NULL, &u2, 1, s.st, 2, NULL), STRATA_EINVAL);
+    assert_msg_has("version");
+    assert_false(tu_exists(ck2));
+    strata_stats ok = STRATA_STATS_INIT;
+    assert_ok(strata_save(&ok, NULL, &u2, 1, s.st, 2, NULL));
+    assert_true(ok.data_bytes > 0);
+    tu_rmrf(ck2);
+    tu_rmrf(ck);
+    tu_set_free(&s);
+}
+
+/* Argument errors of the save and load calls: the destinations / sources and the ranks.
+ * Each is STRATA_EINVAL, and nothing is created on disk. */
+static void test_call_args(void **state)
+{
+    (void)state;
+    fixture f;
+    make_ckpt(&f, "callargs"); /* a committed source, so a load fails only on arguments */
+    char paths[STRATA_MAX_TIERS + 1][700];
+    const char *uris[STRATA_MAX_TIERS + 1];
+    for (int i = 0; i <= STRATA_MAX_TIERS; i++) {
+        snprintf(paths[i], sizeof paths[i], "%s/tier-%d", base_dir, i);
+        uris[i] = paths[i];
+    }
+    const int bad_n[] = {0, -1, STRATA_MAX_TIERS + 1};
+    for (size_t i = 0; i < sizeof bad_n / sizeof bad_n[0]; i++) {
+        assert_rc(strata_save(NULL, NULL, uris, bad_n[i], f.src.st, 2, NULL), STRATA_EINVAL);
+        for (int k = 0; k <= STRATA_MAX_TIERS; k++)
+            assert_false(tu_exists(paths[k]));
+    }
+    /* NULL uris; a NULL uri inside the array (the first one valid) */
+    assert_rc(strata_save(NULL, NULL, NULL, 1, f.src.st, 2, NULL), STRATA_EINVAL);
+    const char *with_null[] = {paths[0], NULL, paths[2]};
+    assert_rc(strata_save(NULL, NULL, with_null, 3, f.src.st, 2, NULL), STRATA_EINVAL);
+    /* no states */
+    assert_rc(strata_save(NULL, NULL, uris, 1, f.src.st, 0, NULL), STRATA_EINVAL);
+    for (int k = 0; k <= STRATA_MAX_TIERS; k++)
+        assert_false(tu_exists(paths[k]));
+
+    /* the same for a load from the committed checkpoint */
+    tu_set_free(&last_req);
+    request_all(&last_req);
+    const char *src[STRATA_MAX_TIERS + 1];
+    for (int i = 0; i <= STRATA_MAX_TIERS; i++)
+        src[i] = f.ck;
+    for (size_t i = 0; i < sizeof bad_n / sizeof bad_n[0]; i++)
+        assert_rc(strata_load(NULL, NULL, src, bad_n[i], last_req.st, 1, NULL), STRATA_EINVAL);
+    assert_rc(strata_load(NULL, NULL, NULL, 1, last_req.st, 1, NULL), STRATA_EINVAL);
+    const char *lnull[] = {f.ck, NULL};
+    assert_rc(strata_load(NULL, NULL, lnull, 2, last_req.st, 1, NULL), STRATA_EINVAL);
+    assert_rc(strata_load(NULL, NULL, src, 1, last_req.st, 0, NULL), STRATA_EINVAL);
+    for (int k = 0; k <= STRATA_MAX_TIERS; k++)
+        assert_false(tu_exists(paths[k]));
+    /* and the arguments fixed, both work: every tier allowed */
+    assert_ok(strata_load(NULL, NULL, src, STRATA_MAX_TIERS, last_req.st, 1, NULL));
+    assert_int_equal(tu_set_check(&last_req), 0);
+    strata_save_opts so = STRATA_SAVE_OPTS_INIT;
+    so.flags = STRATA_SAVE_NO_SYNC;
+    assert_ok(strata_save(NULL, NULL, uris, STRATA_MAX_TIERS, f.src.st, 2, &so));
+    for (int k = 0; k < STRATA_MAX_TIERS; k++) {
+        assert_ok(load_all(paths[k]));
+        tu_rmrf(paths[k]);
+    }
+    assert_false(tu_exists(paths[STRATA_MAX_TIERS]));
+    drop_ckpt(&f);
 }
 
 static int setup(void **state)
@@ -1128,6 +1278,8 @@ int main(void)
         cmocka_unit_test(test_remove_incomplete),
         cmocka_unit_test(test_symlinks),
         cmocka_unit_test(test_invalid_args),
+        cmocka_unit_test(test_versions),
+        cmocka_unit_test(test_call_args),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

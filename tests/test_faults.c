@@ -20,8 +20,9 @@
  * clearing of an incomplete checkpoint and the cleanup after a failure call (tested on
  * their own below).
  * Saves run on one I/O thread (deterministic call order) except for a few rounds on 4.
- * The walk runs once more through strata_save_async, where every fault must come back on
- * the handle (the start does no I/O). */
+ * Synchronous saves are strata_save without a saver (straight from the caller's buffers).
+ * The walk runs once more through strata_save_start on a saver with a pool, where every
+ * fault must come back on the handle (the start does no I/O). */
 #include <signal.h>
 #include <sys/resource.h>
 
@@ -41,10 +42,11 @@ static tu_set src;
 static int nfiles;      /* data files of a clean save of src */
 static int write_tasks; /* pwrite tasks of a clean save (stats.io_calls) */
 static int save_points, load_points;
-/* save_point saves through strata_save_async (a pool of 4 buffers of 8 KiB; the error
- * travels on the handle) instead of strata_save */
+/* save_point saves through strata_save_start on async_saver (a pool of 4 buffers of
+ * 8 KiB; the error travels on the handle) instead of strata_save */
 static int async_mode;
 static strata_pool *async_pool;
+static strata_saver *async_saver;
 static int verbose; /* $STRATA_FAULT_VERBOSE: print every fault point and its message */
 static char op_msg[1024]; /* the message of the last load_all / verify_rc that failed */
 
@@ -90,7 +92,8 @@ static strata_save_opts save_opts(int threads, int sync)
     o.chunk_bytes = 4096;
     o.step = 7;
     o.io_threads = threads;
-    o.no_sync = !sync;
+    if (!sync)
+        o.flags |= STRATA_SAVE_NO_SYNC;
     return o;
 }
 
@@ -102,7 +105,7 @@ static int load_all(const char *uri, int threads)
     layout(&d, 0);
     strata_load_opts o = STRATA_LOAD_OPTS_INIT;
     o.io_threads = threads;
-    int rc = strata_load(uri, d.st, d.n, &o, NULL);
+    int rc = strata_load(NULL, NULL, &uri, 1, d.st, d.n, &o);
     snprintf(op_msg, sizeof op_msg, "%s", strata_error_last());
     if (rc == 0 && tu_set_check(&d) != 0)
         fail_msg("load of %s succeeded with wrong data", uri);
@@ -151,7 +154,7 @@ static void check_nothing_left(const char *ck, const char *what)
     if (tu_exists(cp))
         fail_msg("%s: a commit record exists after a failed save", what);
     strata_probe_info pi;
-    int rc = strata_probe(ck, &pi);
+    int rc = strata_probe(&pi, ck);
     if (rc == 0 ? pi.committed || pi.is_ckpt : rc != STRATA_ENOENT)
         fail_msg("%s: probe after a failed save: %s, committed %d, is_ckpt %d", what,
                  strata_error_name(rc), pi.committed, pi.is_ckpt);
@@ -179,23 +182,24 @@ static int save_point(const char *target, const char *query, int threads, int sy
     char uri[1400];
     snprintf(uri, sizeof uri, "fault+file://%s?%s", target, query);
     strata_save_opts o = save_opts(threads, sync);
+    const char *u = uri;
     int rc;
     if (async_mode) {
         strata_handle *h;
-        rc = strata_save_async(&h, uri, src.st, NR, &o, async_pool);
+        rc = strata_save_start(&h, async_saver, &u, 1, src.st, NR, &o);
         if (rc == 0) { /* the start does no I/O: faults show up on the handle */
             int src_rc = strata_wait_snapshot(h);
-            rc = strata_wait_durable(h, NULL);
+            rc = strata_wait_durable(NULL, h);
             if (src_rc && src_rc != rc)
                 fail_msg("%s: wait_snapshot said %s, wait_durable %s", uri,
                          strata_error_name(src_rc), strata_error_name(rc));
             const char *hm;
-            if (strata_handle_error(h, &hm) != rc)
-                fail_msg("%s: strata_handle_error disagrees with wait_durable", uri);
+            if (strata_handle_status(&hm, h) != rc)
+                fail_msg("%s: strata_handle_status disagrees with wait_durable", uri);
             strata_handle_free(h);
         }
     } else {
-        rc = strata_save(uri, src.st, NR, &o, NULL);
+        rc = strata_save(NULL, NULL, &u, 1, src.st, NR, &o);
     }
     snprintf(msg, cap, "%s", strata_error_last());
     if (rc == 0) {
@@ -208,7 +212,7 @@ static int save_point(const char *target, const char *query, int threads, int sy
     check_nothing_left(target, uri);
     check_prev();
     o = save_opts(threads, 0);
-    assert_ok(strata_save(target, src.st, NR, &o, NULL)); /* the retry, without the fault */
+    assert_ok(strata_save(NULL, NULL, &target, 1, src.st, NR, &o)); /* the retry, no fault */
     assert_loads(target);
     tu_rmrf(target);
     return rc;
@@ -295,18 +299,20 @@ static void test_save_faults_threads(void **state)
     assert_int_equal(save_matrix("allocate", new_ck, 4, 0, 0, 1), nfiles);
 }
 
-/* The same walk through strata_save_async: every fault point fails the save on its handle
- * with the mapped code and leaves nothing behind. The writes are the pool-buffer-sized
- * tasks of a clean asynchronous save (its stats.io_calls). */
+/* The same walk through strata_save_start on a saver with a pool: every fault point fails
+ * the save on its handle with the mapped code and leaves nothing behind. The writes are
+ * the pool-buffer-sized tasks of a clean asynchronous save (its stats.io_calls). */
 static void test_save_faults_async(void **state)
 {
     (void)state;
     assert_ok(strata_pool_new(&async_pool, 4 * 8192));
+    assert_ok(strata_saver_new(&async_saver, NULL, async_pool));
     strata_save_opts o = save_opts(1, 0);
     strata_handle *h;
-    strata_stats st;
-    assert_ok(strata_save_async(&h, new_ck, src.st, NR, &o, async_pool));
-    assert_ok(strata_wait_durable(h, &st));
+    strata_stats st = STRATA_STATS_INIT;
+    const char *u = new_ck;
+    assert_ok(strata_save_start(&h, async_saver, &u, 1, src.st, NR, &o));
+    assert_ok(strata_wait_durable(&st, h));
     strata_handle_free(h);
     tu_rmrf(new_ck);
     int tasks = (int)st.io_calls;
@@ -330,6 +336,8 @@ static void test_save_faults_async(void **state)
     }
     assert_int_equal(save_matrix("write", new_ck, 3, 0, 0, 1), tasks + 2); /* 3 flushers */
     async_mode = 0;
+    strata_saver_free(async_saver);
+    async_saver = NULL;
     strata_pool_free(async_pool);
     async_pool = NULL;
 }
@@ -339,7 +347,8 @@ static void make_incomplete(void)
 {
     strata_save_opts o = save_opts(1, 0);
     tu_rmrf(new_ck);
-    assert_ok(strata_save(new_ck, src.st, NR, &o, NULL));
+    const char *u = new_ck;
+    assert_ok(strata_save(NULL, NULL, &u, 1, src.st, NR, &o));
     char cp[800];
     tu_join(cp, new_ck, ST_COMMIT_FILE);
     assert_int_equal(unlink(cp), 0);
@@ -361,7 +370,8 @@ static void test_unlink_faults(void **state)
             char uri[1400];
             snprintf(uri, sizeof uri, "fault+file://%s?op=unlink&n=%d&errno=%s", new_ck, n, err);
             strata_save_opts o = save_opts(1, 0);
-            int rc = strata_save(uri, src.st, NR, &o, NULL);
+            const char *u = uri, *nu = new_ck;
+            int rc = strata_save(NULL, NULL, &u, 1, src.st, NR, &o);
             if (rc == 0) {
                 if (count < 0)
                     count = n - 1;
@@ -375,12 +385,12 @@ static void test_unlink_faults(void **state)
                          strata_error_last(), strata_error_name(mapped(err)));
             assert_msg_has("cannot remove");
             strata_probe_info pi;
-            assert_ok(strata_probe(new_ck, &pi));
+            assert_ok(strata_probe(&pi, new_ck));
             assert_false(pi.has_commit);
             assert_false(pi.committed);
             assert_true(pi.is_ckpt); /* the file that could not be removed */
             check_prev();
-            assert_ok(strata_save(new_ck, src.st, NR, &o, NULL));
+            assert_ok(strata_save(NULL, NULL, &nu, 1, src.st, NR, &o));
             assert_loads(new_ck);
         }
     }
@@ -410,7 +420,8 @@ static void test_cleanup_faults(void **state)
         lim = old;
         lim.rlim_cur = 16384; /* the smallest data file is larger */
         assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
-        int rc = strata_save(uri, src.st, NR, &o, NULL);
+        const char *u = uri, *nu = new_ck;
+        int rc = strata_save(NULL, NULL, &u, 1, src.st, NR, &o);
         setrlimit(RLIMIT_FSIZE, &old);
         signal(SIGXFSZ, prev);
         save_points++;
@@ -419,7 +430,7 @@ static void test_cleanup_faults(void **state)
                      strata_error_last());
         assert_msg_has("data-000000.bin");
         strata_probe_info pi;
-        assert_ok(strata_probe(new_ck, &pi));
+        assert_ok(strata_probe(&pi, new_ck));
         assert_true(pi.is_ckpt);
         assert_false(pi.has_commit);
         assert_false(pi.committed);
@@ -428,7 +439,7 @@ static void test_cleanup_faults(void **state)
         check_prev();
         assert_ok(strata_remove_incomplete(new_ck));
         assert_false(tu_exists(new_ck));
-        assert_ok(strata_save(new_ck, src.st, NR, &o, NULL));
+        assert_ok(strata_save(NULL, NULL, &nu, 1, src.st, NR, &o));
         assert_loads(new_ck);
         tu_rmrf(new_ck);
     }
@@ -502,12 +513,13 @@ static void test_load_faults(void **state)
 {
     (void)state;
     /* reads: commit record, metadata, then one per coalesced read of the plan */
-    strata_stats st;
+    strata_stats st = STRATA_STATS_INIT;
     tu_set d;
     layout(&d, 0);
     strata_load_opts lo = STRATA_LOAD_OPTS_INIT;
     lo.io_threads = 1;
-    assert_ok(strata_load(prev_ck, d.st, d.n, &lo, &st));
+    const char *pu = prev_ck;
+    assert_ok(strata_load(&st, NULL, &pu, 1, d.st, d.n, &lo));
     tu_set_free(&d);
     int nreads = (int)st.io_calls;
 
@@ -530,6 +542,7 @@ static int setup(void **state)
     (void)state;
     verbose = tu_env_u64("STRATA_FAULT_VERBOSE", 0) != 0;
     tu_tmpdir(base_dir, sizeof base_dir, "faults");
+    assert_int_equal(st_vfs_fault_register(), 0);
     snprintf(prev_ck, sizeof prev_ck, "%s/prev", base_dir);
     snprintf(new_ck, sizeof new_ck, "%s/new", base_dir);
     snprintf(nest_dir, sizeof nest_dir, "%s/nest", base_dir);
@@ -537,15 +550,16 @@ static int setup(void **state)
     layout(&src, 1);
     /* the previous checkpoint: same layout, synced */
     strata_save_opts o = save_opts(0, 1);
-    if (strata_save(prev_ck, src.st, NR, &o, NULL))
+    const char *pu = prev_ck, *nu = new_ck;
+    if (strata_save(NULL, NULL, &pu, 1, src.st, NR, &o))
         fail_msg("saving %s: %s", prev_ck, strata_error_last());
     strata_ckpt *c;
     assert_ok(strata_ckpt_open(&c, prev_ck, 0));
     nfiles = (int)strata_ckpt_nfiles(c);
     strata_ckpt_free(c);
-    strata_stats st;
+    strata_stats st = STRATA_STATS_INIT;
     o = save_opts(1, 0);
-    assert_ok(strata_save(new_ck, src.st, NR, &o, &st));
+    assert_ok(strata_save(&st, NULL, &nu, 1, src.st, NR, &o));
     write_tasks = (int)st.io_calls;
     tu_rmrf(new_ck);
     assert_int_equal(nfiles, NR);

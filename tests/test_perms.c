@@ -29,8 +29,8 @@ static void save_small(const char *ck, int expect)
     }
     strata_save_opts o = STRATA_SAVE_OPTS_INIT;
     o.chunk_bytes = 4096;
-    o.no_sync = 1;
-    assert_rc(strata_save(ck, s.st, 2, &o, NULL), expect);
+    o.flags |= STRATA_SAVE_NO_SYNC;
+    assert_rc(strata_save(NULL, NULL, &ck, 1, s.st, 2, &o), expect);
     tu_set_free(&s);
 }
 
@@ -244,7 +244,7 @@ static void test_remove_symlinks(void **state)
     assert_false(exists_in(ck, ST_META_FILE));
     assert_trap_links(ck);
     strata_probe_info pi;
-    assert_ok(strata_probe(ck, &pi));
+    assert_ok(strata_probe(&pi, ck));
     assert_false(pi.is_ckpt); /* nothing of strata's is left */
     assert_ok(strata_remove_incomplete(ck)); /* again: still nothing followed */
     assert_trap_links(ck);

@@ -26,7 +26,7 @@ static int plan_save(st_save_plan *p, const tu_set *s)
     return rc;
 }
 
-static int plan_load(st_load_plan *p, const st_meta *m, const tu_set *s)
+static int plan_load(st_io_plan *p, const st_meta *m, const tu_set *s)
 {
     st_rank_view *v = views(s);
     int rc = st_plan_load(p, m, v, s->n, 16u << 20);
@@ -80,15 +80,15 @@ static void test_dedup_replicas(void **state)
     char dir[512], ck[600];
     tu_tmpdir(dir, sizeof dir, "plan");
     tu_join(ck, dir, "ck");
-    strata_stats st;
-    assert_ok(strata_save(ck, s.st, 8, NULL, &st));
+    strata_stats st = STRATA_STATS_INIT;
+    assert_ok(strata_save(&st, NULL, (const char *[]){ck}, 1, s.st, 8, NULL));
     assert_int_equal(st.data_bytes, distinct);
     assert_int_equal(st.bytes, distinct);
     strata_ckpt *c;
     assert_ok(strata_ckpt_open(&c, ck, 0));
     assert_int_equal(strata_ckpt_data_bytes(c), distinct);
     strata_tensor_info ti;
-    strata_ckpt_tensor(c, 1, &ti);
+    strata_ckpt_tensor(&ti, c, 1);
     assert_string_equal(ti.name, "w");
     assert_int_equal(ti.nshards, 2);
     strata_ckpt_free(c);
@@ -151,9 +151,9 @@ static void test_balance_dp(void **state)
     tu_tmpdir(dir, sizeof dir, "plan");
     tu_join(ck, dir, "ck");
     strata_save_opts o = STRATA_SAVE_OPTS_INIT;
-    o.no_sync = 1;
-    strata_stats st;
-    assert_ok(strata_save(ck, s.st, 4, &o, &st));
+    o.flags |= STRATA_SAVE_NO_SYNC;
+    strata_stats st = STRATA_STATS_INIT;
+    assert_ok(strata_save(&st, NULL, (const char *[]){ck}, 1, s.st, 4, &o));
     assert_int_equal(st.writers, 4);
     assert_true(st.max_writer_bytes * 4 <= total * 110 / 100);
     tu_rmrf(dir);
@@ -209,11 +209,11 @@ static void test_balance_split(void **state)
     char dir[512], ck[600];
     tu_tmpdir(dir, sizeof dir, "plan");
     tu_join(ck, dir, "ck");
-    strata_stats st;
-    assert_ok(strata_save(ck, s.st, 4, NULL, &st));
+    strata_stats st = STRATA_STATS_INIT;
+    assert_ok(strata_save(&st, NULL, (const char *[]){ck}, 1, s.st, 4, NULL));
     assert_int_equal(st.data_bytes, total);
     assert_true(st.balance_bound <= st.max_writer_bytes);
-    assert_ok(strata_load(ck, d.st, 3, NULL, NULL));
+    assert_ok(strata_load(NULL, NULL, (const char *[]){ck}, 1, d.st, 3, NULL));
     assert_int_equal(tu_set_check(&d), 0);
     tu_rmrf(dir);
     tu_set_free(&s);
@@ -297,7 +297,7 @@ static void test_save_errors(void **state)
 /* Saves (plans) `src` and plans loading `dst` from its metadata. */
 typedef struct {
     st_save_plan sp;
-    st_load_plan lp;
+    st_io_plan lp;
 } plans;
 
 static int plan_both(plans *x, const tu_set *src, const tu_set *dst)
@@ -311,12 +311,12 @@ static int plan_both(plans *x, const tu_set *src, const tu_set *dst)
 
 static void plans_free(plans *x)
 {
-    st_load_plan_free(&x->lp);
+    st_io_plan_free(&x->lp);
     st_save_plan_free(&x->sp);
 }
 
 /* Every destination byte of dst is written by exactly one run, and nothing else is. */
-static void assert_exact_cover(const st_load_plan *lp, const tu_set *dst)
+static void assert_exact_cover(const st_io_plan *lp, const tu_set *dst)
 {
     uint64_t req = 0, run_bytes = 0;
     for (size_t i = 0; i < dst->nsh; i++)
@@ -402,7 +402,7 @@ static void test_load_empty(void **state)
     assert_int_equal(x.sp.meta->tensors[1].nshards, 0);
     assert_int_equal(x.lp.request_bytes, 0);
     assert_int_equal(x.lp.nruns, 0);
-    assert_int_equal(x.lp.nreads, 0);
+    assert_int_equal(x.lp.nios, 0);
     assert_int_equal(x.lp.payload_bytes, 0);
     plans_free(&x);
     tu_set_free(&src);
@@ -434,7 +434,7 @@ static void test_load_shared_chunks(void **state)
 }
 
 /* Bytes of the chunks of one extent that hold any byte of the given runs (brute force). */
-static uint64_t needed_chunk_bytes(const st_load_plan *lp, uint32_t piece)
+static uint64_t needed_chunk_bytes(const st_io_plan *lp, uint32_t piece)
 {
     const st_extent *e = lp->ext[piece];
     uint64_t nc = st_nchunks(e->bytes, CHUNK), total = 0;
@@ -479,9 +479,9 @@ static void test_load_partial(void **state)
     tu_join(ck, dir, "ck");
     strata_save_opts so = STRATA_SAVE_OPTS_INIT;
     so.chunk_bytes = CHUNK;
-    strata_stats st;
-    assert_ok(strata_save(ck, src.st, 1, &so, &st));
-    assert_ok(strata_load(ck, dst.st, 2, NULL, &st));
+    strata_stats st = STRATA_STATS_INIT;
+    assert_ok(strata_save(&st, NULL, (const char *[]){ck}, 1, src.st, 1, &so));
+    assert_ok(strata_load(&st, NULL, (const char *[]){ck}, 1, dst.st, 2, NULL));
     assert_int_equal(st.bytes, 4 * CHUNK);
     assert_int_equal(tu_set_check(&dst), 0);
     tu_rmrf(dir);
@@ -498,7 +498,7 @@ static void test_load_errors(void **state)
     tu_set_shard(&src, 0, "w", STRATA_F32, 2, shape, off, half, 0, 0, 0, 1);
     tu_set_blob(&src, 0, "cfg", 0, 0, 10, 1);
     st_save_plan sp;
-    st_load_plan lp;
+    st_io_plan lp;
     assert_ok(plan_save(&sp, &src));
     struct {
         const char *name;
@@ -521,7 +521,7 @@ static void test_load_errors(void **state)
             assert_msg_has(cases[i].name);
             assert_msg_has("rank 1");
         } else {
-            st_load_plan_free(&lp);
+            st_io_plan_free(&lp);
         }
         tu_set_free(&dst);
     }

@@ -170,12 +170,14 @@ static int run_case(uint64_t seed, unsigned idx)
     so.step = idx;
     so.chunk_bytes = chunks[tu_below(&g, 4)];
     so.io_threads = (int)tu_range(&g, 1, 4);
-    so.no_sync = 1;
-    so.no_direct = tu_chance(&g, 50);
+    so.flags |= STRATA_SAVE_NO_SYNC;
+    if (tu_chance(&g, 50))
+        so.flags |= STRATA_SAVE_NO_DIRECT;
     strata_load_opts lo = STRATA_LOAD_OPTS_INIT;
     lo.io_threads = (int)tu_range(&g, 1, 4);
     lo.max_io_bytes = max_ios[tu_below(&g, 5)];
-    lo.no_direct = tu_chance(&g, 50);
+    if (tu_chance(&g, 50))
+        lo.flags |= STRATA_LOAD_NO_DIRECT;
 
     tu_set src, dst;
     tu_set_init(&src, nsrc);
@@ -224,8 +226,8 @@ static int run_case(uint64_t seed, unsigned idx)
     char ck[600];
     snprintf(ck, sizeof ck, "%s/case-%u", base_dir, idx);
     const char *why = NULL;
-    strata_stats ss, ls;
-    int rc = strata_save(ck, src.st, nsrc, &so, &ss);
+    strata_stats ss = STRATA_STATS_INIT, ls = STRATA_STATS_INIT;
+    int rc = strata_save(&ss, NULL, (const char *[]){ck}, 1, src.st, nsrc, &so);
     if (rc)
         why = "save failed";
     else if (ss.data_bytes != distinct || ss.bytes != distinct)
@@ -234,7 +236,7 @@ static int run_case(uint64_t seed, unsigned idx)
         why = "save stats: writers";
     else if (ss.balance_bound > ss.max_writer_bytes)
         why = "save stats: the balance bound exceeds the largest writer";
-    if (!why && (rc = strata_load(ck, dst.st, ndst, &lo, &ls)) != 0)
+    if (!why && (rc = strata_load(&ls, NULL, (const char *[]){ck}, 1, dst.st, ndst, &lo)) != 0)
         why = "load failed";
     if (!why && ls.bytes > distinct)
         why = "load read more than the checkpoint holds";
@@ -253,8 +255,9 @@ static int run_case(uint64_t seed, unsigned idx)
                     strata_error_name(rc), strata_error_last());
         print_error("  %d -> %d ranks, chunk %u, save threads %d direct %d, load threads %d "
                     "max_io %u direct %d\n",
-                    nsrc, ndst, so.chunk_bytes, so.io_threads, !so.no_direct, lo.io_threads,
-                    lo.max_io_bytes, !lo.no_direct);
+                    nsrc, ndst, so.chunk_bytes, so.io_threads,
+                    !(so.flags & STRATA_SAVE_NO_DIRECT), lo.io_threads, lo.max_io_bytes,
+                    !(lo.flags & STRATA_LOAD_NO_DIRECT));
         for (int i = 0; i < nt; i++) {
             print_error("  %s %s [", t[i].name, strata_dtype_name(t[i].dt));
             for (int d = 0; d < t[i].ndim; d++)
@@ -308,7 +311,8 @@ static void *worker_main(void *p)
     snprintf(uri, sizeof uri, "s3://bucket-%u/x", w->first);
     strata_state *st;
     strata_state_new(&st);
-    w->msg_ok = strata_load(uri, &st, 1, NULL, NULL) == STRATA_ESCHEME &&
+    const char *u = uri;
+    w->msg_ok = strata_load(NULL, NULL, &u, 1, &st, 1, NULL) == STRATA_ESCHEME &&
                 strstr(strata_error_last(), uri) != NULL;
     strata_state_free(st);
     return NULL;
@@ -327,8 +331,8 @@ static void test_threads(void **state)
     snprintf(ck, sizeof ck, "%s/shared", base_dir);
     strata_save_opts so = STRATA_SAVE_OPTS_INIT;
     so.chunk_bytes = 4096;
-    so.no_sync = 1;
-    assert_ok(strata_save(ck, src.st, 2, &so, NULL));
+    so.flags |= STRATA_SAVE_NO_SYNC;
+    assert_ok(strata_save(NULL, NULL, (const char *[]){ck}, 1, src.st, 2, &so));
     tu_set_free(&src);
     strata_ckpt *c;
     assert_ok(strata_ckpt_open(&c, ck, 0));
@@ -356,12 +360,12 @@ static void roundtrip_lo(tu_set *src, tu_set *dst, const strata_save_opts *so,
 {
     char ck[700];
     snprintf(ck, sizeof ck, uri_fmt, base_dir);
-    assert_ok(strata_save(ck, src->st, src->n, so, NULL));
+    assert_ok(strata_save(NULL, NULL, (const char *[]){ck}, 1, src->st, src->n, so));
     for (size_t i = 0; i < dst->nsh; i++) /* poison again: dst may be reused */
         if (dst->sh[i].sh.data)
             memset(dst->sh[i].sh.data, 0xA5,
                    tu_shard_numel(&dst->sh[i].sh) * strata_dtype_size(dst->sh[i].sh.dtype));
-    assert_ok(strata_load(ck, dst->st, dst->n, lo, NULL));
+    assert_ok(strata_load(NULL, NULL, (const char *[]){ck}, 1, dst->st, dst->n, lo));
     assert_int_equal(tu_set_check(dst), 0);
     strata_ckpt *c;
     assert_ok(strata_ckpt_open(&c, ck, 0));
@@ -411,7 +415,7 @@ static void test_big_chunk(void **state)
     tu_set_shard(&dst, 2, "big", STRATA_F32, 2, shape, NULL, NULL, 1, 1000, 1001, 0);
     strata_save_opts so = STRATA_SAVE_OPTS_INIT;
     so.chunk_bytes = 16u << 20;
-    so.no_sync = 1;
+    so.flags |= STRATA_SAVE_NO_SYNC;
     roundtrip(&src, &dst, &so, "%s/big-chunk");
     /* default 4 MiB chunks: each 12 MiB extent takes two write tasks, and with 1 MiB
      * reads (rounded up to a chunk) three reads */
@@ -462,7 +466,7 @@ static void test_load_subset(void **state)
     tu_set_shard(&dst, 0, "b", STRATA_I64, 2, shape, off, len, 0, 0, 0, 0);
     tu_set_shard(&dst, 1, "b", STRATA_I64, 2, shape, NULL, NULL, 1, 8000, 8001, 0);
     strata_save_opts so = STRATA_SAVE_OPTS_INIT;
-    so.no_sync = 1;
+    so.flags |= STRATA_SAVE_NO_SYNC;
     roundtrip(&src, &dst, &so, "%s/subset");
     tu_set_free(&src);
     tu_set_free(&dst);

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "core/util.h"
+#include "io/vfs_fault.h"
 #include "strata.h"
 
 /* ---- assertions on strata calls ---- */
@@ -164,7 +165,7 @@ static inline void tu_tmpdir(char *out, size_t cap, const char *tag)
     {                                                                                        \
         (void)state;                                                                         \
         tu_tmpdir(dir, sizeof dir, tag);                                                     \
-        return 0;                                                                            \
+        return st_vfs_fault_register(); /* fault+<uri> for the fault walks */                \
     }                                                                                        \
     static int tu_group_teardown(void **state)                                               \
     {                                                                                        \
@@ -356,7 +357,8 @@ static inline void tu_set_blob(tu_set *s, int r, const char *name, int rank_loca
         tu_blob_bytes(x->data, size, name, x->owner);
     else if (size)
         memset(x->data, 0x5A, size);
-    assert_ok(strata_state_add_blob(s->st[r], name, rank_local, owner, x->data, size));
+    assert_ok(strata_state_add_blob(s->st[r], name, rank_local ? STRATA_BLOB_RANK_LOCAL : 0, owner,
+                                    x->data, size));
 }
 
 /* Checks every shard and blob of the set against the pattern. Returns 0, or -1 after

@@ -1,9 +1,10 @@
 /* bench_async.c - `strata bench async`: a training-loop simulator. Each iteration runs a
  * "forward/backward" that reads the whole state (a memory-bandwidth kernel, --passes
  * times) and an "update" that writes it; every k-th iteration checkpoints. Compares, in
- * one run: no checkpoints, a synchronous strata_save, and the lazy strata_save_async
- * (started before forward/backward, waited for with strata_wait_snapshot before the
- * update, made durable in the background). One process, one rank. */
+ * one run: no checkpoints, a synchronous strata_save, and the lazy strata_save_start on
+ * one saver with a pool (started before forward/backward, waited for with
+ * strata_wait_snapshot before the update, made durable in the background). One process,
+ * one rank. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,12 +20,12 @@ static const char HELP[] =
     "A training loop over an N MiB state (default 512) in 16 MiB f32 tensors: forward/\n"
     "backward reads the state P times (default 4), the update writes it once; a checkpoint\n"
     "every K iterations (default 5) into D (default $TMPDIR), I iterations (default 20)\n"
-    "per mode. Modes: none, sync (strata_save), async (strata_save_async with a pool of M\n"
-    "MiB, default min(1024, N), allocated once). The modes take turns, R rounds (default\n"
-    "3, each round in another order); for each mode, the medians over the rounds of: the\n"
-    "mean iteration time, the overhead over none, and the stall per checkpoint (time the\n"
-    "loop was blocked by strata; the last async checkpoint's flush after the loop is shown\n"
-    "apart, as the final drain).\n"
+    "per mode. Modes: none, sync (strata_save), async (strata_save_start on one saver with\n"
+    "a pool of M MiB, default min(1024, N), allocated once). The modes take turns, R rounds\n"
+    "(default 3, each round in another order); for each mode, the medians over the rounds\n"
+    "of: the mean iteration time, the overhead over none, and the stall per checkpoint\n"
+    "(time the loop was blocked by strata; the last async checkpoint's flush after the loop\n"
+    "is shown apart, as the final drain).\n"
     "Last line: stall_ratio=X overhead=Y peak_extra_bytes=Z pool_bytes=P\n"
     "(async stall / sync stall; async overhead over none; the largest peak RSS growth during\n"
     "an async run, pool included).\n";
@@ -97,9 +98,10 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-/* One mode's run of the loop: mode 0 no checkpoints, 1 strata_save, 2 strata_save_async
- * through pool. The checkpoints are removed afterwards (the disk stays bounded). */
-static int run_mode(model *m, strata_state *st, int mode, strata_pool *pool, const char *base,
+/* One mode's run of the loop: mode 0 no checkpoints, 1 strata_save (no saver: straight
+ * from the buffers), 2 strata_save_start on sv (its pool). The checkpoints are removed
+ * afterwards (the disk stays bounded). */
+static int run_mode(model *m, strata_state *st, int mode, strata_saver *sv, const char *base,
                     long long iters, long long every, long long passes, result *res)
 {
     strata_handle *pending = NULL;
@@ -109,24 +111,25 @@ static int run_mode(model *m, strata_state *st, int mode, strata_pool *pool, con
         int checkpoint = mode > 0 && it % every == 0;
         char path[4200];
         snprintf(path, sizeof path, "%s/m%d-%lld", base, mode, it);
+        const char *uri = path;
         strata_save_opts o = STRATA_SAVE_OPTS_INIT;
         o.step = (uint64_t)it;
         strata_handle *h = NULL;
         if (checkpoint && mode == 2) { /* lazy: starts now, copies during forward */
             double s0 = cli_now();
             if (pending) { /* the previous one must be durable before it is removed */
-                rc = strata_wait_durable(pending, NULL);
+                rc = strata_wait_durable(NULL, pending);
                 strata_handle_free(pending);
                 pending = NULL;
             }
             if (!rc)
-                rc = strata_save_async(&h, path, &st, 1, &o, pool);
+                rc = strata_save_start(&h, sv, &uri, 1, &st, 1, &o);
             stall += cli_now() - s0;
         }
         forward_backward(m, (int)passes);
         if (checkpoint && mode == 1) { /* synchronous: the loop waits for the disk */
             double s0 = cli_now();
-            rc = strata_save(path, &st, 1, &o, NULL);
+            rc = strata_save(NULL, NULL, &uri, 1, &st, 1, &o);
             stall += cli_now() - s0;
         }
         if (h) { /* the update may not start before the snapshot is taken */
@@ -141,7 +144,7 @@ static int run_mode(model *m, strata_state *st, int mode, strata_pool *pool, con
     double total = cli_now() - t0;
     if (pending) { /* after the loop: the last checkpoint drains (not a stall) */
         double s0 = cli_now();
-        int r2 = strata_wait_durable(pending, NULL);
+        int r2 = strata_wait_durable(NULL, pending);
         res->drain_s = cli_now() - s0;
         rc = rc ? rc : r2;
         strata_handle_free(pending);
@@ -220,6 +223,7 @@ int cmd_bench_async(int argc, char **argv)
     long long peak_extra = 0;
     uint64_t pool_bytes = 0;
     strata_pool *pool = NULL; /* allocated once, at the first async run, and reused */
+    strata_saver *sv = NULL;  /* the same: one saver, its pool that one */
     int rc = 0;
     for (long long round = 0; round < rounds && !rc; round++)
         for (int turn = 0; turn < 3 && !rc; turn++) {
@@ -228,13 +232,14 @@ int cmd_bench_async(int argc, char **argv)
             reset_hwm();
             long long rss0 = status_kb("VmRSS");
             if (mode == 2 && !pool) {
-                if ((rc = strata_pool_new(&pool, (uint64_t)pool_mb << 20)))
+                if ((rc = strata_pool_new(&pool, (uint64_t)pool_mb << 20)) ||
+                    (rc = strata_saver_new(&sv, NULL, pool)))
                     break;
                 pool_bytes = strata_pool_bytes(pool);
             } else if (mode == 2) {
                 rss0 -= (long long)(pool_bytes >> 10); /* the pool counts as extra */
             }
-            rc = run_mode(&m, st, mode, pool, base, iters, every, passes, r);
+            rc = run_mode(&m, st, mode, sv, base, iters, every, passes, r);
             if (mode == 2) {
                 long long extra = (status_kb("VmHWM") - rss0) * 1024;
                 peak_extra = extra > peak_extra ? extra : peak_extra;
@@ -243,6 +248,7 @@ int cmd_bench_async(int argc, char **argv)
                    mode_names[mode], r->iter_s * 1e3, r->stall_s * 1e3);
             fflush(stdout);
         }
+    strata_saver_free(sv);
     strata_pool_free(pool);
     rmdir(base);
     int status = 0;

@@ -62,7 +62,7 @@ int cmd_inspect(int argc, char **argv)
         return EXIT_USAGE;
     }
     strata_ckpt *ck;
-    int rc = strata_ckpt_open(&ck, path, 1);
+    int rc = strata_ckpt_open(&ck, path, STRATA_OPEN_INCOMPLETE);
     if (rc)
         return cli_fail("inspect", rc);
     size_t nt = strata_ckpt_ntensors(ck), nb = strata_ckpt_nblobs(ck), nf = strata_ckpt_nfiles(ck);
@@ -74,17 +74,16 @@ int cmd_inspect(int argc, char **argv)
                (unsigned long long)strata_ckpt_step(ck),
                (unsigned long long)strata_ckpt_data_bytes(ck), strata_ckpt_chunk_bytes(ck));
         for (size_t i = 0; i < nf; i++) {
-            const char *name;
-            uint64_t bytes;
-            strata_ckpt_file(ck, i, &name, &bytes);
+            strata_file_info fi;
+            strata_ckpt_file(&fi, ck, i);
             printf("%s{\"name\":", i ? "," : "");
-            json_str(stdout, name);
-            printf(",\"bytes\":%llu}", (unsigned long long)bytes);
+            json_str(stdout, fi.name);
+            printf(",\"bytes\":%llu}", (unsigned long long)fi.bytes);
         }
         printf("],\"tensors\":[");
         for (size_t i = 0; i < nt; i++) {
             strata_tensor_info t;
-            strata_ckpt_tensor(ck, i, &t);
+            strata_ckpt_tensor(&t, ck, i);
             printf("%s{\"name\":", i ? "," : "");
             json_str(stdout, t.name);
             printf(",\"dtype\":\"%s\",\"shape\":", strata_dtype_name(t.dtype));
@@ -92,7 +91,7 @@ int cmd_inspect(int argc, char **argv)
             printf(",\"bytes\":%llu,\"shards\":[", (unsigned long long)t.bytes);
             for (size_t s = 0; s < t.nshards; s++) {
                 strata_shard_info si;
-                strata_ckpt_shard(ck, i, s, &si);
+                strata_ckpt_shard(&si, ck, i, s);
                 printf("%s{\"offsets\":", s ? "," : "");
                 print_shape(stdout, t.ndim, si.offsets);
                 printf(",\"lengths\":");
@@ -110,7 +109,7 @@ int cmd_inspect(int argc, char **argv)
         printf("],\"blobs\":[");
         for (size_t i = 0; i < nb; i++) {
             strata_blob_info b;
-            strata_ckpt_blob(ck, i, &b);
+            strata_ckpt_blob(&b, ck, i);
             printf("%s{\"name\":", i ? "," : "");
             json_str(stdout, b.name);
             printf(",\"owner\":%d,\"file\":", b.owner);
@@ -128,15 +127,14 @@ int cmd_inspect(int argc, char **argv)
            (unsigned long long)strata_ckpt_step(ck), nt, nb,
            (unsigned long long)strata_ckpt_data_bytes(ck), nf, strata_ckpt_chunk_bytes(ck));
     for (size_t i = 0; i < nf; i++) {
-        const char *name;
-        uint64_t bytes;
-        strata_ckpt_file(ck, i, &name, &bytes);
-        printf("  file %-20s %14llu bytes\n", name, (unsigned long long)bytes);
+        strata_file_info fi;
+        strata_ckpt_file(&fi, ck, i);
+        printf("  file %-20s %14llu bytes\n", fi.name, (unsigned long long)fi.bytes);
     }
     printf("\n  %-48s %-9s %-18s %7s %14s\n", "tensor", "dtype", "shape", "shards", "bytes");
     for (size_t i = 0; i < nt; i++) {
         strata_tensor_info t;
-        strata_ckpt_tensor(ck, i, &t);
+        strata_ckpt_tensor(&t, ck, i);
         char shape[64];
         FILE *m = fmemopen(shape, sizeof shape, "w");
         print_shape(m, t.ndim, t.shape);
@@ -145,7 +143,7 @@ int cmd_inspect(int argc, char **argv)
                t.nshards, (unsigned long long)t.bytes);
         for (size_t s = 0; shards && s < t.nshards; s++) {
             strata_shard_info si;
-            strata_ckpt_shard(ck, i, s, &si);
+            strata_ckpt_shard(&si, ck, i, s);
             printf("      offsets ");
             print_shape(stdout, t.ndim, si.offsets);
             printf(" lengths ");
@@ -161,7 +159,7 @@ int cmd_inspect(int argc, char **argv)
         printf("\n  %-48s %-9s %-18s %7s %14s\n", "blob", "owner", "file", "", "bytes");
     for (size_t i = 0; i < nb; i++) {
         strata_blob_info b;
-        strata_ckpt_blob(ck, i, &b);
+        strata_ckpt_blob(&b, ck, i);
         char owner[16];
         snprintf(owner, sizeof owner, b.owner < 0 ? "global" : "rank %d", b.owner);
         printf("  %-48s %-9s %-18s %7s %14llu\n", b.name, owner, b.file, "",
@@ -190,7 +188,7 @@ typedef void (*ckpt_fn)(void *ctx, const char *path, const strata_probe_info *pi
 static int for_each_ckpt(const char *cmd, const char *dir, ckpt_fn fn, void *ctx)
 {
     strata_probe_info pi;
-    int rc = strata_probe(dir, &pi);
+    int rc = strata_probe(&pi, dir);
     if (rc)
         return cli_fail(cmd, rc);
     if (pi.is_ckpt)
@@ -224,7 +222,7 @@ static int for_each_ckpt(const char *cmd, const char *dir, ckpt_fn fn, void *ctx
         char p[4096];
         struct stat st;
         snprintf(p, sizeof p, "%s/%s", dir, names[i]);
-        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode) && strata_probe(p, &pi) == 0 && pi.is_ckpt)
+        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode) && strata_probe(&pi, p) == 0 && pi.is_ckpt)
             fn(ctx, p, &pi);
         free(names[i]);
     }
@@ -369,7 +367,7 @@ int cmd_gc(int argc, char **argv)
         return EXIT_USAGE;
     }
     if (keep >= 0) {
-        int removed = 0, rc = strata_retain(dir, (int)keep, &removed);
+        int removed = 0, rc = strata_retain(&removed, dir, (int)keep);
         if (rc)
             return cli_fail("gc", rc);
         printf("kept the %lld newest committed checkpoints under %s; removed %d\n", keep, dir,

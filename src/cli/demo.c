@@ -85,18 +85,18 @@ static void free_states(strata_state **st, int n)
 }
 
 /* The lazy path: start, wait for the snapshot (the sources may change after it), then
- * for the commit. */
+ * for the commit. No saver: the save makes a pool of its own and frees it. */
 static int save_async(const char *dir, strata_state **st, int W, const strata_save_opts *o,
                       strata_stats *stats)
 {
     strata_handle *h;
-    int rc = strata_save_async(&h, dir, st, W, o, NULL);
+    int rc = strata_save_start(&h, NULL, &dir, 1, st, W, o);
     if (rc)
         return rc;
     rc = strata_wait_snapshot(h);
     if (!rc)
         fprintf(stderr, "snapshot taken, flushing ...\n");
-    int rc2 = strata_wait_durable(h, stats);
+    int rc2 = strata_wait_durable(stats, h);
     strata_handle_free(h);
     return rc ? rc : rc2;
 }
@@ -119,9 +119,10 @@ static int do_save(demo_state *d, const char *dir, strata_stats *stats)
         }
         synth_blob("rng", r, d->blobs[r], SYNTH_RNG_BYTES);
         synth_blob("dataloader", r, d->blobs[r] + SYNTH_RNG_BYTES, SYNTH_LOADER_BYTES);
-        if ((rc = strata_state_add_blob(st[r], "rng", 1, 0, d->blobs[r], SYNTH_RNG_BYTES)) ||
-            (rc = strata_state_add_blob(st[r], "dataloader", 1, 0, d->blobs[r] + SYNTH_RNG_BYTES,
-                                        SYNTH_LOADER_BYTES)) ||
+        if ((rc = strata_state_add_blob(st[r], "rng", STRATA_BLOB_RANK_LOCAL, 0, d->blobs[r],
+                                        SYNTH_RNG_BYTES)) ||
+            (rc = strata_state_add_blob(st[r], "dataloader", STRATA_BLOB_RANK_LOCAL, 0,
+                                        d->blobs[r] + SYNTH_RNG_BYTES, SYNTH_LOADER_BYTES)) ||
             (rc = strata_state_add_blob(st[r], "train.step", 0, -1, &d->step, sizeof d->step)) ||
             (rc = strata_state_add_blob(st[r], "train.config", 0, -1, d->config,
                                         strlen(d->config))))
@@ -130,7 +131,8 @@ static int do_save(demo_state *d, const char *dir, strata_stats *stats)
     strata_save_opts o = STRATA_SAVE_OPTS_INIT;
     o.step = d->step;
     if (!rc)
-        rc = d->async ? save_async(dir, st, W, &o, stats) : strata_save(dir, st, W, &o, stats);
+        rc = d->async ? save_async(dir, st, W, &o, stats)
+                      : strata_save(stats, NULL, &dir, 1, st, W, &o);
     free_states(st, W);
     return rc;
 }
@@ -152,16 +154,17 @@ static int do_load(demo_state *d, const char *dir, strata_stats *stats, uint64_t
         unsigned char *b = bl + (size_t)r * per;
         if ((rc = strata_state_new(&st[r])) ||
             (rc = synth_register(st[r], &d->m, d->dst.shards[r], d->dst.nshards[r])) ||
-            (rc = strata_state_add_blob(st[r], "rng", 1, r % Wf, b, SYNTH_RNG_BYTES)) ||
-            (rc = strata_state_add_blob(st[r], "dataloader", 1, r % Wf, b + SYNTH_RNG_BYTES,
-                                        SYNTH_LOADER_BYTES)) ||
+            (rc = strata_state_add_blob(st[r], "rng", STRATA_BLOB_RANK_LOCAL, r % Wf, b,
+                                        SYNTH_RNG_BYTES)) ||
+            (rc = strata_state_add_blob(st[r], "dataloader", STRATA_BLOB_RANK_LOCAL, r % Wf,
+                                        b + SYNTH_RNG_BYTES, SYNTH_LOADER_BYTES)) ||
             (rc = strata_state_add_blob(st[r], "train.step", 0, -1, b + per - 8, 8)) ||
             (rc = strata_state_add_blob(st[r], "train.config", 0, -1, b + SYNTH_RNG_BYTES + SYNTH_LOADER_BYTES,
                                         strlen(d->config))))
             break;
     }
     if (!rc)
-        rc = strata_load(dir, st, W, NULL, stats);
+        rc = strata_load(stats, NULL, &dir, 1, st, W, NULL);
     *bad = 0;
     if (!rc && check) {
         unsigned char want[SYNTH_RNG_BYTES];
@@ -217,13 +220,12 @@ static const char *drop_cache(const char *dir)
             return "drop_caches";
     }
     strata_ckpt *ck;
-    if (strata_ckpt_open(&ck, dir, 1) == 0) {
+    if (strata_ckpt_open(&ck, dir, STRATA_OPEN_INCOMPLETE) == 0) {
         for (size_t i = 0; i < strata_ckpt_nfiles(ck); i++) {
-            const char *name;
-            uint64_t bytes;
+            strata_file_info fi;
             char p[8192];
-            strata_ckpt_file(ck, i, &name, &bytes);
-            if (snprintf(p, sizeof p, "%s/%s", dir, name) >= (int)sizeof p)
+            strata_ckpt_file(&fi, ck, i);
+            if (snprintf(p, sizeof p, "%s/%s", dir, fi.name) >= (int)sizeof p)
                 continue;
             int fd = open(p, O_RDONLY);
             if (fd >= 0) {
@@ -252,7 +254,7 @@ static const char DEMO_HELP[] =
     "  --from L      layout saved (default tp=2,pp=2,dp=2,zero=1)\n"
     "  --to L        layout loaded (default tp=1,pp=3,dp=2)\n"
     "  --step N      training step recorded in the checkpoint (default 1000)\n"
-    "  --async       save with strata_save_async (snapshot into a pool, then flush)\n"
+    "  --async       save with strata_save_start (snapshot into a pool, then flush)\n"
     "\n"
     "LAYOUT is tp=T,pp=P,dp=D with an optional ,zero=1: tensor-parallel (Megatron column /\n"
     "row splits, uneven when sizes do not divide), pipeline stages, data-parallel replicas;\n"
@@ -375,7 +377,7 @@ int cmd_demo(int argc, char **argv)
         nshards_dst += d.dst.nshards[r];
 
     fprintf(stderr, "saving to %s ...\n", dir);
-    strata_stats ss = {0}, ls = {0};
+    strata_stats ss = STRATA_STATS_INIT, ls = STRATA_STATS_INIT;
     rc = do_save(&d, dir, &ss);
     if (rc) {
         int e = cli_fail("demo", rc);
@@ -462,7 +464,7 @@ int cmd_bench(int argc, char **argv)
             break;
         }
         cli_rm_rf(dir);
-        strata_stats ss = {0}, ls = {0};
+        strata_stats ss = STRATA_STATS_INIT, ls = STRATA_STATS_INIT;
         uint64_t bad = 0;
         rc = do_save(&d, dir, &ss);
         for (int r = 0; d.blobs && r < d.src.nranks; r++)

@@ -1,6 +1,7 @@
 /* demo_mpi.c - `strata demo save` and `strata demo load`: the demo state saved or loaded
  * by N processes (mpiexec.mpich -n N build/strata demo save ...), one rank each, through
- * strata_save_dist / strata_load_dist on an MPI communicator. */
+ * one strata_saver on an MPI communicator (reused by every save, so that its plan stays
+ * cached) and strata_load with that communicator. */
 #include <mpi.h>
 #include <pthread.h>
 #include <signal.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "strata_mpi.h"
 #include "synth.h"
 
 
@@ -28,12 +30,14 @@ static const char HELP[] =
     "  --layout L       tp=T,pp=P,dp=D[,zero=1] (default tp=1,pp=1,dp=N)\n"
     "  --size-mb N      size of the distinct state in MiB (default 64; save and load must agree)\n"
     "  --step N         training step recorded (save; default 1000)\n"
-    "  --repeat K       save K times, to D, D.2, ... D.K (shows the plan cache; default 1)\n"
-    "  --async          save with strata_save_dist_async through a pool of --pool-mb MiB per\n"
-    "                   rank (default 64), and print how long the start, the snapshot and\n"
-    "                   the commit took\n"
-    "  --also D2        with --async: save to D2 as well, a second tier (for example --dir\n"
-    "                   mem://ck --also /shared/ck); each tier commits on its own\n"
+    "  --repeat K       save K times, to D, D.2, ... D.K, with one saver (shows the plan\n"
+    "                   cache; default 1)\n"
+    "  --async          save through a pool of --pool-mb MiB per rank (default 64): return\n"
+    "                   at strata_save_start, then wait for the snapshot and the commit, and\n"
+    "                   print how long each took\n"
+    "  --also D2        save: to D2 as well, a second tier (for example --dir mem://ck\n"
+    "                   --also /shared/ck); each tier commits on its own. load: fall back to\n"
+    "                   D2 when D does not load (the tier used is printed)\n"
     "  --timeout-ms T   give up on ranks that do not answer within T ms (default 60000)\n"
     "\n"
     "Rank 0 prints the one-process demo's last line:\n"
@@ -84,8 +88,6 @@ static int parse(int argc, char **argv, args *a, int world)
     }
     if (!a->dir)
         return fprintf(stderr, "strata demo: --dir is required (see --help)\n"), -1;
-    if (a->also && !a->async)
-        return fprintf(stderr, "strata demo: --also needs --async (see --help)\n"), -1;
     return 0;
 }
 
@@ -141,6 +143,7 @@ static int run(int save, int argc, char **argv, int rank, int world)
     char err[256];
     layout l;
     strata_pool *pool = NULL;
+    strata_saver *sv = NULL;
     if (agree(parse(argc, argv, &a, world) ? EXIT_USAGE : 0))
         return EXIT_USAGE;
     const char *why = layout_parse(&l, a.layout, err, sizeof err) ? err
@@ -182,13 +185,14 @@ static int run(int save, int argc, char **argv, int rank, int world)
     rc = synth_register(st, &m, sh, n);
     /* blobs: save registers this rank's; load asks for the saved ranks o = rank mod world */
     int saved_world = world;
-    if (!save) {
+    if (!save) { /* from the first tier that opens */
         strata_ckpt *ck;
         saved_world = 0;
-        if (rank == 0 && strata_ckpt_open(&ck, a.dir, 0) == 0) {
+        if (rank == 0 && (strata_ckpt_open(&ck, a.dir, 0) == 0 ||
+                          (a.also && strata_ckpt_open(&ck, a.also, 0) == 0))) {
             for (size_t i = 0; i < strata_ckpt_nblobs(ck); i++) {
                 strata_blob_info b;
-                strata_ckpt_blob(ck, i, &b);
+                strata_ckpt_blob(&b, ck, i);
                 if (strcmp(b.name, "rng") == 0)
                     saved_world++;
             }
@@ -209,15 +213,21 @@ static int run(int save, int argc, char **argv, int rank, int world)
             synth_blob("rng", o, b, SYNTH_RNG_BYTES);
             synth_blob("dataloader", o, b + SYNTH_RNG_BYTES, SYNTH_LOADER_BYTES);
         }
-        rc = strata_state_add_blob(st, "rng", 1, o, b, SYNTH_RNG_BYTES);
+        rc = strata_state_add_blob(st, "rng", STRATA_BLOB_RANK_LOCAL, o, b, SYNTH_RNG_BYTES);
         if (!rc)
-            rc = strata_state_add_blob(st, "dataloader", 1, o, b + SYNTH_RNG_BYTES, SYNTH_LOADER_BYTES);
+            rc = strata_state_add_blob(st, "dataloader", STRATA_BLOB_RANK_LOCAL, o,
+                                       b + SYNTH_RNG_BYTES, SYNTH_LOADER_BYTES);
     }
     if (!rc)
         rc = strata_state_add_blob(st, "train.step", 0, -1, save ? (void *)&step : &got_step, 8);
     if (!rc)
         rc = strata_state_add_blob(st, "train.config", 0, -1, save ? (void *)config : got_cfg,
                                    strlen(config));
+    /* one saver for every save (its plan cached), with a pool when asynchronous */
+    if (!rc && save && a.async)
+        rc = strata_pool_new(&pool, (uint64_t)a.pool_mb << 20);
+    if (!rc && save)
+        rc = strata_saver_new(&sv, comm, pool);
     if (rc) {
         status = cli_fail("demo", rc);
         goto out;
@@ -240,7 +250,6 @@ static int run(int save, int argc, char **argv, int rank, int world)
         pthread_t th;
         pthread_create(&th, NULL, die_later, (void *)(intptr_t)ms);
     }
-    strata_stats s = {0};
     char dir[4096], dir2[4096];
     const long long reps = save ? a.repeat : 1;
     for (long long i = 1; i <= reps; i++) {
@@ -251,30 +260,29 @@ static int run(int save, int argc, char **argv, int rank, int world)
             snprintf(dir, sizeof dir, "%s.%lld", a.dir, i);
             snprintf(dir2, sizeof dir2, "%s.%lld", a.also ? a.also : "", i);
         }
+        const char *uris[2] = {dir, dir2};
+        const int nuris = a.also ? 2 : 1;
+        strata_stats s = STRATA_STATS_INIT;
         strata_save_opts so = STRATA_SAVE_OPTS_INIT;
         so.step = step;
         if (rank == 0) /* progress, and the markers the kill test waits for */
             fprintf(stderr, "%s %s ...\n", save ? "saving to" : "loading", dir);
-        if (save && a.async && !pool) /* once: the pool is reused by every save */
-            rc = strata_pool_new(&pool, (uint64_t)a.pool_mb << 20);
         double t_start = 0, t_snap = 0, t_done = 0, t0 = cli_now();
         if (save && a.async) {
             strata_handle *h = NULL;
-            if (!rc)
-                rc = strata_save_dist_async_tiers(&h, comm, (const char *[]){dir, dir2},
-                                                  a.also ? 2 : 1, st, &so, pool);
+            rc = strata_save_start(&h, sv, uris, nuris, &st, 1, &so);
             t_start = cli_now() - t0;
             if (!rc) {
                 int src = strata_wait_snapshot(h);
                 t_snap = cli_now() - t0;
-                rc = strata_wait_durable(h, &s); /* a collective: called whatever happened */
+                rc = strata_wait_durable(&s, h); /* a collective: called whatever happened */
                 rc = rc ? rc : src;
                 t_done = cli_now() - t0;
+                strata_handle_free(h);
             }
-            strata_handle_free(h);
         } else {
-            rc = save ? strata_save_dist(comm, dir, st, &so, &s)
-                      : strata_load_dist(comm, dir, st, NULL, &s);
+            rc = save ? strata_save(&s, sv, uris, nuris, &st, 1, &so)
+                      : strata_load(&s, comm, uris, nuris, &st, 1, NULL);
         }
         if (rc) {
             status = cli_fail("demo", rc);
@@ -319,9 +327,13 @@ static int run(int save, int argc, char **argv, int rank, int world)
             uint64_t all_bad = 0;
             reduce(&bad, &all_bad, 1, MPI_UINT64_T, MPI_SUM);
             if (rank == 0) {
-                printf("load: %s into %s on %d ranks: %llu bytes read in %.3f s (%.3f GB/s), "
+                const int tier = s.tier >= 0 && s.tier < nuris ? s.tier : 0;
+                char which[32] = "";
+                if (a.also)
+                    snprintf(which, sizeof which, " (tier %d of 2)", tier + 1);
+                printf("load: %s%s into %s on %d ranks: %llu bytes read in %.3f s (%.3f GB/s), "
                        "step %llu, %s\n",
-                       dir, a.layout, world, (unsigned long long)s.all_bytes, mx,
+                       uris[tier], which, a.layout, world, (unsigned long long)s.all_bytes, mx,
                        (double)s.all_bytes / mx / 1e9, (unsigned long long)got_step,
                        all_bad ? "MISMATCH" : "every element and blob byte matches");
                 printf("saved_bytes=%llu read_bytes=%llu save_gbps=0 load_gbps=%.3f ok=%d\n",
@@ -337,6 +349,7 @@ static int run(int save, int argc, char **argv, int rank, int world)
     }
 out:
     fflush(stdout);
+    strata_saver_free(sv);
     strata_pool_free(pool);
     strata_state_free(st);
     strata_comm_free(comm);

@@ -35,7 +35,7 @@ static int self_bcast(void *ctx, void *buf, size_t n, int root)
 }
 
 static const strata_comm_ops self_ops = {STRATA_COMM_OPS_VERSION, self_allgather,
-                                         self_alltoallv, self_bcast};
+                                         self_alltoallv, self_bcast, NULL};
 
 int strata_comm_self(strata_comm **out)
 {
@@ -46,15 +46,18 @@ int strata_comm_host(strata_comm **out, const strata_comm_ops *ops, void *ctx, i
                      int size)
 {
     *out = NULL;
-    if (!ops || ops->version != STRATA_COMM_OPS_VERSION || !ops->allgather || !ops->alltoallv ||
-        !ops->bcast)
-        return st_fail(STRATA_EINVAL, "communicator ops are missing or of another version");
+    if (!ops || ops->version < 1 || ops->version > STRATA_COMM_OPS_VERSION || !ops->allgather ||
+        !ops->alltoallv || !ops->bcast)
+        return st_fail(STRATA_EINVAL, "communicator ops are missing, or their version is not "
+                       "1..%d", STRATA_COMM_OPS_VERSION);
     if (size < 1 || rank < 0 || rank >= size)
         return st_fail(STRATA_EINVAL, "rank %d of %d is not a rank", rank, size);
     strata_comm *c = calloc(1, sizeof *c);
     if (!c)
         return st_fail(STRATA_ENOMEM, "out of memory");
-    c->ops = *ops;
+    /* a version-1 struct ends before destroy: read only the fields of its version */
+    c->ops = (strata_comm_ops){STRATA_COMM_OPS_VERSION, ops->allgather, ops->alltoallv,
+                               ops->bcast, ops->version >= 2 ? ops->destroy : NULL};
     c->ctx = ctx;
     c->rank = rank;
     c->size = size;
@@ -67,16 +70,15 @@ void strata_comm_free(strata_comm *c)
 {
     if (!c)
         return;
-    if (c->cache_free)
-        c->cache_free(c->cache);
-    if (c->destroy)
-        c->destroy(c->ctx);
+    if (c->ops.destroy)
+        c->ops.destroy(c->ctx);
     free(c);
 }
 
 int strata_comm_rank(const strata_comm *c) { return c->rank; }
 int strata_comm_size(const strata_comm *c) { return c->size; }
 void strata_comm_set_timeout(strata_comm *c, int ms) { c->timeout_ms = ms < 0 ? 0 : ms; }
+int strata_comm_timeout(const strata_comm *c) { return c->timeout_ms; }
 
 /* ---- collectives ---- */
 

@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "strata.h"
+#include "strata_comm.h"
 
 struct strata_comm {
     strata_comm_ops ops;
@@ -15,10 +15,6 @@ struct strata_comm {
     int rank, size;
     int timeout_ms;
     int broken;
-    void (*destroy)(void *ctx);
-    /* the engine's plan cache, owned through these */
-    void *cache;
-    void (*cache_free)(void *cache);
 };
 
 /* Every rank sends n bytes; recv holds size * n. */

@@ -1,7 +1,7 @@
 /* dtype.c - element types: sizes and names. */
 #include <string.h>
 
-#include "strata.h"
+#include "strata_types.h"
 
 static const struct {
     const char *name;

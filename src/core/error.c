@@ -21,6 +21,19 @@ int st_fail(int code, const char *fmt, ...)
     return code;
 }
 
+int strata_error_set(int code, const char *fmt, ...)
+{
+    if (!fmt) {
+        last_msg[0] = 0;
+        return code;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_msg, sizeof last_msg, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
 int st_wrap(int code, const char *fmt, ...)
 {
     char prefix[512], old[sizeof last_msg];

@@ -1,7 +1,7 @@
 /* error.h - setting the thread-local error message that strata_error_last() returns. */
 #ifndef STRATA_ERROR_H
 #define STRATA_ERROR_H
-#include "strata.h"
+#include "strata_types.h"
 
 /* Records a formatted message for `code` and returns `code` (so: return st_fail(...)). */
 int st_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

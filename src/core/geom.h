@@ -4,7 +4,7 @@
 #define STRATA_GEOM_H
 #include <stdint.h>
 
-#include "strata.h"
+#include "strata_types.h"
 
 /* A region of a global tensor: the box (off, len) narrowed to the element range [fs, fe)
  * of the box's row-major flattening. A whole box has fs = 0, fe = numel(box). */

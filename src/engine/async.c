@@ -76,6 +76,7 @@ void strata_pool_free(strata_pool *p)
 }
 
 uint64_t strata_pool_bytes(const strata_pool *p) { return (uint64_t)p->nbuf * p->bufsize; }
+size_t st_pool_buffer_bytes(const strata_pool *p) { return p->bufsize; }
 
 static size_t pool_get(strata_pool *p)
 {
@@ -114,10 +115,11 @@ static void pool_put(strata_pool *p, size_t i)
 
 struct strata_handle {
     st_save_plan sp;
-    st_load_plan lay;
+    st_io_plan lay;
     int ntiers;
-    const st_vfs *v[ST_MAX_TIERS];
-    char dir[ST_MAX_TIERS][PATH_MAX];
+    const st_dests *dst; /* the commit's: backends and directories */
+    const st_commit_ops *ops;
+    void *ctx;
     st_file **files[ST_MAX_TIERS];
     int tier_rc[ST_MAX_TIERS]; /* guarded by mu, as is tier_msg */
     char tier_msg[ST_MAX_TIERS][768];
@@ -135,8 +137,8 @@ struct strata_handle {
     char msg[1024];
     size_t *q_task, *q_buf, q_head, q_len; /* ring of full buffers to write */
     int q_closed;
-    st_async_dist *dist; /* a distributed save's part: committed in wait_durable */
-    int dist_done, dist_rc;
+    int finished, final_rc; /* the commit's outcome, once strata_wait_durable got it */
+    strata_stats stats;
     int no_thread; /* failed before the coordinator started */
 };
 
@@ -211,11 +213,11 @@ static void *flusher(void *arg)
         h->q_len--;
         pthread_mutex_unlock(&h->mu);
         /* fastest tier first; a tier that failed is abandoned, the others go on */
-        const st_read *w = &h->lay.reads[task];
+        const st_io *w = &h->lay.ios[task];
         for (int t = 0; t < h->ntiers; t++) {
             if (tier_failed(h, t))
                 continue;
-            int rc = st_write_task(h->v[t], h->files[t][w->file], h->dir[t],
+            int rc = st_write_task(h->dst->vfs[t], h->files[t][w->file], h->dst->dir[t],
                                    h->sp.meta->files[w->file].name, w, h->pool->bufs[b]);
             if (rc)
                 fail(h, rc, t);
@@ -236,16 +238,15 @@ static void *coordinator(void *arg)
 {
     strata_handle *h = arg;
     bg_nice(h, 0);
-    int prepared[ST_MAX_TIERS] = {0}, started = 0, rc = 0;
+    int started = 0, rc = 0;
+    const st_dests *dst = h->dst;
     for (int t = 0; t < h->ntiers; t++) {
-        int trc = h->dist ? st_prepare_shared(h->v[t], h->dir[t]) : st_prepare_dir(h->v[t], h->dir[t]);
-        prepared[t] = trc == 0;
-        if (prepared[t] && h->dist)
-            st_dist_wrote(h->dist, t);
+        int trc = h->ops->prepare(h->ctx, t);
         if (!trc && !(h->files[t] = calloc(h->sp.meta->nfiles + 1, sizeof *h->files[t])))
             trc = st_fail(STRATA_ENOMEM, "out of memory");
         if (!trc)
-            trc = st_create_data_files(h->v[t], h->dir[t], &h->sp, !h->o.no_direct, h->files[t]);
+            trc = st_create_data_files(dst->vfs[t], dst->dir[t], &h->sp, ST_DIRECT(&h->o),
+                                       h->files[t]);
         if (trc)
             fail(h, trc, t);
     }
@@ -261,7 +262,7 @@ static void *coordinator(void *arg)
             break;
         }
     /* the snapshot: copy each write task into a pool buffer, hand it to the flushers */
-    for (size_t t = 0; started && t < h->lay.nreads && !all_failed(h); t++) {
+    for (size_t t = 0; started && t < h->lay.nios && !all_failed(h); t++) {
         size_t b = pool_get(h->pool);
         int frc = st_fill_write(&h->lay, &h->sp, t, h->pool->bufs[b]);
         if (frc) {
@@ -284,18 +285,14 @@ static void *coordinator(void *arg)
     pthread_mutex_unlock(&h->mu);
     for (int i = 0; i < started; i++)
         pthread_join(h->flushers[i], NULL);
-    /* each tier commits on its own once its copy is complete */
+    /* each tier is done on its own once its copy is complete (a local save commits it) */
     for (int t = 0; t < h->ntiers; t++) {
         int trc = tier_failed(h, t);
-        trc = st_finish_data_files(h->v[t], h->dir[t], &h->sp, h->files[t], !h->o.no_sync, trc);
-        if (!trc && !h->dist) /* a distributed save commits in wait_durable */
-            trc = st_commit_dir(h->v[t], h->dir[t], h->sp.meta, !h->o.no_sync);
-        if (trc) {
-            if (!tier_failed(h, t))
-                fail(h, trc, t);
-            if (prepared[t] && !h->dist) /* nothing half-written stays behind */
-                st_remove_failed(h->v[t], h->dir[t], 1);
-        }
+        trc = st_finish_data_files(dst->vfs[t], dst->dir[t], &h->sp, h->files[t], ST_SYNC(&h->o),
+                                   trc);
+        trc = h->ops->tier_done(h->ctx, t, trc, &h->sp);
+        if (trc && !tier_failed(h, t))
+            fail(h, trc, t);
     }
     set_flag(h, &h->durable_done);
     return NULL;
@@ -304,15 +301,12 @@ static void *coordinator(void *arg)
 static void handle_free(strata_handle *h)
 {
     st_save_plan_free(&h->sp);
-    st_load_plan_free(&h->lay);
-    for (int t = 0; t < h->ntiers; t++) {
-        if (!h->dist) /* a distributed save's backends are its own */
-            st_vfs_release(h->v[t]);
+    st_io_plan_free(&h->lay);
+    for (int t = 0; t < h->ntiers; t++)
         free(h->files[t]);
-    }
     if (h->own_pool)
         strata_pool_free(h->pool);
-    st_dist_free(h->dist);
+    h->ops->release(h->ctx);
     free(h->flushers);
     free(h->q_task);
     free(h->q_buf);
@@ -321,39 +315,14 @@ static void handle_free(strata_handle *h)
     free(h);
 }
 
-int strata_save_async(strata_handle **out, const char *uri, strata_state *const *ranks,
-                      int nranks, const strata_save_opts *opts, strata_pool *pool)
-{
-    return strata_save_async_tiers(out, &uri, 1, ranks, nranks, opts, pool);
-}
-
-int strata_save_async_tiers(strata_handle **out, const char *const *uris, int ntiers,
-                            strata_state *const *ranks, int nranks,
-                            const strata_save_opts *opts, strata_pool *pool)
-{
-    *out = NULL;
-    strata_save_opts def = STRATA_SAVE_OPTS_INIT;
-    const strata_save_opts *o = opts ? opts : &def;
-    if (o->version != STRATA_SAVE_OPTS_VERSION)
-        return st_fail(STRATA_EINVAL, "strata_save_opts.version %d is not %d", o->version,
-                       STRATA_SAVE_OPTS_VERSION);
-    st_clear_error();
-    st_save_plan sp;
-    int rc = st_plan_states(&sp, ranks, nranks, o);
-    if (rc)
-        return rc;
-    return st_async_start(out, &sp, uris, ntiers, o, pool, NULL, 0);
-}
-
-int st_async_start(strata_handle **out, st_save_plan *sp, const char *const *uris, int ntiers,
-                   const strata_save_opts *o, strata_pool *pool, st_async_dist *dist,
-                   int failed)
+int st_async_start(strata_handle **out, st_save_plan *sp, const strata_save_opts *o,
+                   strata_pool **pool_slot, const st_commit_ops *ops, void *ctx, int failed)
 {
     *out = NULL;
     strata_handle *h = calloc(1, sizeof *h);
     if (!h) {
         st_save_plan_free(sp);
-        st_dist_free(dist);
+        ops->release(ctx);
         return st_fail(STRATA_ENOMEM, "out of memory");
     }
     pthread_mutex_init(&h->mu, NULL);
@@ -361,23 +330,20 @@ int st_async_start(strata_handle **out, st_save_plan *sp, const char *const *uri
     h->t0 = st_now();
     h->o = *o;
     h->sp = *sp;
-    h->dist = dist;
+    h->ops = ops;
+    h->ctx = ctx;
+    h->dst = ops->dests(ctx);
+    h->ntiers = h->dst->n;
     memset(sp, 0, sizeof *sp);
-    uint32_t chunk = o->chunk_bytes ? o->chunk_bytes : ST_DEFAULT_CHUNK;
+    uint32_t chunk = o->chunk_bytes;
     int rc = failed;
-    if (!rc && (ntiers < 1 || ntiers > ST_MAX_TIERS || !uris))
-        rc = st_fail(STRATA_EINVAL, "a save needs 1 to %d destinations", ST_MAX_TIERS);
-    if (dist) { /* the distributed save's own backends: one instance each for its calls */
-        h->ntiers = st_dist_tiers(dist);
-        for (int t = 0; t < h->ntiers; t++)
-            h->v[t] = st_dist_vfs(dist, t, h->dir[t]);
-    }
-    for (int t = 0; t < ntiers && !rc && !dist; t++, h->ntiers++)
-        rc = st_vfs_resolve(uris[t], &h->v[t], h->dir[t], sizeof h->dir[t]);
+    strata_pool *pool = pool_slot ? *pool_slot : NULL;
     if (!rc && !pool) {
         uint64_t want = ST_MIN((uint64_t)1 << 30, ST_ALIGN_UP(h->sp.meta->data_bytes, ST_ALIGN));
         rc = strata_pool_new(&pool, ST_MAX(want, 2 * (uint64_t)chunk));
-        h->own_pool = rc == 0;
+        if (!rc && pool_slot)
+            *pool_slot = pool; /* the saver's from now on */
+        h->own_pool = !rc && !pool_slot;
     }
     h->pool = pool;
     if (!rc && chunk > pool->bufsize)
@@ -396,7 +362,7 @@ int st_async_start(strata_handle **out, st_save_plan *sp, const char *const *uri
     }
     if (!rc && pthread_create(&h->coord, NULL, coordinator, h))
         rc = st_fail(STRATA_ENOMEM, "cannot start the save's thread");
-    if (rc && dist) {
+    if (rc && ops->collective) {
         /* the rank must still take part in the commit's collectives: the handle carries
          * the failure there */
         fail(h, rc, -1);
@@ -427,35 +393,40 @@ static int wait_flag(strata_handle *h, int *flag)
 
 int strata_wait_snapshot(strata_handle *h) { return wait_flag(h, &h->snap_done); }
 
-int strata_wait_durable(strata_handle *h, strata_stats *stats)
+int strata_wait_durable(strata_stats *stats, strata_handle *h)
 {
-    int rc = wait_flag(h, &h->durable_done);
-    if (h->dist) {
-        /* once only: the collectives of the commit; then the outcome is kept */
-        if (!h->dist_done) {
-            int trc[ST_MAX_TIERS];
-            const char *tmsg[ST_MAX_TIERS];
-            pthread_mutex_lock(&h->mu); /* the threads are done: a snapshot for form's sake */
-            for (int t = 0; t < h->ntiers; t++)
-                trc[t] = h->tier_rc[t], tmsg[t] = h->tier_msg[t];
-            pthread_mutex_unlock(&h->mu);
-            h->dist_rc = st_dist_finish(h->dist, trc, tmsg, &h->sp, h->lay.nreads, stats);
-            pthread_mutex_lock(&h->mu);
-            if (h->dist_rc) { /* the save's outcome on every rank */
-                h->rc = h->dist_rc;
-                snprintf(h->msg, sizeof h->msg, "%s", strata_error_last());
-            }
-            h->dist_done = 1;
-            pthread_mutex_unlock(&h->mu);
+    wait_flag(h, &h->durable_done);
+    if (!h->finished) { /* once only: the commit's outcome (a collective), then kept */
+        int trc[ST_MAX_TIERS];
+        const char *tmsg[ST_MAX_TIERS];
+        pthread_mutex_lock(&h->mu); /* the threads are done: a snapshot for form's sake */
+        int rc = h->rc;
+        for (int t = 0; t < h->ntiers; t++)
+            trc[t] = h->tier_rc[t], tmsg[t] = h->tier_msg[t];
+        pthread_mutex_unlock(&h->mu);
+        strata_stats full = STRATA_STATS_INIT;
+        if (h->ops->finish) {
+            rc = h->ops->finish(h->ctx, trc, tmsg, &h->sp, h->lay.nios, &full);
+        } else if (!rc) {
+            st_save_stats(&full, &h->sp, h->lay.nios, h->t0);
         }
-        return h->dist_rc ? st_fail(h->rc, "%s", h->msg) : 0;
+        pthread_mutex_lock(&h->mu);
+        if (rc && h->ops->finish) { /* the save's outcome (on every rank) */
+            h->rc = rc;
+            snprintf(h->msg, sizeof h->msg, "%s", strata_error_last());
+        }
+        h->final_rc = rc;
+        h->stats = full;
+        h->finished = 1;
+        pthread_mutex_unlock(&h->mu);
     }
-    if (!rc && stats)
-        st_save_stats(stats, &h->sp, h->lay.nreads, h->t0);
-    return rc;
+    if (h->final_rc)
+        return st_fail(h->final_rc, "%s", h->msg);
+    st_stats_put(stats, &h->stats);
+    return 0;
 }
 
-int strata_handle_error(strata_handle *h, const char **msg)
+int strata_handle_status(const char **msg, strata_handle *h)
 {
     pthread_mutex_lock(&h->mu);
     int rc = h->rc;
@@ -469,6 +440,8 @@ void strata_handle_free(strata_handle *h)
 {
     if (!h)
         return;
+    if (h->ops->collective && !h->finished) /* the other ranks wait in the commit's collective */
+        strata_wait_durable(NULL, h);
     pthread_mutex_lock(&h->mu);
     while (!h->durable_done)
         pthread_cond_wait(&h->cv, &h->mu);

@@ -137,13 +137,15 @@ struct strata_ckpt {
     st_dir d;
 };
 
-int strata_ckpt_open(strata_ckpt **out, const char *uri, int allow_incomplete)
+int strata_ckpt_open(strata_ckpt **out, const char *uri, unsigned flags)
 {
     *out = NULL;
+    if (flags & ~(unsigned)STRATA_OPEN_INCOMPLETE)
+        return st_fail(STRATA_EINVAL, "strata_ckpt_open: unknown flags 0x%x", flags);
     strata_ckpt *ck = calloc(1, sizeof *ck);
     if (!ck)
         return st_fail(STRATA_ENOMEM, "out of memory");
-    int rc = st_dir_open(&ck->d, uri, allow_incomplete);
+    int rc = st_dir_open(&ck->d, uri, (flags & STRATA_OPEN_INCOMPLETE) != 0);
     if (rc) {
         free(ck);
         return rc;
@@ -169,13 +171,13 @@ size_t strata_ckpt_nfiles(const strata_ckpt *ck) { return ck->d.meta->nfiles; }
 uint64_t strata_ckpt_data_bytes(const strata_ckpt *ck) { return ck->d.meta->data_bytes; }
 uint32_t strata_ckpt_chunk_bytes(const strata_ckpt *ck) { return ck->d.meta->chunk; }
 
-void strata_ckpt_tensor(const strata_ckpt *ck, size_t i, strata_tensor_info *out)
+void strata_ckpt_tensor(strata_tensor_info *out, const strata_ckpt *ck, size_t i)
 {
     const st_mtensor *t = &ck->d.meta->tensors[i];
     *out = (strata_tensor_info){t->name, t->dtype, t->ndim, t->shape, t->nshards, t->bytes};
 }
 
-void strata_ckpt_shard(const strata_ckpt *ck, size_t tensor, size_t shard, strata_shard_info *out)
+void strata_ckpt_shard(strata_shard_info *out, const strata_ckpt *ck, size_t tensor, size_t shard)
 {
     const st_mtensor *t = &ck->d.meta->tensors[tensor];
     const st_mshard *s = &t->shards[shard];
@@ -183,17 +185,16 @@ void strata_ckpt_shard(const strata_ckpt *ck, size_t tensor, size_t shard, strat
                                ck->d.meta->files[s->ext.file].name, s->ext.offset, s->ext.bytes};
 }
 
-void strata_ckpt_blob(const strata_ckpt *ck, size_t i, strata_blob_info *out)
+void strata_ckpt_blob(strata_blob_info *out, const strata_ckpt *ck, size_t i)
 {
     const st_mblob *b = &ck->d.meta->blobs[i];
     *out = (strata_blob_info){b->name, (int)b->owner, ck->d.meta->files[b->ext.file].name,
                               b->ext.offset, b->ext.bytes};
 }
 
-void strata_ckpt_file(const strata_ckpt *ck, size_t i, const char **name, uint64_t *bytes)
+void strata_ckpt_file(strata_file_info *out, const strata_ckpt *ck, size_t i)
 {
-    *name = ck->d.meta->files[i].name;
-    *bytes = ck->d.meta->files[i].bytes;
+    *out = (strata_file_info){ck->d.meta->files[i].name, ck->d.meta->files[i].bytes};
 }
 
 /* ---- probing and removal ---- */
@@ -204,14 +205,7 @@ int st_is_strata_file(const char *name)
     if (strcmp(name, ST_COMMIT_FILE) == 0 || strcmp(name, ST_META_FILE) == 0 ||
         strcmp(name, ST_COMMIT_FILE ".tmp") == 0 || strcmp(name, ST_META_FILE ".tmp") == 0)
         return 1;
-    /* data-NNNNNN.bin: six or more digits */
-    size_t n = strlen(name), digits = 0;
-    if (n < 15 || strncmp(name, "data-", 5) != 0 || strcmp(name + n - 4, ".bin") != 0)
-        return 0;
-    for (size_t i = 5; i < n - 4; i++, digits++)
-        if (name[i] < '0' || name[i] > '9')
-            return 0;
-    return digits >= 6;
+    return st_data_file_rank(name) >= 0;
 }
 
 typedef struct {
@@ -223,10 +217,7 @@ typedef struct {
 /* Is name a data file of sp (data-<writer rank>.bin)? */
 static int in_plan(const st_save_plan *sp, const char *name)
 {
-    if (strncmp(name, "data-", 5) != 0)
-        return 0;
-    char *end;
-    long r = strtol(name + 5, &end, 10);
+    long r = st_data_file_rank(name);
     if (r < 0 || r >= sp->nranks || sp->writer_file[r] < 0)
         return 0;
     return strcmp(sp->meta->files[sp->writer_file[r]].name, name) == 0;
@@ -301,7 +292,7 @@ static int probe_uri(const char *uri, strata_probe_info *out, uint64_t *commit_t
     return rc;
 }
 
-int strata_probe(const char *uri, strata_probe_info *out) { return probe_uri(uri, out, NULL); }
+int strata_probe(strata_probe_info *out, const char *uri) { return probe_uri(uri, out, NULL); }
 
 static int probe(const st_vfs *v, const char *uri, const char *path, strata_probe_info *out,
                  uint64_t *commit_time)
@@ -419,7 +410,7 @@ static int remove_committed(const st_vfs *v, const char *path)
     return remove_incomplete(v, path);
 }
 
-int strata_retain(const char *dir_uri, int keep, int *removed)
+int strata_retain(int *removed, const char *dir_uri, int keep)
 {
     if (removed)
         *removed = 0;

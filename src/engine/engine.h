@@ -23,7 +23,47 @@ static inline st_rank_view st_state_view(const strata_state *s)
     return (st_rank_view){s->sh, s->nsh, s->bl, s->nbl};
 }
 
-/* ---- save steps (save.c), shared by strata_save and strata_save_dist ---- */
+/* ---- options (opts.c): the one place for defaults and version checks ---- */
+
+#define ST_DEFAULT_MAX_IO (16u << 20) /* largest coalesced read of a load */
+#define ST_SYNC(o) (!((o)->flags & STRATA_SAVE_NO_SYNC))
+#define ST_DIRECT(o) (!((o)->flags & STRATA_SAVE_NO_DIRECT))
+
+/* Copies the caller's options (NULL: defaults; any version 1..current) into a full,
+ * current one with the defaults filled in (chunk_bytes, max_io_bytes) and checks them. */
+int st_save_opts_get(strata_save_opts *out, const strata_save_opts *in);
+int st_load_opts_get(strata_load_opts *out, const strata_load_opts *in);
+/* A caller's stats struct (may be NULL) must carry a known version. */
+int st_stats_check(const strata_stats *s);
+/* Writes the fields of out's version from full (out may be NULL). */
+void st_stats_put(strata_stats *out, const strata_stats *full);
+
+/* ---- the ways a save or load runs; strata_save* and strata_load (saver.c) choose one.
+ * Options are full (st_*_opts_get), stats full and never NULL. ---- */
+
+/* The last save plan of a saver with a communicator (dist.c); referenced by the saver and
+ * by each save in flight. */
+typedef struct st_plan_cache st_plan_cache;
+void st_plan_cache_release(st_plan_cache *c);
+
+/* In-process ranks, one destination, on the caller's thread (save.c). */
+int st_save_local(const char *uri, strata_state *const *ranks, int nranks,
+                  const strata_save_opts *o, strata_stats *stats);
+/* One rank of a distributed save, one destination, on the caller's thread (dist.c). */
+int st_save_dist(strata_comm *comm, st_plan_cache **cache, const char *uri,
+                 strata_state *local, const strata_save_opts *o, strata_stats *stats);
+/* One rank of a distributed save to 1..ST_MAX_TIERS destinations, through the pool in the
+ * background; the commit is strata_wait_durable's collective (dist.c). */
+int st_save_dist_start(strata_handle **out, strata_comm *comm, st_plan_cache **cache,
+                       const char *const *uris, int ntiers, strata_state *local,
+                       const strata_save_opts *o, strata_pool **pool);
+/* Loads from one source: in-process ranks (load.c), or one rank of a distributed load. */
+int st_load_local(const char *uri, strata_state *const *ranks, int nranks,
+                  const strata_load_opts *o, strata_stats *stats);
+int st_load_dist(strata_comm *comm, const char *uri, strata_state *local,
+                 const strata_load_opts *o, strata_stats *stats);
+
+/* ---- save steps (save.c), shared by the local and the distributed save ---- */
 
 int st_check_chunk(uint32_t chunk);
 /* Checks the options and the rank states and makes the global save plan of them. */
@@ -40,14 +80,14 @@ int st_write_data(const st_vfs *v, const char *dir, const st_save_plan *sp,
                   const strata_save_opts *o, uint64_t *io_calls);
 /* The write tasks of sp: whole chunks, file order (interleaved across files), at most
  * task_bytes (or one chunk) each, as the reads of a load plan. */
-int st_layout_writes(st_load_plan *lay, const st_save_plan *sp, uint64_t task_bytes);
+int st_layout_writes(st_io_plan *lay, const st_save_plan *sp, uint64_t task_bytes);
 /* Fills buf with write task `task`: the sources' bytes (copied from the device for
  * device shards), zero padding, and each chunk's checksum into the plan's extents. buf
  * holds the task's len bytes. 0 or STRATA_EDEVICE. */
-int st_fill_write(const st_load_plan *lay, const st_save_plan *sp, size_t task,
+int st_fill_write(const st_io_plan *lay, const st_save_plan *sp, size_t task,
                   unsigned char *buf);
 int st_write_task(const st_vfs *v, st_file *f, const char *dir, const char *name,
-                  const st_read *w, const void *buf);
+                  const st_io *w, const void *buf);
 /* Opens (creating) the data files of sp and reserves their space; files[] gets them. */
 int st_create_data_files(const st_vfs *v, const char *dir, const st_save_plan *sp, int direct,
                          st_file **files);
@@ -73,30 +113,54 @@ int st_prepare_shared(const st_vfs *v, const char *dir);
 
 /* ---- asynchronous saves (async.c) ---- */
 
-#define ST_MAX_TIERS 8 /* destinations of one save */
+#define ST_MAX_TIERS STRATA_MAX_TIERS
 
-/* The part of an asynchronous save that is a distributed one's (dist.c): after this
- * rank's writes, strata_wait_durable calls st_dist_finish (a collective) with their
- * outcome; it gathers every rank's, and rank 0 commits. */
-typedef struct st_async_dist st_async_dist;
-/* rc[t], msg[t]: this rank's outcome for each destination (tier) t of d. */
-int st_dist_finish(st_async_dist *d, const int *rc, const char *const *msg,
-                   const st_save_plan *mine, uint64_t io_calls, strata_stats *stats);
-void st_dist_free(st_async_dist *d);
-int st_dist_tiers(const st_async_dist *d);
-/* Marks that this rank prepared tier t's directory for this save and may write its data
- * file there (so that a failure removes it). */
-void st_dist_wrote(st_async_dist *d, int t);
-/* The backend (owned by d) and directory (into dir, PATH_MAX) of tier t. */
-const st_vfs *st_dist_vfs(st_async_dist *d, int t, char *dir);
-/* Starts an asynchronous save of sp (taken over by the handle, also on failure) to the
- * destinations. With dist (taken over too), sp is one rank's part of a distributed save:
- * its directory is prepared with st_prepare_shared, the commit is st_dist_finish's, and
- * every failure - failed (a local one before the start, message set) included - travels
- * on the returned handle, so that the rank still takes part in st_dist_finish. */
-int st_async_start(strata_handle **out, st_save_plan *sp, const char *const *uris, int ntiers,
-                   const strata_save_opts *o, strata_pool *pool, st_async_dist *dist,
-                   int failed);
+/* The destinations of a save: each one's URI, backend and directory. */
+typedef struct st_dests {
+    int n;
+    char uri[ST_MAX_TIERS][PATH_MAX], dir[ST_MAX_TIERS][PATH_MAX];
+    const st_vfs *vfs[ST_MAX_TIERS];
+} st_dests;
+/* Copies the URIs (1..ST_MAX_TIERS, checked by the caller) and resolves their backends;
+ * on failure what was resolved stays for st_dests_close. */
+int st_dests_resolve(st_dests *d, const char *const *uris, int n);
+void st_dests_close(st_dests *d);
+
+/* How an asynchronous save's destinations are made ready and committed: async.c takes the
+ * snapshot and writes, these hooks own the directories and the commit record. A save in
+ * this process commits each destination on the save's thread (save.c); one rank of a
+ * distributed save prepares a shared directory and commits in a collective (dist.c). */
+typedef struct st_commit_ops {
+    /* 1: finish is a collective every rank must reach, so a failure before the save's
+     * threads start travels on the handle instead of failing the start */
+    int collective;
+    const st_dests *(*dests)(void *ctx);
+    /* the save's thread, before destination t's data files are created */
+    int (*prepare)(void *ctx, int t);
+    /* the save's thread, once destination t's data files are written and closed (rc:
+     * their outcome): returns t's outcome (a local save commits it, or removes it) */
+    int (*tier_done)(void *ctx, int t, int rc, const st_save_plan *sp);
+    /* strata_wait_durable, once (may be NULL: the first failure is the outcome): the
+     * save's outcome from each destination's (rc[t], msg[t]); stats on success */
+    int (*finish)(void *ctx, const int *rc, const char *const *msg, const st_save_plan *sp,
+                  uint64_t io_calls, strata_stats *stats);
+    void (*release)(void *ctx);
+} st_commit_ops;
+
+/* The size of each buffer of a pool. */
+size_t st_pool_buffer_bytes(const strata_pool *p);
+
+/* The hooks of a save in this process (save.c): ctx from st_local_commit_new. */
+extern const st_commit_ops st_local_commit;
+int st_local_commit_new(void **ctx, const char *const *uris, int n, const strata_save_opts *o);
+
+/* Starts an asynchronous save of sp (taken over by the handle, also on failure, as is
+ * ctx) through the pool *pool (pool NULL: one of the handle's own; *pool NULL: one made now
+ * and left in *pool for the caller to keep). With collective hooks every failure -
+ * `failed` (a local one before the start, message set) included - travels on the
+ * returned handle, so that the rank still takes part in the commit. */
+int st_async_start(strata_handle **out, st_save_plan *sp, const strata_save_opts *o,
+                   strata_pool **pool, const st_commit_ops *ops, void *ctx, int failed);
 
 /* An opened checkpoint directory. */
 typedef struct st_dir {
@@ -132,24 +196,24 @@ int st_scan_dir(const st_vfs *v, const char *dir, int unlink, int *strata, int *
 /* Executes the reads of a load plan: reads, verifies every chunk, scatters runs (dst NULL:
  * verify only). With report set, a bad chunk is reported and the walk goes on (the
  * result is then STRATA_ECHECKSUM); without, the first bad chunk fails the call. */
-int st_exec_reads(const st_dir *d, const st_load_plan *p, int threads, int no_direct,
+int st_exec_reads(const st_dir *d, const st_io_plan *p, int threads, int no_direct,
                   uint64_t max_io, strata_verify_cb report, void *ctx, uint64_t *bytes_read);
 
 /* The pieces of st_exec_reads, for the distributed load: open the data files the plan
  * reads; do the reads list[0..n) into bufs[i] (each st_read_buf_bytes), verifying every
  * chunk and scattering the runs of only_rank (-1: all ranks). */
-int st_open_data_files(const st_dir *d, const st_load_plan *p, int no_direct, st_file ***out);
-void st_close_data_files(const st_dir *d, const st_load_plan *p, st_file **files);
-int st_read_some(const st_dir *d, const st_load_plan *p, st_file **files, const size_t *list,
+int st_open_data_files(const st_dir *d, const st_io_plan *p, int no_direct, st_file ***out);
+void st_close_data_files(const st_dir *d, const st_io_plan *p, st_file **files);
+int st_read_some(const st_dir *d, const st_io_plan *p, st_file **files, const size_t *list,
                  size_t n, char **bufs, int threads, int only_rank);
 /* Walks the runs of read i that fall in its chunks, in a fixed order (segments, then runs
  * by source offset): fn(ctx, run, x0, x1, at) for the overlap [x0, x1) of each run with
  * the read, `at` its offset in the read's buffer. */
 typedef void (*st_walk_fn)(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, uint64_t at);
-void st_walk_read(const st_load_plan *p, size_t i, st_walk_fn fn, void *ctx);
+void st_walk_read(const st_io_plan *p, size_t i, st_walk_fn fn, void *ctx);
 /* Copies the bytes [x0, x1) of a run (offsets in its extent) from src to the run's
  * destination, host or device memory. 0 or STRATA_EDEVICE. */
-int st_deliver(const st_load_plan *p, const st_run *run, uint64_t x0, uint64_t x1,
+int st_deliver(const st_io_plan *p, const st_run *run, uint64_t x0, uint64_t x1,
                const void *src);
 static inline size_t st_read_buf_bytes(const st_meta *m, uint64_t max_io)
 {

@@ -16,7 +16,7 @@
 
 typedef struct {
     const st_dir *d;
-    const st_load_plan *p;
+    const st_io_plan *p;
     st_file **files;    /* per metadata file, NULL if not needed */
     const size_t *list; /* reads to do (NULL: all) */
     char **bufs;        /* per listed read (NULL: per worker scratch in buf) */
@@ -45,9 +45,9 @@ static void bad_chunk(exec_ctx *x, const char *object, const char *file, const c
     pthread_mutex_unlock(&x->mu);
 }
 
-void st_walk_read(const st_load_plan *p, size_t i, st_walk_fn fn, void *ctx)
+void st_walk_read(const st_io_plan *p, size_t i, st_walk_fn fn, void *ctx)
 {
-    const st_read *rd = &p->reads[i];
+    const st_io *rd = &p->ios[i];
     const uint64_t C = p->meta->chunk;
     for (size_t si = rd->seg0; si < rd->seg1; si++) {
         const st_seg *s = &p->segs[si];
@@ -74,13 +74,13 @@ void st_walk_read(const st_load_plan *p, size_t i, st_walk_fn fn, void *ctx)
 }
 
 typedef struct {
-    const st_load_plan *p;
+    const st_io_plan *p;
     const char *buf;
     int only_rank;
     int rc;
 } scatter_ctx;
 
-int st_deliver(const st_load_plan *p, const st_run *run, uint64_t x0, uint64_t x1,
+int st_deliver(const st_io_plan *p, const st_run *run, uint64_t x0, uint64_t x1,
                const void *src)
 {
     char *dst = st_run_dst(run, p->ranks) + (x0 - run->src);
@@ -103,8 +103,8 @@ static void scatter_run(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, 
 static int run_read(void *arg, size_t task, int worker)
 {
     exec_ctx *x = arg;
-    const st_load_plan *p = x->p;
-    const st_read *rd = &p->reads[x->list ? x->list[task] : task];
+    const st_io_plan *p = x->p;
+    const st_io *rd = &p->ios[x->list ? x->list[task] : task];
     const st_meta *m = p->meta;
     const char *fname = m->files[rd->file].name;
     const uint64_t C = m->chunk;
@@ -152,14 +152,14 @@ static int run_read(void *arg, size_t task, int worker)
     /* verify-only plans have no destinations */
     if (p->ranks) {
         scatter_ctx sc = {p, buf, x->only_rank, 0};
-        st_walk_read(p, (size_t)(rd - p->reads), scatter_run, &sc);
+        st_walk_read(p, (size_t)(rd - p->ios), scatter_run, &sc);
         if (sc.rc)
             return sc.rc;
     }
     return 0;
 }
 
-int st_open_data_files(const st_dir *d, const st_load_plan *p, int no_direct, st_file ***out)
+int st_open_data_files(const st_dir *d, const st_io_plan *p, int no_direct, st_file ***out)
 {
     const st_meta *m = p->meta;
     const st_vfs *v = d->vfs;
@@ -167,8 +167,8 @@ int st_open_data_files(const st_dir *d, const st_load_plan *p, int no_direct, st
     if (!files)
         return st_fail(STRATA_ENOMEM, "out of memory");
     int rc = 0;
-    for (size_t i = 0; i < p->nreads && !rc; i++) {
-        uint32_t f = p->reads[i].file;
+    for (size_t i = 0; i < p->nios && !rc; i++) {
+        uint32_t f = p->ios[i].file;
         if (files[f])
             continue;
         char path[PATH_MAX];
@@ -191,7 +191,7 @@ int st_open_data_files(const st_dir *d, const st_load_plan *p, int no_direct, st
     return 0;
 }
 
-void st_close_data_files(const st_dir *d, const st_load_plan *p, st_file **files)
+void st_close_data_files(const st_dir *d, const st_io_plan *p, st_file **files)
 {
     for (size_t f = 0; files && f < p->meta->nfiles; f++)
         if (files[f])
@@ -199,7 +199,7 @@ void st_close_data_files(const st_dir *d, const st_load_plan *p, st_file **files
     free(files);
 }
 
-int st_read_some(const st_dir *d, const st_load_plan *p, st_file **files, const size_t *list,
+int st_read_some(const st_dir *d, const st_io_plan *p, st_file **files, const size_t *list,
                  size_t n, char **bufs, int threads, int only_rank)
 {
     exec_ctx x = {.d = d, .p = p, .files = files, .list = list, .bufs = bufs,
@@ -207,7 +207,7 @@ int st_read_some(const st_dir *d, const st_load_plan *p, st_file **files, const 
     return st_parallel(st_io_threads(threads), n, run_read, &x);
 }
 
-int st_exec_reads(const st_dir *d, const st_load_plan *p, int threads, int no_direct,
+int st_exec_reads(const st_dir *d, const st_io_plan *p, int threads, int no_direct,
                   uint64_t max_io, strata_verify_cb report, void *ctx, uint64_t *bytes_read)
 {
     const st_meta *m = p->meta;
@@ -223,7 +223,7 @@ int st_exec_reads(const st_dir *d, const st_load_plan *p, int threads, int no_di
         return rc;
     }
     pthread_mutex_init(&x.mu, NULL);
-    rc = st_parallel(nt, p->nreads, run_read, &x);
+    rc = st_parallel(nt, p->nios, run_read, &x);
     if (!rc && x.bad)
         rc = st_fail(STRATA_ECHECKSUM, "%d corrupt chunk(s)", x.bad);
     for (int i = 0; i < nt; i++)

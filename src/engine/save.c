@@ -17,17 +17,17 @@
 typedef struct {
     const st_vfs *v;
     const st_save_plan *sp;
-    st_load_plan lay;  /* the writes, expressed as segments and coalesced file ranges */
+    st_io_plan lay;  /* the writes, expressed as segments and coalesced file ranges */
     st_file **files;
     void **buf;
     size_t bufsize;
     const char *dir;
 } save_ctx;
 
-int st_fill_write(const st_load_plan *lay, const st_save_plan *sp, size_t task,
+int st_fill_write(const st_io_plan *lay, const st_save_plan *sp, size_t task,
                   unsigned char *buf)
 {
-    const st_read *w = &lay->reads[task];
+    const st_io *w = &lay->ios[task];
     const uint64_t C = sp->meta->chunk;
     uint64_t pos = 0; /* bytes of buf filled */
     int device = 0, rc = 0;
@@ -72,7 +72,7 @@ int st_fill_write(const st_load_plan *lay, const st_save_plan *sp, size_t task,
 }
 
 int st_write_task(const st_vfs *v, st_file *f, const char *dir, const char *name,
-                  const st_read *w, const void *buf)
+                  const st_io *w, const void *buf)
 {
     int e = st_vfs_write_full(v, f, buf, w->len, w->off);
     if (e)
@@ -84,7 +84,7 @@ int st_write_task(const st_vfs *v, st_file *f, const char *dir, const char *name
 static int run_write(void *arg, size_t task, int worker)
 {
     save_ctx *x = arg;
-    const st_read *w = &x->lay.reads[task];
+    const st_io *w = &x->lay.ios[task];
     if (!x->buf[worker] && !(x->buf[worker] = st_scratch_get(x->bufsize)))
         return st_fail(STRATA_ENOMEM, "out of memory for a write buffer");
     int rc = st_fill_write(&x->lay, x->sp, task, x->buf[worker]);
@@ -235,7 +235,7 @@ int st_commit_dir(const st_vfs *v, const char *dir, const st_meta *m, int sync)
 
 /* Lays the plan's pieces out as write tasks: whole chunks, file order, at most
  * SAVE_TASK_BYTES each, reusing the load planner's segment/coalescing code. */
-int st_layout_writes(st_load_plan *lay, const st_save_plan *sp, uint64_t task_bytes)
+int st_layout_writes(st_io_plan *lay, const st_save_plan *sp, uint64_t task_bytes)
 {
     memset(lay, 0, sizeof *lay);
     st_meta *m = sp->meta;
@@ -247,7 +247,7 @@ int st_layout_writes(st_load_plan *lay, const st_save_plan *sp, uint64_t task_by
     lay->run0 = calloc(sp->npieces + 2, sizeof *lay->run0);
     lay->runs = malloc((sp->npieces + 1) * sizeof *lay->runs);
     if (!lay->ext || !lay->object || !lay->maxrun || !lay->run0 || !lay->runs) {
-        st_load_plan_free(lay);
+        st_io_plan_free(lay);
         return st_fail(STRATA_ENOMEM, "out of memory");
     }
     for (size_t i = 0; i < sp->npieces; i++) {
@@ -258,30 +258,30 @@ int st_layout_writes(st_load_plan *lay, const st_save_plan *sp, uint64_t task_by
     }
     int rc = st_plan_reads(lay, task_bytes);
     if (rc) {
-        st_load_plan_free(lay);
+        st_io_plan_free(lay);
         return rc;
     }
     /* Interleave the files (round robin) so that concurrent threads write different
      * files: filesystems serialise allocating direct writes to one inode. */
-    st_read *r = malloc((lay->nreads + 1) * sizeof *r);
+    st_io *r = malloc((lay->nios + 1) * sizeof *r);
     size_t *next = calloc(m->nfiles + 1, sizeof *next), *end = calloc(m->nfiles + 1, sizeof *end);
     if (!r || !next || !end) {
         free(r);
         free(next);
         free(end);
-        st_load_plan_free(lay);
+        st_io_plan_free(lay);
         return st_fail(STRATA_ENOMEM, "out of memory");
     }
-    for (size_t i = 0; i < lay->nreads; i++) /* reads are sorted by file */
-        end[lay->reads[i].file] = i + 1;
-    for (size_t i = lay->nreads; i-- > 0;)
-        next[lay->reads[i].file] = i;
-    for (size_t k = 0; k < lay->nreads;)
+    for (size_t i = 0; i < lay->nios; i++) /* reads are sorted by file */
+        end[lay->ios[i].file] = i + 1;
+    for (size_t i = lay->nios; i-- > 0;)
+        next[lay->ios[i].file] = i;
+    for (size_t k = 0; k < lay->nios;)
         for (uint32_t f = 0; f < m->nfiles; f++)
             if (next[f] < end[f])
-                r[k++] = lay->reads[next[f]++];
-    free(lay->reads);
-    lay->reads = r;
+                r[k++] = lay->ios[next[f]++];
+    free(lay->ios);
+    lay->ios = r;
     free(next);
     free(end);
     return 0;
@@ -341,17 +341,17 @@ int st_write_data(const st_vfs *v, const char *dir, const st_save_plan *sp,
     if (!x.files || !x.buf)
         rc = st_fail(STRATA_ENOMEM, "out of memory");
     if (!rc)
-        rc = st_create_data_files(v, dir, sp, !o->no_direct, x.files);
+        rc = st_create_data_files(v, dir, sp, ST_DIRECT(o), x.files);
     if (!rc)
-        rc = st_parallel(nt, x.lay.nreads, run_write, &x);
-    rc = st_finish_data_files(v, dir, sp, x.files, !o->no_sync, rc);
+        rc = st_parallel(nt, x.lay.nios, run_write, &x);
+    rc = st_finish_data_files(v, dir, sp, x.files, ST_SYNC(o), rc);
     if (!rc && io_calls)
-        *io_calls = x.lay.nreads;
+        *io_calls = x.lay.nios;
     for (int i = 0; x.buf && i < nt; i++)
         st_scratch_put(x.buf[i], x.bufsize);
     free(x.buf);
     free(x.files);
-    st_load_plan_free(&x.lay);
+    st_io_plan_free(&x.lay);
     return rc;
 }
 
@@ -388,22 +388,12 @@ int st_check_chunk(uint32_t chunk)
 int st_plan_states(st_save_plan *sp, strata_state *const *ranks, int nranks,
                    const strata_save_opts *o)
 {
-    uint32_t chunk = o->chunk_bytes ? o->chunk_bytes : ST_DEFAULT_CHUNK;
-    int rc = st_check_chunk(chunk);
-    if (rc)
-        return rc;
-    if (nranks < 1 || !ranks)
-        return st_fail(STRATA_EINVAL, "save needs at least one rank state");
     st_rank_view *rv = calloc((size_t)nranks, sizeof *rv);
     if (!rv)
         return st_fail(STRATA_ENOMEM, "out of memory");
-    for (int r = 0; r < nranks && !rc; r++)
-        if (!ranks[r])
-            rc = st_fail(STRATA_EINVAL, "state of rank %d is NULL", r);
-        else
-            rv[r] = st_state_view(ranks[r]);
-    if (!rc)
-        rc = st_plan_save(sp, rv, nranks, chunk, o->step);
+    for (int r = 0; r < nranks; r++)
+        rv[r] = st_state_view(ranks[r]);
+    int rc = st_plan_save(sp, rv, nranks, o->chunk_bytes, o->step);
     free(rv);
     return rc;
 }
@@ -420,8 +410,8 @@ void st_save_stats(strata_stats *stats, const st_save_plan *sp, uint64_t io_call
     stats->seconds = st_now() - t0;
 }
 
-static int save_impl(const char *uri, strata_state *const *ranks, int nranks,
-                     const strata_save_opts *o, strata_stats *stats)
+int st_save_local(const char *uri, strata_state *const *ranks, int nranks,
+                  const strata_save_opts *o, strata_stats *stats)
 {
     double t0 = st_now();
     st_save_plan sp;
@@ -438,24 +428,87 @@ static int save_impl(const char *uri, strata_state *const *ranks, int nranks,
     if ((rc = st_prepare_dir(v, dir)) == 0) {
         rc = st_write_data(v, dir, &sp, o, &calls);
         if (!rc)
-            rc = st_commit_dir(v, dir, sp.meta, !o->no_sync);
+            rc = st_commit_dir(v, dir, sp.meta, ST_SYNC(o));
         if (rc) /* a failed save leaves no half-written files behind */
             st_remove_failed(v, dir, 1);
     }
-    if (!rc && stats)
+    if (!rc)
         st_save_stats(stats, &sp, calls, t0);
     st_save_plan_free(&sp);
     st_vfs_release(v);
     return rc;
 }
 
-int strata_save(const char *uri, strata_state *const *ranks, int nranks,
-                const strata_save_opts *opts, strata_stats *stats)
+/* ---- destinations, and the commit of a save in this process ---- */
+
+int st_dests_resolve(st_dests *d, const char *const *uris, int n)
 {
-    strata_save_opts def = STRATA_SAVE_OPTS_INIT;
-    if (opts && opts->version != STRATA_SAVE_OPTS_VERSION)
-        return st_fail(STRATA_EINVAL, "strata_save_opts.version %d is not %d", opts->version,
-                       STRATA_SAVE_OPTS_VERSION);
-    st_clear_error();
-    return save_impl(uri, ranks, nranks, opts ? opts : &def, stats);
+    memset(d, 0, sizeof *d);
+    for (int t = 0; t < n; t++)
+        snprintf(d->uri[t], sizeof d->uri[t], "%s", uris[t]);
+    for (d->n = 0; d->n < n; d->n++) {
+        int rc = st_vfs_resolve(d->uri[d->n], &d->vfs[d->n], d->dir[d->n], sizeof d->dir[0]);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+void st_dests_close(st_dests *d)
+{
+    for (int t = 0; t < d->n; t++)
+        st_vfs_release(d->vfs[t]);
+    d->n = 0;
+}
+
+typedef struct {
+    st_dests dst;
+    int sync;
+    int prepared[ST_MAX_TIERS];
+} local_commit;
+
+static const st_dests *lc_dests(void *ctx) { return &((local_commit *)ctx)->dst; }
+
+static int lc_prepare(void *ctx, int t)
+{
+    local_commit *c = ctx;
+    int rc = st_prepare_dir(c->dst.vfs[t], c->dst.dir[t]);
+    c->prepared[t] = rc == 0;
+    return rc;
+}
+
+static int lc_tier_done(void *ctx, int t, int rc, const st_save_plan *sp)
+{
+    local_commit *c = ctx;
+    if (!rc)
+        rc = st_commit_dir(c->dst.vfs[t], c->dst.dir[t], sp->meta, c->sync);
+    if (rc && c->prepared[t]) /* nothing half-written stays behind */
+        st_remove_failed(c->dst.vfs[t], c->dst.dir[t], 1);
+    return rc;
+}
+
+static void lc_release(void *ctx)
+{
+    local_commit *c = ctx;
+    if (c)
+        st_dests_close(&c->dst);
+    free(c);
+}
+
+const st_commit_ops st_local_commit = {0, lc_dests, lc_prepare, lc_tier_done, NULL, lc_release};
+
+int st_local_commit_new(void **ctx, const char *const *uris, int n, const strata_save_opts *o)
+{
+    *ctx = NULL;
+    local_commit *c = calloc(1, sizeof *c);
+    if (!c)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    c->sync = ST_SYNC(o);
+    int rc = st_dests_resolve(&c->dst, uris, n);
+    if (rc) {
+        lc_release(c);
+        return rc;
+    }
+    *ctx = c;
+    return 0;
 }

@@ -113,11 +113,13 @@ int strata_state_add_shard(strata_state *st, const strata_shard *s)
     return 0;
 }
 
-int strata_state_add_blob(strata_state *st, const char *name, int rank_local, int owner,
+int strata_state_add_blob(strata_state *st, const char *name, unsigned flags, int owner,
                           void *data, uint64_t size)
 {
     if (!st)
         return st_fail(STRATA_EINVAL, "NULL state");
+    if (flags & ~(unsigned)STRATA_BLOB_RANK_LOCAL)
+        return st_fail(STRATA_EINVAL, "blob: unknown flags 0x%x", flags);
     int rc = check_name(name, "blob");
     if (rc)
         return rc;
@@ -130,6 +132,6 @@ int strata_state_add_blob(strata_state *st, const char *name, int rank_local, in
     const char *n = st_arena_strndup(&st->names, name, strlen(name));
     if (!n)
         return st_fail(STRATA_ENOMEM, "out of memory");
-    st->bl[st->nbl++] = (st_blobent){n, rank_local != 0, owner, data, size};
+    st->bl[st->nbl++] = (st_blobent){n, (flags & STRATA_BLOB_RANK_LOCAL) != 0, owner, data, size};
     return 0;
 }

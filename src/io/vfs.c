@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,23 +16,67 @@ void st_vfs_release(const st_vfs *v)
         v->release(v);
 }
 
+#define MAX_WRAPPERS 8
+
+static struct {
+    char name[16];
+    st_vfs_wrap_fn make;
+} wrappers[MAX_WRAPPERS];
+static int nwrappers;
+static pthread_mutex_t wrappers_mu = PTHREAD_MUTEX_INITIALIZER;
+
+int st_vfs_register_wrapper(const char *name, st_vfs_wrap_fn make)
+{
+    int rc = 0;
+    pthread_mutex_lock(&wrappers_mu);
+    int i = 0;
+    while (i < nwrappers && strcmp(wrappers[i].name, name) != 0)
+        i++;
+    if (i == nwrappers) {
+        if (nwrappers == MAX_WRAPPERS || strlen(name) >= sizeof wrappers[0].name) {
+            rc = st_fail(STRATA_ENOMEM, "cannot register the storage wrapper '%s'", name);
+        } else {
+            snprintf(wrappers[i].name, sizeof wrappers[i].name, "%s", name);
+            wrappers[i].make = make;
+            nwrappers++;
+        }
+    }
+    pthread_mutex_unlock(&wrappers_mu);
+    return rc;
+}
+
+/* The wrapper whose name is the n bytes at uri, or NULL. */
+static st_vfs_wrap_fn find_wrapper(const char *uri, size_t n)
+{
+    st_vfs_wrap_fn make = NULL;
+    pthread_mutex_lock(&wrappers_mu);
+    for (int i = 0; i < nwrappers && !make; i++)
+        if (strlen(wrappers[i].name) == n && strncmp(wrappers[i].name, uri, n) == 0)
+            make = wrappers[i].make;
+    pthread_mutex_unlock(&wrappers_mu);
+    return make;
+}
+
 int st_vfs_resolve(const char *uri, const st_vfs **vfs, char *path_out, size_t cap)
 {
     if (!uri || !*uri)
         return st_fail(STRATA_EINVAL, "empty checkpoint URI");
-    if (strncmp(uri, "fault+", 6) == 0) {
+    const char *plus = strchr(uri, '+'), *colon = strstr(uri, "://");
+    st_vfs_wrap_fn make = plus && (!colon || plus < colon) ? find_wrapper(uri, (size_t)(plus - uri))
+                                                          : NULL;
+    if (make) { /* "wrapper+<uri>?query"; an unregistered name is parsed as a path or URI */
         char inner_uri[PATH_MAX];
-        const char *q = strchr(uri, '?');
-        size_t n = q ? (size_t)(q - uri) - 6 : strlen(uri) - 6;
+        const char *q = strchr(plus, '?');
+        size_t n = q ? (size_t)(q - plus) - 1 : strlen(plus) - 1;
         if (n >= sizeof inner_uri)
             return st_fail(STRATA_EINVAL, "URI too long: '%s'", uri);
-        memcpy(inner_uri, uri + 6, n);
+        memcpy(inner_uri, plus + 1, n);
         inner_uri[n] = 0;
         const st_vfs *inner;
         int rc = st_vfs_resolve(inner_uri, &inner, path_out, cap);
         if (rc)
             return rc;
-        if ((rc = st_vfs_fault_new(vfs, inner, q ? q + 1 : NULL)))
+        if ((rc = make(vfs, inner, q ? q + 1 : NULL)))
             st_vfs_release(inner);
         return rc;
     }
@@ -61,8 +106,7 @@ int st_vfs_resolve(const char *uri, const st_vfs **vfs, char *path_out, size_t c
             path = mem;
         } else {
             return st_fail(STRATA_ESCHEME,
-                           "unknown URI scheme '%.*s' in '%s' (known: file://, mem://, "
-                           "fault+file://)",
+                           "unknown URI scheme '%.*s' in '%s' (known: file://, mem://)",
                            (int)n, uri, uri);
         }
     }

@@ -69,15 +69,20 @@ extern const st_vfs st_vfs_posix;
 
 /* Resolves a URI to a backend instance and a path: "file:///a/b" and "/a/b" or "a/b" are
  * POSIX paths; "mem://name" is the host-memory tier, name under $STRATA_MEM_ROOT
- * (default /dev/shm/strata); "fault+<uri>?op=OP&n=N&errno=E[&short=1][&sticky=1]" wraps the backend of
- * <uri> in the fault injector (vfs_fault.c). Returns STRATA_ESCHEME (with a message) for
- * any other scheme, STRATA_EINVAL for a malformed URI. path_out gets the path with
+ * (default /dev/shm/strata); "<wrapper>+<uri>?<query>" wraps the backend of <uri> in a
+ * registered wrapper (st_vfs_register_wrapper). Returns STRATA_ESCHEME (with a message)
+ * for any other scheme, STRATA_EINVAL for a malformed URI. path_out gets the path with
  * trailing slashes removed. Release the instance with st_vfs_release. */
 int st_vfs_resolve(const char *uri, const st_vfs **vfs, char *path_out, size_t cap);
 void st_vfs_release(const st_vfs *v);
 
-/* The fault injector around inner, configured by a query string "op=...&n=...". */
-int st_vfs_fault_new(const st_vfs **out, const st_vfs *inner, const char *query);
+/* A backend that wraps another (like SQLite's VFS shims): makes *out around inner,
+ * configured by the URI's query string (may be NULL). */
+typedef int (*st_vfs_wrap_fn)(const st_vfs **out, const st_vfs *inner, const char *query);
+/* Registers the wrapper `name` (URIs "name+<uri>?query"); the resolver knows no wrapper
+ * by itself. Thread-safe; registering a name again is a no-op. STRATA_ENOMEM when the
+ * table (8 entries) is full. */
+int st_vfs_register_wrapper(const char *name, st_vfs_wrap_fn make);
 
 /* Reads a whole small file (metadata, commit record) into a new buffer, refusing files
  * over max bytes. Returns 0 or a negative errno (-EFBIG when too large). */

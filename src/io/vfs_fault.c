@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "../core/error.h"
-#include "vfs.h"
+#include "vfs_fault.h"
 
 enum { OP_OPEN, OP_WRITE, OP_FSYNC, OP_RENAME, OP_READ, OP_MKDIR, OP_ALLOCATE, OP_UNLINK, OP_COUNT };
 static const char *const op_names[OP_COUNT] = {"open", "write", "fsync", "rename",
@@ -203,7 +203,7 @@ static const struct {
 } errnos[] = {{"EIO", EIO}, {"ENOSPC", ENOSPC}, {"EDQUOT", EDQUOT}, {"EROFS", EROFS},
               {"EACCES", EACCES}, {"ENOENT", ENOENT}};
 
-int st_vfs_fault_new(const st_vfs **out, const st_vfs *inner, const char *query)
+static int fault_new(const st_vfs **out, const st_vfs *inner, const char *query)
 {
     fault_vfs *v = calloc(1, sizeof *v);
     if (!v)
@@ -275,3 +275,5 @@ int st_vfs_fault_new(const st_vfs **out, const st_vfs *inner, const char *query)
     *out = &v->base;
     return 0;
 }
+
+int st_vfs_fault_register(void) { return st_vfs_register_wrapper("fault", fault_new); }

@@ -1,7 +1,9 @@
 /* meta.c - encoder and validating decoder of the metadata file and the commit record. */
 #include "meta.h"
 
+#include <limits.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "../core/checksum.h"
 #include "../core/error.h"
@@ -651,4 +653,25 @@ int st_commit_decode(st_commit *c, const unsigned char *buf, size_t len)
     c->time_ns = st_get_u64(buf + 40);
     c->data_bytes = st_get_u64(buf + 48);
     return 0;
+}
+
+void st_data_file_name(char out[ST_DATA_FILE_BYTES], int rank)
+{
+    snprintf(out, ST_DATA_FILE_BYTES, "data-%06d.bin", rank);
+}
+
+long st_data_file_rank(const char *name)
+{
+    size_t n = strlen(name);
+    if (n < 15 || n > 24 || strncmp(name, "data-", 5) != 0 || strcmp(name + n - 4, ".bin") != 0)
+        return -1;
+    long r = 0;
+    for (size_t i = 5; i < n - 4; i++) {
+        if (name[i] < '0' || name[i] > '9')
+            return -1;
+        if (r > (LONG_MAX - 9) / 10)
+            return -1;
+        r = r * 10 + (name[i] - '0');
+    }
+    return r;
 }

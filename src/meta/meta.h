@@ -6,7 +6,7 @@
 #include <stdint.h>
 
 #include "../core/util.h"
-#include "strata.h"
+#include "strata_types.h"
 
 #define ST_META_MAGIC "STRATAMD"
 #define ST_META_VERSION 1u
@@ -18,7 +18,11 @@
 #define ST_ALIGN 4096u            /* extents in data files start at multiples of this */
 #define ST_META_FILE "metadata.bin"
 #define ST_COMMIT_FILE "COMMIT"
-#define ST_DEFAULT_CHUNK (4u << 20)
+/* A data file's name: data-<writing rank, six or more digits>.bin. */
+#define ST_DATA_FILE_BYTES 32
+void st_data_file_name(char out[ST_DATA_FILE_BYTES], int rank);
+/* The rank of a data file's name, or -1 if name is not one. */
+long st_data_file_rank(const char *name);
 
 /* Bytes of a data file holding [offset, offset + bytes), checksummed per chunk: chunk i
  * covers [i*chunk, min((i+1)*chunk, bytes)) and sums[i] is its XXH3-64. */

@@ -6,7 +6,7 @@
 #include <stdint.h>
 
 #include "../meta/meta.h"
-#include "strata.h"
+#include "strata_types.h"
 
 /* One registered shard, normalised: lengths filled, [fs, fe) explicit. */
 typedef struct st_entry {
@@ -84,7 +84,7 @@ void st_save_plan_free(st_save_plan *p);
  * `rank` (shards first, then blobs: nsh + i), `dst` bytes into its data. rank -1: no
  * destination (verify only). */
 typedef struct st_run {
-    uint32_t piece; /* index into st_load_plan.ext */
+    uint32_t piece; /* index into st_io_plan.ext */
     int32_t rank;
     uint32_t local;
     uint64_t src;   /* byte offset within the extent */
@@ -107,20 +107,23 @@ static inline char *st_run_dst(const st_run *r, const st_rank_view *ranks)
     return (char *)base + r->dst;
 }
 
-/* A segment of a read: chunks [c0, c1) of one extent. */
+/* An I/O plan: the reads of a load (st_plan_load, st_plan_verify_all), or the write tasks
+ * of a save (st_layout_writes), over the extents of a checkpoint's files. */
+
+/* A segment of an I/O: chunks [c0, c1) of one extent. */
 typedef struct st_seg {
     uint32_t piece;
     uint64_t c0, c1;
 } st_seg;
 
-/* One coalesced read: [off, off+len) of file, covering segments [seg0, seg1). */
-typedef struct st_read {
+/* One coalesced read or write: [off, off+len) of file, covering segments [seg0, seg1). */
+typedef struct st_io {
     uint32_t file;
     uint64_t off, len;
     size_t seg0, seg1;
-} st_read;
+} st_io;
 
-typedef struct st_load_plan {
+typedef struct st_io_plan {
     const st_meta *meta;
     const st_rank_view *ranks; /* a copy of the requests' views (for run destinations);
                                   NULL for verify */
@@ -134,22 +137,22 @@ typedef struct st_load_plan {
     size_t nruns;
     st_seg *segs;
     size_t nsegs;
-    st_read *reads;          /* sorted by (file, off) */
-    size_t nreads;
+    st_io *ios;              /* sorted by (file, off) */
+    size_t nios;
     uint64_t payload_bytes;  /* bytes of chunks to read (not counting alignment padding) */
     uint64_t request_bytes;  /* bytes requested over all ranks */
-} st_load_plan;
+} st_io_plan;
 
 /* Plans a load of the requests of nranks ranks from meta. max_io bounds one read (it is
  * rounded to whole chunks and at least one chunk). Errors: STRATA_ENOTFOUND,
  * STRATA_EMISMATCH, STRATA_EUNFILLED (messages name tensor and rank), STRATA_ENOMEM. */
-int st_plan_load(st_load_plan *out, const st_meta *meta, const st_rank_view *ranks,
+int st_plan_load(st_io_plan *out, const st_meta *meta, const st_rank_view *ranks,
                  int nranks, uint64_t max_io);
 /* A plan that reads every chunk of every extent once (runs with rank -1): for verify. */
-int st_plan_verify_all(st_load_plan *out, const st_meta *meta, uint64_t max_io);
+int st_plan_verify_all(st_io_plan *out, const st_meta *meta, uint64_t max_io);
 /* From out->runs (pieces numbered, runs filled): sorts the runs, derives the needed chunk
  * segments and coalesces them into reads. Used by both planners above. */
-int st_plan_reads(st_load_plan *out, uint64_t max_io);
-void st_load_plan_free(st_load_plan *p);
+int st_plan_reads(st_io_plan *out, uint64_t max_io);
+void st_io_plan_free(st_io_plan *p);
 
 #endif

@@ -16,7 +16,7 @@ typedef struct {
 } tindex;
 
 typedef struct {
-    st_load_plan *p;
+    st_io_plan *p;
     size_t cap;
     uint32_t piece;
     size_t esz;
@@ -96,14 +96,14 @@ static int cmp_runs(const void *pa, const void *pb)
     return (a->src > b->src) - (a->src < b->src);
 }
 
-static uint64_t seg_off(const st_load_plan *p, const st_seg *s)
+static uint64_t seg_off(const st_io_plan *p, const st_seg *s)
 {
     return p->ext[s->piece]->offset + s->c0 * p->meta->chunk;
 }
 
 static int cmp_segs(const void *pa, const void *pb, void *ctx)
 {
-    const st_load_plan *p = ctx;
+    const st_io_plan *p = ctx;
     const st_seg *a = pa, *b = pb;
     uint32_t fa = p->ext[a->piece]->file, fb = p->ext[b->piece]->file;
     if (fa != fb)
@@ -112,7 +112,7 @@ static int cmp_segs(const void *pa, const void *pb, void *ctx)
     return (oa > ob) - (oa < ob);
 }
 
-void st_load_plan_free(st_load_plan *p)
+void st_io_plan_free(st_io_plan *p)
 {
     free((void *)p->ranks);
     free(p->ext);
@@ -121,12 +121,12 @@ void st_load_plan_free(st_load_plan *p)
     free(p->run0);
     free(p->runs);
     free(p->segs);
-    free(p->reads);
+    free(p->ios);
     memset(p, 0, sizeof *p);
 }
 
 /* Pieces are numbered tensor by tensor, shard by shard, then blobs. */
-static int number_pieces(st_load_plan *out, const st_meta *m)
+static int number_pieces(st_io_plan *out, const st_meta *m)
 {
     size_t np = m->nblobs;
     for (size_t t = 0; t < m->ntensors; t++)
@@ -153,7 +153,7 @@ static int number_pieces(st_load_plan *out, const st_meta *m)
     return 0;
 }
 
-int st_plan_verify_all(st_load_plan *out, const st_meta *m, uint64_t max_io)
+int st_plan_verify_all(st_io_plan *out, const st_meta *m, uint64_t max_io)
 {
     memset(out, 0, sizeof *out);
     out->meta = m;
@@ -170,11 +170,11 @@ int st_plan_verify_all(st_load_plan *out, const st_meta *m, uint64_t max_io)
     if (!rc)
         rc = st_plan_reads(out, max_io);
     if (rc)
-        st_load_plan_free(out);
+        st_io_plan_free(out);
     return rc;
 }
 
-int st_plan_reads(st_load_plan *out, uint64_t max_io)
+int st_plan_reads(st_io_plan *out, uint64_t max_io)
 {
     const st_meta *m = out->meta;
     const uint64_t C = m->chunk;
@@ -244,18 +244,18 @@ int st_plan_reads(st_load_plan *out, uint64_t max_io)
             end = nend;
             j++;
         }
-        if (st_grow(&out->reads, &rcap, out->nreads + 1, sizeof *out->reads)) {
+        if (st_grow(&out->ios, &rcap, out->nios + 1, sizeof *out->ios)) {
             rc = st_fail(STRATA_ENOMEM, "out of memory planning the load");
             return rc;
         }
-        out->reads[out->nreads++] = (st_read){ext->file, off, end - off, i, j};
+        out->ios[out->nios++] = (st_io){ext->file, off, end - off, i, j};
         i = j;
     }
 
     return 0;
 }
 
-int st_plan_load(st_load_plan *out, const st_meta *m, const st_rank_view *ranks, int nranks,
+int st_plan_load(st_io_plan *out, const st_meta *m, const st_rank_view *ranks, int nranks,
                  uint64_t max_io)
 {
     memset(out, 0, sizeof *out);
@@ -421,6 +421,6 @@ done:
     free(tmap);
     free(bmap);
     if (rc)
-        st_load_plan_free(out);
+        st_io_plan_free(out);
     return rc;
 }

@@ -456,8 +456,8 @@ int st_plan_save(st_save_plan *out, const st_rank_view *ranks, int nranks, uint3
     for (int r = 0; r < nranks; r++) {
         if (out->writer_file[r] < 0)
             continue;
-        char name[32];
-        snprintf(name, sizeof name, "data-%06d.bin", r);
+        char name[ST_DATA_FILE_BYTES];
+        st_data_file_name(name, r);
         out->writer_file[r] = nw;
         m->files[nw].name = st_arena_strndup(&m->arena, name, strlen(name));
         m->files[nw].bytes = 0;

@@ -1,16 +1,16 @@
-/* comm_mpi.c - the MPI communicator (MPICH). Every collective is nonblocking underneath
- * and polled against the communicator's time limit, so a dead peer makes the call return
- * STRATA_EABORTED instead of hanging. Errors are returned, never fatal
- * (MPI_ERRORS_RETURN on a private duplicate of the caller's communicator). */
+/* comm_mpi.c - the MPI communicator (MPICH), libstrata_mpi: host collectives plugged in
+ * through strata_comm_host, on the public API alone. Every collective is nonblocking
+ * underneath and polled against the communicator's time limit, so a dead peer makes the
+ * call return STRATA_EABORTED instead of hanging. Errors are returned, never fatal
+ * (MPI_ERRORS_RETURN on a private duplicate of the caller's communicator). One thread at
+ * a time, as every strata_comm. */
 #include <limits.h>
 #include <mpi.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <time.h>
 
-#include "../core/error.h"
-#include "../core/util.h"
-#include "comm.h"
+#include "strata_mpi.h"
 
 typedef struct {
     MPI_Comm comm;
@@ -18,12 +18,20 @@ typedef struct {
     int *ic;            /* 4 * size ints: counts and displacements */
 } mpi_ctx;
 
+/* Monotonic seconds. */
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 static int mpi_err(int e, const char *what)
 {
     char s[MPI_MAX_ERROR_STRING];
     int n = 0;
     MPI_Error_string(e, s, &n);
-    return st_fail(STRATA_EABORTED, "MPI %s: %s", what, s);
+    return strata_error_set(STRATA_EABORTED, "MPI %s: %s", what, s);
 }
 
 /* Polls req until done or the time limit passes. MPI progresses a transfer only inside
@@ -31,8 +39,9 @@ static int mpi_err(int e, const char *what)
  * it); after that the wait is for a slow or dead peer, and polls back off to 1 ms apart. */
 static int wait_for(mpi_ctx *m, MPI_Request *req, const char *what)
 {
-    double t0 = st_now();
-    double limit = m->owner->timeout_ms > 0 ? t0 + m->owner->timeout_ms / 1000.0 : 0;
+    int timeout_ms = strata_comm_timeout(m->owner);
+    double t0 = now_s();
+    double limit = timeout_ms > 0 ? t0 + timeout_ms / 1000.0 : 0;
     long sleep_ns = 1000;
     for (;;) {
         int done = 0;
@@ -41,12 +50,12 @@ static int wait_for(mpi_ctx *m, MPI_Request *req, const char *what)
             return mpi_err(e, what);
         if (done)
             return 0;
-        double now = st_now();
+        double now = now_s();
         if (limit && now > limit)
-            return st_fail(STRATA_EABORTED,
+            return strata_error_set(STRATA_EABORTED,
                            "MPI %s: no answer from the other ranks within %d ms (a rank died "
                            "or stopped)",
-                           what, m->owner->timeout_ms);
+                           what, timeout_ms);
         if (now - t0 < 1.0) {
             sched_yield();
             continue;
@@ -62,7 +71,7 @@ static int m_allgather(void *ctx, const void *send, size_t n, void *recv)
 {
     mpi_ctx *m = ctx;
     if (n > INT_MAX)
-        return st_fail(STRATA_EINVAL, "MPI allgather of %zu bytes is too large", n);
+        return strata_error_set(STRATA_EINVAL, "MPI allgather of %zu bytes is too large", n);
     MPI_Request req;
     int e = MPI_Iallgather(send, (int)n, MPI_BYTE, recv, (int)n, MPI_BYTE, m->comm, &req);
     return e != MPI_SUCCESS ? mpi_err(e, "allgather") : wait_for(m, &req, "allgather");
@@ -78,7 +87,7 @@ static int m_alltoallv(void *ctx, const void *send, const size_t *sc, void *recv
     size_t so = 0, ro = 0;
     for (int r = 0; r < P; r++) {
         if (sc[r] > INT_MAX || rc[r] > INT_MAX || so > INT_MAX || ro > INT_MAX)
-            return st_fail(STRATA_EINVAL, "MPI alltoallv: more than 2 GiB in one exchange");
+            return strata_error_set(STRATA_EINVAL, "MPI alltoallv: more than 2 GiB in one exchange");
         scnt[r] = (int)sc[r];
         sdis[r] = (int)so;
         rcnt[r] = (int)rc[r];
@@ -109,9 +118,6 @@ static int m_bcast(void *ctx, void *buf, size_t n, int root)
     return 0;
 }
 
-static const strata_comm_ops mpi_ops = {STRATA_COMM_OPS_VERSION, m_allgather, m_alltoallv,
-                                        m_bcast};
-
 static void m_destroy(void *ctx)
 {
     mpi_ctx *m = ctx;
@@ -120,17 +126,20 @@ static void m_destroy(void *ctx)
     free(m);
 }
 
+static const strata_comm_ops mpi_ops = {STRATA_COMM_OPS_VERSION, m_allgather, m_alltoallv,
+                                        m_bcast, m_destroy};
+
 int strata_comm_mpi(strata_comm **out, const void *mpi_comm)
 {
     *out = NULL;
     int init = 0;
     MPI_Initialized(&init);
     if (!init)
-        return st_fail(STRATA_EINVAL, "MPI is not initialised");
+        return strata_error_set(STRATA_EINVAL, "MPI is not initialised");
     MPI_Comm base = mpi_comm ? *(const MPI_Comm *)mpi_comm : MPI_COMM_WORLD;
     mpi_ctx *m = calloc(1, sizeof *m);
     if (!m)
-        return st_fail(STRATA_ENOMEM, "out of memory");
+        return strata_error_set(STRATA_ENOMEM, "out of memory");
     int e = MPI_Comm_dup(base, &m->comm);
     if (e != MPI_SUCCESS) {
         free(m);
@@ -142,12 +151,11 @@ int strata_comm_mpi(strata_comm **out, const void *mpi_comm)
     MPI_Comm_size(m->comm, &size);
     m->ic = malloc(4 * (size_t)size * sizeof *m->ic);
     int rc = m->ic ? strata_comm_host(out, &mpi_ops, m, rank, size)
-                   : st_fail(STRATA_ENOMEM, "out of memory");
-    if (rc) {
+                   : strata_error_set(STRATA_ENOMEM, "out of memory");
+    if (rc) { /* strata_comm_host failed: it did not take ctx */
         m_destroy(m);
         return rc;
     }
     m->owner = *out;
-    (*out)->destroy = m_destroy;
     return 0;
 }

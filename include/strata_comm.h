@@ -1,0 +1,57 @@
+/* strata_comm.h - communicators: how the ranks of a distributed save or load talk.
+ * Included by strata.h. All communication goes through a strata_comm: the single-process
+ * default, the caller's own collectives (host callbacks, e.g. torch.distributed from the
+ * Python package), or MPI (strata_mpi.h, the separate libstrata_mpi). libstrata itself
+ * depends on no MPI. */
+#ifndef STRATA_COMM_H_PUBLIC
+#define STRATA_COMM_H_PUBLIC
+
+#include "strata_types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A communicator is used by one thread at a time, and every rank makes the same sequence
+ * of strata calls on it. It holds no engine state: plans are cached by a strata_saver. */
+typedef struct strata_comm strata_comm;
+
+#define STRATA_COMM_OPS_VERSION 2
+/* Collectives a host provides. Every call is made by all ranks together. Each returns 0,
+ * or a negative STRATA_E* code (STRATA_EABORTED when a peer is gone or a time limit
+ * passed; strata_error_set gives it a message); after an error the communicator is not
+ * used again. Version 1 had the first four fields. */
+typedef struct strata_comm_ops {
+    int version;
+    /* Every rank sends n bytes; recv gets size * n bytes, in rank order. */
+    int (*allgather)(void *ctx, const void *send, size_t n, void *recv);
+    /* Rank r sends scounts[d] bytes to each rank d, packed in rank order in send, and
+     * receives rcounts[s] bytes from each rank s, packed in rank order in recv. */
+    int (*alltoallv)(void *ctx, const void *send, const size_t *scounts, void *recv,
+                     const size_t *rcounts);
+    /* root's n bytes of buf are copied to every rank's buf. */
+    int (*bcast)(void *ctx, void *buf, size_t n, int root);
+    /* version 2: called once by strata_comm_free (may be NULL): releases ctx. */
+    void (*destroy)(void *ctx);
+} strata_comm_ops;
+
+/* The single-process communicator (rank 0 of 1). */
+int strata_comm_self(strata_comm **out);
+/* A communicator over the host's own collectives; ops is copied, ctx must outlive the
+ * communicator (or is released by ops->destroy). Errors: STRATA_EINVAL, STRATA_ENOMEM; on
+ * failure ops->destroy is not called (ctx stays the caller's). */
+int strata_comm_host(strata_comm **out, const strata_comm_ops *ops, void *ctx, int rank,
+                     int size);
+void strata_comm_free(strata_comm *c);
+int strata_comm_rank(const strata_comm *c);
+int strata_comm_size(const strata_comm *c);
+/* Time limit of every collective, for communicators that can keep one (MPI): a peer that
+ * does not take part within ms milliseconds (a dead rank) makes the call return
+ * STRATA_EABORTED instead of waiting forever. Default 300000 (5 minutes); 0 waits forever. */
+void strata_comm_set_timeout(strata_comm *c, int ms);
+int strata_comm_timeout(const strata_comm *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* STRATA_COMM_H_PUBLIC */

@@ -1,0 +1,386 @@
+/* dist_load.c - one rank's part of a load by every rank of a communicator. Every function
+ * here is a collective. Rank 0 reads the commit record and metadata -> [bcast] ->
+ * [allgather requests] -> every rank makes the same global plan and assigns each read to
+ * one rank that needs it -> rounds of (read + verify my reads, [allgather status],
+ * [alltoallv the bytes others need]). */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../core/checksum.h"
+#include "../core/error.h"
+#include "../io/pool.h"
+#include "dist.h"
+
+typedef struct {
+    st_commit commit;
+    uint64_t meta_len;
+    st_status st;
+} open_block;
+
+/* st_walk_read callbacks that count: the bytes of a read for each destination rank
+ * (ctx: uint64_t[P]); for one rank only; and the ranks that need a read. */
+static void count_per_rank(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, uint64_t at)
+{
+    (void)at;
+    ((uint64_t *)ctx)[run->rank] += x1 - x0;
+}
+
+typedef struct {
+    int rank;
+    uint64_t bytes;
+} one_rank;
+
+static void count_one_rank(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, uint64_t at)
+{
+    (void)at;
+    one_rank *c = ctx;
+    if (run->rank == c->rank)
+        c->bytes += x1 - x0;
+}
+
+typedef struct {
+    unsigned char *need; /* per rank, all 0 between reads */
+    int *who, n;         /* the ranks marked in need */
+} needers;
+
+static void mark_needer(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, uint64_t at)
+{
+    (void)x0, (void)x1, (void)at;
+    needers *c = ctx;
+    if (!c->need[run->rank]) {
+        c->need[run->rank] = 1;
+        c->who[c->n++] = run->rank;
+    }
+}
+
+typedef struct {
+    const st_io_plan *p;
+    int me;
+    const char *buf;      /* the read's buffer (sender) */
+    unsigned char **out;  /* per destination: write cursor (sender) */
+    const unsigned char *in; /* receive cursor (receiver) */
+    int rc;                  /* a device copy failed */
+} move_ctx;
+
+static void pack_run(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, uint64_t at)
+{
+    move_ctx *m = ctx;
+    if (run->rank == m->me)
+        return; /* scattered locally by the read itself */
+    memcpy(m->out[run->rank], m->buf + at, x1 - x0);
+    m->out[run->rank] += x1 - x0;
+}
+
+static void unpack_run(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, uint64_t at)
+{
+    (void)at;
+    move_ctx *m = ctx;
+    if (run->rank != m->me)
+        return;
+    int rc = st_deliver(m->p, run, x0, x1, m->in);
+    if (rc && !m->rc)
+        m->rc = rc;
+    m->in += x1 - x0;
+}
+
+/* Payload bytes of read i (its chunks, without alignment padding). */
+static uint64_t read_payload(const st_io_plan *p, size_t i)
+{
+    uint64_t n = 0, C = p->meta->chunk;
+    for (size_t si = p->ios[i].seg0; si < p->ios[i].seg1; si++) {
+        const st_seg *s = &p->segs[si];
+        n += ST_MIN(s->c1 * C, p->ext[s->piece]->bytes) - s->c0 * C;
+    }
+    return n;
+}
+
+/* Assigns each read to one of the ranks that need its bytes, the least loaded so far. */
+static int assign_readers(const st_io_plan *p, int P, int *reader)
+{
+    uint64_t *load = calloc((size_t)P, sizeof *load);
+    needers c = {calloc((size_t)P, 1), malloc((size_t)P * sizeof *c.who), 0};
+    int rc = !load || !c.need || !c.who ? st_fail(STRATA_ENOMEM, "out of memory") : 0;
+    for (size_t i = 0; !rc && i < p->nios; i++) {
+        c.n = 0;
+        st_walk_read(p, i, mark_needer, &c);
+        int best = -1;
+        for (int k = 0; k < c.n; k++) { /* the lowest rank wins ties */
+            int r = c.who[k];
+            if (best < 0 || load[r] < load[best] || (load[r] == load[best] && r < best))
+                best = r;
+            c.need[r] = 0;
+        }
+        reader[i] = best < 0 ? 0 : best;
+        load[reader[i]] += p->ios[i].len;
+    }
+    free(load);
+    free(c.need);
+    free(c.who);
+    return rc;
+}
+
+typedef struct {
+    const size_t *round_of;
+    const int *reader;
+} order_ctx;
+
+/* Reads by (round, reader, index): the order in which receivers unpack. */
+static int cmp_order(const void *a, const void *b, void *ctx)
+{
+    const order_ctx *c = ctx;
+    size_t i = *(const size_t *)a, j = *(const size_t *)b;
+    if (c->round_of[i] != c->round_of[j])
+        return c->round_of[i] < c->round_of[j] ? -1 : 1;
+    if (c->reader[i] != c->reader[j])
+        return c->reader[i] < c->reader[j] ? -1 : 1;
+    return (i > j) - (i < j);
+}
+
+/* A scratch buffer of at least n bytes in place of buf (capacity *cap); NULL if out of
+ * memory (buf is given back either way). */
+static unsigned char *grow(unsigned char *buf, size_t *cap, size_t n)
+{
+    if (buf)
+        st_scratch_put(buf, *cap);
+    *cap = (size_t)1 << 20; /* powers of two: sizes that repeat, for the scratch cache */
+    while (*cap < n)
+        *cap *= 2;
+    buf = st_scratch_get(*cap);
+    if (!buf)
+        *cap = 0;
+    return buf;
+}
+
+/* The reads and exchanges, in rounds of up to `per_round` reads per rank. */
+static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_io_plan *p,
+                           const strata_load_opts *o, uint64_t max_io, uint64_t *my_bytes)
+{
+    const int P = comm->size, me = comm->rank;
+    int per_round = st_io_threads(o->io_threads);
+    int *reader = malloc((p->nios + 1) * sizeof *reader);
+    size_t *mine = malloc((p->nios + 1) * sizeof *mine), nmine = 0;
+    size_t *round_of = malloc((p->nios + 1) * sizeof *round_of);
+    size_t *order = malloc((p->nios + 1) * sizeof *order);
+    size_t *count = calloc((size_t)P, sizeof *count);
+    size_t *sc = calloc((size_t)P, sizeof *sc), *rc_ = calloc((size_t)P, sizeof *rc_);
+    uint64_t *bytes = calloc((size_t)P, sizeof *bytes);
+    unsigned char **cur = calloc((size_t)P, sizeof *cur);
+    char **bufs = calloc((size_t)per_round, sizeof *bufs);
+    st_file **files = NULL;
+    int32_t *sts = malloc((size_t)P * sizeof *sts);
+    size_t bufsize = st_read_buf_bytes(p->meta, max_io), rounds = 0, scap = 0, rcap = 0;
+    unsigned char *sbuf = NULL, *rbuf = NULL;
+    int rc = 0;
+    if (!reader || !mine || !round_of || !order || !count || !sc || !rc_ || !bytes || !cur || !bufs || !sts) {
+        rc = st_fail(STRATA_ENOMEM, "out of memory");
+        goto out;
+    }
+    if ((rc = assign_readers(p, P, reader)))
+        goto out;
+    for (size_t i = 0; i < p->nios; i++) {
+        round_of[i] = count[reader[i]]++ / (size_t)per_round;
+        rounds = ST_MAX(rounds, round_of[i] + 1);
+        order[i] = i;
+        if (reader[i] == me) {
+            mine[nmine++] = i;
+            *my_bytes += read_payload(p, i);
+        }
+    }
+    order_ctx oc = {round_of, reader};
+    qsort_r(order, p->nios, sizeof *order, cmp_order, &oc);
+    size_t next = 0; /* reads of earlier rounds in `order` */
+    /* a local failure (opening the files) still takes part in every round */
+    int local_rc = nmine ? st_open_data_files(d, p, o->flags & STRATA_LOAD_NO_DIRECT, &files) : 0;
+    for (int k = 0; k < per_round && !local_rc; k++)
+        if (!(bufs[k] = st_scratch_get(bufsize)))
+            local_rc = st_fail(STRATA_ENOMEM, "out of memory for read buffers");
+    for (size_t round = 0; round < rounds; round++) {
+        /* my reads this round: read, verify, scatter my own runs */
+        size_t first = 0;
+        while (first < nmine && round_of[mine[first]] < round)
+            first++;
+        size_t n = 0;
+        while (first + n < nmine && round_of[mine[first + n]] == round)
+            n++;
+        if (!local_rc && n)
+            local_rc = st_read_some(d, p, files, mine + first, n, bufs, o->io_threads, me);
+        int32_t my_st = local_rc;
+        if ((rc = st_allgather(comm, &my_st, sizeof my_st, sts)))
+            goto out;
+        int bad = -1;
+        for (int r = 0; r < P && bad < 0; r++)
+            if (sts[r])
+                bad = r;
+        if (bad >= 0) { /* every rank learns the first failure, with its message */
+            st_status s;
+            st_status_set(&s, sts[bad], bad);
+            if ((rc = st_bcast(comm, &s, sizeof s, bad)))
+                goto out;
+            rc = st_status_raise(&s, me);
+            goto out;
+        }
+        /* what I send: the bytes of my reads that other ranks need */
+        memset(bytes, 0, (size_t)P * sizeof *bytes);
+        for (size_t j = 0; j < n; j++)
+            st_walk_read(p, mine[first + j], count_per_rank, bytes);
+        size_t stot = 0, rtot = 0;
+        for (int r = 0; r < P; r++) {
+            sc[r] = r == me ? 0 : (size_t)bytes[r];
+            stot += sc[r];
+        }
+        /* what I receive: from each reader, the bytes of its reads this round that I need;
+         * this round's reads are order[next .. end), by reader rank */
+        size_t end = next;
+        while (end < p->nios && round_of[order[end]] == round)
+            end++;
+        memset(rc_, 0, (size_t)P * sizeof *rc_);
+        for (size_t k = next; k < end; k++) {
+            size_t i = order[k];
+            if (reader[i] == me)
+                continue;
+            one_rank c = {me, 0};
+            st_walk_read(p, i, count_one_rank, &c);
+            rc_[reader[i]] += (size_t)c.bytes;
+        }
+        for (int r = 0; r < P; r++)
+            rtot += rc_[r];
+        /* the exchange buffers are reused across rounds: fresh pages cost a first touch */
+        if ((stot > scap && !(sbuf = grow(sbuf, &scap, stot))) ||
+            (rtot > rcap && !(rbuf = grow(rbuf, &rcap, rtot)))) {
+            rc = st_fail(STRATA_ENOMEM, "out of memory");
+            goto out; /* the others then time out: memory is gone anyway */
+        }
+        size_t at = 0;
+        for (int r = 0; r < P; r++) {
+            cur[r] = sbuf + at;
+            at += sc[r];
+        }
+        for (size_t j = 0; j < n; j++) {
+            move_ctx m = {p, me, bufs[j], cur, NULL, 0};
+            st_walk_read(p, mine[first + j], pack_run, &m);
+        }
+        rc = st_alltoallv(comm, sbuf, sc, rbuf, rc_);
+        if (!rc) {
+            const unsigned char *in = rbuf; /* readers in rank order, their reads in order */
+            for (size_t k = next; k < end; k++)
+                if (reader[order[k]] != me) {
+                    move_ctx m = {p, me, NULL, NULL, in, 0};
+                    st_walk_read(p, order[k], unpack_run, &m);
+                    in = m.in;
+                    if (m.rc && !local_rc)
+                        local_rc = m.rc; /* reported with the next round's status */
+                }
+        }
+        next = end;
+        if (rc)
+            goto out;
+    }
+    if (local_rc) /* failed after the last round's status exchange (a device copy) */
+        rc = local_rc;
+out:
+    for (int k = 0; bufs && k < per_round; k++)
+        st_scratch_put(bufs[k], bufsize);
+    if (sbuf)
+        st_scratch_put(sbuf, scap);
+    if (rbuf)
+        st_scratch_put(rbuf, rcap);
+    if (files)
+        st_close_data_files(d, p, files);
+    free(reader);
+    free(mine);
+    free(round_of);
+    free(order);
+    free(count);
+    free(sc);
+    free(rc_);
+    free(bytes);
+    free(cur);
+    free(bufs);
+    free(sts);
+    return rc;
+}
+
+int st_load_dist(strata_comm *comm, const char *uri, strata_state *local,
+                 const strata_load_opts *o, strata_stats *stats)
+{
+    double t0 = st_now();
+    const int P = comm->size, me = comm->rank;
+    uint64_t max_io = o->max_io_bytes;
+    open_block ob = {0};
+    unsigned char *meta = NULL, *all = NULL;
+    size_t mlen = 0, *counts = calloc((size_t)P, sizeof *counts);
+    st_dir d = {0};
+    int have_dir = 0, rc = 0;
+    st_arena arena = {0};
+    st_rank_view *views = calloc((size_t)P, sizeof *views);
+    st_io_plan plan;
+    int have_plan = 0;
+    st_buf req = {0};
+    if (!counts || !views) {
+        free(counts);
+        free(views);
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    }
+    /* 1. the coordinator reads the commit record and metadata; everyone gets them */
+    if (me == ST_ROOT) {
+        int orc = st_dir_open_raw(&d, uri, 0, &meta, &mlen);
+        if (orc) {
+            st_status_set(&ob.st, orc, ST_ROOT);
+        } else {
+            have_dir = 1;
+            ob.commit = d.commit;
+            ob.meta_len = mlen;
+        }
+    }
+    if ((rc = st_bcast(comm, &ob, sizeof ob, ST_ROOT)))
+        goto out;
+    if (ob.st.rc) {
+        rc = st_status_raise(&ob.st, me);
+        goto out;
+    }
+    if (me != ST_ROOT && !(meta = malloc(ob.meta_len + 1))) {
+        rc = st_fail(STRATA_ENOMEM, "out of memory"); /* the others time out */
+        goto out;
+    }
+    if ((rc = st_bcast(comm, meta, ob.meta_len, ST_ROOT)))
+        goto out;
+    if (me != ST_ROOT) {
+        if ((rc = st_dir_adopt(&d, uri, &ob.commit, meta, ob.meta_len)))
+            goto out; /* the same bytes fail the same way everywhere */
+        have_dir = 1;
+    }
+    /* 2. every rank's requests, to every rank */
+    st_rank_view my = st_state_view(local);
+    st_encode_state(&req, &my);
+    if (req.oom) {
+        rc = st_fail(STRATA_ENOMEM, "out of memory");
+        goto out;
+    }
+    if ((rc = st_allgatherv(comm, req.p, req.n, &all, counts)))
+        goto out;
+    if ((rc = st_decode_all(&arena, all, counts, P, me, &my, views)))
+        goto out;
+    /* 3. the same global plan everywhere: its errors are everyone's */
+    if ((rc = st_plan_load(&plan, d.meta, views, P, max_io)))
+        goto out;
+    have_plan = 1;
+    uint64_t got = 0;
+    if ((rc = exchange_rounds(comm, &d, &plan, o, max_io, &got)))
+        goto out;
+    /* payload bytes read, not alignment padding, as the in-process load counts */
+    *stats = (strata_stats){.data_bytes = d.meta->data_bytes, .bytes = got};
+    st_over_ranks(comm, got, &stats->all_bytes, NULL, NULL);
+    stats->seconds = st_now() - t0;
+out:
+    if (have_plan)
+        st_io_plan_free(&plan);
+    if (have_dir)
+        st_dir_close(&d);
+    free(req.p);
+    free(meta);
+    free(all);
+    free(counts);
+    free(views);
+    st_arena_free(&arena);
+    return rc;
+}

@@ -1,0 +1,392 @@
+/* dist_save.c - one rank's part of a save by every rank of a communicator (each process
+ * holds one rank's state). Every function here is a collective: all ranks make the same
+ * calls in the same order. Rank 0 coordinates.
+ *
+ * [all: cached?] -> [gather local plans to 0; 0 plans] -> [bcast status] -> [scatter each
+ * rank's pieces] -> all write their own data file -> [gather status + checksums to 0] ->
+ * 0 writes metadata + commit -> [bcast final status]. A cached plan (every local plan
+ * hash unchanged) skips the gather and scatter. The synchronous save writes on the
+ * caller's thread; the asynchronous one through async.c, with this file's commit hooks. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../core/checksum.h"
+#include "../core/error.h"
+#include "../io/pool.h"
+#include "dist.h"
+
+/* A distributed save between its planning and its commit (the async handle keeps it). */
+typedef struct st_async_dist {
+    strata_comm *comm;
+    int ntiers;
+    st_dests dst;
+    int wrote[ST_MAX_TIERS];
+    strata_save_opts o;
+    double t0;
+    int all_cached;
+    st_plan_cache *cache;  /* the plan (referenced) */
+    st_plan_cache **slot;  /* where the saver keeps its last plan */
+} st_async_dist;
+
+/* Replaces the saver's plan (dropping its reference to the old one). */
+static void set_cached(st_async_dist *d, st_plan_cache *c)
+{
+    st_plan_cache_release(*d->slot);
+    *d->slot = c;
+}
+
+static void dist_free(void *ctx)
+{
+    st_async_dist *d = ctx;
+    if (d) {
+        st_dests_close(&d->dst);
+        st_plan_cache_release(d->cache);
+    }
+    free(d);
+}
+
+/* Steps 1-3: every rank learns its part (*mine) of the save. With prepare_root, rank 0
+ * prepares the directory first (st_prepare_dir) and every rank learns the outcome; without,
+ * a cached plan needs no more than the one collective that finds it cached. A local
+ * failure is returned in *local_rc (message in local_msg): the rank must still take part
+ * in st_dist_finish. */
+static int dist_begin(st_async_dist *d, const char *const *uris, strata_state *local,
+                      int prepare_root,
+                      st_save_plan *mine, int *local_rc, char *local_msg)
+{
+    strata_comm *comm = d->comm;
+    const strata_save_opts *o = &d->o;
+    const int P = comm->size, me = comm->rank;
+    uint32_t chunk = o->chunk_bytes;
+    st_rank_view view = st_state_view(local);
+    memset(mine, 0, sizeof *mine);
+    st_buf lp = {0};
+    st_encode_state(&lp, &view);
+    int rc = lp.oom ? st_fail(STRATA_ENOMEM, "out of memory") : st_check_chunk(chunk);
+    /* a local error must still take part in the collectives: it travels as a status */
+    int lrc = rc;
+    if (!lrc)
+        lrc = st_dests_resolve(&d->dst, uris, d->ntiers);
+    snprintf(local_msg, ST_MSG_BYTES, "%s", lrc ? strata_error_last() : "");
+    uint64_t h = st_plan_hash(lp.p, lp.n, P, chunk);
+    st_plan_cache *cache = *d->slot;
+    unsigned char *all = NULL, *parts = NULL, *mypart = NULL;
+    size_t *counts = calloc((size_t)P, sizeof *counts), mylen = 0;
+    st_arena arena = {0};
+    st_rank_view *views = NULL;
+    st_status st = {0};
+    st_plan_cache *fresh = NULL;
+    if (!counts) {
+        free(lp.p);
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    }
+    /* 1. one collective: is every rank's layout what it was at the last save? */
+    if ((rc = st_all_true(comm, !lrc && cache && cache->hash == h && cache->size == P,
+                          &d->all_cached)))
+        goto out;
+    if (!d->all_cached) {
+        /* 2. the coordinator gathers the local plans and plans */
+        if ((rc = st_gatherv(comm, lp.p, lp.n, ST_ROOT, &all, counts)))
+            goto out;
+        if (me == ST_ROOT) {
+            if ((fresh = calloc(1, sizeof *fresh)))
+                atomic_init(&fresh->refs, 1);
+            views = calloc((size_t)P, sizeof *views);
+            int prc = !fresh || !views ? st_fail(STRATA_ENOMEM, "out of memory") : 0;
+            if (!prc)
+                prc = st_decode_all(&arena, all, counts, P, -1, NULL, views);
+            if (!prc)
+                prc = st_plan_save(&fresh->sp, views, P, chunk, o->step);
+            if (!prc)
+                prc = st_cache_encode(fresh, P, &parts, counts);
+            if (prc)
+                st_status_set(&st, prc, ST_ROOT);
+        }
+    }
+    /* 3. the coordinator prepares the directory; everyone learns the outcome */
+    if (me == ST_ROOT && !st.rc && prepare_root) {
+        int prc = lrc ? (st_fail(lrc, "%s", local_msg), lrc) : st_prepare_dir(d->dst.vfs[0], d->dst.dir[0]);
+        if (prc)
+            st_status_set(&st, prc, ST_ROOT);
+    }
+    if (prepare_root || !d->all_cached) {
+        if ((rc = st_bcast(comm, &st, sizeof st, ST_ROOT)))
+            goto out;
+        if (st.rc) {
+            rc = st_status_raise(&st, me);
+            goto out;
+        }
+    }
+    if (!d->all_cached) {
+        if ((rc = st_scatterv(comm, parts, counts, ST_ROOT, &mypart, &mylen)))
+            goto out;
+        if (!fresh && !(fresh = calloc(1, sizeof *fresh))) {
+            rc = st_fail(STRATA_ENOMEM, "out of memory");
+            goto out;
+        }
+        atomic_init(&fresh->refs, 1);
+        fresh->hash = h;
+        fresh->size = P;
+        fresh->chunk = chunk;
+        set_cached(d, NULL); /* the old plan is stale whatever happens now */
+        cache = NULL;
+        if ((lrc = st_cache_decode(fresh, mypart, mylen))) {
+            snprintf(local_msg, ST_MSG_BYTES, "%s", strata_error_last());
+        } else {
+            set_cached(d, cache = fresh);
+            fresh = NULL;
+        }
+    }
+    if (!lrc && cache && (lrc = st_cache_mine(cache, &view, me, mine)))
+        snprintf(local_msg, ST_MSG_BYTES, "%s", strata_error_last());
+    if (cache) { /* this save's reference: the plan stays while it is in flight */
+        atomic_fetch_add(&cache->refs, 1);
+        d->cache = cache;
+    }
+out:
+    *local_rc = lrc;
+    st_plan_cache_release(fresh);
+    if (rc && comm->broken)
+        set_cached(d, NULL); /* the layout is unknown after a failure */
+    st_arena_free(&arena);
+    free(views);
+    free(lp.p);
+    free(all);
+    free(parts);
+    free(mypart);
+    free(counts);
+    return rc;
+}
+
+/* Removes this rank's data file (and on rank 0 the metadata) of a failed save in tier t. */
+static void dist_cleanup(const st_async_dist *d, int t)
+{
+    char p[PATH_MAX], name[ST_DATA_FILE_BYTES];
+    const st_vfs *v = d->dst.vfs[t];
+    const char *dir = d->dst.dir[t];
+    if (st_path_join(p, dir, ST_COMMIT_FILE) || v->stat(v, p, NULL, NULL) == 0)
+        return; /* committed after all, or by another save: never touched */
+    st_data_file_name(name, d->comm->rank);
+    if (st_path_join(p, dir, name) == 0)
+        v->unlink(v, p);
+    if (d->comm->rank == ST_ROOT) {
+        if (st_path_join(p, dir, ST_META_FILE) == 0)
+            v->unlink(v, p);
+        if (st_path_join(p, dir, ST_COMMIT_FILE ".tmp") == 0)
+            v->unlink(v, p);
+    }
+}
+
+static int dist_finish(void *ctx, const int *local_rc, const char *const *local_msg,
+                       const st_save_plan *mine, uint64_t io_calls, strata_stats *stats)
+{
+    st_async_dist *d = ctx;
+    strata_comm *comm = d->comm;
+    const int P = comm->size, me = comm->rank, T = d->ntiers;
+    st_plan_cache *cache = d->cache;
+    size_t nsums = 0, *counts = calloc((size_t)P, sizeof *counts);
+    int any_ok = 0;
+    for (int t = 0; t < T; t++)
+        any_ok |= local_rc[t] == 0;
+    const uint64_t *sums = any_ok ? st_mine_sums(mine, &nsums) : NULL;
+    unsigned char *reports = NULL;
+    st_status st[ST_MAX_TIERS];
+    memset(st, 0, sizeof st);
+    int rc;
+    if (!counts)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    if (!any_ok)
+        nsums = 0;
+    /* 5. each tier's status, and the checksums (the same bytes went to every tier) */
+    st_buf rep = {0};
+    for (int t = 0; t < T; t++) {
+        st_buf_u32(&rep, (uint32_t)local_rc[t]);
+        st_buf_str(&rep, local_rc[t] ? local_msg[t] : "-");
+    }
+    st_buf_var(&rep, nsums);
+    for (size_t i = 0; i < nsums; i++)
+        st_buf_u64(&rep, sums[i]);
+    rc = rep.oom ? st_fail(STRATA_ENOMEM, "out of memory")
+                 : st_gatherv(comm, rep.p, rep.n, ST_ROOT, &reports, counts);
+    free(rep.p);
+    if (rc)
+        goto out;
+
+    /* 6. the coordinator commits each tier in which every rank succeeded */
+    if (me == ST_ROOT) {
+        size_t off = 0;
+        for (int r = 0; r < P; r++) {
+            st_rd rd = {.p = reports + off, .end = reports + off + counts[r]};
+            off += counts[r];
+            int rank_ok = 0;
+            for (int t = 0; t < T; t++) {
+                int32_t prc = (int32_t)st_rd_u32(&rd);
+                st_arena tmp = {0};
+                char *msg = st_rd_str(&rd, &tmp, ST_MSG_BYTES);
+                if (prc && !st[t].rc) {
+                    st[t].rc = prc;
+                    st[t].rank = r;
+                    snprintf(st[t].msg, sizeof st[t].msg, "%s", msg ? msg : "failed");
+                }
+                rank_ok |= prc == 0;
+                st_arena_free(&tmp);
+            }
+            uint64_t k = st_rd_var(&rd), at = 0;
+            for (size_t q = cache->rank0[r]; rank_ok && q < cache->rank0[r + 1] && !rd.err; q++) {
+                st_extent *e = cache->sp.pieces[cache->by_rank[q]].ext;
+                uint64_t nc = st_nchunks(e->bytes, cache->sp.meta->chunk);
+                for (uint64_t c = 0; c < nc && at < k; c++, at++)
+                    e->sums[c] = st_rd_u64(&rd);
+            }
+            if (rank_ok && (rd.err || at != k))
+                for (int t = 0; t < T; t++)
+                    if (!st[t].rc) {
+                        st[t].rc = STRATA_EINVAL;
+                        st[t].rank = r;
+                        snprintf(st[t].msg, sizeof st[t].msg,
+                                 "rank %d sent %llu checksums, not the plan's", r,
+                                 (unsigned long long)k);
+                    }
+        }
+        cache->sp.meta->step = d->o.step;
+        for (int t = 0; t < T; t++) {
+            if (st[t].rc)
+                continue;
+            /* without a prepared directory (an asynchronous save), check it now */
+            const st_vfs *v = d->dst.vfs[t];
+            const char *dir = d->dst.dir[t];
+            int crc = st_clear_stale(v, dir, &cache->sp);
+            if (!crc && (crc = st_commit_dir(v, dir, cache->sp.meta, ST_SYNC(&d->o))))
+                st_uncommit(v, dir); /* this save's record, if it got that far */
+            if (crc)
+                st_status_set(&st[t], crc, ST_ROOT);
+        }
+    }
+    if ((rc = st_bcast(comm, st, (size_t)T * sizeof st[0], ST_ROOT)))
+        goto out;
+    /* nothing committed in a failed tier: each rank removes what it wrote there (only if
+     * it wrote for this save: never a committed checkpoint's files) */
+    for (int t = 0; t < T; t++)
+        if (st[t].rc && d->wrote[t] && !comm->broken)
+            dist_cleanup(d, t);
+    for (int t = 0; t < T && !rc; t++)
+        if (st[t].rc)
+            rc = T > 1 ? st_wrap(st_status_raise(&st[t], me), "destination %d (%s)", t, d->dst.uri[t])
+                       : st_status_raise(&st[t], me);
+    if (rc)
+        goto out;
+    if (stats) {
+        uint64_t mine_b = mine->meta ? mine->meta->data_bytes : 0;
+        *stats = (strata_stats){.bytes = mine_b, .io_calls = io_calls,
+                                .plan_cached = d->all_cached};
+        st_over_ranks(comm, mine_b, &stats->all_bytes, &stats->max_writer_bytes, &stats->writers);
+        stats->data_bytes = stats->all_bytes;
+        stats->seconds = st_now() - d->t0;
+    }
+out:
+    /* after a failed collective rank 0 may have committed: nothing is removed, and the
+     * layout is unknown */
+    if (rc && comm->broken)
+        set_cached(d, NULL);
+    free(reports);
+    free(counts);
+    return rc;
+}
+
+static int dist_new(st_async_dist **out, strata_comm *comm, st_plan_cache **slot, int ntiers,
+                    const strata_save_opts *o)
+{
+    *out = NULL;
+    st_async_dist *d = calloc(1, sizeof *d);
+    if (!d)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    d->comm = comm;
+    d->slot = slot;
+    d->o = *o;
+    d->t0 = st_now();
+    d->ntiers = ntiers;
+    *out = d;
+    return 0;
+}
+
+/* dist_new + dist_begin. 0: *d and *mine are this save's (a local failure in *local_rc,
+ * message in local_msg); else the collective's error, and nothing to free. */
+static int dist_start(st_async_dist **d, strata_comm *comm, st_plan_cache **slot,
+                      const char *const *uris, int ntiers, strata_state *local,
+                      const strata_save_opts *o, int prepare_root, st_save_plan *mine,
+                      int *local_rc, char *local_msg)
+{
+    int rc = dist_new(d, comm, slot, ntiers, o);
+    if (rc)
+        return rc;
+    if ((rc = dist_begin(*d, uris, local, prepare_root, mine, local_rc, local_msg))) {
+        st_save_plan_free(mine);
+        dist_free(*d);
+        *d = NULL;
+    }
+    return rc;
+}
+
+/* The hooks of one rank's part of an asynchronous distributed save: each rank writes its
+ * data file into the shared directory, and the commit is dist_finish's collective. */
+static const st_dests *dist_dests(void *ctx) { return &((st_async_dist *)ctx)->dst; }
+
+static int dist_prepare(void *ctx, int t)
+{
+    st_async_dist *d = ctx;
+    int rc = st_prepare_shared(d->dst.vfs[t], d->dst.dir[t]);
+    if (!rc) /* this rank may write its data file there: a failure removes it */
+        d->wrote[t] = 1;
+    return rc;
+}
+
+static int dist_tier_done(void *ctx, int t, int rc, const st_save_plan *sp)
+{
+    (void)ctx, (void)t, (void)sp;
+    return rc; /* committed, or removed, in dist_finish */
+}
+
+static const st_commit_ops dist_commit = {1, dist_dests, dist_prepare, dist_tier_done,
+                                          dist_finish, dist_free};
+
+int st_save_dist(strata_comm *comm, st_plan_cache **cache, const char *uri,
+                 strata_state *local, const strata_save_opts *o, strata_stats *stats)
+{
+    st_async_dist *d;
+    st_save_plan mine;
+    int local_rc;
+    char local_msg[ST_MSG_BYTES];
+    uint64_t io_calls = 0;
+    int rc = dist_start(&d, comm, cache, &uri, 1, local, o, 1, &mine, &local_rc, local_msg);
+    if (rc)
+        return rc;
+    /* 4. every rank writes its own data file */
+    d->wrote[0] = 1;
+    if (!local_rc &&
+        (local_rc = st_write_data(d->dst.vfs[0], d->dst.dir[0], &mine, &d->o, &io_calls)))
+        snprintf(local_msg, sizeof local_msg, "%s", strata_error_last());
+    const char *msg = local_msg;
+    rc = dist_finish(d, &local_rc, &msg, &mine, io_calls, stats);
+    st_save_plan_free(&mine);
+    dist_free(d);
+    return rc;
+}
+
+int st_save_dist_start(strata_handle **out, strata_comm *comm, st_plan_cache **cache,
+                       const char *const *uris, int ntiers, strata_state *local,
+                       const strata_save_opts *o, strata_pool **pool)
+{
+    *out = NULL;
+    st_async_dist *d;
+    st_save_plan mine;
+    int local_rc;
+    char local_msg[ST_MSG_BYTES];
+    int rc = dist_start(&d, comm, cache, uris, ntiers, local, o, 0, &mine, &local_rc, local_msg);
+    if (rc)
+        return rc;
+    if (local_rc) { /* a local failure: the handle carries it into st_dist_finish */
+        st_save_plan_free(&mine);
+        st_fail(local_rc, "%s", local_msg);
+    }
+    return st_async_start(out, &mine, &d->o, pool, &dist_commit, d, local_rc);
+}

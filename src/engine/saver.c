@@ -1,0 +1,180 @@
+/* saver.c - the front door: strata_saver, strata_save_start, strata_save and strata_load.
+ * Each call checks its arguments and options once, then picks the way it runs: ranks in
+ * this process or one rank of a communicator, one destination or tiers, on the caller's
+ * thread or through the pool in the background. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../comm/comm.h"
+#include "../core/error.h"
+#include "engine.h"
+
+struct strata_saver {
+    strata_comm *comm;    /* borrowed; NULL: ranks in this process */
+    strata_pool *pool;    /* the caller's, or made at the first save that needs one */
+    int own_pool;
+    st_plan_cache *cache; /* with a communicator: the last plan */
+};
+
+int strata_saver_new(strata_saver **out, strata_comm *comm, strata_pool *pool)
+{
+    *out = NULL;
+    strata_saver *sv = calloc(1, sizeof *sv);
+    if (!sv)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    sv->comm = comm;
+    sv->pool = pool;
+    *out = sv;
+    return 0;
+}
+
+void strata_saver_free(strata_saver *sv)
+{
+    if (!sv)
+        return;
+    st_plan_cache_release(sv->cache);
+    if (sv->own_pool)
+        strata_pool_free(sv->pool);
+    free(sv);
+}
+
+/* The checks every save and load shares: destinations and ranks. */
+static int check_where(const char *what, strata_comm *comm, const char *const *uris, int nuris,
+                       strata_state *const *states, int nstates)
+{
+    if (!uris || nuris < 1 || nuris > ST_MAX_TIERS)
+        return st_fail(STRATA_EINVAL, "a %s needs 1 to %d URIs (got %d)", what, ST_MAX_TIERS,
+                       uris ? nuris : 0);
+    for (int t = 0; t < nuris; t++)
+        if (!uris[t] || !uris[t][0] || strlen(uris[t]) >= PATH_MAX)
+            return st_fail(STRATA_EINVAL, "%s: URI %d is missing, empty or too long", what, t);
+    if (!states || nstates < 1)
+        return st_fail(STRATA_EINVAL, "a %s needs at least one rank state", what);
+    if (comm && nstates != 1)
+        return st_fail(STRATA_EINVAL, "with a communicator a %s takes this rank's one state, "
+                       "not %d", what, nstates);
+    for (int r = 0; r < nstates; r++)
+        if (!states[r])
+            return st_fail(STRATA_EINVAL, "state of rank %d is NULL", r);
+    return 0;
+}
+
+int strata_save_start(strata_handle **out, strata_saver *sv, const char *const *uris, int nuris,
+                      strata_state *const *states, int nstates, const strata_save_opts *opts)
+{
+    *out = NULL;
+    st_clear_error();
+    strata_comm *comm = sv ? sv->comm : NULL;
+    strata_save_opts o;
+    int rc = st_save_opts_get(&o, opts);
+    if (!rc)
+        rc = check_where("save", comm, uris, nuris, states, nstates);
+    if (rc)
+        return rc;
+    /* no saver, or a pool of the saver's own too small for this save's chunks: the
+     * handle's own pool */
+    strata_pool **pool = sv ? &sv->pool : NULL;
+    if (sv && sv->own_pool && st_pool_buffer_bytes(sv->pool) < o.chunk_bytes)
+        pool = NULL;
+    int had_pool = sv && sv->pool;
+    if (comm) {
+        rc = st_save_dist_start(out, comm, &sv->cache, uris, nuris, states[0], &o, pool);
+    } else {
+        st_save_plan sp;
+        void *ctx;
+        if (!(rc = st_plan_states(&sp, states, nstates, &o))) {
+            if ((rc = st_local_commit_new(&ctx, uris, nuris, &o)))
+                st_save_plan_free(&sp);
+            else
+                rc = st_async_start(out, &sp, &o, pool, &st_local_commit, ctx, 0);
+        }
+    }
+    if (sv && !had_pool && sv->pool)
+        sv->own_pool = 1; /* made for this saver, kept for its next saves */
+    return rc;
+}
+
+int strata_save(strata_stats *stats, strata_saver *sv, const char *const *uris, int nuris,
+                strata_state *const *states, int nstates, const strata_save_opts *opts)
+{
+    st_clear_error();
+    strata_comm *comm = sv ? sv->comm : NULL;
+    strata_save_opts o;
+    strata_stats full = STRATA_STATS_INIT;
+    int rc = st_stats_check(stats);
+    if (!rc)
+        rc = st_save_opts_get(&o, opts);
+    if (!rc)
+        rc = check_where("save", comm, uris, nuris, states, nstates);
+    if (rc)
+        return rc;
+    if (nuris == 1) { /* straight from the caller's buffers, no copy */
+        rc = comm ? st_save_dist(comm, &sv->cache, uris[0], states[0], &o, &full)
+                  : st_save_local(uris[0], states, nstates, &o, &full);
+    } else {
+        strata_handle *h;
+        if (!(rc = strata_save_start(&h, sv, uris, nuris, states, nstates, &o))) {
+            rc = strata_wait_durable(&full, h);
+            strata_handle_free(h);
+            if (rc) /* the free may have run strata calls: the save's message stays */
+                rc = st_fail(rc, "%s", strata_error_last());
+        }
+    }
+    if (!rc)
+        st_stats_put(stats, &full);
+    return rc;
+}
+
+/* One source of a load; with a communicator, every rank learns whether all succeeded. */
+static int load_one(strata_comm *comm, const char *uri, strata_state *const *states,
+                    int nstates, const strata_load_opts *o, strata_stats *full)
+{
+    if (!comm)
+        return st_load_local(uri, states, nstates, o, full);
+    int rc = st_load_dist(comm, uri, states[0], o, full), all = 0;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", strata_error_last());
+    int crc = st_all_true(comm, rc == 0, &all);
+    if (crc)
+        return rc ? st_fail(rc, "%s", msg) : crc;
+    if (rc)
+        return st_fail(rc, "%s", msg);
+    return all ? 0 : st_fail(STRATA_EABORTED, "another rank failed to load it");
+}
+
+int strata_load(strata_stats *stats, strata_comm *comm, const char *const *uris, int nuris,
+                strata_state *const *states, int nstates, const strata_load_opts *opts)
+{
+    st_clear_error();
+    strata_load_opts o;
+    int rc = st_stats_check(stats);
+    if (!rc)
+        rc = st_load_opts_get(&o, opts);
+    if (!rc)
+        rc = check_where("load", comm, uris, nuris, states, nstates);
+    if (rc)
+        return rc;
+    char why[2048] = "";
+    size_t n = 0;
+    for (int t = 0; t < nuris; t++) {
+        strata_stats full = STRATA_STATS_INIT;
+        rc = load_one(comm, uris[t], states, nstates, &o, &full);
+        if (rc == 0) {
+            full.tier = t;
+            st_stats_put(stats, &full);
+            return 0;
+        }
+        if (nuris == 1)
+            return rc;
+        if (comm && comm->broken) /* the ranks can no longer agree on a next source */
+            return st_fail(rc, "%s: %s", uris[t], strata_error_last());
+        /* the destinations may hold a part of this copy: the next one overwrites all */
+        int k = snprintf(why + n, sizeof why - n, "%s%s: %s", t ? "; " : "", uris[t],
+                         strata_error_last());
+        if (k > 0)
+            n = ST_MIN(sizeof why - 1, n + (size_t)k);
+    }
+    return st_fail(rc, "no copy could be loaded: %s", why);
+}
