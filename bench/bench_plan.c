@@ -3,7 +3,8 @@
  * optimizer shards. Times the global save plan, encoding and decoding the metadata, and
  * the load plan of one rank of another layout (tp=4, pp=4, dp=N/16, zero=1). Medians of 3.
  * Goals at 4096 ranks: plan <= 1 s, <= 64 metadata bytes per shard, load plan <= 50 ms;
- * growth no faster than n log n. */
+ * growth no faster than n log n. Then the overlap check on crafted shard sets (only those:
+ * `bench_plan overlap`). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,9 +28,27 @@ static double median(double *v)
     return v[REPS / 2];
 }
 
+/* One run of the overlap check on t: the median of REPS times, or of one run when a run
+ * takes more than 10 s. want: the expected result (0 or STRATA_EOVERLAP). */
+static double time_overlap(const st_mtensor *t, int want)
+{
+    double v[REPS];
+    for (int r = 0; r < REPS; r++) {
+        double t0 = st_now();
+        int rc = st_meta_check_overlap(t);
+        v[r] = st_now() - t0;
+        if (rc != want)
+            fprintf(stderr, "overlap check of '%s': %s, want %s (%s)\n", t->name,
+                    strata_error_name(rc), strata_error_name(want), strata_error_last());
+        if (v[r] > 10.0)
+            return v[r];
+    }
+    return median(v);
+}
+
 /* The overlap check of metadata decoding on crafted shard sets of 65,536 shards: an 8-dim
  * grid of one-element boxes, and one-element flat pieces of a single [1, 65536] box. */
-static void bench_overlap(void)
+static void bench_overlap_grid(void)
 {
     enum { N = 65536 };
     st_mshard *sh = calloc(N, sizeof *sh);
@@ -47,19 +66,90 @@ static void bench_overlap(void)
             }
             sh[i] = (st_mshard){off, len, kind ? i : 0, kind ? i + 1 : 1, kind, {0}};
         }
-        double v[REPS];
-        for (int r = 0; r < REPS; r++) {
-            double t0 = st_now();
-            if (st_meta_check_overlap(&t))
-                fprintf(stderr, "overlap check failed: %s\n", strata_error_last());
-            v[r] = st_now() - t0;
-        }
         printf("overlap check, %d shards, %s: %.3f s\n", N,
                kind ? "one-element flat pieces of one box" : "8-dim grid of one-element boxes",
-               median(v));
+               time_overlap(&t, 0));
     }
     free(sh);
     free(dims);
+}
+
+/* Issue 10's crafted set: n one-element shards in n distinct boxes that all intersect.
+ * Tensor [2, n]; shard i is the box rows [0, 2) x cols [0, i + 1), narrowed to its element
+ * i, (0, i): no two shards share an element, every two boxes share (0, 0). With extra, one
+ * more shard, the box rows [0, 1) x cols [3, n / 2 + 1) narrowed to its element n / 2 - 3,
+ * (0, n / 2): it shares that element with shard n / 2, so the check must fail. */
+static void issue_family(st_mtensor *t, st_mshard *sh, uint64_t *dims, size_t n, int extra)
+{
+    t->ndim = 2;
+    t->shape[0] = 2;
+    t->shape[1] = n;
+    t->nshards = n + (extra != 0);
+    t->shards = sh;
+    for (size_t i = 0; i < t->nshards; i++) {
+        uint64_t *off = dims + i * 4, *len = off + 2;
+        off[0] = 0;
+        off[1] = i < n ? 0 : 3;
+        len[0] = i < n ? 2 : 1;
+        len[1] = i < n ? i + 1 : n / 2 - 2;
+        uint64_t fs = i < n ? i : n / 2 - 3;
+        sh[i] = (st_mshard){off, len, fs, fs + 1, 1, {0}};
+    }
+}
+
+static void bench_overlap_issue(void)
+{
+    static const size_t ns[] = {2000, 16000, 64000};
+    for (size_t k = 0; k < sizeof ns / sizeof *ns; k++) {
+        size_t n = ns[k];
+        st_mshard *sh = calloc(n + 1, sizeof *sh);
+        uint64_t *dims = calloc((n + 1) * 4, sizeof *dims);
+        st_mtensor t = {.name = "issue10"};
+        issue_family(&t, sh, dims, n, 0);
+        double clean = time_overlap(&t, 0);
+        issue_family(&t, sh, dims, n, 1);
+        double bad = time_overlap(&t, STRATA_EOVERLAP);
+        printf("overlap check, %zu one-element pieces of %zu distinct intersecting boxes: "
+               "%.3f s (disjoint), %.3f s (one overlapping pair)\n",
+               n, n, clean, bad);
+        fflush(stdout);
+        free(sh);
+        free(dims);
+    }
+}
+
+/* The slowest family known for the check (work ~ n log^2 n): sticks along each of 3 dims of
+ * a cube of side 3k, woven so that none meet (a stick along dim j sits at residue j mod 3
+ * in the other two dims). No dim separates them, and they are whole boxes. */
+static void bench_overlap_sticks(void)
+{
+    const uint64_t k = 160, side = 3 * k;
+    size_t n = 3 * k * k;
+    st_mshard *sh = calloc(n, sizeof *sh);
+    uint64_t *dims = calloc(n * 6, sizeof *dims);
+    st_mtensor t = {.name = "sticks", .ndim = 3, .shape = {side, side, side}, .shards = sh,
+                    .nshards = n};
+    size_t i = 0;
+    for (int j = 0; j < 3; j++)
+        for (uint64_t a = 0; a < k; a++)
+            for (uint64_t b = 0; b < k; b++, i++) {
+                uint64_t *off = dims + i * 6, *len = off + 3, v[2] = {a, b};
+                for (int d = 0, u = 0; d < 3; d++) {
+                    off[d] = d == j ? 0 : 3 * v[u++] + (uint64_t)j;
+                    len[d] = d == j ? side : 1;
+                }
+                sh[i] = (st_mshard){off, len, 0, side, 0, {0}};
+            }
+    printf("overlap check, %zu sticks woven along 3 dims: %.3f s\n", n, time_overlap(&t, 0));
+    free(sh);
+    free(dims);
+}
+
+static void bench_overlap(void)
+{
+    bench_overlap_grid();
+    bench_overlap_issue();
+    bench_overlap_sticks();
 }
 
 /* The rank views of a layout: entries with geometry only (data NULL). */
@@ -97,6 +187,10 @@ static st_rank_view *views_of(const synth_model *m, const synth_ranks *rs, st_en
 
 int main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "overlap") == 0) { /* only the crafted overlap sets */
+        bench_overlap();
+        return 0;
+    }
     int max_ranks = argc > 1 ? atoi(argv[1]) : 4096;
     synth_model m;
     /* 20 layers: 4 * (3 + 12 * 20) = 972 tensors; hidden ~4k: about a 4B-parameter model */

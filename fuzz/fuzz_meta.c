@@ -5,13 +5,20 @@
  * docs/FORMAT.md ("What a reader checks") by an independent checker, including a
  * brute-force overlap test of small tensors, and re-encoded: the encoding must decode (with
  * its checksum) to an equal st_meta and re-encode to the same bytes. Any violation is
- * abort(). Also replayed by tests/test_fuzz_replay.c (the entry point is renamed there). */
+ * abort(). Also replayed by tests/test_fuzz_replay.c (the entry point is renamed there).
+ *
+ * Inputs that start with "OVLP" instead describe, compactly, a large crafted shard set of
+ * one tensor (fm_overlap_gen: up to 16,384 shards from a few bytes), to hunt for inputs on
+ * which the overlap check is wrong or slow: its answer is held to a brute-force one, and
+ * its work (st_meta_overlap_work) to a near-linear bound, so a superlinear case aborts
+ * here even where it would not yet hit libFuzzer's -timeout. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/checksum.h"
+#include "core/geom.h"
 #include "meta/meta.h"
 
 #define FM_FAIL(...)                                                                         \
@@ -77,6 +84,144 @@ static int fm_overlap_brute(const st_mtensor *t, uint64_t numel)
     }
     free(seen);
     return bad;
+}
+
+/* ---- "OVLP" inputs: crafted shard sets for the overlap check ----
+ *   u8 ndim (mod 9); per dim: u8 a, u8 b: shape 1 + a, shifted left b % 41 bits (or less,
+ *   or 1, to keep numel below 2^56); then records until the input ends or 16,384 shards:
+ *   u8 n1, u8 n2; per dim six i16 (little-endian) ob o1 o2 lb l1 l2:
+ *   off = ob*u + i1*o1 + i2*o2 mod shape, len = 1 + (lb*u + i1*l1 + i2*l2 mod
+ *   (shape - off)), u = max(1, shape / 65536); u8 flat (bit 0), six i16 fb f1 f2 cb c1 c2:
+ *   fs = fb*v + i1*f1 + i2*f2 mod numel(box), count = 1 + (cb*v + i1*c1 + i2*c2 mod
+ *   (numel(box) - fs)), v = max(1, numel(box) / 65536); one shard for each i1 <= n1,
+ *   i2 <= n2. So a family such as issue 10's (n one-element pieces of n distinct boxes that
+ *   all intersect) takes one record. The seeds seed-ovlp-* hold that family, sticks woven
+ *   along 3 dims, and a pinwheel with sliced arms. */
+#define FM_GEN_MAX 16384
+
+typedef struct {
+    const uint8_t *p, *end;
+} fm_in;
+
+static int fm_u8(fm_in *in, unsigned *v)
+{
+    if (in->p >= in->end)
+        return 0;
+    *v = *in->p++;
+    return 1;
+}
+
+static int fm_i16(fm_in *in, int64_t *v)
+{
+    if (in->end - in->p < 2)
+        return 0;
+    *v = (int16_t)(uint16_t)(in->p[0] | in->p[1] << 8);
+    in->p += 2;
+    return 1;
+}
+
+/* base*unit + i1*s1 + i2*s2 modulo m (m >= 1); every term stays below 2^62 */
+static uint64_t fm_mod(int64_t base, uint64_t unit, uint64_t i1, int64_t s1, uint64_t i2,
+                       int64_t s2, uint64_t m)
+{
+    __int128 x = (__int128)base * (__int128)unit + (__int128)i1 * s1 + (__int128)i2 * s2;
+    x %= (__int128)m;
+    return (uint64_t)(x < 0 ? x + m : x);
+}
+
+static int fm_stop(void *ctx, uint64_t a, uint64_t b, uint64_t n)
+{
+    (void)ctx, (void)a, (void)b, (void)n;
+    return 1;
+}
+
+static void fm_overlap_gen(const uint8_t *data, size_t size)
+{
+    fm_in in = {data, data + size};
+    unsigned nd, a, b;
+    if (!fm_u8(&in, &nd))
+        return;
+    static st_mshard sh[FM_GEN_MAX];
+    static uint64_t dims[FM_GEN_MAX][2 * STRATA_MAX_DIMS];
+    st_mtensor t = {.name = "gen", .dtype = STRATA_U8, .ndim = (int)(nd % 9), .shards = sh};
+    unsigned bits = 0; /* numel < 2^bits <= 2^56 */
+    for (int d = 0; d < t.ndim; d++) {
+        if (!fm_u8(&in, &a) || !fm_u8(&in, &b))
+            return;
+        unsigned ab = 32 - (unsigned)__builtin_clz(1 + a), sft = b % 41;
+        if (bits + ab > 56) {
+            t.shape[d] = 1;
+            continue;
+        }
+        sft = sft < 56 - bits - ab ? sft : 56 - bits - ab;
+        t.shape[d] = (uint64_t)(1 + a) << sft;
+        bits += ab + sft;
+    }
+    uint64_t numel = 1;
+    for (int d = 0; d < t.ndim; d++)
+        numel *= t.shape[d];
+    int ok = 1;
+    while (ok && t.nshards < FM_GEN_MAX) {
+        unsigned n1, n2, fl;
+        int64_t g[STRATA_MAX_DIMS][6], f[6];
+        ok = fm_u8(&in, &n1) && fm_u8(&in, &n2);
+        for (int d = 0; ok && d < t.ndim; d++)
+            for (int k = 0; ok && k < 6; k++)
+                ok = fm_i16(&in, &g[d][k]);
+        ok = ok && fm_u8(&in, &fl);
+        for (int k = 0; ok && k < 6; k++)
+            ok = fm_i16(&in, &f[k]);
+        if (!ok)
+            break;
+        for (uint64_t i1 = 0; i1 <= n1 && t.nshards < FM_GEN_MAX; i1++)
+            for (uint64_t i2 = 0; i2 <= n2 && t.nshards < FM_GEN_MAX; i2++) {
+                st_mshard *s = &sh[t.nshards];
+                uint64_t *off = dims[t.nshards], *len = off + STRATA_MAX_DIMS, bn = 1;
+                for (int d = 0; d < t.ndim; d++) {
+                    uint64_t u = t.shape[d] / 65536 ? t.shape[d] / 65536 : 1;
+                    off[d] = fm_mod(g[d][0], u, i1, g[d][1], i2, g[d][2], t.shape[d]);
+                    len[d] = 1 + fm_mod(g[d][3], u, i1, g[d][4], i2, g[d][5],
+                                        t.shape[d] - off[d]);
+                    bn *= len[d];
+                }
+                uint64_t fs = 0, fe = bn;
+                if (fl & 1) {
+                    uint64_t v = bn / 65536 ? bn / 65536 : 1;
+                    fs = fm_mod(f[0], v, i1, f[1], i2, f[2], bn);
+                    fe = fs + 1 + fm_mod(f[3], v, i1, f[4], i2, f[5], bn - fs);
+                }
+                *s = (st_mshard){off, len, fs, fe, (int)(fl & 1), {0}};
+                t.nshards++;
+            }
+    }
+    int rc = st_meta_check_overlap(&t);
+    uint64_t work = st_meta_overlap_work();
+    if (rc == STRATA_ENOMEM)
+        return;
+    if (rc != 0 && rc != STRATA_EOVERLAP)
+        FM_FAIL("overlap check of a crafted set returned %s", strata_error_name(rc));
+    /* near-linear: work within 32 m (log2 m + 1)^2, for m shards */
+    double m = (double)t.nshards, lg = 1;
+    for (size_t x = t.nshards; x > 1; x >>= 1)
+        lg++;
+    if ((double)work > 32.0 * m * lg * lg + 65536.0)
+        FM_FAIL("slow input: the overlap check of %zu shards in %d dims took %llu work units",
+                t.nshards, t.ndim, (unsigned long long)work);
+    int want = -1;
+    if (numel <= (1u << 20))
+        want = fm_overlap_brute(&t, numel);
+    else if (t.nshards <= 256) {
+        want = 0;
+        for (size_t i = 0; i < t.nshards && !want; i++)
+            for (size_t j = i + 1; j < t.nshards && !want; j++) {
+                st_region x = {t.ndim, sh[i].off, sh[i].len, sh[i].fs, sh[i].fe};
+                st_region y = {t.ndim, sh[j].off, sh[j].len, sh[j].fs, sh[j].fe};
+                want = st_region_runs(&x, &y, fm_stop, NULL) > 0;
+            }
+    }
+    if (want >= 0 && (rc == STRATA_EOVERLAP) != want)
+        FM_FAIL("overlap check of %zu crafted shards in %d dims says %s, brute force %s",
+                t.nshards, t.ndim, rc ? "overlap" : "disjoint", want ? "overlap" : "disjoint");
 }
 
 /* Checks everything FORMAT.md says a decoded metadata satisfies. */
@@ -234,6 +379,10 @@ static void fm_rc_ok(int rc, st_meta *m)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    if (size >= 4 && memcmp(data, "OVLP", 4) == 0) {
+        fm_overlap_gen(data + 4, size - 4);
+        return 0;
+    }
     st_meta *mu = (st_meta *)1, *mc = (st_meta *)1;
     int ru = st_meta_decode_unchecked(&mu, data, size);
     fm_rc_ok(ru, mu);

@@ -661,6 +661,381 @@ static void test_overlap_check(void **state)
     assert_true(found > 1000 && clean > 1000);
 }
 
+/* ---- crafted sets: where the check used to be slow, against the pairwise definition ---- */
+
+/* The pairwise definition: do two non-empty shards of c share an element? */
+static int ov_pairwise(const ov_case *c)
+{
+    for (size_t i = 0; i < c->t.nshards; i++)
+        for (size_t j = i + 1; j < c->t.nshards; j++) {
+            st_region a = {c->t.ndim, c->sh[i].off, c->sh[i].len, c->sh[i].fs, c->sh[i].fe};
+            st_region b = {c->t.ndim, c->sh[j].off, c->sh[j].len, c->sh[j].fs, c->sh[j].fe};
+            if (st_region_runs(&a, &b, NULL, NULL) > 0)
+                return 1;
+        }
+    return 0;
+}
+
+/* Does region (off, len, fs, fe) of c's tensor share an element with shard j? */
+static int ov_meets(const ov_case *c, const uint64_t *off, const uint64_t *len, uint64_t fs,
+                    uint64_t fe, size_t j)
+{
+    st_region a = {c->t.ndim, off, len, fs, fe};
+    st_region b = {c->t.ndim, c->sh[j].off, c->sh[j].len, c->sh[j].fs, c->sh[j].fe};
+    return st_region_runs(&a, &b, NULL, NULL) > 0;
+}
+
+/* A random box of c's tensor that holds the element at global multi-index g (g NULL: any),
+ * and in its row-major flattening a random range of a few elements (holding g's). */
+static void ov_random_piece(ov_case *c, tu_rng *r, const uint64_t *g, uint64_t *off,
+                            uint64_t *len, uint64_t *fs, uint64_t *fe)
+{
+    uint64_t numel = 1, at = 0;
+    for (int d = 0; d < c->t.ndim; d++) {
+        uint64_t x = g ? g[d] : tu_below(r, c->t.shape[d]);
+        off[d] = tu_range(r, 0, x);
+        len[d] = tu_range(r, x - off[d] + 1, c->t.shape[d] - off[d]);
+        numel *= len[d];
+        at = at * len[d] + (x - off[d]);
+    }
+    if (tu_chance(r, 10) && !g) {
+        *fs = 0;
+        *fe = numel;
+        return;
+    }
+    uint64_t n = tu_range(r, 1, ST_MIN(numel, tu_chance(r, 50) ? 1 : 4));
+    *fs = at - ST_MIN(at, tu_below(r, n));
+    *fe = ST_MIN(numel, *fs + n);
+}
+
+/* Crafted sets in the regions the dim-wise split cannot separate: (0) flat pieces of
+ * random, mostly intersecting boxes, kept only if disjoint from the earlier ones (greedy);
+ * (1) issue 10's family: one-element pieces of distinct boxes that all hold the origin;
+ * (2) sticks along each of 3 dims, woven so that none meet; (3) a pinwheel whose arms are
+ * sliced into columns and rows. Then perhaps one more shard that meets another: a random
+ * piece through one of its elements, or a copy. */
+static void ov_crafted(ov_case *c, tu_rng *r)
+{
+    memset(c, 0, sizeof *c);
+    c->t.name = "t";
+    c->t.shards = c->sh;
+    int kind = (int)tu_below(r, 4);
+    uint64_t off[STRATA_MAX_DIMS] = {0}, len[STRATA_MAX_DIMS] = {0}, fs, fe;
+    if (kind == 0) {
+        c->t.ndim = (int)tu_range(r, 1, 5);
+        for (int d = 0; d < c->t.ndim; d++)
+            c->t.shape[d] = tu_range(r, 1, 7);
+        for (int tries = 0; tries < 200 && c->t.nshards < OV_MAX - 1; tries++) {
+            ov_random_piece(c, r, NULL, off, len, &fs, &fe);
+            size_t j = 0;
+            while (j < c->t.nshards && !ov_meets(c, off, len, fs, fe, j))
+                j++;
+            if (j == c->t.nshards)
+                ov_add(c, off, len, fs, fe);
+        }
+    } else if (kind == 1) {
+        c->t.ndim = (int)tu_range(r, 1, 4);
+        uint64_t numel = 1;
+        for (int d = 0; d < c->t.ndim; d++) {
+            c->t.shape[d] = tu_range(r, 1, 6);
+            numel *= c->t.shape[d];
+        }
+        for (uint64_t e = 0; e < numel && c->t.nshards < OV_MAX - 1; e++) {
+            uint64_t x = e, n = 1; /* the box from the origin to element e: e is its last */
+            for (int d = c->t.ndim - 1; d >= 0; d--) {
+                len[d] = x % c->t.shape[d] + 1;
+                x /= c->t.shape[d];
+            }
+            for (int d = 0; d < c->t.ndim; d++)
+                n *= len[d];
+            ov_add(c, off, len, n - 1, n);
+        }
+    } else if (kind == 2) {
+        uint64_t k = tu_range(r, 1, 3);
+        c->t.ndim = 3;
+        for (int d = 0; d < 3; d++)
+            c->t.shape[d] = 3 * k;
+        for (int j = 0; j < 3; j++) /* a stick along j: residue j in the other dims */
+            for (uint64_t a = 0; a < k; a++)
+                for (uint64_t b = 0; b < k; b++) {
+                    uint64_t v[2] = {a, b};
+                    for (int d = 0, u = 0; d < 3; d++) {
+                        off[d] = d == j ? 0 : 3 * v[u++] + (uint64_t)j;
+                        len[d] = d == j ? 3 * k : 1;
+                    }
+                    uint64_t n = len[0] * len[1] * len[2], f0 = tu_below(r, n);
+                    if (tu_chance(r, 50)) /* a stick, whole or in pieces */
+                        ov_add(c, off, len, 0, n);
+                    else {
+                        ov_add(c, off, len, 0, f0);
+                        ov_add(c, off, len, f0, n);
+                    }
+                }
+    } else {
+        uint64_t k = tu_range(r, 2, 8), h = 2 * k, w = 2 * k;
+        c->t.ndim = 2;
+        c->t.shape[0] = h;
+        c->t.shape[1] = w;
+        for (uint64_t x = 0; x < k; x++) { /* top arm in columns */
+            uint64_t o[STRATA_MAX_DIMS] = {0, x}, l[STRATA_MAX_DIMS] = {k, 1};
+            ov_add(c, o, l, 0, k);
+        }
+        for (uint64_t y = 0; y <= k; y++) { /* right arm in rows */
+            uint64_t o[STRATA_MAX_DIMS] = {y, k}, l[STRATA_MAX_DIMS] = {1, w - k};
+            ov_add(c, o, l, 0, w - k);
+        }
+        uint64_t arms[3][4] = {{k + 1, 1, h - k - 1, w - 1}, {k, 0, h - k, 1}, {k, 1, 1, k - 1}};
+        for (int a = 0; a < 3; a++) {
+            uint64_t o[STRATA_MAX_DIMS] = {arms[a][0], arms[a][1]};
+            uint64_t l[STRATA_MAX_DIMS] = {arms[a][2], arms[a][3]};
+            ov_add(c, o, l, 0, l[0] * l[1]);
+        }
+    }
+    if (c->t.nshards && c->t.nshards < OV_MAX && tu_chance(r, 50)) {
+        size_t j = tu_below(r, c->t.nshards);
+        const st_mshard *s = &c->sh[j];
+        if (s->fe > s->fs && tu_chance(r, 80)) { /* through an element of shard j */
+            uint64_t e = tu_range(r, s->fs, s->fe - 1), g[STRATA_MAX_DIMS];
+            for (int d = c->t.ndim - 1; d >= 0; d--) {
+                g[d] = s->off[d] + e % s->len[d];
+                e /= s->len[d];
+            }
+            ov_random_piece(c, r, g, off, len, &fs, &fe);
+            ov_add(c, off, len, fs, fe);
+        } else {
+            ov_add(c, c->off[j], c->len[j], s->fs, s->fe);
+        }
+    }
+    for (size_t i = c->t.nshards; i > 1; i--) { /* any order */
+        size_t j = tu_below(r, i);
+        st_mshard x = c->sh[i - 1];
+        uint64_t xo[STRATA_MAX_DIMS], xl[STRATA_MAX_DIMS];
+        memcpy(xo, c->off[i - 1], sizeof xo);
+        memcpy(xl, c->len[i - 1], sizeof xl);
+        c->sh[i - 1] = c->sh[j];
+        memcpy(c->off[i - 1], c->off[j], sizeof xo);
+        memcpy(c->len[i - 1], c->len[j], sizeof xl);
+        c->sh[j] = x;
+        memcpy(c->off[j], xo, sizeof xo);
+        memcpy(c->len[j], xl, sizeof xl);
+        c->sh[i - 1].off = c->off[i - 1], c->sh[i - 1].len = c->len[i - 1];
+        c->sh[j].off = c->off[j], c->sh[j].len = c->len[j];
+    }
+}
+
+static void test_overlap_crafted(void **state)
+{
+    (void)state;
+    tu_rng r = {1010};
+    static ov_case c;
+    int found[4] = {0}, clean[4] = {0};
+    for (int k = 0; k < 8000; k++) {
+        tu_rng before = r;
+        ov_crafted(&c, &r);
+        int want = ov_pairwise(&c), rc = st_meta_check_overlap(&c.t);
+        if (rc != (want ? STRATA_EOVERLAP : 0))
+            fail_msg("crafted case %d (ndim %d, %zu shards): check says %s, pairs say %s", k,
+                     c.t.ndim, c.t.nshards, strata_error_name(rc),
+                     want ? "overlap" : "disjoint");
+        int kind = (int)tu_below(&before, 4);
+        found[kind] += want;
+        clean[kind] += !want;
+    }
+    print_message("overlap check, crafted: %d/%d, %d/%d, %d/%d, %d/%d overlapping/disjoint sets "
+                  "of greedy pieces, issue 10, sticks, pinwheels agree\n",
+                  found[0], clean[0], found[1], clean[1], found[2], clean[2], found[3], clean[3]);
+    for (int k = 0; k < 4; k++)
+        assert_true(found[k] > 300 && clean[k] > 300);
+}
+
+/* ---- crafted sets at scale: the work of the check stays near n log n ---- */
+
+typedef struct {
+    st_mtensor t;
+    st_mshard *sh;
+    uint64_t *dims;
+} ov_big;
+
+static void ov_big_init(ov_big *b, int ndim, const uint64_t *shape, size_t cap)
+{
+    memset(b, 0, sizeof *b);
+    b->sh = calloc(cap, sizeof *b->sh);
+    b->dims = calloc(cap * 2 * STRATA_MAX_DIMS, sizeof *b->dims);
+    assert_non_null(b->sh);
+    assert_non_null(b->dims);
+    b->t.name = "big";
+    b->t.ndim = ndim;
+    b->t.shards = b->sh;
+    memcpy(b->t.shape, shape, (size_t)ndim * sizeof *shape);
+}
+
+/* Adds the box (off, len) narrowed to [fs, fe); fe 0: the whole box. */
+static void ov_big_add(ov_big *b, const uint64_t *off, const uint64_t *len, uint64_t fs,
+                       uint64_t fe)
+{
+    size_t i = b->t.nshards++;
+    uint64_t *o = b->dims + i * 2 * STRATA_MAX_DIMS, *l = o + STRATA_MAX_DIMS;
+    memcpy(o, off, (size_t)b->t.ndim * sizeof *off);
+    memcpy(l, len, (size_t)b->t.ndim * sizeof *len);
+    uint64_t n = st_box_numel(b->t.ndim, len, NULL);
+    b->sh[i] = (st_mshard){o, l, fs, fe ? fe : n, !(fs == 0 && (fe == 0 || fe == n)), {0}};
+}
+
+/* Checks b: the answer must be want, and the work at most 64 n log2 n. */
+static void ov_big_check(ov_big *b, const char *what, int want)
+{
+    size_t n = b->t.nshards;
+    double lg = 64 - __builtin_clzll(n);
+    assert_rc(st_meta_check_overlap(&b->t), want);
+    uint64_t work = st_meta_overlap_work();
+    print_message("overlap check, %s: %zu shards, %s, work %.1f n log2 n\n", what, n,
+                  strata_error_name(want), (double)work / ((double)n * lg));
+    assert_true((double)work <= 64.0 * (double)n * lg);
+}
+
+static void test_overlap_work(void **state)
+{
+    (void)state;
+    ov_big b;
+    /* sticks along each of 3 dims, woven so that none meet (residue j mod 3 for a stick
+     * along dim j); then one stick moved onto another's line */
+    const uint64_t k = 40, side = 3 * k, cube[] = {side, side, side};
+    for (int bad = 0; bad < 2; bad++) {
+        ov_big_init(&b, 3, cube, 3 * k * k);
+        for (int j = 0; j < 3; j++)
+            for (uint64_t x = 0; x < k; x++)
+                for (uint64_t y = 0; y < k; y++) {
+                    uint64_t off[3], len[3], v[2] = {x, y};
+                    for (int d = 0, u = 0; d < 3; d++) {
+                        off[d] = d == j ? 0 : 3 * v[u++] + (uint64_t)j;
+                        len[d] = d == j ? side : 1;
+                    }
+                    if (bad && j == 2 && x == k / 2 && y == k / 3)
+                        off[0] = 3 * (k / 3) + 1; /* at y's residue of a stick along dim 1 */
+                    ov_big_add(&b, off, len, 0, 0);
+                }
+        ov_big_check(&b, "woven sticks", bad ? STRATA_EOVERLAP : 0);
+        free(b.sh);
+        free(b.dims);
+    }
+    /* an 8-dim grid, each point the last element of the box from the origin to it */
+    const uint64_t four[8] = {4, 4, 4, 4, 4, 4, 4, 4};
+    ov_big_init(&b, 8, four, 65536);
+    for (uint64_t i = 0; i < 65536; i++) {
+        uint64_t off[8] = {0}, len[8], n = 1;
+        for (int d = 0; d < 8; d++) {
+            len[d] = ((i >> (2 * (7 - d))) & 3) + 1;
+            n *= len[d];
+        }
+        ov_big_add(&b, off, len, n - 1, n);
+    }
+    ov_big_check(&b, "8-dim grid as last elements of boxes", 0);
+    free(b.sh);
+    free(b.dims);
+    /* a pinwheel (no cut splits it) whose top arm is cut in columns, right arm in rows */
+    const uint64_t q = 30000, pin[] = {2 * q, 2 * q};
+    ov_big_init(&b, 2, pin, 2 * q + 8);
+    for (uint64_t x = 0; x < q; x++)
+        ov_big_add(&b, (uint64_t[]){0, x}, (uint64_t[]){q, 1}, 0, 0);
+    for (uint64_t y = 0; y <= q; y++)
+        ov_big_add(&b, (uint64_t[]){y, q}, (uint64_t[]){1, q}, 0, 0);
+    ov_big_add(&b, (uint64_t[]){q + 1, 1}, (uint64_t[]){q - 1, 2 * q - 1}, 0, 0);
+    ov_big_add(&b, (uint64_t[]){q, 0}, (uint64_t[]){q, 1}, 0, 0);
+    ov_big_add(&b, (uint64_t[]){q, 1}, (uint64_t[]){1, q - 1}, 0, 0);
+    ov_big_check(&b, "pinwheel with sliced arms", 0);
+    ov_big_add(&b, (uint64_t[]){q - 1, q - 1}, (uint64_t[]){1, 2}, 0, 0); /* across an arm */
+    ov_big_check(&b, "pinwheel with sliced arms", STRATA_EOVERLAP);
+    free(b.sh);
+    free(b.dims);
+    /* columns of 2^40 rows side by side, tied together by a one-element piece of a box
+     * across all of them (no cut separates them; their rows interleave 2^40 times) */
+    const uint64_t cols = 60000, rows = 1ull << 40, tall[] = {rows, cols + 2};
+    ov_big_init(&b, 2, tall, cols + 4);
+    ov_big_add(&b, (uint64_t[]){0, 0}, (uint64_t[]){rows, 2}, 3, 0);
+    for (uint64_t c = 0; c < cols; c++)
+        ov_big_add(&b, (uint64_t[]){1, 2 + c}, (uint64_t[]){rows - 1, 1}, 0, 0);
+    ov_big_add(&b, (uint64_t[]){0, 0}, (uint64_t[]){2, cols + 2}, cols + 2, cols + 3);
+    ov_big_check(&b, "interleaved columns of 2^40 rows", 0);
+    ov_big_add(&b, (uint64_t[]){rows - 2, 0}, (uint64_t[]){2, 3}, 5, 6); /* (rows-1, 2) */
+    ov_big_check(&b, "interleaved columns of 2^40 rows", STRATA_EOVERLAP);
+    free(b.sh);
+    free(b.dims);
+}
+
+/* Issue 10's family at scale (tensor [2, n], shard i the box [0, 2) x [0, i + 1) narrowed
+ * to its element i, (0, i)), on one rank: the save plans; its metadata encodes and decodes;
+ * with one more shard through element (0, n / 2) in another box, or one shard moved onto
+ * its neighbour's element, both refuse it. The checks take work near n log n (no time is
+ * asserted; bench_plan times them). */
+static void issue10_add(tu_set *s, uint64_t n, uint64_t lo, uint64_t w, uint64_t fs)
+{
+    uint64_t shape[] = {2, n}, off[] = {0, lo}, len[] = {lo ? 1 : 2, w};
+    tu_set_shard(s, 0, "issue10", STRATA_F32, 2, shape, off, len, 1, fs, fs + 1, 1);
+}
+
+static void test_overlap_issue10(void **state)
+{
+    (void)state;
+    const uint64_t n = 64000;
+    double lg = 64 - __builtin_clzll(n);
+    uint64_t bound = (uint64_t)(64.0 * (double)n * lg); /* n log n, a generous constant */
+    tu_set s;
+    tu_set_init(&s, 1);
+    for (uint64_t i = 0; i < n; i++)
+        issue10_add(&s, n, 0, i + 1, i);
+    st_save_plan p;
+    double t0 = st_now();
+    assert_ok(plan_save(&p, &s));
+    double t1 = st_now();
+    st_mtensor *t = &p.meta->tensors[0];
+    assert_int_equal(t->nshards, n);
+    assert_ok(st_meta_check_overlap(t));
+    uint64_t work = st_meta_overlap_work();
+    assert_true(work <= bound);
+    for (size_t i = 0; i < t->nshards; i++) { /* checksums: any values */
+        st_extent *x = &t->shards[i].ext;
+        memset(x->sums, 0x5c, st_nchunks(x->bytes, p.meta->chunk) * 8);
+    }
+    unsigned char *buf;
+    size_t blen;
+    assert_ok(st_meta_encode(p.meta, &buf, &blen));
+    st_meta *back;
+    double t2 = st_now();
+    assert_ok(st_meta_decode(&back, buf, blen));
+    double t3 = st_now();
+    assert_int_equal(back->tensors[0].nshards, n);
+    st_meta_free(back);
+    free(buf);
+    print_message("issue 10 family, %llu shards (%zu metadata bytes): plan %.3f s, decode %.3f "
+                  "s, overlap check work %llu (%.1f n log2 n)\n",
+                  (unsigned long long)n, blen, t1 - t0, t3 - t2, (unsigned long long)work,
+                  (double)work / ((double)n * lg));
+
+    /* shard j moved onto element j - 1 (its box holds it): the decoder refuses it */
+    size_t j = 0;
+    while (t->shards[j].fs != n / 3)
+        j++;
+    t->shards[j].fs--;
+    t->shards[j].fe--;
+    assert_rc(st_meta_check_overlap(t), STRATA_EOVERLAP);
+    assert_msg_has("overlap");
+    assert_true(st_meta_overlap_work() <= bound);
+    assert_ok(st_meta_encode(p.meta, &buf, &blen));
+    back = (st_meta *)1;
+    assert_rc(st_meta_decode(&back, buf, blen), STRATA_EFORMAT);
+    assert_msg_has("overlap");
+    assert_null(back);
+    free(buf);
+    st_save_plan_free(&p);
+
+    /* one more shard: the box [0, 1) x [3, n / 2 + 1), its element n / 2 - 3 = (0, n / 2) */
+    issue10_add(&s, n, 3, n / 2 - 2, n / 2 - 3);
+    assert_rc(plan_save(&p, &s), STRATA_EOVERLAP);
+    assert_msg_has("issue10");
+    assert_true(st_meta_overlap_work() <= bound);
+    tu_set_free(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -670,7 +1045,8 @@ int main(void)
         cmocka_unit_test(test_save_errors),     cmocka_unit_test(test_load_cover),
         cmocka_unit_test(test_load_empty),      cmocka_unit_test(test_load_shared_chunks),
         cmocka_unit_test(test_load_partial),    cmocka_unit_test(test_load_errors),
-        cmocka_unit_test(test_overlap_check),
+        cmocka_unit_test(test_overlap_check),   cmocka_unit_test(test_overlap_crafted),
+        cmocka_unit_test(test_overlap_work),    cmocka_unit_test(test_overlap_issue10),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
