@@ -169,13 +169,16 @@ fuzz: deps
 
 # The kill test at full size: SIGKILL during saves (one process, and 4 MPI processes with a
 # random rank or the whole job killed; synchronous and asynchronous saves), then verify / ls / gc
-# everything.
-stress: deps all
+# everything; then the ownership trials at full size (two savers on one path, collectors beside
+# saves: threads, processes, MPI jobs).
+stress: deps all $(BUILD)/tests/test_own
 	@$(APT) tool_need python3 python3
 	STRATA_KILL_TRIALS=$${STRATA_KILL_TRIALS:-200} BUILD=$(BUILD) bash tests/kill_test.sh
 	STRATA_KILL_MODE=async STRATA_KILL_TRIALS=$${STRATA_KILL_TRIALS:-200} BUILD=$(BUILD) bash tests/kill_test.sh
 	STRATA_KILL_MODE=mpi STRATA_KILL_SIZE_MB=24 STRATA_KILL_TRIALS=$${STRATA_KILL_TRIALS:-200} BUILD=$(BUILD) bash tests/kill_test.sh
 	STRATA_KILL_MODE=mpiasync STRATA_KILL_SIZE_MB=24 STRATA_KILL_TRIALS=$${STRATA_KILL_TRIALS:-200} BUILD=$(BUILD) bash tests/kill_test.sh
+	STRATA_OWN_TRIALS=$${STRATA_OWN_TRIALS:-500} $(BUILD)/tests/test_own
+	STRATA_MPI_OWN_TRIALS=$${STRATA_MPI_OWN_TRIALS:-40} BUILD=$(BUILD) bash tests/mpi_test.sh
 
 $(BUILD)/bench/bench_plan: bench/bench_plan.c src/cli/synth.c $(BUILD)/libstrata.a | deps
 	@mkdir -p $(dir $@)

@@ -44,7 +44,8 @@ extern "C" {
  * contiguous, row-major. Several ranks holding the same name+box+range are replicas.
  * All arrays are read during the call that takes the struct and not kept. */
 typedef struct strata_shard {
-    const char *name;             /* fully qualified tensor name, 1..STRATA_MAX_NAME bytes */
+    const char *name;             /* fully qualified tensor name: 1..STRATA_MAX_NAME bytes of
+                                     valid UTF-8 (no NUL) */
     strata_dtype dtype;
     int ndim;                     /* 0..STRATA_MAX_DIMS; 0 is a scalar */
     const uint64_t *global_shape; /* ndim entries */
@@ -70,9 +71,11 @@ typedef struct strata_state strata_state;
 int strata_state_new(strata_state **out);
 void strata_state_free(strata_state *st);
 
-/* Registers a shard (copied, except the data pointer). Validates geometry: offsets +
- * lengths within the global shape, flat range within the box, no overflow of
- * numel * element size. Errors: STRATA_EINVAL, STRATA_EDEVICE. */
+/* Registers a shard (copied, except the data pointer). Validates the name (1..
+ * STRATA_MAX_NAME bytes of valid UTF-8: overlong forms, surrogates and truncated sequences
+ * are refused) and the geometry: offsets + lengths within the global shape, flat range
+ * within the box, no overflow of numel * element size. Errors: STRATA_EINVAL (the message
+ * names the offending byte), STRATA_EDEVICE. */
 int strata_state_add_shard(strata_state *st, const strata_shard *shard);
 
 /* Byte blobs carry non-tensor state (data-loader, RNG, step, config).
@@ -80,7 +83,8 @@ int strata_state_add_shard(strata_state *st, const strata_shard *shard);
  * rank's index); without it, one global blob (replicas with the same name are saved once).
  * Save reads `size` bytes from data. Load: `owner` names which saved rank's blob to read
  * (-1 for a global blob; ignored at save), data receives exactly `size` bytes, and a
- * saved blob of another size is STRATA_EMISMATCH. Names are copied. */
+ * saved blob of another size is STRATA_EMISMATCH. Names are copied; like tensor names they
+ * are 1..STRATA_MAX_NAME bytes of valid UTF-8 (else STRATA_EINVAL). */
 #define STRATA_BLOB_RANK_LOCAL (1u << 0)
 int strata_state_add_blob(strata_state *st, const char *name, unsigned flags, int owner,
                           void *data, uint64_t size);
@@ -139,10 +143,14 @@ typedef struct strata_stats {
 
 /* ---- buffer pools ---------------------------------------------------------------------- */
 
-/* A fixed pool of aligned host memory, allocated and pre-faulted once, reused by every
- * save given it (several at once included) and never grown: the snapshot copy waits for a
- * free buffer when all are in flight (back-pressure). Buffers are up to 8 MiB; a pool of
- * `bytes` has max(1, bytes / buffer) of them. Thread-safe. */
+/* A fixed pool of aligned host memory, allocated and pre-faulted by strata_pool_new,
+ * reused by every save given it (several at once included) and never grown: the snapshot
+ * copy waits for a free buffer when all are in flight (back-pressure). A pool of `bytes`
+ * has buffers of min(bytes / 2, max(8 MiB, bytes / 16), 64 MiB) (a multiple of 4 KiB, at
+ * least 4 KiB), max(1, bytes / buffer) of them. A save's checksum chunk must fit in one
+ * buffer: chunk_bytes C needs a pool of at least 2 C bytes for C up to 8 MiB and 16 C
+ * above (256 MiB for 16 MiB chunks, 1 GiB for 64 MiB); a smaller pool is STRATA_EINVAL,
+ * with the size needed. Thread-safe. */
 typedef struct strata_pool strata_pool;
 int strata_pool_new(strata_pool **out, uint64_t bytes);
 /* Frees the pool; no save may still be using it. */
@@ -153,10 +161,14 @@ uint64_t strata_pool_bytes(const strata_pool *p);
 
 /* What repeated saves share, owned by the caller and reused across a training loop: the
  * communicator (borrowed; NULL: the ranks are states in this process), the buffer pool
- * (borrowed; NULL: the saver makes one of its own at its first save, min(1 GiB, the
- * state) and keeps it), and the last save plan (with a communicator: when every rank's
- * layout is unchanged, the next save skips the plan exchange). One thread at a time;
- * with a communicator, every rank makes the same calls on its saver. */
+ * (borrowed; NULL: the saver makes one of its own at its first save that needs one,
+ * min(1 GiB, the state) in buffers large enough for that save's chunks, and keeps it; its
+ * buffers are allocated by the saves' background threads as they are first used, never on
+ * the caller's thread. A later save with larger chunks makes it again when no save is
+ * using it, else gets a pool of its own for that save), and the last save plan (with a
+ * communicator: when every rank's layout is unchanged, the next save skips the plan
+ * exchange). One thread at a time; with a communicator, every rank makes the same calls
+ * on its saver. */
 typedef struct strata_saver strata_saver;
 int strata_saver_new(strata_saver **out, strata_comm *comm, strata_pool *pool);
 /* Frees the saver. Saves started with it must have been freed first. */
@@ -176,7 +188,10 @@ typedef struct strata_handle strata_handle;
  *    buffer is written to every destination while the next fills; then fsync, metadata,
  *    and a commit record last (temp file, fsync, rename, fsync of the directory), one per
  *    destination. A destination with no commit record is replaced; a committed one is
- *    never touched (STRATA_EEXIST).
+ *    never touched (STRATA_EEXIST). A save owns each destination directory (its LOCK
+ *    file, docs/FORMAT.md) from before its first write until after its commit: another
+ *    save or a collector on the same path fails at once with STRATA_EBUSY and touches
+ *    nothing, in this process or any other.
  *  - The caller must not change its buffers until strata_wait_snapshot returns, and keeps
  *    the states alive until then.
  *  - A destination that fails is abandoned (its files removed) and the others go on;
@@ -186,13 +201,16 @@ typedef struct strata_handle strata_handle;
  *  - With a communicator, one collective finds whether the saver's cached plan still
  *    holds; if not, rank 0 gathers the local plans, dedups replicas, balances the writes
  *    and sends each rank its part. Every rank writes its own data file.
- * sv NULL: a saver of its own for this save (ranks in this process, no pool kept).
+ * sv NULL: a saver of its own for this save (ranks in this process; its pool, allocated
+ * in the background like a saver's own, is freed with the handle).
  * Errors here: STRATA_EINVAL (bad arguments or layout; different dtype/shape for one
  * name: STRATA_EMISMATCH; overlapping non-identical shards: STRATA_EOVERLAP),
- * STRATA_ENOMEM; later ones (STRATA_EEXIST, STRATA_ESCHEME, STRATA_EIO, STRATA_ENOSPC,
- * STRATA_EDEVICE, STRATA_EABORTED) travel on the handle. With a communicator, errors of
- * one rank travel on its handle to strata_wait_durable, so that every rank returns there
- * with the same outcome; if this call fails, it failed on every rank. */
+ * STRATA_ENOMEM; later ones (STRATA_EEXIST, STRATA_EBUSY, STRATA_ESCHEME, STRATA_EIO,
+ * STRATA_ENOSPC, STRATA_EDEVICE, STRATA_EABORTED) travel on the handle. With a
+ * communicator, errors of one rank travel on its handle to strata_wait_durable, so that
+ * every rank returns there with the same outcome; if this call fails, it failed on every
+ * rank (rank 0 takes ownership of the destinations here, so STRATA_EBUSY and
+ * STRATA_EEXIST come from this call). */
 int strata_save_start(strata_handle **out, strata_saver *sv, const char *const *uris, int nuris,
                       strata_state *const *states, int nstates, const strata_save_opts *opts);
 /* Returns once every byte has been copied out of the caller's buffers (or the save
@@ -313,13 +331,16 @@ int strata_probe(strata_probe_info *out, const char *uri);
 /* Retention in a directory of checkpoints (one tier): keeps the `keep` newest committed
  * checkpoints directly under dir_uri (by commit time) and removes the older ones (commit
  * record first, so a crash midway leaves an incomplete checkpoint, never a broken
- * committed one), and removes incomplete checkpoints older than the newest committed one
- * (a save in progress is newer and is left alone). Corrupt ones are kept for a person to
- * look at. *removed (may be NULL) gets the count removed. */
+ * committed one), and removes incomplete checkpoints that no live save owns (a save in
+ * progress holds its directory's lock, whatever its age, and is left alone; so is one a
+ * concurrent collector is removing). Each removal owns the checkpoint while it runs.
+ * Corrupt ones are kept for a person to look at. *removed (may be NULL) gets the count
+ * removed. */
 int strata_retain(int *removed, const char *dir_uri, int keep);
 
 /* Removes a checkpoint directory that has no valid commit record (never a committed one:
- * STRATA_EEXIST). Only strata's own files are unlinked, and symlinks are never followed. */
+ * STRATA_EEXIST; never one a live save owns: STRATA_EBUSY). Only strata's own files are
+ * unlinked, and symlinks are never followed. */
 int strata_remove_incomplete(const char *uri);
 
 #ifdef __cplusplus

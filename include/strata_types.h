@@ -35,7 +35,8 @@ extern "C" {
     X(ENOENT, -13, "file or checkpoint does not exist")                                       \
     X(EOVERLAP, -14, "saved shards overlap without being identical replicas")                 \
     X(EABORTED, -15, "operation aborted")                                                     \
-    X(EDEVICE, -16, "device memory given but CUDA is not usable")
+    X(EDEVICE, -16, "device memory given but CUDA is not usable")                            \
+    X(EBUSY, -17, "another save or collector owns the checkpoint directory")
 
 typedef enum strata_error_code {
 #define STRATA_X_(name, val, msg) STRATA_##name = (val),

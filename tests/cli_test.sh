@@ -51,21 +51,27 @@ check "ls marks a commit record that does not match as CORRUPT" bash -c "'$S' ls
 check "gc --dry-run removes nothing" bash -c "'$S' gc '$T' --dry-run | grep -q 'would remove $T/ck2' && test -d '$T/ck2'"
 check "gc removes the incomplete one only" bash -c "'$S' gc '$T' && test ! -e '$T/ck2' && test -f '$T/garb/COMMIT' && '$S' verify '$T/ck1'"
 
-# retention: gc --keep 2 keeps exactly the 2 newest committed checkpoints, and removes an
-# incomplete one older than the newest committed
+# retention: gc --keep 2 keeps exactly the 2 newest committed checkpoints, removes an
+# abandoned incomplete one, and keeps one a live save owns (its LOCK held, here by a python
+# process: POSIX record locks and strata's OFD locks exclude each other), however old
 retain() {
     mkdir -p "$T/ret"
     for i in 1 2 3 4; do
         "$S" demo --size-mb 2 --dir "$T/ret/s$i" --step $i >/dev/null 2>&1 || return 1
-        [ $i = 2 ] && { cp -r "$T/ret/s2" "$T/ret/inc"; rm "$T/ret/inc/COMMIT"; touch -d '1 hour ago' "$T/ret/inc"; }
+        [ $i = 2 ] && { cp -r "$T/ret/s2" "$T/ret/inc"; rm "$T/ret/inc/COMMIT"; }
     done
-    sleep 0.01
-    cp -r "$T/ret/s4" "$T/ret/fresh" && rm "$T/ret/fresh/COMMIT" # a save in progress
-    "$S" gc "$T/ret" --keep 2 || return 1
+    cp -r "$T/ret/s1" "$T/ret/live" && rm "$T/ret/live/COMMIT" && touch -d '1 hour ago' "$T/ret/live"
+    python3 -c "import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.lockf(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)" "$T/ret/live/LOCK" >"$T/held" &
+    local holder=$!
+    for k in $(seq 100); do grep -q held "$T/held" && break; sleep 0.1; done
+    "$S" gc "$T/ret" --keep 2; local e=$?
+    kill $holder; wait $holder 2>/dev/null
+    [ $e = 0 ] || return 1
     "$S" ls "$T/ret"
-    [ "$(ls "$T/ret" | xargs)" = "fresh s3 s4" ] && "$S" verify "$T/ret/s4" >/dev/null
+    [ "$(ls "$T/ret" | xargs)" = "live s3 s4" ] && "$S" verify "$T/ret/s4" >/dev/null &&
+        "$S" gc "$T/ret" --keep 2 && [ "$(ls "$T/ret" | xargs)" = "s3 s4" ] # let go: removed
 }
-check "gc --keep 2 keeps the 2 newest committed and a save in progress, drops an old incomplete one" retain
+check "gc --keep 2 keeps the 2 newest committed and a save in progress, drops abandoned ones" retain
 
 check "README example (examples/reshard.c) runs" "${S%/strata}/examples/reshard" "$T/example"
 
@@ -79,6 +85,68 @@ for l in tp=+2 tp=2, tp=2,tp=3 "tp= 2" tp=2,zero=2 tp=99999999999; do
 done
 check "unknown URI scheme: exit 2 with STRATA_ESCHEME" bash -c "'$S' verify s3://bucket/ck 2>&1 | grep -q STRATA_ESCHEME; test \${PIPESTATUS[0]} = 2"
 check "missing checkpoint: exit 1" status_is 1 "$S" verify "$T/nope"
+
+# hostile files (issue 10): a FIFO in place of COMMIT, metadata.bin or a data file blocks
+# no command (each runs under a timeout: exit 124 would be a hang) and gets its exact
+# status: COMMIT -> incomplete (3), metadata.bin -> STRATA_EFORMAT (3), data file ->
+# STRATA_EIO (1); ls marks the first two CORRUPT and gc keeps them
+mkdir -p "$T/fifo"
+for f in COMMIT metadata.bin data-000000.bin; do
+    cp -r "$T/ck1" "$T/fifo/$f" && rm "$T/fifo/$f/$f" && mkfifo "$T/fifo/$f/$f"
+done
+check "FIFO as COMMIT: verify is STRATA_EINCOMPLETE, not a hang" bash -c "timeout 20 '$S' verify '$T/fifo/COMMIT' 2>&1 | grep -q 'COMMIT is not a regular file.*STRATA_EINCOMPLETE'; test \${PIPESTATUS[0]} = 3"
+check "FIFO as COMMIT: inspect shows it as incomplete" bash -c "timeout 20 '$S' inspect '$T/fifo/COMMIT' | grep -q INCOMPLETE"
+check "FIFO as metadata.bin: verify and inspect are STRATA_EFORMAT" bash -c "for c in verify inspect; do timeout 20 '$S' \$c '$T/fifo/metadata.bin' 2>&1 | grep -q 'metadata.bin is not a regular file.*STRATA_EFORMAT'; test \${PIPESTATUS[0]} = 3 || exit 1; done"
+check "FIFO as a data file: verify is STRATA_EIO naming the file" bash -c "timeout 20 '$S' verify '$T/fifo/data-000000.bin' 2>&1 | grep -q \"data file 'data-000000.bin'.*STRATA_EIO\"; test \${PIPESTATUS[0]} = 1"
+check "FIFOs: ls of the parent does not block, marks CORRUPT" bash -c "out=\$(timeout 20 '$S' ls '$T/fifo') || exit 1; echo \"\$out\"; echo \"\$out\" | grep -q '^CORRUPT .*$T/fifo/COMMIT\$' && echo \"\$out\" | grep -q '^CORRUPT .*$T/fifo/metadata.bin\$' && echo \"\$out\" | grep -q '^committed .*$T/fifo/data-000000.bin\$'"
+check "FIFOs: gc and gc --keep do not block and keep all three" bash -c "timeout 20 '$S' gc '$T/fifo' && timeout 20 '$S' gc '$T/fifo' --keep 1 && test -p '$T/fifo/COMMIT/COMMIT' && test -p '$T/fifo/metadata.bin/metadata.bin' && test -p '$T/fifo/data-000000.bin/data-000000.bin'"
+
+# a sparse 4 GiB metadata.bin (a few KiB on disk) is refused before it is read: inspect,
+# verify, ls and gc of the parent each peak under 64 MiB of memory (they took 4.1 GB)
+cp -r "$T/ck1" "$T/sparse" && truncate -s 4G "$T/sparse/metadata.bin"
+small_peak() { # command...: runs it, fails if its peak RSS reaches 64 MiB; its status
+    python3 - "$@" <<'PY'
+import resource, subprocess, sys
+rc = subprocess.run(sys.argv[1:]).returncode
+peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB
+print(f'{sys.argv[1:]}: exit {rc}, peak RSS {peak} KiB', file=sys.stderr)
+sys.exit(rc if peak < 64 << 10 else 99)
+PY
+}
+sparse() {
+    small_peak "$S" inspect "$T/sparse" >"$T/sparse.out" 2>&1; local rc=$?
+    cat "$T/sparse.out"
+    [ $rc = 3 ] && grep -q 'larger than the .* bytes its commit record states.*STRATA_EFORMAT' \
+        "$T/sparse.out" || return 1
+    small_peak "$S" verify "$T/sparse"; [ $? = 3 ] || return 1
+    small_peak "$S" ls "$T" >"$T/sparse.out" && grep -q "^CORRUPT .*$T/sparse\$" "$T/sparse.out" ||
+        return 1
+    small_peak "$S" gc "$T" --dry-run >/dev/null
+}
+check "sparse 4 GiB metadata.bin: inspect, verify, ls, gc refuse it under 64 MiB of memory" sparse
+
+# inspect --json stays valid JSON whatever bytes an (older) checkpoint's names hold:
+# test_hostile --make-bad-name writes one whose tensor and blob names are not UTF-8 (and
+# hold control characters, quotes and backslashes), and the raw names to DIR.names; the
+# output must decode as strict UTF-8 JSON, invalid bytes as U+FFFD as Python replaces them
+H=${BUILD:-build}/tests/test_hostile
+bad_json() {
+    "$H" --make-bad-name "$T/badname" >/dev/null || return 1
+    "$S" inspect "$T/badname" --json >"$T/bad.json" || return 1
+    PYTHONIOENCODING=utf-8:strict python3 -m json.tool <"$T/bad.json" >/dev/null || return 1
+    python3 - "$T/bad.json" "$T/badname.names" <<'PY'
+import json, sys
+raw = open(sys.argv[1], 'rb').read()
+j = json.loads(raw.decode('utf-8'))  # strict: any invalid byte fails here
+tname, bname = open(sys.argv[2], 'rb').read().split(b'\0')
+got_t, got_b = j['tensors'][0]['name'], j['blobs'][0]['name']
+want_t, want_b = tname.decode('utf-8', 'replace'), bname.decode('utf-8', 'replace')
+assert got_t == want_t, (got_t, want_t)
+assert got_b == want_b, (got_b, want_b)
+print('names:', ascii(got_t), ascii(got_b))
+PY
+}
+check "inspect --json escapes names that are not UTF-8 (strict JSON, U+FFFD)" bad_json
 
 echo "cli: $pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -164,7 +164,8 @@ state() {
 # are the reference's, byte for byte, and there are no others.
 same_as_ref() {
     local d=$1 f
-    if [ "$(cd "$d" && ls | grep -v '^COMMIT$')" != "$(cd "$T/ref" && ls | grep -v '^COMMIT$')" ]; then
+    # (LOCK too: a save killed after its commit, before it removed its lock file, leaves it)
+    if [ "$(cd "$d" && ls | grep -v '^\(COMMIT\|LOCK\)$')" != "$(cd "$T/ref" && ls | grep -v '^\(COMMIT\|LOCK\)$')" ]; then
         echo "$d: files differ from the reference: $(cd "$d" && ls | xargs)"
         return 1
     fi

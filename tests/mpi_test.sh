@@ -104,5 +104,53 @@ for k in 1 2 3 4 5 6; do
         bash -c "$(declare -f killed); MPIEXEC='$MPIEXEC' S='$S' T='$T'; killed $r $ms '$T/k$k'"
 done
 
+# one owner per directory: two MPI jobs (2 processes each, models of different sizes) save
+# to one path at once, sync and async; exactly one commits and loads as its own model, the
+# other fails with STRATA_EBUSY or STRATA_EEXIST. STRATA_MPI_OWN_TRIALS (make stress: 40).
+two_jobs() {
+    local i n=${STRATA_MPI_OWN_TRIALS:-4} refused=0
+    for i in $(seq 1 "$n"); do
+        local d="$T/race$i" mode="" e1 e2 win size
+        [ $((i % 2)) = 0 ] && mode=--async
+        $MPIEXEC -n 2 "$S" demo save $mode --dir "$d" --layout tp=2,pp=1,dp=1 --size-mb 6 >"$T/r1" 2>&1 &
+        local p1=$!
+        $MPIEXEC -n 2 "$S" demo save $mode --dir "$d" --layout tp=1,pp=1,dp=2 --size-mb 8 >"$T/r2" 2>&1 &
+        local p2=$!
+        wait $p1; e1=$?; wait $p2; e2=$?
+        if [ $e1 = 0 ] && [ $e2 != 0 ]; then win=1 size=6
+        elif [ $e2 = 0 ] && [ $e1 != 0 ]; then win=2 size=8
+        else echo "trial $i: exits $e1 and $e2, want exactly one 0"; cat "$T/r1" "$T/r2"; return 1; fi
+        grep -q 'STRATA_EBUSY\|STRATA_EEXIST' "$T/r$((3 - win))" ||
+            { echo "trial $i: the loser's message:"; cat "$T/r$((3 - win))"; return 1; }
+        refused=$((refused + 1))
+        "$S" verify "$d" >/dev/null || { echo "trial $i: $d does not verify"; return 1; }
+        load 2 "$d" tp=1,pp=1,dp=2 "$size" >/dev/null || { echo "trial $i: no load"; return 1; }
+    done
+    echo "two MPI jobs on one path: $n trials, $n committed, $refused refused, 0 losses"
+}
+check "two MPI jobs saving to one path: one commits and loads, the other is refused" \
+    bash -c "$(declare -f two_jobs load last_ok); MPIEXEC='$MPIEXEC' S='$S' T='$T'; two_jobs"
+
+# a collector beside MPI saves: `strata gc` (incomplete checkpoints no live save owns) loops
+# while 2 processes save 6 steps, sync then async; every save that returned loads
+beside_gc() {
+    local mode
+    for mode in "" --async; do
+        mkdir -p "$T/g$mode"
+        ( while :; do "$S" gc "$T/g$mode" >/dev/null 2>&1; done ) &
+        local gc=$!
+        $MPIEXEC -n 2 "$S" demo save $mode --dir "$T/g$mode/s" --layout tp=2,pp=1,dp=1 --size-mb 6 \
+            --repeat 6 >"$T/run" 2>&1
+        local e=$?
+        kill $gc; wait $gc 2>/dev/null
+        cat "$T/run"; [ $e = 0 ] && last_ok || return 1
+        for d in "$T/g$mode/s" "$T/g$mode"/s.*; do
+            load 2 "$d" tp=1,pp=1,dp=2 6 >/dev/null || { echo "$d does not load"; return 1; }
+        done
+    done
+}
+check "strata gc looping beside MPI saves (sync, async): every save loads" \
+    bash -c "$(declare -f beside_gc load last_ok); MPIEXEC='$MPIEXEC' S='$S' T='$T'; beside_gc"
+
 echo "mpi: $pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -476,6 +476,30 @@ static void test_async(void **state)
     run_all(&w, SAVE_ASYNC, ck, NULL, &a, jobs);
     expect_all_ok(jobs, 4);
     expect_loads(ck);
+    /* an incomplete directory whose data files are hard links to that committed
+     * checkpoint's (cp -al, rsync --link-dest): a save there in another layout (so other
+     * bytes) writes new files, never through the links */
+    char linked[700];
+    snprintf(linked, sizeof linked, "%s/async-linked", base);
+    assert_int_equal(mkdir(linked, 0755), 0);
+    for (int r = 0; r < 4; r++) {
+        char fa[800], fb[800], nm[32];
+        snprintf(nm, sizeof nm, "data-%06d.bin", r);
+        tu_join(fa, ck, nm);
+        tu_join(fb, linked, nm);
+        if (tu_exists(fa))
+            assert_int_equal(link(fa, fb), 0);
+    }
+    tu_set_free(&a);
+    layout(&a, 4, 1, 1);
+    run_all(&w, SAVE_ASYNC, linked, NULL, &a, jobs);
+    expect_all_ok(jobs, 4);
+    expect_loads(linked);
+    strata_ckpt *c;
+    assert_ok(strata_ckpt_open(&c, ck, 0));
+    assert_ok(strata_ckpt_verify(c, NULL, NULL)); /* the committed one is untouched */
+    strata_ckpt_free(c);
+    expect_loads(ck);
     tu_set_free(&a);
     world_free(&w);
 }

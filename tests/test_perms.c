@@ -91,7 +91,7 @@ static void test_modes(void **state)
             files++;
         }
         closedir(d);
-        assert_int_equal(files, 4); /* data-000000.bin, data-000001.bin, metadata.bin, COMMIT */
+        assert_int_equal(files, 4); /* data-000000.bin, data-000001.bin, metadata.bin, COMMIT (no LOCK) */
         const char *names[] = {"data-000000.bin", "data-000001.bin", ST_META_FILE,
                                ST_COMMIT_FILE};
         for (size_t k = 0; k < 4; k++) {

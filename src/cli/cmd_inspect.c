@@ -15,17 +15,60 @@ static void print_shape(FILE *f, int ndim, const uint64_t *v)
     fputc(']', f);
 }
 
-static void json_str(FILE *f, const char *s)
+/* The UTF-8 sequence at s (NUL-terminated): its length, with *ok = 1 if it is one valid
+ * character (shortest form, no surrogate, at most U+10FFFF); else *ok = 0 and the length
+ * of the maximal prefix of a valid sequence (at least 1), which Unicode recommends
+ * replacing by one U+FFFD (as Python's errors="replace" does). */
+static size_t utf8_seq(const unsigned char *s, int *ok)
 {
+    unsigned c = s[0], lo = 0x80, hi = 0xBF;
+    size_t need;
+    *ok = 0;
+    if (c < 0x80) {
+        *ok = 1;
+        return 1;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+        need = 1;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        need = 2;
+        lo = c == 0xE0 ? 0xA0 : 0x80;
+        hi = c == 0xED ? 0x9F : 0xBF;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        need = 3;
+        lo = c == 0xF0 ? 0x90 : 0x80;
+        hi = c == 0xF4 ? 0x8F : 0xBF;
+    } else {
+        return 1;
+    }
+    for (size_t i = 1; i <= need; i++) { /* the NUL at the end is never in range */
+        if (s[i] < lo || s[i] > hi)
+            return i;
+        lo = 0x80;
+        hi = 0xBF;
+    }
+    *ok = 1;
+    return need + 1;
+}
+
+/* A JSON string that parses whatever the bytes: names are UTF-8 when registered, but a
+ * checkpoint written before that was checked may hold any byte but NUL. Invalid UTF-8
+ * becomes U+FFFD; control characters, DEL, '"' and '\\' are escaped. */
+static void json_str(FILE *f, const char *str)
+{
+    const unsigned char *s = (const unsigned char *)str;
     fputc('"', f);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            fprintf(f, "\\%c", c);
-        else if (c < 0x20)
-            fprintf(f, "\\u%04x", c);
+    while (*s) {
+        int ok;
+        size_t n = utf8_seq(s, &ok);
+        if (!ok)
+            fputs("\\ufffd", f);
+        else if (*s == '"' || *s == '\\')
+            fprintf(f, "\\%c", *s);
+        else if (*s < 0x20 || *s == 0x7f)
+            fprintf(f, "\\u%04x", *s);
         else
-            fputc(c, f);
+            fwrite(s, 1, n, f);
+        s += n;
     }
     fputc('"', f);
 }
@@ -311,8 +354,10 @@ static const char GC_HELP[] =
     "followed.\n"
     "\n"
     "With --keep K (retention): keeps the K newest committed checkpoints under DIR (by commit\n"
-    "time) and removes older committed ones, and incomplete ones older than the newest\n"
-    "committed one (a save still in progress is left alone).\n";
+    "time) and removes older committed ones, and the incomplete ones.\n"
+    "\n"
+    "A save in progress owns its directory (its LOCK file is locked): gc never removes it,\n"
+    "whatever its age, and a save never writes where gc is removing.\n";
 
 typedef struct {
     int dry, removed, failed;
@@ -333,6 +378,10 @@ static void gc_one(void *ctx, const char *path, const strata_probe_info *pi)
         return;
     }
     int rc = strata_remove_incomplete(path);
+    if (rc == STRATA_EBUSY) { /* a save in progress (or another gc) owns it */
+        printf("kept %s: a live save or collector owns it\n", path);
+        return;
+    }
     if (rc) {
         g->failed = cli_fail("gc", rc);
         return;

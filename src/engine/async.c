@@ -16,47 +16,96 @@
 #include "../io/pool.h"
 #include "engine.h"
 
-#define POOL_BUF_MAX ((size_t)8 << 20)
+/* Pool buffers (strata.h): half the pool up to 8 MiB (a small pool has two), then a
+ * sixteenth of it (16 in flight) up to 64 MiB, the largest checksum chunk. */
+#define POOL_BUF_SMALL ((uint64_t)8 << 20)
+#define POOL_BUF_MAX ((uint64_t)64 << 20)
 
 struct strata_pool {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     size_t nbuf, bufsize, nfree;
+    /* a lazy pool's buffers are NULL until pool_get first hands them out, on a save's
+     * own thread (set under mu; a buffer is then read by whoever holds it) */
     unsigned char **bufs;
+    unsigned char *pinned_buf; /* per buffer: page-locked (under mu) */
     size_t *freelist;
     int pinned; /* 0 not tried yet, 1 page-locked for device copies, -1 could not be */
+    int users;  /* saves using it now (under mu) */
 };
+
+void (*st_async_test_hook)(strata_pool *pool);
+
+/* The buffer size strata_pool_new gives a pool of `bytes`. */
+static size_t pool_buffer_rule(uint64_t bytes)
+{
+    uint64_t b = ST_MIN(bytes / 2, ST_MIN(ST_MAX(POOL_BUF_SMALL, bytes / 16), POOL_BUF_MAX));
+    return b < ST_ALIGN ? ST_ALIGN : (size_t)(b / ST_ALIGN * ST_ALIGN);
+}
+
+/* The smallest `bytes` for which strata_pool_new's buffers hold a chunk (a power of two,
+ * 4 KiB..64 MiB). */
+static uint64_t pool_bytes_for_chunk(uint64_t chunk)
+{
+    return chunk <= POOL_BUF_SMALL ? 2 * chunk : 16 * chunk;
+}
+
+/* nbuf buffers of bufsize bytes (a multiple of ST_ALIGN); eager: allocated and faulted in
+ * now; lazy: by the save that first takes each one (pool_get). */
+static int pool_make(strata_pool **out, size_t nbuf, size_t bufsize, int lazy)
+{
+    *out = NULL;
+    strata_pool *p = calloc(1, sizeof *p);
+    if (!p)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    p->bufsize = bufsize;
+    p->nbuf = nbuf;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    p->bufs = calloc(nbuf, sizeof *p->bufs);
+    p->pinned_buf = calloc(nbuf, 1);
+    p->freelist = calloc(nbuf, sizeof *p->freelist);
+    int rc = p->bufs && p->pinned_buf && p->freelist ? 0 : STRATA_ENOMEM;
+    for (size_t i = 0; i < nbuf && !rc; i++) {
+        if (!lazy) {
+            if (!(p->bufs[i] = st_aligned_alloc(bufsize)))
+                rc = STRATA_ENOMEM;
+            else
+                memset(p->bufs[i], 0, bufsize); /* fault it in now, not during a save */
+        }
+        p->freelist[p->nfree++] = i;
+    }
+    if (rc) {
+        strata_pool_free(p);
+        return st_fail(STRATA_ENOMEM, "out of memory for a pool of %zu buffers of %zu bytes",
+                       nbuf, bufsize);
+    }
+    *out = p;
+    return 0;
+}
 
 int strata_pool_new(strata_pool **out, uint64_t bytes)
 {
     *out = NULL;
     if (bytes < ST_ALIGN)
         return st_fail(STRATA_EINVAL, "a pool needs at least %u bytes", ST_ALIGN);
-    strata_pool *p = calloc(1, sizeof *p);
-    if (!p)
-        return st_fail(STRATA_ENOMEM, "out of memory");
-    size_t b = (size_t)ST_MIN(POOL_BUF_MAX, bytes / 2);
-    p->bufsize = b < ST_ALIGN ? ST_ALIGN : b / ST_ALIGN * ST_ALIGN;
-    p->nbuf = (size_t)(bytes / p->bufsize);
-    p->bufs = calloc(p->nbuf, sizeof *p->bufs);
-    p->freelist = calloc(p->nbuf, sizeof *p->freelist);
-    int rc = p->bufs && p->freelist ? 0 : STRATA_ENOMEM;
-    for (size_t i = 0; i < p->nbuf && !rc; i++) {
-        if (!(p->bufs[i] = st_aligned_alloc(p->bufsize)))
-            rc = STRATA_ENOMEM;
-        else
-            memset(p->bufs[i], 0, p->bufsize); /* fault it in now, not during a save */
-        p->freelist[p->nfree++] = i;
-    }
-    pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->cv, NULL);
-    if (rc) {
-        strata_pool_free(p);
+    size_t b = pool_buffer_rule(bytes);
+    uint64_t n = bytes / b;
+    if (n > SIZE_MAX / sizeof(void *))
         return st_fail(STRATA_ENOMEM, "out of memory for a pool of %llu bytes",
                        (unsigned long long)bytes);
-    }
-    *out = p;
-    return 0;
+    return pool_make(out, (size_t)n, b, 0);
+}
+
+/* The pool a save makes for itself or its saver when given none: for a state of `bytes`,
+ * min(1 GiB, the state) (two buffers at least) in buffers of strata_pool_new's size or
+ * the chunk, whichever is larger; lazy, so that nothing is allocated on the caller's
+ * thread and no page is touched before a copy needs it. */
+static int own_pool_new(strata_pool **out, uint64_t bytes, uint32_t chunk)
+{
+    uint64_t want = ST_MIN((uint64_t)1 << 30, ST_ALIGN_UP(ST_MAX(bytes, 1), ST_ALIGN));
+    size_t b = ST_MAX(pool_buffer_rule(want), (size_t)chunk);
+    return pool_make(out, (size_t)ST_MAX(2, want / b), b, 1);
 }
 
 void strata_pool_free(strata_pool *p)
@@ -64,11 +113,12 @@ void strata_pool_free(strata_pool *p)
     if (!p)
         return;
     for (size_t i = 0; p->bufs && i < p->nbuf; i++) {
-        if (p->pinned == 1)
+        if (p->pinned_buf && p->pinned_buf[i])
             st_cuda_unpin(p->bufs[i]);
         free(p->bufs[i]);
     }
     free(p->bufs);
+    free(p->pinned_buf);
     free(p->freelist);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
@@ -78,26 +128,79 @@ void strata_pool_free(strata_pool *p)
 uint64_t strata_pool_bytes(const strata_pool *p) { return (uint64_t)p->nbuf * p->bufsize; }
 size_t st_pool_buffer_bytes(const strata_pool *p) { return p->bufsize; }
 
-static size_t pool_get(strata_pool *p)
+uint64_t st_pool_allocated_bytes(strata_pool *p)
+{
+    pthread_mutex_lock(&p->mu);
+    uint64_t n = 0;
+    for (size_t i = 0; i < p->nbuf; i++)
+        n += p->bufs[i] ? p->bufsize : 0;
+    pthread_mutex_unlock(&p->mu);
+    return n;
+}
+
+int st_pool_busy(strata_pool *p)
+{
+    pthread_mutex_lock(&p->mu);
+    int busy = p->users > 0;
+    pthread_mutex_unlock(&p->mu);
+    return busy;
+}
+
+static void pool_use(strata_pool *p, int d)
+{
+    pthread_mutex_lock(&p->mu);
+    p->users += d;
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* Page-locks buffer i (under mu): cudaMemcpyAsync into pinned memory is a DMA that
+ * overlaps the CPU. */
+static int pin_one(strata_pool *p, size_t i)
+{
+    if (!p->pinned_buf[i] && st_cuda_pin(p->bufs[i], p->bufsize))
+        return -1;
+    p->pinned_buf[i] = 1;
+    return 0;
+}
+
+/* Takes a free buffer into *out, waiting for one (back-pressure). A lazy pool's buffer is
+ * allocated the first time it is taken (by the save's coordinator thread; pages are
+ * faulted in by the copy), and page-locked if the pool is. */
+static int pool_get(strata_pool *p, size_t *out)
 {
     pthread_mutex_lock(&p->mu);
     while (p->nfree == 0)
         pthread_cond_wait(&p->cv, &p->mu);
     size_t i = p->freelist[--p->nfree];
+    int rc = 0;
+    if (!p->bufs[i]) {
+        if (!(p->bufs[i] = st_aligned_alloc(p->bufsize))) {
+            p->freelist[p->nfree++] = i;
+            pthread_cond_signal(&p->cv);
+            rc = st_fail(STRATA_ENOMEM, "out of memory for a pool buffer of %zu bytes",
+                         p->bufsize);
+        } else if (p->pinned == 1) {
+            pin_one(p, i); /* if it fails, the copies into this one are staged: slower */
+        }
+    }
     pthread_mutex_unlock(&p->mu);
-    return i;
+    *out = i;
+    return rc;
 }
 
-/* Page-locks the pool once, the first time a save copies from device memory into it:
- * cudaMemcpyAsync into pinned memory is a DMA that overlaps the CPU. Without it the
- * copies still work (staged by the driver), only slower. */
+/* Page-locks the pool once, the first time a save copies from device memory into it (a
+ * lazy pool: the buffers allocated so far, and each later one as it is allocated).
+ * Without it the copies still work (staged by the driver), only slower. */
 static void pool_pin(strata_pool *p)
 {
     pthread_mutex_lock(&p->mu);
     for (size_t i = 0; !p->pinned && i < p->nbuf; i++)
-        if (st_cuda_pin(p->bufs[i], p->bufsize)) {
-            while (i-- > 0)
-                st_cuda_unpin(p->bufs[i]);
+        if (p->bufs[i] && pin_one(p, i)) {
+            for (size_t j = 0; j < p->nbuf; j++)
+                if (p->pinned_buf[j]) {
+                    st_cuda_unpin(p->bufs[j]);
+                    p->pinned_buf[j] = 0;
+                }
             p->pinned = -1;
         }
     if (!p->pinned)
@@ -125,7 +228,8 @@ struct strata_handle {
     char tier_msg[ST_MAX_TIERS][768];
     strata_save_opts o;
     strata_pool *pool;
-    int own_pool;
+    int own_pool;  /* made for this save alone: freed with the handle */
+    int uses_pool; /* counted in pool->users */
     pthread_t coord;
     pthread_t *flushers;
     int nflush;
@@ -237,6 +341,8 @@ static void set_flag(strata_handle *h, int *flag)
 static void *coordinator(void *arg)
 {
     strata_handle *h = arg;
+    if (st_async_test_hook)
+        st_async_test_hook(h->pool);
     bg_nice(h, 0);
     int started = 0, rc = 0;
     const st_dests *dst = h->dst;
@@ -263,9 +369,13 @@ static void *coordinator(void *arg)
         }
     /* the snapshot: copy each write task into a pool buffer, hand it to the flushers */
     for (size_t t = 0; started && t < h->lay.nios && !all_failed(h); t++) {
-        size_t b = pool_get(h->pool);
-        int frc = st_fill_write(&h->lay, &h->sp, t, h->pool->bufs[b]);
+        size_t b;
+        int frc = pool_get(h->pool, &b);
         if (frc) {
+            fail(h, frc, -1);
+            break;
+        }
+        if ((frc = st_fill_write(&h->lay, &h->sp, t, h->pool->bufs[b]))) {
             fail(h, frc, -1);
             pool_put(h->pool, b);
             break;
@@ -304,6 +414,8 @@ static void handle_free(strata_handle *h)
     st_io_plan_free(&h->lay);
     for (int t = 0; t < h->ntiers; t++)
         free(h->files[t]);
+    if (h->uses_pool)
+        pool_use(h->pool, -1);
     if (h->own_pool)
         strata_pool_free(h->pool);
     h->ops->release(h->ctx);
@@ -338,18 +450,26 @@ int st_async_start(strata_handle **out, st_save_plan *sp, const strata_save_opts
     uint32_t chunk = o->chunk_bytes;
     int rc = failed;
     strata_pool *pool = pool_slot ? *pool_slot : NULL;
-    if (!rc && !pool) {
-        uint64_t want = ST_MIN((uint64_t)1 << 30, ST_ALIGN_UP(h->sp.meta->data_bytes, ST_ALIGN));
-        rc = strata_pool_new(&pool, ST_MAX(want, 2 * (uint64_t)chunk));
+    if (!rc && !pool) { /* lazy: its buffers are allocated by the coordinator */
+        rc = own_pool_new(&pool, h->sp.meta->data_bytes, chunk);
         if (!rc && pool_slot)
             *pool_slot = pool; /* the saver's from now on */
         h->own_pool = !rc && !pool_slot;
     }
     h->pool = pool;
-    if (!rc && chunk > pool->bufsize)
-        rc = st_fail(STRATA_EINVAL, "pool buffers (%zu bytes) are smaller than a checksum chunk "
-                     "(%u bytes): use a smaller chunk_bytes or a larger pool",
-                     pool->bufsize, chunk);
+    if (!rc && chunk > pool->bufsize) {
+        uint64_t fit = ST_ALIGN; /* the largest chunk these buffers hold */
+        while (fit * 2 <= pool->bufsize)
+            fit *= 2;
+        rc = st_fail(STRATA_EINVAL, "the pool's buffers (%zu bytes) are smaller than a checksum "
+                     "chunk (chunk_bytes %u): use chunk_bytes of at most %llu, or a pool of at "
+                     "least %llu bytes (strata_pool_new)", pool->bufsize, chunk,
+                     (unsigned long long)fit, (unsigned long long)pool_bytes_for_chunk(chunk));
+    }
+    if (!rc) {
+        pool_use(pool, 1);
+        h->uses_pool = 1;
+    }
     if (!rc)
         rc = st_layout_writes(&h->lay, &h->sp, pool->bufsize);
     h->nflush = st_io_threads(o->io_threads);

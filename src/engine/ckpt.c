@@ -16,7 +16,12 @@ int st_path_join(char *out, const char *dir, const char *name)
     return 0;
 }
 
-#define MAX_META_BYTES ((size_t)1 << 34)
+/* metadata.bin is read only up to the size its commit record states (and never beyond
+ * 16 GiB); without a valid commit record (an incomplete checkpoint opened to look at,
+ * probe, ls, gc) up to 256 MiB. The size is checked before anything is allocated, so a
+ * sparse file of any length costs nothing. docs/FORMAT.md. */
+#define MAX_META_BYTES ((uint64_t)1 << 34)
+#define MAX_UNCOMMITTED_META_MIB 256
 
 /* Decodes metadata and checks it against the commit record (if committed). */
 static int dir_parse(st_dir *d, const unsigned char *mbuf, size_t mlen)
@@ -63,24 +68,48 @@ static int dir_open(st_dir *d, const char *uri, int allow_incomplete, unsigned c
         else
             snprintf(why, sizeof why, "its commit record is invalid (%s)", strata_error_last());
     } else if (e == -ENOENT || e == -EFBIG) {
-        snprintf(why, sizeof why, "it has no commit record");
+        snprintf(why, sizeof why, "it has no commit record (an interrupted or failed save)");
+    } else if (e == -ST_ENOTREG) { /* a FIFO, a device: no commit record strata wrote */
+        snprintf(why, sizeof why, "its commit record %s is not a regular file", ST_COMMIT_FILE);
     } else {
         return st_fail(st_from_errno(-e), "checkpoint '%s': reading %s: %s", d->path,
                        ST_COMMIT_FILE, strerror(-e));
     }
     free(cbuf);
     if (!d->committed && !allow_incomplete)
-        return st_fail(STRATA_EINCOMPLETE,
-                       "checkpoint '%s' is incomplete: %s (an interrupted or failed save)",
-                       d->path, why);
+        return st_fail(STRATA_EINCOMPLETE, "checkpoint '%s' is incomplete: %s", d->path, why);
 
     if ((rc = st_path_join(p, d->path, ST_META_FILE)))
         return rc;
-    e = st_vfs_read_all(v, p, MAX_META_BYTES, &mbuf, &mlen);
-    if (e) /* missing or absurdly large metadata is a broken checkpoint; EIO is an EIO */
-        return st_fail(e == -ENOENT || e == -EFBIG
-                           ? (d->committed ? STRATA_EFORMAT : STRATA_EINCOMPLETE)
-                           : st_from_errno(-e),
+    if (d->committed && d->commit.meta_size > MAX_META_BYTES)
+        return st_fail(STRATA_EFORMAT,
+                       "checkpoint '%s': its commit record states %llu bytes of %s, more than "
+                       "a reader accepts (%llu)",
+                       d->path, (unsigned long long)d->commit.meta_size, ST_META_FILE,
+                       (unsigned long long)MAX_META_BYTES);
+    size_t max = d->committed ? (size_t)d->commit.meta_size
+                              : (size_t)MAX_UNCOMMITTED_META_MIB << 20;
+    e = st_vfs_read_all(v, p, max, &mbuf, &mlen);
+    /* missing, oversized or not a file: a broken checkpoint (or, without a commit record,
+     * an incomplete one); EIO is an EIO */
+    int broken = d->committed ? STRATA_EFORMAT : STRATA_EINCOMPLETE;
+    if (e == -EFBIG && d->committed)
+        return st_fail(STRATA_EFORMAT,
+                       "checkpoint '%s': %s is larger than the %llu bytes its commit record "
+                       "states (replaced or corrupt)",
+                       d->path, ST_META_FILE, (unsigned long long)d->commit.meta_size);
+    if (e == -EFBIG)
+        return st_fail(STRATA_EINCOMPLETE,
+                       "checkpoint '%s' is incomplete and its %s is larger than %d MiB, the "
+                       "most read without a valid commit record",
+                       d->path, ST_META_FILE, MAX_UNCOMMITTED_META_MIB);
+    if (e == -ST_ENOTREG)
+        return st_fail(broken,
+                       "checkpoint '%s': %s is not a regular file (a FIFO, a device or a "
+                       "directory in its place)",
+                       d->path, ST_META_FILE);
+    if (e)
+        return st_fail(e == -ENOENT ? broken : st_from_errno(-e),
                        "checkpoint '%s': cannot read %s: %s", d->path, ST_META_FILE,
                        strerror(-e));
     rc = dir_parse(d, mbuf, mlen);
@@ -203,7 +232,8 @@ void strata_ckpt_file(strata_file_info *out, const strata_ckpt *ck, size_t i)
 int st_is_strata_file(const char *name)
 {
     if (strcmp(name, ST_COMMIT_FILE) == 0 || strcmp(name, ST_META_FILE) == 0 ||
-        strcmp(name, ST_COMMIT_FILE ".tmp") == 0 || strcmp(name, ST_META_FILE ".tmp") == 0)
+        strcmp(name, ST_COMMIT_FILE ".tmp") == 0 || strcmp(name, ST_META_FILE ".tmp") == 0 ||
+        strcmp(name, ST_LOCK_FILE) == 0)
         return 1;
     return st_data_file_rank(name) >= 0;
 }
@@ -232,7 +262,10 @@ static int scan_one(void *p, const char *name, uint64_t size, int kind)
     }
     c->strata++;
     c->bytes += size;
-    return c->unlink && !(c->keep && in_plan(c->keep, name)) ? ST_LIST_REMOVE : ST_LIST_NEXT;
+    /* the lock file is the owner's: removed only by st_remove_failed and the collector,
+     * after everything else */
+    int keep = strcmp(name, ST_LOCK_FILE) == 0 || (c->keep && in_plan(c->keep, name));
+    return c->unlink && !keep ? ST_LIST_REMOVE : ST_LIST_NEXT;
 }
 
 int st_scan_dir(const st_vfs *v, const char *dir, int unlink, int *strata, int *foreign,
@@ -341,27 +374,66 @@ int strata_remove_incomplete(const char *uri)
     return rc;
 }
 
-static int remove_incomplete(const st_vfs *v, const char *path)
+/* Removes a checkpoint directory as its owner (the caller holds its lock): the commit
+ * record first (with committed = 1), made durable, then strata's files, the lock file, and
+ * the directory if nothing foreign is left. */
+static int remove_owned(const st_vfs *v, const char *path, int committed)
 {
     char p[PATH_MAX];
-    int rc;
-    int kind;
-    int e = v->stat(v, path, NULL, &kind);
+    int rc = st_path_join(p, path, ST_COMMIT_FILE), e;
+    if (rc)
+        return rc;
+    if (committed) {
+        if ((e = v->unlink(v, p)) != 0)
+            return st_fail(st_from_errno(-e), "cannot remove '%s': %s", p, strerror(-e));
+        v->sync_dir(v, path);
+    } else if (v->stat(v, p, NULL, NULL) == 0) {
+        return st_fail(STRATA_EEXIST,
+                       "'%s' has a commit record: it is not removed as incomplete", path);
+    }
+    int foreign = 0;
+    if ((rc = st_scan_dir(v, path, 1, NULL, &foreign, NULL)))
+        return rc;
+    if ((rc = st_path_join(p, path, ST_LOCK_FILE)))
+        return rc;
+    v->unlink(v, p); /* still locked by us: a save that opened it meanwhile retries */
+    if (!foreign && (e = v->rmdir(v, path)) != 0 && e != -ENOENT)
+        return st_fail(st_from_errno(-e), "cannot remove '%s': %s", path, strerror(-e));
+    return 0;
+}
+
+/* Takes ownership of the checkpoint at path (never one a live save owns: STRATA_EBUSY)
+ * and removes it. committed: it was seen committed and is removed as such; 0: only if
+ * it has no commit record. */
+static int remove_ckpt(const st_vfs *v, const char *path, int committed)
+{
+    int kind, strata = 0;
+    int e = v->stat(v, path, NULL, &kind), rc;
     if (e)
         return st_fail(st_from_errno(-e), "'%s': %s", path, strerror(-e));
     if (kind != 1)
         return st_fail(STRATA_EINVAL, "'%s' is not a directory (symlinks are not followed)", path);
-    if ((rc = st_path_join(p, path, ST_COMMIT_FILE)))
+    if ((rc = st_scan_dir(v, path, 0, &strata, NULL, NULL)))
         return rc;
-    if (v->stat(v, p, NULL, NULL) == 0)
-        return st_fail(STRATA_EEXIST,
-                       "'%s' has a commit record: it is not removed as incomplete", path);
-    int foreign = 0;
-    if ((rc = st_scan_dir(v, path, 1, NULL, &foreign, NULL)))
+    if (!strata)
+        return 0; /* nothing of strata's: nothing to remove */
+    st_file *lock;
+    if ((rc = st_own(v, path, 0, &lock)))
         return rc;
-    if (!foreign && (e = v->rmdir(v, path)) != 0)
-        return st_fail(st_from_errno(-e), "cannot remove '%s': %s", path, strerror(-e));
-    return 0;
+    if (committed) { /* still the checkpoint that was seen committed? */
+        char p[PATH_MAX];
+        if ((rc = st_path_join(p, path, ST_COMMIT_FILE)) == 0 && v->stat(v, p, NULL, NULL) != 0)
+            rc = st_fail(STRATA_ENOENT, "'%s' lost its commit record meanwhile", path);
+    }
+    if (!rc)
+        rc = remove_owned(v, path, committed);
+    st_own_release(v, lock);
+    return rc;
+}
+
+static int remove_incomplete(const st_vfs *v, const char *path)
+{
+    return remove_ckpt(v, path, 0);
 }
 
 /* ---- retention ---- */
@@ -396,20 +468,6 @@ static int cmp_newest_first(const void *a, const void *b)
     return (x->time < y->time) - (x->time > y->time);
 }
 
-/* Removes a committed checkpoint: the commit record first, made durable, then the rest. */
-static int remove_committed(const st_vfs *v, const char *path)
-{
-    char p[PATH_MAX];
-    int rc = st_path_join(p, path, ST_COMMIT_FILE);
-    if (rc)
-        return rc;
-    int e = v->unlink(v, p);
-    if (e)
-        return st_fail(st_from_errno(-e), "cannot remove '%s': %s", p, strerror(-e));
-    v->sync_dir(v, path);
-    return remove_incomplete(v, path);
-}
-
 int strata_retain(int *removed, const char *dir_uri, int keep)
 {
     if (removed)
@@ -425,8 +483,6 @@ int strata_retain(int *removed, const char *dir_uri, int keep)
     int e = v->list(v, dir, collect_dir, &es);
     if (e)
         rc = st_fail(st_from_errno(-e), "cannot list '%s': %s", dir, strerror(-e));
-    uint64_t newest = 0;
-    size_t ncommitted = 0;
     for (size_t i = 0; i < es.n && !rc; i++) {
         char p[PATH_MAX];
         if (st_path_join(p, dir, es.e[i].name))
@@ -441,8 +497,6 @@ int strata_retain(int *removed, const char *dir_uri, int keep)
         es.e[i].committed = pi.committed;
         if (pi.committed) {
             es.e[i].time = committed_at;
-            newest = ST_MAX(newest, es.e[i].time);
-            ncommitted++;
         } else if (v->mtime(v, p, &es.e[i].time)) {
             es.e[i].time = UINT64_MAX; /* unknown: treat as new, keep */
         }
@@ -456,10 +510,15 @@ int strata_retain(int *removed, const char *dir_uri, int keep)
         if (es.e[i].committed) {
             if (kept++ < keep)
                 continue;
-            rc = remove_committed(v, p);
-        } else if (!es.e[i].has_commit && ncommitted && es.e[i].time < newest) {
-            rc = remove_incomplete(v, p);
+            rc = remove_ckpt(v, p, 1);
+        } else if (!es.e[i].has_commit) {
+            rc = remove_ckpt(v, p, 0); /* unless a live save owns it */
         } else {
+            continue; /* corrupt: kept for a person to look at */
+        }
+        if (rc == STRATA_EBUSY || rc == STRATA_EEXIST || rc == STRATA_ENOENT ||
+            rc == STRATA_EINVAL) {
+            rc = 0; /* owned by a live save, committed, removed or changed meanwhile */
             continue;
         }
         count += rc == 0;

@@ -24,6 +24,7 @@ typedef struct st_async_dist {
     strata_save_opts o;
     double t0;
     int all_cached;
+    st_file *lock[ST_MAX_TIERS]; /* rank 0: ownership of each destination, to the end */
     st_plan_cache *cache;  /* the plan (referenced) */
     st_plan_cache **slot;  /* where the saver keeps its last plan */
 } st_async_dist;
@@ -39,6 +40,8 @@ static void dist_free(void *ctx)
 {
     st_async_dist *d = ctx;
     if (d) {
+        for (int t = 0; t < d->dst.n; t++)
+            st_own_release(d->dst.vfs[t], d->lock[t]);
         st_dests_close(&d->dst);
         st_plan_cache_release(d->cache);
     }
@@ -46,13 +49,13 @@ static void dist_free(void *ctx)
 }
 
 /* Steps 1-3: every rank learns its part (*mine) of the save. With prepare_root, rank 0
- * prepares the directory first (st_prepare_dir) and every rank learns the outcome; without,
- * a cached plan needs no more than the one collective that finds it cached. A local
+ * prepares the directory first (st_prepare_dir, owning it) and every rank learns the
+ * outcome; without, rank 0 takes ownership of every destination (st_own) and a cached
+ * plan needs no more than the one collective that finds it cached and owned. A local
  * failure is returned in *local_rc (message in local_msg): the rank must still take part
  * in st_dist_finish. */
 static int dist_begin(st_async_dist *d, const char *const *uris, strata_state *local,
-                      int prepare_root,
-                      st_save_plan *mine, int *local_rc, char *local_msg)
+                      int prepare_root, st_save_plan *mine, int *local_rc, char *local_msg)
 {
     strata_comm *comm = d->comm;
     const strata_save_opts *o = &d->o;
@@ -80,9 +83,31 @@ static int dist_begin(st_async_dist *d, const char *const *uris, strata_state *l
         free(lp.p);
         return st_fail(STRATA_ENOMEM, "out of memory");
     }
-    /* 1. one collective: is every rank's layout what it was at the last save? */
-    if ((rc = st_all_true(comm, !lrc && cache && cache->hash == h && cache->size == P,
-                          &d->all_cached)))
+    /* 0. an asynchronous save: rank 0 owns every destination before any rank may write
+     * there (the synchronous one prepares in step 3, before the ranks write) */
+    int own_rc = 0;
+    for (int t = 0; me == ST_ROOT && !prepare_root && !lrc && !own_rc && t < d->ntiers; t++)
+        own_rc = st_own(d->dst.vfs[t], d->dst.dir[t], 1, &d->lock[t]);
+    /* 1. one collective: is every rank's layout what it was at the last save? (and does
+     * rank 0 own the destinations?) */
+    signed char flags[2] = {!lrc && cache && cache->hash == h && cache->size == P,
+                            (signed char)own_rc},
+                *every = malloc((size_t)P * 2);
+    if (!every)
+        rc = st_fail(STRATA_ENOMEM, "out of memory"); /* the others time out */
+    else
+        rc = st_allgather(comm, flags, 2, every);
+    d->all_cached = !rc;
+    for (int r = 0; !rc && r < P; r++)
+        d->all_cached &= every[2 * r] != 0;
+    if (!rc && every[1]) { /* rank 0's code: nothing was written, every rank fails */
+        rc = me == ST_ROOT ? own_rc
+                           : st_fail(every[1], "rank 0: cannot take ownership of '%s': %s",
+                                     d->dst.n ? d->dst.dir[0] : "the destination",
+                                     strata_error_str(every[1]));
+    }
+    free(every);
+    if (rc)
         goto out;
     if (!d->all_cached) {
         /* 2. the coordinator gathers the local plans and plans */
@@ -105,7 +130,8 @@ static int dist_begin(st_async_dist *d, const char *const *uris, strata_state *l
     }
     /* 3. the coordinator prepares the directory; everyone learns the outcome */
     if (me == ST_ROOT && !st.rc && prepare_root) {
-        int prc = lrc ? (st_fail(lrc, "%s", local_msg), lrc) : st_prepare_dir(d->dst.vfs[0], d->dst.dir[0]);
+        int prc = lrc ? (st_fail(lrc, "%s", local_msg), lrc)
+                      : st_prepare_dir(d->dst.vfs[0], d->dst.dir[0], &d->lock[0]);
         if (prc)
             st_status_set(&st, prc, ST_ROOT);
     }
@@ -258,20 +284,41 @@ static int dist_finish(void *ctx, const int *local_rc, const char *const *local_
             int crc = st_clear_stale(v, dir, &cache->sp);
             if (!crc && (crc = st_commit_dir(v, dir, cache->sp.meta, ST_SYNC(&d->o))))
                 st_uncommit(v, dir); /* this save's record, if it got that far */
-            if (crc)
+            if (crc) {
                 st_status_set(&st[t], crc, ST_ROOT);
+            } else {
+                st_own_committed(v, dir, d->lock[t]);
+                d->lock[t] = NULL;
+            }
         }
     }
     if ((rc = st_bcast(comm, st, (size_t)T * sizeof st[0], ST_ROOT)))
         goto out;
     /* nothing committed in a failed tier: each rank removes what it wrote there (only if
      * it wrote for this save: never a committed checkpoint's files) */
+    int failed = 0;
     for (int t = 0; t < T; t++)
-        if (st[t].rc && d->wrote[t] && !comm->broken)
-            dist_cleanup(d, t);
+        if (st[t].rc && !comm->broken) {
+            failed = 1;
+            if (d->wrote[t])
+                dist_cleanup(d, t);
+        }
+    /* rank 0 owns the failed destinations until every rank has cleaned up (a barrier),
+     * then lets them go, empty */
+    int ignored;
+    if (failed && st_all_true(comm, 1, &ignored) == 0 && me == ST_ROOT)
+        for (int t = 0; t < T; t++)
+            if (st[t].rc && d->lock[t]) {
+                char lp[PATH_MAX];
+                if (st_path_join(lp, d->dst.dir[t], ST_LOCK_FILE) == 0)
+                    d->dst.vfs[t]->unlink(d->dst.vfs[t], lp);
+                st_own_release(d->dst.vfs[t], d->lock[t]);
+                d->lock[t] = NULL;
+            }
     for (int t = 0; t < T && !rc; t++)
         if (st[t].rc)
-            rc = T > 1 ? st_wrap(st_status_raise(&st[t], me), "destination %d (%s)", t, d->dst.uri[t])
+            rc = T > 1 ? st_wrap(st_status_raise(&st[t], me), "destination %d (%s)", t,
+                                 d->dst.uri[t])
                        : st_status_raise(&st[t], me);
     if (rc)
         goto out;
@@ -334,7 +381,8 @@ static const st_dests *dist_dests(void *ctx) { return &((st_async_dist *)ctx)->d
 static int dist_prepare(void *ctx, int t)
 {
     st_async_dist *d = ctx;
-    int rc = st_prepare_shared(d->dst.vfs[t], d->dst.dir[t]);
+    /* rank 0 made the directory when it took ownership */
+    int rc = d->lock[t] ? 0 : st_prepare_shared(d->dst.vfs[t], d->dst.dir[t]);
     if (!rc) /* this rank may write its data file there: a failure removes it */
         d->wrote[t] = 1;
     return rc;

@@ -71,9 +71,19 @@ int st_plan_states(st_save_plan *sp, strata_state *const *ranks, int nranks,
                    const strata_save_opts *o);
 /* The stats of a finished single-process save (started at t0). */
 void st_save_stats(strata_stats *stats, const st_save_plan *sp, uint64_t io_calls, double t0);
-/* Makes dir an empty directory for a new checkpoint (creating parents), or clears an
- * incomplete checkpoint there; refuses a committed one or foreign files (STRATA_EEXIST). */
-int st_prepare_dir(const st_vfs *v, const char *dir);
+/* Ownership of a checkpoint directory: its lock file (ST_LOCK_FILE) locked by a save from
+ * before its first write until after its commit or cleanup, or by a collector while it
+ * removes it. Takes it without waiting: with create, making dir (and parents) if missing;
+ * STRATA_EBUSY if another save or collector holds it, STRATA_EEXIST if dir is committed
+ * (a collector's `create` = 0 skips that check). Release with st_own_release. */
+int st_own(const st_vfs *v, const char *dir, int create, st_file **lock);
+void st_own_release(const st_vfs *v, st_file *lock);
+/* After a commit: removes the lock file (a committed checkpoint has none), then lets go. */
+void st_own_committed(const st_vfs *v, const char *dir, st_file *lock);
+/* Takes ownership of dir (st_own) and makes it an empty directory for a new checkpoint:
+ * clears an incomplete checkpoint there; refuses a committed one or foreign files
+ * (STRATA_EEXIST). *lock is held on success only. */
+int st_prepare_dir(const st_vfs *v, const char *dir, st_file **lock);
 /* Writes the data files of sp (every file of sp->meta, from sp->pieces, filling the
  * extents' checksums): reserve, write on the I/O threads, fsync, close. */
 int st_write_data(const st_vfs *v, const char *dir, const st_save_plan *sp,
@@ -99,7 +109,8 @@ int st_commit_dir(const st_vfs *v, const char *dir, const st_meta *m, int sync);
 /* After a commit that failed late (an fsync after the rename): removes the commit record
  * of this save, durably, before anything else is removed. */
 void st_uncommit(const st_vfs *v, const char *dir);
-/* After a failure: removes strata's files in dir (and dir if rmdir), keeping the error. */
+/* After a failure, as dir's owner: removes strata's files in dir (with rmdir: the lock
+ * file and dir too), keeping the error. */
 void st_remove_failed(const st_vfs *v, const char *dir, int rmdir);
 
 /* Before the commit of a distributed asynchronous save (every rank has written its data
@@ -149,6 +160,14 @@ typedef struct st_commit_ops {
 
 /* The size of each buffer of a pool. */
 size_t st_pool_buffer_bytes(const strata_pool *p);
+/* Is a save using the pool now? */
+int st_pool_busy(strata_pool *p);
+/* Bytes of the pool's buffers allocated so far (a pool a save makes for itself or its
+ * saver allocates each buffer on the save's thread at first use). */
+uint64_t st_pool_allocated_bytes(strata_pool *p);
+/* Tests only: when set, every async save's coordinator thread calls it first, before it
+ * touches the pool or the destinations. */
+extern void (*st_async_test_hook)(strata_pool *pool);
 
 /* The hooks of a save in this process (save.c): ctx from st_local_commit_new. */
 extern const st_commit_ops st_local_commit;

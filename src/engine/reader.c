@@ -179,8 +179,11 @@ int st_open_data_files(const st_dir *d, const st_io_plan *p, int no_direct, st_f
             files[f] = NULL;
             rc = st_fail(e == -ENOENT ? STRATA_ENOENT : st_from_errno(-e),
                          "data file '%s' of checkpoint '%s'%s%s", m->files[f].name, d->path,
-                         e == -ENOENT ? " " : ": ",
-                         e == -ENOENT ? "is missing" : strerror(-e));
+                         e == -ENOENT || e == -ST_ENOTREG ? " " : ": ",
+                         e == -ENOENT      ? "is missing"
+                         : e == -ST_ENOTREG ? "is not a regular file (a FIFO, a device or a "
+                                              "directory in its place)"
+                                            : strerror(-e));
         }
     }
     if (rc) {

@@ -155,23 +155,73 @@ int st_prepare_shared(const st_vfs *v, const char *dir)
     return make_dir(v, dir, &created);
 }
 
-/* Makes dir an empty directory for a new checkpoint: creates it (and its parents), or
- * clears an incomplete checkpoint there. Refuses a committed checkpoint and a directory
- * with foreign files. */
-int st_prepare_dir(const st_vfs *v, const char *dir)
+int st_own(const st_vfs *v, const char *dir, int create, st_file **lock)
 {
-    int created, rc = make_dir(v, dir, &created);
-    if (rc || created)
+    *lock = NULL;
+    char p[PATH_MAX];
+    int rc = st_path_join(p, dir, ST_LOCK_FILE);
+    for (int tries = 0; !rc; tries++) {
+        int created;
+        if (create && (rc = make_dir(v, dir, &created)))
+            return rc;
+        int e = v->lock(v, p, lock);
+        if (e == -ENOENT && create && tries < 8)
+            continue; /* a collector removed the directory meanwhile: make it again */
+        if (e == -EBUSY)
+            return st_fail(STRATA_EBUSY, "'%s' is owned by another save or collector (%s is "
+                           "locked); nothing was touched", dir, ST_LOCK_FILE);
+        if (e)
+            return st_fail(st_from_errno(-e), "cannot lock '%s': %s", p, strerror(-e));
+        break;
+    }
+    if (rc || !create)
+        return rc;
+    /* committed between make_dir's look and the lock: the committing save has let go */
+    if ((rc = st_path_join(p, dir, ST_COMMIT_FILE)) == 0 && v->stat(v, p, NULL, NULL) == 0)
+        rc = st_fail(STRATA_EEXIST,
+                     "'%s' already holds a committed checkpoint; it is never overwritten", dir);
+    if (rc) {
+        st_own_release(v, *lock);
+        *lock = NULL;
+    }
+    return rc;
+}
+
+void st_own_release(const st_vfs *v, st_file *lock)
+{
+    if (lock)
+        v->close(lock);
+}
+
+void st_own_committed(const st_vfs *v, const char *dir, st_file *lock)
+{
+    char p[PATH_MAX];
+    if (lock && st_path_join(p, dir, ST_LOCK_FILE) == 0)
+        v->unlink(v, p); /* a save that opened it meanwhile finds it gone, then the commit */
+    st_own_release(v, lock);
+}
+
+/* Makes dir an empty directory for a new checkpoint, as its owner: creates it (and its
+ * parents), or clears an incomplete checkpoint there. Refuses a committed checkpoint and a
+ * directory with foreign files. */
+int st_prepare_dir(const st_vfs *v, const char *dir, st_file **lock)
+{
+    int rc = st_own(v, dir, 1, lock);
+    if (rc)
         return rc;
     int foreign = 0, ours = 0;
-    if ((rc = st_scan_dir(v, dir, 0, &ours, &foreign, NULL)))
-        return rc;
-    if (foreign)
-        return st_fail(STRATA_EEXIST,
-                       "'%s' is not empty and holds files that are not strata's; refusing to "
-                       "save there",
-                       dir);
-    return st_scan_dir(v, dir, 1, NULL, NULL, NULL); /* an incomplete save: replace it */
+    if (!(rc = st_scan_dir(v, dir, 0, &ours, &foreign, NULL)) && foreign)
+        rc = st_fail(STRATA_EEXIST,
+                     "'%s' is not empty and holds files that are not strata's; refusing to "
+                     "save there",
+                     dir);
+    if (!rc) /* an incomplete save: replace it (the lock file stays) */
+        rc = st_scan_dir(v, dir, 1, NULL, NULL, NULL);
+    if (rc) {
+        st_own_release(v, *lock);
+        *lock = NULL;
+    }
+    return rc;
 }
 
 static int write_small(const st_vfs *v, const char *dir, const char *name, const void *buf,
@@ -298,7 +348,12 @@ int st_create_data_files(const st_vfs *v, const char *dir, const st_save_plan *s
         int e = v->open(v, p, ST_O_WRITE | (direct ? ST_O_DIRECT : 0), &files[f]);
         if (e) {
             files[f] = NULL;
-            rc = st_fail(st_from_errno(-e), "creating '%s': %s", p, strerror(-e));
+            int kind;
+            if (e == -ENOENT && v->stat(v, dir, NULL, &kind) != 0)
+                rc = st_fail(STRATA_EIO, "the checkpoint directory '%s' was removed while the "
+                             "save was writing it (by another process)", dir);
+            else
+                rc = st_fail(st_from_errno(-e), "creating '%s': %s", p, strerror(-e));
             break;
         }
         /* reserve the space first: a full disk fails here, before any data is written */
@@ -368,12 +423,14 @@ void st_uncommit(const st_vfs *v, const char *dir)
 void st_remove_failed(const st_vfs *v, const char *dir, int rmdir)
 {
     /* the error message is kept: cleanup failures are not the story */
-    char msg[1024];
+    char msg[1024], p[PATH_MAX];
     snprintf(msg, sizeof msg, "%s", strata_error_last());
     st_uncommit(v, dir);
     st_scan_dir(v, dir, 1, NULL, NULL, NULL);
-    if (rmdir)
+    if (rmdir && st_path_join(p, dir, ST_LOCK_FILE) == 0) {
+        v->unlink(v, p); /* still held by us: a save waiting on it finds it gone, retries */
         v->rmdir(v, dir);
+    }
     st_fail(0, "%s", msg);
 }
 
@@ -425,12 +482,17 @@ int st_save_local(const char *uri, strata_state *const *ranks, int nranks,
         return rc;
     }
     uint64_t calls = 0;
-    if ((rc = st_prepare_dir(v, dir)) == 0) {
+    st_file *lock;
+    if ((rc = st_prepare_dir(v, dir, &lock)) == 0) {
         rc = st_write_data(v, dir, &sp, o, &calls);
         if (!rc)
             rc = st_commit_dir(v, dir, sp.meta, ST_SYNC(o));
-        if (rc) /* a failed save leaves no half-written files behind */
+        if (rc) { /* a failed save leaves no half-written files behind */
             st_remove_failed(v, dir, 1);
+            st_own_release(v, lock);
+        } else {
+            st_own_committed(v, dir, lock);
+        }
     }
     if (!rc)
         st_save_stats(stats, &sp, calls, t0);
@@ -464,7 +526,7 @@ void st_dests_close(st_dests *d)
 typedef struct {
     st_dests dst;
     int sync;
-    int prepared[ST_MAX_TIERS];
+    st_file *lock[ST_MAX_TIERS]; /* held from prepare to the end of tier_done */
 } local_commit;
 
 static const st_dests *lc_dests(void *ctx) { return &((local_commit *)ctx)->dst; }
@@ -472,9 +534,7 @@ static const st_dests *lc_dests(void *ctx) { return &((local_commit *)ctx)->dst;
 static int lc_prepare(void *ctx, int t)
 {
     local_commit *c = ctx;
-    int rc = st_prepare_dir(c->dst.vfs[t], c->dst.dir[t]);
-    c->prepared[t] = rc == 0;
-    return rc;
+    return st_prepare_dir(c->dst.vfs[t], c->dst.dir[t], &c->lock[t]);
 }
 
 static int lc_tier_done(void *ctx, int t, int rc, const st_save_plan *sp)
@@ -482,14 +542,21 @@ static int lc_tier_done(void *ctx, int t, int rc, const st_save_plan *sp)
     local_commit *c = ctx;
     if (!rc)
         rc = st_commit_dir(c->dst.vfs[t], c->dst.dir[t], sp->meta, c->sync);
-    if (rc && c->prepared[t]) /* nothing half-written stays behind */
+    if (rc && c->lock[t]) { /* nothing half-written stays behind */
         st_remove_failed(c->dst.vfs[t], c->dst.dir[t], 1);
+        st_own_release(c->dst.vfs[t], c->lock[t]);
+    } else if (!rc) {
+        st_own_committed(c->dst.vfs[t], c->dst.dir[t], c->lock[t]);
+    }
+    c->lock[t] = NULL;
     return rc;
 }
 
 static void lc_release(void *ctx)
 {
     local_commit *c = ctx;
+    for (int t = 0; c && t < c->dst.n; t++)
+        st_own_release(c->dst.vfs[t], c->lock[t]);
     if (c)
         st_dests_close(&c->dst);
     free(c);

@@ -73,11 +73,19 @@ int strata_save_start(strata_handle **out, strata_saver *sv, const char *const *
         rc = check_where("save", comm, uris, nuris, states, nstates);
     if (rc)
         return rc;
-    /* no saver, or a pool of the saver's own too small for this save's chunks: the
-     * handle's own pool */
+    /* the saver's pool; a pool of the saver's own with buffers too small for this save's
+     * chunks is made again (allocated in the background like the first) if no save uses
+     * it, else this save gets one of its own, as it does without a saver */
     strata_pool **pool = sv ? &sv->pool : NULL;
-    if (sv && sv->own_pool && st_pool_buffer_bytes(sv->pool) < o.chunk_bytes)
-        pool = NULL;
+    if (sv && sv->own_pool && st_pool_buffer_bytes(sv->pool) < o.chunk_bytes) {
+        if (st_pool_busy(sv->pool)) {
+            pool = NULL;
+        } else {
+            strata_pool_free(sv->pool);
+            sv->pool = NULL;
+            sv->own_pool = 0;
+        }
+    }
     int had_pool = sv && sv->pool;
     if (comm) {
         rc = st_save_dist_start(out, comm, &sv->cache, uris, nuris, states[0], &o, pool);

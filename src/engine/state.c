@@ -3,6 +3,7 @@
 
 #include "../core/error.h"
 #include "../core/geom.h"
+#include "../core/utf8.h"
 #include "../io/cuda.h"
 #include "engine.h"
 
@@ -22,12 +23,40 @@ void strata_state_free(strata_state *st)
     free(st);
 }
 
+/* name for a message: printable ASCII as is, every other byte as \xNN; cut with "..." to
+ * fit out (so that the message itself stays valid UTF-8). */
+static void escape_name(char *out, size_t cap, const char *name)
+{
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
+        if (o + 8 >= cap) {
+            memcpy(out + o, "...", 3);
+            o += 3;
+            break;
+        }
+        if (*p >= 0x20 && *p < 0x7f && *p != '\\')
+            out[o++] = (char)*p;
+        else
+            o += (size_t)snprintf(out + o, cap - o, "\\x%02x", *p);
+    }
+    out[o] = 0;
+}
+
 static int check_name(const char *name, const char *what)
 {
     if (!name || !*name)
         return st_fail(STRATA_EINVAL, "%s name is empty", what);
-    if (strlen(name) > STRATA_MAX_NAME)
+    size_t n = strlen(name), bad;
+    if (n > STRATA_MAX_NAME)
         return st_fail(STRATA_EINVAL, "%s name is longer than %d bytes", what, STRATA_MAX_NAME);
+    if ((bad = st_utf8_invalid_at(name, n)) < n) {
+        char shown[200];
+        escape_name(shown, sizeof shown, name);
+        return st_fail(STRATA_EINVAL,
+                       "%s name \"%s\" is not valid UTF-8 (byte 0x%02x at offset %zu); names "
+                       "must be UTF-8",
+                       what, shown, (unsigned char)name[bad], bad);
+    }
     return 0;
 }
 

@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "../core/error.h"
 
@@ -57,6 +59,87 @@ static st_vfs_wrap_fn find_wrapper(const char *uri, size_t n)
     return make;
 }
 
+/* Makes the mem:// root: its missing parents 0755 (as a save makes a checkpoint's), the root
+ * itself 0700. 0 or -errno (-EEXIST when someone made it first). */
+static int mem_root_make(const char *root)
+{
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s", root);
+    for (char *s = strchr(p + 1, '/'); s; s = strchr(s + 1, '/')) {
+        *s = 0;
+        if (mkdir(p, 0755) && errno != EEXIST) {
+            int e = errno;
+            *s = '/';
+            return -e;
+        }
+        *s = '/';
+    }
+    return mkdir(root, 0700) ? -errno : 0;
+}
+
+/* The mem:// root must be this user's own: a directory (not a symlink) owned by the
+ * effective uid and writable by no one else, made so (0700) when missing. On a node shared
+ * by several users, one who made the root first could otherwise swap in checkpoints of
+ * their own, or read and remove the victim's. STRATA_EINVAL naming the root and why. */
+static int mem_root_check(const char *root)
+{
+    struct stat st;
+    int e = lstat(root, &st) ? errno : 0;
+    if (e == ENOENT) {
+        int m = mem_root_make(root);
+        if (m && m != -EEXIST)
+            return st_fail(st_from_errno(-m), "cannot create the mem:// root '%s': %s", root,
+                           strerror(-m));
+        e = lstat(root, &st) ? errno : 0;
+    }
+    if (e)
+        return st_fail(st_from_errno(e), "mem:// root '%s': %s", root, strerror(e));
+    if (S_ISLNK(st.st_mode))
+        return st_fail(STRATA_EINVAL,
+                       "the mem:// root '%s' is a symlink: it must be a directory of this "
+                       "user's (set $STRATA_MEM_ROOT to the real path)",
+                       root);
+    if (!S_ISDIR(st.st_mode))
+        return st_fail(STRATA_EINVAL, "the mem:// root '%s' is not a directory", root);
+    if (st.st_uid != geteuid())
+        return st_fail(STRATA_EINVAL,
+                       "the mem:// root '%s' is owned by uid %u, not by this user (uid %u): "
+                       "its checkpoints could be anyone's; remove it or set $STRATA_MEM_ROOT "
+                       "to a directory of your own",
+                       root, (unsigned)st.st_uid, (unsigned)geteuid());
+    if (st.st_mode & 022)
+        return st_fail(STRATA_EINVAL,
+                       "the mem:// root '%s' is writable by others (mode %04o): make it "
+                       "private (chmod 700) or set $STRATA_MEM_ROOT to a directory of your own",
+                       root, (unsigned)(st.st_mode & 07777));
+    return 0;
+}
+
+/* The path of "mem://<rest>" into out: the host-memory tier, files in shared memory that
+ * outlive the process but not the node, under $STRATA_MEM_ROOT (default
+ * /dev/shm/strata-<euid>), a root private to the user. Not inlined: st_vfs_resolve recurses
+ * once per wrapper, and its frame must stay small. */
+__attribute__((noinline)) static int mem_path(char *out, size_t cap, const char *uri,
+                                              const char *rest)
+{
+    const char *env = getenv("STRATA_MEM_ROOT");
+    while (*rest == '/')
+        rest++;
+    if (!*rest || strstr(rest, ".."))
+        return st_fail(STRATA_EINVAL, "mem URI needs a relative name without '..': '%s'", uri);
+    char root[PATH_MAX];
+    int k = env && *env ? snprintf(root, sizeof root, "%s", env)
+                        : snprintf(root, sizeof root, "/dev/shm/strata-%u", (unsigned)geteuid());
+    if (k < 0 || (size_t)k >= sizeof root)
+        return st_fail(STRATA_EINVAL, "$STRATA_MEM_ROOT is too long");
+    while (k > 1 && root[k - 1] == '/') /* "root/" would follow a symlink */
+        root[--k] = 0;
+    k = snprintf(out, cap, "%s/%s", root, rest);
+    if (k < 0 || (size_t)k >= cap)
+        return st_fail(STRATA_EINVAL, "URI too long: '%s'", uri);
+    return mem_root_check(root);
+}
+
 int st_vfs_resolve(const char *uri, const st_vfs **vfs, char *path_out, size_t cap)
 {
     if (!uri || !*uri)
@@ -90,19 +173,9 @@ int st_vfs_resolve(const char *uri, const st_vfs **vfs, char *path_out, size_t c
             if (*path != '/')
                 return st_fail(STRATA_EINVAL, "file URI must hold an absolute path: '%s'", uri);
         } else if (n == 3 && strncmp(uri, "mem", 3) == 0) {
-            /* the host-memory tier: files in shared memory, which outlive the process but
-             * not the node ($STRATA_MEM_ROOT, default /dev/shm/strata) */
-            const char *root = getenv("STRATA_MEM_ROOT");
-            const char *rest = sep + 3;
-            while (*rest == '/')
-                rest++;
-            if (!*rest || strstr(rest, ".."))
-                return st_fail(STRATA_EINVAL, "mem URI needs a relative name without '..': '%s'",
-                               uri);
-            int k = snprintf(mem, sizeof mem, "%s/%s", root && *root ? root : "/dev/shm/strata",
-                             rest);
-            if (k < 0 || (size_t)k >= sizeof mem)
-                return st_fail(STRATA_EINVAL, "URI too long: '%s'", uri);
+            int rc = mem_path(mem, sizeof mem, uri, sep + 3);
+            if (rc)
+                return rc;
             path = mem;
         } else {
             return st_fail(STRATA_ESCHEME,

@@ -4,14 +4,21 @@
  * one st_file may be used by several threads at once with pread/pwrite. */
 #ifndef STRATA_VFS_H
 #define STRATA_VFS_H
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #define ST_VFS_VERSION 1
 
+/* open refuses anything but a regular file - a FIFO, a device, a socket, a directory - with
+ * -ST_ENOTREG, without opening it or blocking on it (a symlink: -ELOOP). Linux has no
+ * EFTYPE; EMEDIUMTYPE is never returned by open for a file of the filesystem. */
+#define ST_ENOTREG EMEDIUMTYPE
+
 enum {
     ST_O_READ = 1,
-    ST_O_WRITE = 2,   /* create or truncate */
+    ST_O_WRITE = 2,   /* create a new file (an existing one is unlinked first, so a write
+                         never goes through a hard link into another file) */
     ST_O_DIRECT = 4,  /* ask for O_DIRECT; st_file_direct() tells if it was granted */
 };
 
@@ -45,6 +52,7 @@ struct st_vfs {
     int (*close)(st_file *f); /* always frees f */
     int (*direct)(st_file *f); /* 1 if opened with O_DIRECT */
     int (*mkdir)(const st_vfs *v, const char *path); /* 0 if created, -EEXIST if there */
+    /* Never replaces an existing `to` (-EEXIST): a commit record is never overwritten. */
     int (*rename)(const st_vfs *v, const char *from, const char *to);
     int (*unlink)(const st_vfs *v, const char *path);
     int (*rmdir)(const st_vfs *v, const char *path);
@@ -63,13 +71,21 @@ struct st_vfs {
     void (*release)(const st_vfs *v);
     /* Last modification time of path, ns since the epoch (not following a symlink). */
     int (*mtime)(const st_vfs *v, const char *path, uint64_t *ns);
+    /* Takes the exclusive lock of the lock file at path without waiting: opens (creating)
+     * it - a regular file, not through a symlink - and locks it; the lock lasts until
+     * *out is closed or the process dies, and a lock file that was removed or replaced
+     * meanwhile is never the one locked. 0, -EBUSY if another holder has it, or -errno
+     * (-ENOENT when its directory is gone). */
+    int (*lock)(const st_vfs *v, const char *path, st_file **out);
 };
 
 extern const st_vfs st_vfs_posix;
 
 /* Resolves a URI to a backend instance and a path: "file:///a/b" and "/a/b" or "a/b" are
  * POSIX paths; "mem://name" is the host-memory tier, name under $STRATA_MEM_ROOT
- * (default /dev/shm/strata); "<wrapper>+<uri>?<query>" wraps the backend of <uri> in a
+ * (default /dev/shm/strata-<euid>; made 0700 when missing, and refused with STRATA_EINVAL
+ * unless it is a directory of this user's that no one else can write, not a symlink);
+ * "<wrapper>+<uri>?<query>" wraps the backend of <uri> in a
  * registered wrapper (st_vfs_register_wrapper). Returns STRATA_ESCHEME (with a message)
  * for any other scheme, STRATA_EINVAL for a malformed URI. path_out gets the path with
  * trailing slashes removed. Release the instance with st_vfs_release. */

@@ -12,9 +12,20 @@
 #include "../core/error.h"
 #include "vfs_fault.h"
 
-enum { OP_OPEN, OP_WRITE, OP_FSYNC, OP_RENAME, OP_READ, OP_MKDIR, OP_ALLOCATE, OP_UNLINK, OP_COUNT };
-static const char *const op_names[OP_COUNT] = {"open", "write", "fsync", "rename",
-                                               "read", "mkdir", "allocate", "unlink"};
+enum {
+    OP_OPEN,
+    OP_WRITE,
+    OP_FSYNC,
+    OP_RENAME,
+    OP_READ,
+    OP_MKDIR,
+    OP_ALLOCATE,
+    OP_UNLINK,
+    OP_LOCK,
+    OP_COUNT
+};
+static const char *const op_names[OP_COUNT] = {"open",  "write",    "fsync",  "rename", "read",
+                                               "mkdir", "allocate", "unlink", "lock"};
 
 typedef struct {
     st_vfs base;
@@ -128,6 +139,24 @@ static int f_mkdir(const st_vfs *v, const char *path)
     return e ? -e : FV(v)->inner->mkdir(FV(v)->inner, path);
 }
 
+static int f_lock(const st_vfs *v, const char *path, st_file **out)
+{
+    int e = hit(FV(v), OP_LOCK);
+    if (e)
+        return -e;
+    fault_file *f = malloc(sizeof *f);
+    if (!f)
+        return -ENOMEM;
+    const st_vfs *in = FV(v)->inner;
+    if ((e = in->lock(in, path, &f->inner)) != 0) {
+        free(f);
+        return e;
+    }
+    f->base.vfs = v;
+    *out = &f->base;
+    return 0;
+}
+
 static int f_rename(const st_vfs *v, const char *from, const char *to)
 {
     int e = hit(FV(v), OP_RENAME);
@@ -214,7 +243,7 @@ static int fault_new(const st_vfs **out, const st_vfs *inner, const char *query)
         .truncate = f_truncate, .close = f_close, .direct = f_direct, .mkdir = f_mkdir,
         .rename = f_rename, .unlink = f_unlink, .rmdir = f_rmdir, .sync_dir = f_sync_dir,
         .list = f_list, .stat = f_stat, .allocate = f_allocate, .release = f_release,
-        .mtime = f_mtime,
+        .mtime = f_mtime, .lock = f_lock,
     };
     v->inner = inner;
     v->op = -1;

@@ -24,19 +24,45 @@ static int px_open(const st_vfs *v, const char *path, int flags, st_file **out)
     /* never through a symlink: one planted after the save checked the directory must not
      * get its target truncated (ELOOP instead) */
     int of = O_CLOEXEC | O_NOFOLLOW;
-    if (flags & ST_O_WRITE)
-        of |= O_WRONLY | O_CREAT | O_TRUNC;
-    else
+    if (flags & ST_O_WRITE) {
+        /* a new inode: truncating an existing file would write through a hard link into
+         * another checkpoint (cp -al, rsync --link-dest) */
+        struct stat st;
+        if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode))
+            return -ELOOP; /* a planted link stays for a person to see */
+        if (unlink(path) && errno != ENOENT)
+            return -errno;
+        of |= O_WRONLY | O_CREAT | O_EXCL;
+    } else {
+        /* only a regular file is opened: opening a FIFO blocks until a writer comes, a
+         * device may act on open (a tape rewinds) */
+        struct stat st;
+        if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode))
+            return S_ISLNK(st.st_mode) ? -ELOOP : -ST_ENOTREG;
         of |= O_RDONLY;
+    }
+    of |= O_NONBLOCK; /* swapped for a FIFO after that look: open returns at once */
     int fd = -1, direct = 0;
     if (flags & ST_O_DIRECT) {
         fd = open(path, of | O_DIRECT, 0644);
         direct = fd >= 0;
     }
-    if (fd < 0) /* tmpfs and some network filesystems refuse O_DIRECT with EINVAL */
+    if (fd < 0) { /* tmpfs and some network filesystems refuse O_DIRECT with EINVAL */
+        if ((flags & ST_O_WRITE) && unlink(path) && errno != ENOENT) /* it may have made it */
+            return -errno;
         fd = open(path, of, 0644);
+    }
     if (fd < 0)
         return -errno;
+    /* what was opened is a regular file; then blocking I/O as usual */
+    struct stat fst;
+    int fl, e = fstat(fd, &fst) ? errno : !S_ISREG(fst.st_mode) ? ST_ENOTREG : 0;
+    if (!e && ((fl = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK)))
+        e = errno;
+    if (e) {
+        close(fd);
+        return -e;
+    }
     px_file *f = malloc(sizeof *f);
     if (!f) {
         close(fd);
@@ -108,7 +134,62 @@ static int px_mkdir(const st_vfs *v, const char *path)
 static int px_rename(const st_vfs *v, const char *from, const char *to)
 {
     (void)v;
-    return rename(from, to) ? -errno : 0;
+    if (renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE) == 0)
+        return 0;
+    if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP)
+        return -errno;
+    /* filesystems without RENAME_NOREPLACE (NFS): link fails if `to` exists, atomically */
+    if (link(from, to))
+        return -errno;
+    return unlink(from) ? -errno : 0;
+}
+
+static int px_lock(const st_vfs *v, const char *path, st_file **out)
+{
+    for (int tries = 0; tries < 16; tries++) {
+        int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+        if (fd < 0)
+            return -errno;
+        struct stat a, b;
+        if (fstat(fd, &a) || !S_ISREG(a.st_mode)) {
+            close(fd);
+            return -ST_ENOTREG;
+        }
+        /* an open file description lock: exclusive between threads of one process too,
+         * released on close or death, forwarded to the server's lock manager over NFS */
+        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+        if (fcntl(fd, F_OFD_SETLK, &fl)) {
+            int e = errno;
+            close(fd);
+            return e == EAGAIN || e == EACCES ? -EBUSY : -e;
+        }
+        /* the holder before us may have removed the file (and its directory) between our
+         * open and our lock: only the file at path counts */
+        int seen = lstat(path, &b) == 0 ? 0 : errno;
+        if (!seen && b.st_dev == a.st_dev && b.st_ino == a.st_ino) {
+            px_file *f = malloc(sizeof *f);
+            if (!f) {
+                close(fd);
+                return -ENOMEM;
+            }
+            *f = (px_file){{v}, fd, 0};
+            *out = &f->base;
+            return 0;
+        }
+        int gone = seen == ENOENT;
+        close(fd);
+        if (gone) { /* the directory may be gone too: the caller makes it again */
+            struct stat d;
+            char dir[4096];
+            snprintf(dir, sizeof dir, "%s", path);
+            char *slash = strrchr(dir, '/');
+            if (slash && slash != dir)
+                *slash = 0;
+            if (slash && lstat(dir, &d) != 0)
+                return -ENOENT;
+        }
+    }
+    return -EBUSY;
 }
 
 static int px_unlink(const st_vfs *v, const char *path)
@@ -213,4 +294,5 @@ const st_vfs st_vfs_posix = {
     .stat = px_stat,
     .allocate = px_allocate,
     .mtime = px_mtime,
+    .lock = px_lock,
 };

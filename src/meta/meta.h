@@ -18,6 +18,7 @@
 #define ST_ALIGN 4096u            /* extents in data files start at multiples of this */
 #define ST_META_FILE "metadata.bin"
 #define ST_COMMIT_FILE "COMMIT"
+#define ST_LOCK_FILE "LOCK" /* held by the directory's owner: a save, or a collector */
 /* A data file's name: data-<writing rank, six or more digits>.bin. */
 #define ST_DATA_FILE_BYTES 32
 void st_data_file_name(char out[ST_DATA_FILE_BYTES], int rank);
@@ -88,8 +89,12 @@ int st_meta_decode(st_meta **out, const unsigned char *buf, size_t len);
 /* The same without the trailer checksum check (for fuzzing the parser in depth). */
 int st_meta_decode_unchecked(st_meta **out, const unsigned char *buf, size_t len);
 void st_meta_free(st_meta *m);
-/* Checks the shards of one tensor for overlap; STRATA_EOVERLAP naming the pair. */
+/* Checks the shards of one tensor for overlap; STRATA_EOVERLAP naming the pair. Exact,
+ * and near-linear in the number of shards on every input (DESIGN.md, Save). */
 int st_meta_check_overlap(const st_mtensor *t);
+/* Work units (boxes visited) of this thread's last st_meta_check_overlap: for tests and
+ * fuzzing, which hold it to a near-linear bound. */
+uint64_t st_meta_overlap_work(void);
 /* Is `name` a plain file name (no '/', not "." or "..", no control characters)? */
 int st_plain_name(const char *name, size_t len);
 
