@@ -71,7 +71,7 @@ APT = apt_need() { \
 tool_need() { command -v "$$1" >/dev/null 2>&1 || apt_need "$$2"; };
 
 .PHONY: all lib deps demo test bench clean test-asan test-tsan test-valgrind check-header \
-        check-clang fuzz stress install uninstall
+        check-clang fuzz stress install uninstall venv test-python
 
 all: deps $(LIBRARIES) $(BUILD)/strata $(BUILD)/examples/reshard
 
@@ -117,7 +117,7 @@ $(BUILD)/examples/%: examples/%.c $(BUILD)/libstrata.a | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(ST_LDFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libstrata.a $(LIBS)
 
-$(BUILD)/tests/%: tests/%.c $(BUILD)/libstrata.a tests/testutil.h | deps
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libstrata.a tests/testutil.h tests/threadcomm.h | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(ST_LDFLAGS) $(LDFLAGS) -Isrc -o $@ $< $(BUILD)/libstrata.a -lcmocka \
 	    $(LIBS) -lm
@@ -190,6 +190,31 @@ bench: deps all $(BUILD)/bench/bench_plan
 	@$(APT) tool_need fio fio && tool_need python3 python3
 	STRATA=$(BUILD)/strata BENCH_DIR=$(BUILD)/bench bash bench/bench_io.sh
 	$(BUILD)/strata bench async --dir $(BUILD) --size-mb 1024
+
+# The Python package (python/strata: the extension strata._strata carries libstrata) in a
+# project-local venv, $(VENV): torch pinned (its CPU wheel installs from a local file here;
+# never an unpinned torch) and pytest once, then `pip install .` again whenever the package,
+# libstrata's sources or the build files change (the stamp $(VENV)/.strata-installed).
+VENV ?= .venv
+TORCH_VERSION ?= 2.13.0
+PY_DEPS := pyproject.toml setup.py $(wildcard python/strata/*.py python/strata/*.c) \
+           $(LIB_SRC) $(wildcard src/*/*.h) $(HEADERS)
+
+venv: $(VENV)/.strata-installed
+
+$(VENV)/.deps-installed:
+	@$(APT) tool_need python3 python3 && apt_need python3-venv python3-dev libxxhash-dev gcc
+	[ -x $(VENV)/bin/python ] || python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q torch==$(TORCH_VERSION) pytest
+	@touch $@
+
+$(VENV)/.strata-installed: $(VENV)/.deps-installed $(PY_DEPS)
+	$(VENV)/bin/pip install -q .
+	@touch $@
+
+# The Python tests (pytest; torch CPU, gloo). Not part of `make test` (yet).
+test-python: venv
+	$(VENV)/bin/python -m pytest -q tests/python
 
 # pkg-config files: the install's directories, and MPICH's flags for strata-mpi
 $(BUILD)/strata.pc: src/strata.pc.in | deps

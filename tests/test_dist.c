@@ -6,73 +6,7 @@
 #include <pthread.h>
 
 #include "testutil.h"
-
-/* ---- a communicator of threads ---- */
-
-typedef struct {
-    int size;
-    pthread_barrier_t bar;
-    const void **send;      /* per rank, published for one collective */
-    const size_t **scounts; /* alltoallv: per rank */
-} hub;
-
-typedef struct {
-    hub *h;
-    int rank;
-} tcomm;
-
-static int t_allgather(void *ctx, const void *send, size_t n, void *recv)
-{
-    tcomm *c = ctx;
-    hub *h = c->h;
-    h->send[c->rank] = send;
-    pthread_barrier_wait(&h->bar);
-    for (int r = 0; r < h->size; r++)
-        if (n)
-            memcpy((char *)recv + (size_t)r * n, h->send[r], n);
-    pthread_barrier_wait(&h->bar);
-    return 0;
-}
-
-static int t_alltoallv(void *ctx, const void *send, const size_t *sc, void *recv,
-                       const size_t *rc)
-{
-    tcomm *c = ctx;
-    hub *h = c->h;
-    h->send[c->rank] = send;
-    h->scounts[c->rank] = sc;
-    pthread_barrier_wait(&h->bar);
-    int bad = 0;
-    size_t at = 0;
-    for (int s = 0; s < h->size; s++) {
-        size_t off = 0;
-        for (int d = 0; d < c->rank; d++)
-            off += h->scounts[s][d];
-        if (h->scounts[s][c->rank] != rc[s])
-            bad = 1;
-        else if (rc[s])
-            memcpy((char *)recv + at, (const char *)h->send[s] + off, rc[s]);
-        at += rc[s];
-    }
-    pthread_barrier_wait(&h->bar);
-    return bad ? STRATA_EINVAL : 0;
-}
-
-static int t_bcast(void *ctx, void *buf, size_t n, int root)
-{
-    tcomm *c = ctx;
-    hub *h = c->h;
-    if (c->rank == root)
-        h->send[root] = buf;
-    pthread_barrier_wait(&h->bar);
-    if (c->rank != root && n)
-        memcpy(buf, h->send[root], n);
-    pthread_barrier_wait(&h->bar);
-    return 0;
-}
-
-static const strata_comm_ops tops = {STRATA_COMM_OPS_VERSION, t_allgather, t_alltoallv, t_bcast,
-                                     NULL};
+#include "threadcomm.h"
 
 typedef struct {
     hub h;

@@ -57,22 +57,26 @@ static int hit(fault_vfs *v, int op)
     return 0;
 }
 
-static int f_open(const st_vfs *v, const char *path, int flags, st_file **out)
+/* Wraps the file the inner backend's open or lock makes (0, or its -errno). */
+static int wrap_file(const st_vfs *v, int rc, fault_file *f, st_file **out)
 {
-    int e = hit(FV(v), OP_OPEN);
-    if (e)
-        return -e;
-    fault_file *f = malloc(sizeof *f);
-    if (!f)
-        return -ENOMEM;
-    const st_vfs *in = FV(v)->inner;
-    if ((e = in->open(in, path, flags, &f->inner)) != 0) {
+    if (rc) {
         free(f);
-        return e;
+        return rc;
     }
     f->base.vfs = v;
     *out = &f->base;
     return 0;
+}
+
+static int f_open(const st_vfs *v, const char *path, int flags, st_file **out)
+{
+    int e = hit(FV(v), OP_OPEN);
+    fault_file *f = e ? NULL : malloc(sizeof *f);
+    if (e || !f)
+        return e ? -e : -ENOMEM;
+    const st_vfs *in = FV(v)->inner;
+    return wrap_file(v, in->open(in, path, flags, &f->inner), f, out);
 }
 
 static int64_t f_pread(st_file *f, void *buf, size_t n, uint64_t off)
@@ -142,19 +146,11 @@ static int f_mkdir(const st_vfs *v, const char *path)
 static int f_lock(const st_vfs *v, const char *path, st_file **out)
 {
     int e = hit(FV(v), OP_LOCK);
-    if (e)
-        return -e;
-    fault_file *f = malloc(sizeof *f);
-    if (!f)
-        return -ENOMEM;
+    fault_file *f = e ? NULL : malloc(sizeof *f);
+    if (e || !f)
+        return e ? -e : -ENOMEM;
     const st_vfs *in = FV(v)->inner;
-    if ((e = in->lock(in, path, &f->inner)) != 0) {
-        free(f);
-        return e;
-    }
-    f->base.vfs = v;
-    *out = &f->base;
-    return 0;
+    return wrap_file(v, in->lock(in, path, &f->inner), f, out);
 }
 
 static int f_rename(const st_vfs *v, const char *from, const char *to)
