@@ -587,10 +587,31 @@ static void test_own_pool(void **state)
     strata_saver_free(sv);
 }
 
+/* A synchronous save to two tiers whose second fails: the first is committed and loads,
+ * and strata_save returns the failed tier's error with its message (naming it). */
+static void test_sync_tier_fails(void **state)
+{
+    (void)state;
+    char good[700], bad[800];
+    snprintf(good, sizeof good, "%s/tiers-ok-%d", base, seq);
+    snprintf(bad, sizeof bad, "fault+file://%s/tiers-bad-%d?op=write&n=1&errno=EIO", base, seq++);
+    const char *uris[2] = {good, bad};
+    tu_set s;
+    save_layout(&s, NPROC);
+    strata_save_opts o = save_opts();
+    assert_rc(strata_save(NULL, NULL, uris, 2, s.st, NPROC, &o), STRATA_EIO);
+    assert_msg_has("destination 1");
+    assert_msg_has("Input/output error");
+    tu_set_free(&s);
+    expect_loads(uris, 1, NPROC, 0);
+}
+
 static int setup(void **state)
 {
     (void)state;
     tu_tmpdir(base, sizeof base, "api");
+    if (st_vfs_fault_register())
+        return -1;
     snprintf(memroot, sizeof memroot, "%s/shm", base);
     setenv("STRATA_MEM_ROOT", memroot, 1); /* before the first mem:// use */
     return 0;
@@ -613,6 +634,7 @@ int main(void)
         cmocka_unit_test(test_plan_cached),
         cmocka_unit_test(test_free_without_wait),
         cmocka_unit_test(test_own_pool),
+        cmocka_unit_test(test_sync_tier_fails),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -529,6 +529,14 @@ int strata_wait_durable(strata_stats *stats, strata_handle *h)
             rc = h->ops->finish(h->ctx, trc, tmsg, &h->sp, h->lay.nios, &full);
         } else if (!rc) {
             st_save_stats(&full, &h->sp, h->lay.nios, h->t0);
+        } else if (h->ntiers > 1) { /* say which destination failed (the others committed) */
+            int t = 0;
+            while (t < h->ntiers - 1 && !trc[t])
+                t++;
+            st_fail(rc, "destination %d (%s): %s", t, h->dst->uri[t], tmsg[t]);
+            pthread_mutex_lock(&h->mu);
+            snprintf(h->msg, sizeof h->msg, "%s", strata_error_last());
+            pthread_mutex_unlock(&h->mu);
         }
         pthread_mutex_lock(&h->mu);
         if (rc && h->ops->finish) { /* the save's outcome (on every rank) */

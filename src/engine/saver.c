@@ -125,9 +125,11 @@ int strata_save(strata_stats *stats, strata_saver *sv, const char *const *uris, 
         strata_handle *h;
         if (!(rc = strata_save_start(&h, sv, uris, nuris, states, nstates, &o))) {
             rc = strata_wait_durable(&full, h);
+            char msg[1024]; /* the free may run strata calls: the save's message stays */
+            snprintf(msg, sizeof msg, "%s", rc ? strata_error_last() : "");
             strata_handle_free(h);
-            if (rc) /* the free may have run strata calls: the save's message stays */
-                rc = st_fail(rc, "%s", strata_error_last());
+            if (rc)
+                rc = st_fail(rc, "%s", msg);
         }
     }
     if (!rc)
