@@ -230,6 +230,35 @@ static void save_world(const char *ck, int tp, int dp, tu_set *src, job *jobs)
     world_free(&w);
 }
 
+/* A corrupt chunk read by one rank fails the load on every rank, and every rank's message
+ * names the tensor and the file (the message outlives the collectives that spread it). */
+static void test_corrupt_load(void **state)
+{
+    (void)state;
+    char ck[600], f[700];
+    snprintf(ck, sizeof ck, "%s/corrupt", base);
+    tu_set src, dst;
+    job jobs[4];
+    save_world(ck, 2, 2, &src, jobs);
+    expect_all_ok(jobs, 4);
+    tu_join(f, ck, "data-000001.bin");
+    tu_flip_byte(f, 100, 0x40);
+    world w;
+    world_init(&w, 2);
+    layout(&dst, 2, 1, 0);
+    run_all(&w, 0, ck, NULL, &dst, jobs);
+    for (int r = 0; r < 2; r++) {
+        if (jobs[r].rc != STRATA_ECHECKSUM && jobs[r].rc != STRATA_EABORTED)
+            fail_msg("rank %d: %s: %s", r, strata_error_name(jobs[r].rc), jobs[r].msg);
+        if (!strstr(jobs[r].msg, "tensor '") || !strstr(jobs[r].msg, "data-000001.bin"))
+            fail_msg("rank %d's message names no tensor and file: %s", r, jobs[r].msg);
+    }
+    world_free(&w);
+    tu_set_free(&src);
+    tu_set_free(&dst);
+    tu_rmrf(ck);
+}
+
 static void test_reshard(void **state)
 {
     (void)state;
@@ -559,6 +588,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reshard),
+        cmocka_unit_test(test_corrupt_load),
         cmocka_unit_test(test_plan_cache),
         cmocka_unit_test(test_rank_failure),
         cmocka_unit_test(test_async),

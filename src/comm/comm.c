@@ -2,6 +2,7 @@
  * the engine uses, built on allgather / alltoallv / bcast. */
 #include "comm.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -82,16 +83,28 @@ int strata_comm_timeout(const strata_comm *c) { return c->timeout_ms; }
 
 /* ---- collectives ---- */
 
-static int check(strata_comm *c, int rc, const char *what)
+/* A host op's outcome. The op may set a message of its own (strata_error_set), so it runs
+ * with none; on success the caller's pending message (a local failure about to travel in
+ * this very collective) is put back. */
+static int check(strata_comm *c, int rc, const char *what, const char *saved)
 {
-    if (rc == 0)
+    if (rc == 0) {
+        st_fail(0, "%s", saved);
         return 0;
+    }
     c->broken = 1;
     const char *m = strata_error_last();
     if (m && *m)
         return st_wrap(STRATA_EABORTED, "%s failed on rank %d", what, c->rank);
     return st_fail(STRATA_EABORTED, "%s failed on rank %d (%s)", what, c->rank,
                    strata_error_name(rc));
+}
+
+/* Keeps this thread's message in `saved` (1 KiB) and clears it, for check(). */
+static void stash(char saved[1024])
+{
+    snprintf(saved, 1024, "%s", strata_error_last());
+    st_clear_error();
 }
 
 static int usable(strata_comm *c)
@@ -106,8 +119,9 @@ int st_allgather(strata_comm *c, const void *send, size_t n, void *recv)
     int rc = usable(c);
     if (rc)
         return rc;
-    st_clear_error();
-    return check(c, c->ops.allgather(c->ctx, send, n, recv), "allgather");
+    char saved[1024];
+    stash(saved);
+    return check(c, c->ops.allgather(c->ctx, send, n, recv), "allgather", saved);
 }
 
 int st_alltoallv(strata_comm *c, const void *send, const size_t *scounts, void *recv,
@@ -116,8 +130,9 @@ int st_alltoallv(strata_comm *c, const void *send, const size_t *scounts, void *
     int rc = usable(c);
     if (rc)
         return rc;
-    st_clear_error();
-    return check(c, c->ops.alltoallv(c->ctx, send, scounts, recv, rcounts), "alltoallv");
+    char saved[1024];
+    stash(saved);
+    return check(c, c->ops.alltoallv(c->ctx, send, scounts, recv, rcounts), "alltoallv", saved);
 }
 
 int st_bcast(strata_comm *c, void *buf, size_t n, int root)
@@ -125,8 +140,9 @@ int st_bcast(strata_comm *c, void *buf, size_t n, int root)
     int rc = usable(c);
     if (rc)
         return rc;
-    st_clear_error();
-    return check(c, c->ops.bcast(c->ctx, buf, n, root), "bcast");
+    char saved[1024];
+    stash(saved);
+    return check(c, c->ops.bcast(c->ctx, buf, n, root), "bcast", saved);
 }
 
 int st_all_true(strata_comm *c, int flag, int *all)
