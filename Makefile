@@ -131,9 +131,11 @@ demo: deps all
 	$(BUILD)/strata demo
 
 # the tests' tools: python3 (cli_test, kill_test)
-test: deps all $(TESTS) $(BUILD)/tests/libfakecudart.so
+# the C suites, the shell suites, and (in the plain build) the Python package's tests in the
+# project venv
+test: deps all $(TESTS) $(BUILD)/tests/libfakecudart.so $(if $(SAN),,venv)
 	@$(APT) tool_need python3 python3
-	@BUILD=$(BUILD) SANITIZED=$(if $(SAN),1,) bash tests/run.sh $(TESTS)
+	@BUILD=$(BUILD) SANITIZED=$(if $(SAN),1,) VENV=$(VENV) bash tests/run.sh $(TESTS)
 
 test-asan:
 	$(MAKE) BUILD=$(BUILD)/asan SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" OPT=-O1 test
@@ -203,7 +205,10 @@ PY_DEPS := pyproject.toml setup.py $(wildcard python/strata/*.py python/strata/*
 venv: $(VENV)/.strata-installed
 
 $(VENV)/.deps-installed:
-	@$(APT) tool_need python3 python3 && apt_need python3-venv python3-dev libxxhash-dev gcc
+	@$(APT) tool_need python3 python3 && apt_need libxxhash-dev gcc && \
+	{ python3 -c 'import ensurepip, venv' 2>/dev/null || apt_need python3-venv; } && \
+	{ python3 -c 'import os, sysconfig; p = sysconfig.get_paths()["include"]; \
+	    raise SystemExit(not os.path.exists(os.path.join(p, "Python.h")))' || apt_need python3-dev; }
 	[ -x $(VENV)/bin/python ] || python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q torch==$(TORCH_VERSION) pytest
 	@touch $@
@@ -212,7 +217,7 @@ $(VENV)/.strata-installed: $(VENV)/.deps-installed $(PY_DEPS)
 	$(VENV)/bin/pip install -q .
 	@touch $@
 
-# The Python tests (pytest; torch CPU, gloo). Not part of `make test` (yet).
+# The Python tests alone (pytest; torch CPU, gloo). `make test` runs them too.
 test-python: venv
 	$(VENV)/bin/python -m pytest -q tests/python
 

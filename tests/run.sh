@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # run.sh - runs each test binary given as an argument as its own process (under a
-# timeout), then tests/cli_test.sh, install_test.sh, kill_test.sh (and mpi_test.sh outside
-# the sanitizers) if present, and prints "N passed, N failed" (plus ", N skipped" when a
-# test exits with 77). Exits non-zero if anything failed.
+# timeout), then tests/cli_test.sh, install_test.sh, kill_test.sh (and, outside the
+# sanitizers, mpi_test.sh and the Python tests in $VENV when it exists), and prints
+# "N passed, N failed" (plus ", N skipped" when a test exits with 77). Exits non-zero if
+# anything failed.
 # Usage: bash tests/run.sh build/tests/test_a build/tests/test_b ...
 set -u
 # MPICH is linked into the `strata` command (its MPI demo) and the install test's MPI
@@ -61,6 +62,14 @@ if [ -n "$mpi" ]; then # the kill test on multi-process saves, a few trials
         STRATA_KILL_TRIALS="${STRATA_KILL_MPI_TRIALS:-6}" bash "$here/kill_test.sh"
     run_one "tests/kill_test.sh (mpi, async)" env STRATA_KILL_MODE=mpiasync STRATA_KILL_SIZE_MB=24 \
         STRATA_KILL_TRIALS="${STRATA_KILL_MPI_TRIALS:-6}" bash "$here/kill_test.sh"
+fi
+
+# the Python package (strata, strata.torch) in the project venv: plain build only (the
+# extension is built by pip, not with the sanitizers)
+venv=${VENV:-.venv}
+if [ -z "${SANITIZED:-}" ] && [ -x "$venv/bin/python" ]; then
+    run_one "tests/python (pytest)" "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+        "$here/python"
 fi
 
 for f in "${failures[@]+"${failures[@]}"}"; do

@@ -1,0 +1,41 @@
+"""Builds strata._strata: python/strata/_strata.c plus every C file of libstrata (carried
+statically: src/core, io, meta, plan, comm, engine; not the command, not MPI). The metadata is
+in pyproject.toml; `pip install .` from the repository root."""
+import glob
+import os
+import re
+
+from setuptools import Extension, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+os.chdir(HERE)  # setuptools wants source paths relative to the project root
+
+LIB_DIRS = ("core", "io", "meta", "plan", "comm", "engine")
+
+
+def version():
+    text = open(os.path.join("include", "strata_types.h")).read()
+    major = re.search(r"define STRATA_VERSION_MAJOR (\d+)", text).group(1)
+    minor = re.search(r"define STRATA_VERSION_MINOR (\d+)", text).group(1)
+    return "%s.%s.0" % (major, minor)
+
+
+sources = ["python/strata/_strata.c"]
+for d in LIB_DIRS:
+    sources += sorted(glob.glob("src/%s/*.c" % d))
+
+ext = Extension(
+    "strata._strata",
+    sources=sources,
+    include_dirs=["include", "src"],
+    depends=sorted(glob.glob("include/*.h") + glob.glob("src/*/*.h")),
+    extra_compile_args=["-std=c11", "-D_GNU_SOURCE", "-O2", "-fvisibility=hidden"],
+    libraries=["xxhash", "pthread", "dl"],
+)
+
+setup(
+    version=version(),
+    ext_modules=[ext],
+    # setuptools' build tree beside, not inside, the Makefile's build/ outputs
+    options={"build": {"build_base": "build/python"}, "build_ext": {"parallel": os.cpu_count() or 1}},
+)
