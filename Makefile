@@ -71,14 +71,16 @@ APT = apt_need() { \
 tool_need() { command -v "$$1" >/dev/null 2>&1 || apt_need "$$2"; };
 
 .PHONY: all lib deps demo test bench clean test-asan test-tsan test-valgrind check-header \
-        check-clang fuzz stress install uninstall venv test-python
+        check-clang fuzz stress install uninstall venv test-python test-gpu
 
 all: deps $(LIBRARIES) $(BUILD)/strata $(BUILD)/examples/reshard
 
 lib: deps $(LIBRARIES)
 
+# NO_DEPS=1 makes deps a no-op, for a machine without apt (the GPU machine): the packages'
+# headers and libraries are then found through CPATH, LIBRARY_PATH and LD_LIBRARY_PATH.
 deps:
-	@$(APT) apt_need $(DEB_PKGS)
+	@$(if $(NO_DEPS),:,$(APT) apt_need $(DEB_PKGS))
 
 $(BUILD)/obj/%.o: %.c | deps
 	@mkdir -p $(dir $@)
@@ -220,6 +222,22 @@ $(VENV)/.strata-installed: $(VENV)/.deps-installed $(PY_DEPS)
 # The Python tests alone (pytest; torch CPU, gloo). `make test` runs them too.
 test-python: venv
 	$(VENV)/bin/python -m pytest -q tests/python
+
+# The device tests, on a machine with a GPU (not part of `make test`): the C tests that touch
+# device memory (test_cuda, test_pool's pinned pool; test_api and test_async as a sanity check)
+# built in $(GPU_BUILD) and run against the real CUDA runtime, then the torch tests with CUDA
+# tensors (tests/python/test_torch_cuda.py, marker gpu), with the package built for
+# $(GPU_PYTHON) (a python whose torch has CUDA) into $(GPU_BUILD)/site. A test that finds no
+# usable device fails here instead of skipping. STRATA_CUDART names the runtime (else
+# tests/gpu_test.sh finds one). Without apt: make test-gpu NO_DEPS=1 (see deps).
+GPU_BUILD  ?= $(BUILD)/gpu
+GPU_PYTHON ?= python3
+GPU_TESTS  := test_cuda test_pool test_api test_async
+
+test-gpu: deps
+	$(MAKE) BUILD=$(GPU_BUILD) $(addprefix $(GPU_BUILD)/tests/,$(GPU_TESTS))
+	BUILD=$(GPU_BUILD) PYTHON=$(GPU_PYTHON) bash tests/gpu_test.sh \
+	    $(addprefix $(GPU_BUILD)/tests/,$(GPU_TESTS))
 
 # pkg-config files: the install's directories, and MPICH's flags for strata-mpi
 $(BUILD)/strata.pc: src/strata.pc.in | deps

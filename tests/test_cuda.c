@@ -4,7 +4,8 @@
  * STRATA_CUDART; tests/run.sh runs this file against it too) - saves from device buffers
  * (synchronous, and asynchronous through a saver with a pinned pool, with the
  * lazy-consistency poison test) load back into device buffers bitwise, and a failing
- * device copy fails the save with STRATA_EDEVICE and commits nothing. */
+ * device copy fails the save with STRATA_EDEVICE and commits nothing. With STRATA_TEST_GPU set
+ * (make test-gpu), no usable device is a failure rather than a skip. */
 #include <dlfcn.h>
 
 #include "io/cuda.h"
@@ -248,6 +249,11 @@ static void test_async_copy_fails(void **state)
 
 int main(void)
 {
+    const char *gpu = getenv("STRATA_TEST_GPU");
+    if (gpu && *gpu && st_cuda_check() != 0) {
+        fprintf(stderr, "test_cuda: STRATA_TEST_GPU is set, but %s\n", strata_error_last());
+        return 1;
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_no_device),
         cmocka_unit_test(test_sync_roundtrip),

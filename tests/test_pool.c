@@ -487,6 +487,9 @@ static void test_lazy_pool_pinned(void **state)
 {
     (void)state;
     if (st_cuda_check() != 0) {
+        const char *gpu = getenv("STRATA_TEST_GPU"); /* make test-gpu: a device is required */
+        if (gpu && *gpu)
+            fail_msg("STRATA_TEST_GPU is set, but %s", strata_error_last());
         print_message("no CUDA runtime (and no fake one beside this test): skipped\n");
         skip();
     }

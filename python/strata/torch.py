@@ -304,6 +304,14 @@ def _sync_cuda(devices):
         torch.cuda.current_stream(d).synchronize()
 
 
+def _sync_loaded(devices):
+    """After a load into CUDA memory: strata's cudaMemcpy from pageable host memory may
+    return before its DMA has landed, and a non-blocking stream (the caller's current one
+    may be such) is not ordered after it; wait for the device before anyone reads."""
+    for d in devices:
+        torch.cuda.synchronize(d)
+
+
 # ---- per-rank values --------------------------------------------------------------------
 
 class PerRank:
@@ -1058,6 +1066,7 @@ def load(state_dict, path, process_group=None, *, pickle=False, **options):
     _agree(group, "strata.torch.load", err)
     _sync_cuda(prep.cuda)
     stats = _S.load(uris, [prep.state], group.comm if group is not None else None, **options)
+    _sync_loaded(prep.cuda)
     prep.finish()
     return stats
 

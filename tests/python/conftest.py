@@ -2,6 +2,8 @@
 
 - Marker `slow`: tests that start several processes (tests/python/_dist.py). They run by
   default; `-m "not slow"` leaves them out.
+- Marker `gpu`: tests with CUDA tensors (test_torch_cuda.py); they skip without a CUDA
+  device. `make test-gpu` runs them with `-m gpu` on a machine with one.
 - Fixture `figures`: a test reports a figure (timings, sizes, error margins) with
   figures("name", "text"); the figures are printed at the end of the run, in a section of their
   own, whether or not output is captured (the resume test's figures are quoted in notes).
@@ -23,6 +25,9 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "slow: starts several processes (torch.distributed, gloo); deselect with "
                    "-m 'not slow'")
+    config.addinivalue_line(
+        "markers", "gpu: needs a CUDA device (test_torch_cuda.py; make test-gpu runs them, "
+                   "they skip without one)")
     # torch without numpy (this venv) warns once at import; nothing here needs numpy
     config.addinivalue_line("filterwarnings", "ignore:Failed to initialize NumPy")
 
