@@ -75,7 +75,65 @@ check "gc --keep 2 keeps the 2 newest committed and a save in progress, drops ab
 
 check "README example (examples/reshard.c) runs" "${S%/strata}/examples/reshard" "$T/example"
 
-for c in demo inspect ls verify gc bench; do
+# export (issue 12): safetensors files whose headers follow the format (8-byte little-endian
+# length, JSON padded with spaces to a multiple of 8, offsets tiling the data, known dtype
+# names), an index whose total_size is the sum and whose weight_map names every tensor of
+# the checkpoint once; a small --max-file-gb splits it over several files; a corrupt
+# checkpoint exits 3 and leaves no output file
+cat >"$T/st_check.py" <<'PY'
+import json, os, struct, sys
+out, names_json, want_files = sys.argv[1], sys.argv[2], sys.argv[3]
+names = [t['name'] for t in json.load(open(names_json))['tensors']]
+idx = json.load(open(os.path.join(out, 'model.safetensors.index.json')))
+files = sorted(set(idx['weight_map'].values()))
+n = len(files)
+assert files == ['model-%05d-of-%05d.safetensors' % (i + 1, n) for i in range(n)], files
+assert sorted(os.listdir(out)) == sorted(files + ['model.safetensors.index.json']), os.listdir(out)
+assert (n == 1) if want_files == '1' else (n > 1), n
+sizes = {'F64': 8, 'F32': 4, 'F16': 2, 'BF16': 2, 'F8_E4M3': 1, 'F8_E5M2': 1, 'I64': 8,
+         'I32': 4, 'I16': 2, 'I8': 1, 'U8': 1, 'BOOL': 1}
+seen, total = {}, 0
+for f in files:
+    raw = open(os.path.join(out, f), 'rb').read()
+    hlen = struct.unpack('<Q', raw[:8])[0]
+    assert hlen % 8 == 0 and 8 + hlen <= len(raw), (f, hlen)
+    text = raw[8:8 + hlen].decode('utf-8')
+    assert text == text.rstrip(' ') + ' ' * (len(text) - len(text.rstrip(' ')))
+    hdr = json.loads(text)
+    assert hdr.pop('__metadata__', {'format': 'pt'}) == {'format': 'pt'}
+    spans = []
+    for name, t in hdr.items():
+        assert name not in seen, name
+        seen[name] = f
+        assert set(t) == {'dtype', 'shape', 'data_offsets'} and t['dtype'] in sizes, t
+        b, e = t['data_offsets']
+        numel = 1
+        for d in t['shape']:
+            numel *= d
+        assert e - b == numel * sizes[t['dtype']], (name, t)
+        spans.append((b, e))
+    spans.sort()
+    pos = 0
+    for b, e in spans:
+        assert b == pos, (f, b, pos)
+        pos = e
+    assert pos == len(raw) - 8 - hlen, (f, pos, len(raw))
+    total += pos
+assert idx['metadata']['total_size'] == total, (idx['metadata'], total)
+assert seen == idx['weight_map']
+assert sorted(seen) == sorted(names), 'tensors differ from the checkpoint'
+print(n, 'files,', len(seen), 'tensors,', total, 'bytes')
+PY
+"$S" inspect "$T/ck1" --json >"$T/ck1.json"
+check "export: headers, offsets, dtypes and index follow the format" bash -c "'$S' export '$T/ck1' '$T/st1' && python3 '$T/st_check.py' '$T/st1' '$T/ck1.json' 1"
+check "export --max-file-gb 0.001: several files, every tensor once" bash -c "'$S' export '$T/ck1' '$T/st2' --max-file-gb 0.001 --quiet && python3 '$T/st_check.py' '$T/st2' '$T/ck1.json' many"
+check "export --prefix strips it; --dtype bf16 writes BF16" bash -c "'$S' export '$T/ck1' '$T/st3' --prefix model. --dtype bf16 --quiet && python3 '$T/st_check.py' '$T/st3' <(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); [t.update(name=t[\"name\"][6:]) for t in j[\"tensors\"] if t[\"name\"].startswith(\"model.\")]; print(json.dumps(j))' '$T/ck1.json') 1"
+check "export of a corrupt checkpoint: exit 3, no output left" bash -c "'$S' export '$T/flip' '$T/st4' --quiet; test \$? = 3 && test ! -e '$T/st4'"
+check "export into an existing directory, corrupt: exit 3, its files kept, none added" bash -c "mkdir '$T/st5' && touch '$T/st5/keep' && { '$S' export '$T/flip' '$T/st5' --quiet; test \$? = 3; } && test \"\$(ls -A '$T/st5')\" = keep"
+check "export: unknown --dtype or --format is a usage error (exit 2)" bash -c "'$S' export '$T/ck1' '$T/st6' --dtype f8 2>/dev/null; test \$? = 2 && { '$S' export '$T/ck1' '$T/st6' --format gguf 2>/dev/null; test \$? = 2; } && test ! -e '$T/st6'"
+check "export of an incomplete checkpoint: exit 3" bash -c "cp -r '$T/ck1' '$T/inc1' && rm '$T/inc1/COMMIT' && { '$S' export '$T/inc1' '$T/st7' --quiet; test \$? = 3; } && test ! -e '$T/st7'"
+
+for c in demo inspect ls verify gc export bench; do
     check "$c --help" bash -c "'$S' $c --help | grep -q '^usage: strata $c'"
 done
 check "no command: usage, exit 2" status_is 2 "$S"
@@ -147,6 +205,9 @@ print('names:', ascii(got_t), ascii(got_b))
 PY
 }
 check "inspect --json escapes names that are not UTF-8 (strict JSON, U+FFFD)" bad_json
+# names that are not UTF-8 cannot be loaded (strata_load refuses them), so cannot be exported:
+# a clear error naming the byte, and no output
+check "export of names that are not UTF-8 fails clearly, leaves nothing" bash -c "'$S' export '$T/badname' '$T/stbad' --quiet 2>&1 | grep -q 'is not valid UTF-8'; test \${PIPESTATUS[0]} != 0 && test ! -e '$T/stbad'"
 
 echo "cli: $pass passed, $fail failed"
 [ "$fail" = 0 ]

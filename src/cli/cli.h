@@ -28,5 +28,6 @@ int cmd_inspect(int argc, char **argv);
 int cmd_ls(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
 int cmd_gc(int argc, char **argv);
+int cmd_export(int argc, char **argv);
 
 #endif

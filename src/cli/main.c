@@ -75,6 +75,7 @@ static const struct {
     {"ls", cmd_ls, "list the checkpoints under a directory: committed or incomplete, size, step"},
     {"verify", cmd_verify, "read every byte of a checkpoint and check every checksum"},
     {"gc", cmd_gc, "remove incomplete checkpoints under a directory"},
+    {"export", cmd_export, "write a checkpoint's tensors as Hugging Face safetensors files"},
     {"bench", cmd_bench, "measure save and load bandwidth (cold page cache)"},
 };
 
