@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # fuzz.sh - builds the libFuzzer targets of fuzz/ into build/fuzz/ and runs each for
-# ${FUZZ_SECONDS:-60} seconds. `make fuzz` calls it.
+# ${FUZZ_SECONDS:-60} seconds. `make fuzz` calls it. The targets: fuzz_meta (metadata
+# decoder), fuzz_commit (commit record), fuzz_uri (URI resolution), fuzz_layout (the CLI's
+# layout parser), fuzz_safetensors (the safetensors header parser, src/meta/safetensors.c).
 #
 # Build: the library sources (src/core, io, meta, plan, comm without its MPI backend, engine)
 # are compiled with clang, coverage instrumentation and ASan + UBSan into
@@ -26,6 +28,7 @@
 #                       others only if they add coverage to those: -merge=1), then exit
 #   FUZZ_BUILD_ONLY=1   build the targets and exit
 #   CC_FUZZ=clang       compiler
+#   FUZZ_OUT=build/fuzz where the objects, targets, logs and artifacts go
 # Exits non-zero if a build failed or any target crashed, leaked or hung.
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -33,7 +36,7 @@ cd "$(dirname "$0")/.." || exit 2
 SECONDS_PER=${FUZZ_SECONDS:-60}
 JOBS=${FUZZ_JOBS:-1}
 CC_FUZZ=${CC_FUZZ:-clang}
-OUT=build/fuzz
+OUT=${FUZZ_OUT:-build/fuzz}
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
 CFLAGS="-O1 -g -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude -Isrc $SAN"
 LIBS="-lxxhash -lpthread -lm"

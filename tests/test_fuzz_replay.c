@@ -3,8 +3,11 @@
  * coverage the fuzzers found and the reproducers of fixed crashes run in every test build:
  * make test, test-asan, test-tsan, test-valgrind. A target abort()s (or a sanitizer
  * reports) on any violation; the name of the input being replayed is printed then.
- * Files named repro-reject-* must also be refused: by the metadata decoder (fuzz_meta) or
- * by URI resolution (fuzz_uri); they reproduce bugs where bad input was accepted. Runs from the repository root (or $STRATA_SRC_ROOT). A
+ * Files named repro-reject-* must also be refused: by the metadata decoder (fuzz_meta),
+ * by URI resolution (fuzz_uri) or by the safetensors header parser (fuzz_safetensors, as a
+ * whole file); they reproduce bugs where bad input was accepted. For fuzz_safetensors the
+ * seeds say what they are too: seed-reject-* must be refused (STRATA_EFORMAT, naming the
+ * file), seed-valid-* accepted. Runs from the repository root (or $STRATA_SRC_ROOT). A
  * corpus directory that is missing or empty is a failure. */
 #include <dirent.h>
 #include <signal.h>
@@ -22,6 +25,9 @@
 #undef LLVMFuzzerTestOneInput
 #define LLVMFuzzerTestOneInput fuzz_layout_one
 #include "../fuzz/fuzz_layout.c"
+#undef LLVMFuzzerTestOneInput
+#define LLVMFuzzerTestOneInput fuzz_safetensors_one
+#include "../fuzz/fuzz_safetensors.c"
 #undef LLVMFuzzerTestOneInput
 #include "../src/cli/synth.c" /* layout_parse: the CLI is not in libstrata.a */
 
@@ -141,6 +147,25 @@ static void uri_rejects(const char *name, const unsigned char *b, size_t n)
     assert_int_equal(rc, STRATA_EINVAL);
 }
 
+static void safetensors_verdict(const char *name, const unsigned char *b, size_t n)
+{
+    int reject = strncmp(name, "repro-reject-", 13) == 0 || strncmp(name, "seed-reject-", 12) == 0;
+    int valid = strncmp(name, "seed-valid-", 11) == 0;
+    if (!reject && !valid)
+        return;
+    st_st_index ix;
+    int rc = st_st_parse(&ix, b, n, n, name);
+    st_st_free(&ix);
+    if (valid && rc != 0)
+        fail_msg("%s: a valid safetensors file was refused: %s", name, strata_error_last());
+    if (reject && rc == 0)
+        fail_msg("%s: a safetensors file the parser must refuse was accepted", name);
+    if (reject) {
+        assert_int_equal(rc, STRATA_EFORMAT);
+        assert_msg_has(name);
+    }
+}
+
 static void test_replay_meta(void **state)
 {
     (void)state;
@@ -165,6 +190,12 @@ static void test_replay_layout(void **state)
     replay("fuzz_layout", fuzz_layout_one, NULL);
 }
 
+static void test_replay_safetensors(void **state)
+{
+    (void)state;
+    replay("fuzz_safetensors", fuzz_safetensors_one, safetensors_verdict);
+}
+
 int main(void)
 {
     signal(SIGABRT, on_abort);
@@ -173,6 +204,7 @@ int main(void)
         cmocka_unit_test(test_replay_commit),
         cmocka_unit_test(test_replay_uri),
         cmocka_unit_test(test_replay_layout),
+        cmocka_unit_test(test_replay_safetensors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
