@@ -223,6 +223,10 @@ int strata_wait_snapshot(strata_handle *h);
 int strata_wait_durable(strata_stats *stats, strata_handle *h);
 /* The save's error so far (0 if none), without waiting; *msg (may be NULL) its message. */
 int strata_handle_status(const char **msg, strata_handle *h);
+/* 1 once the save's background work has ended, without waiting: without a communicator
+ * the save is then committed or failed (strata_wait_durable returns at once); with one,
+ * this rank's part has ended and the commit is strata_wait_durable's collective. */
+int strata_handle_done(strata_handle *h);
 /* Waits for the save to end - with a communicator, strata_wait_durable's collective
  * included, so that no rank is left waiting - then frees the handle. */
 void strata_handle_free(strata_handle *h);

@@ -11,27 +11,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 BUILD=${BUILD:-build/gpu}
 PYTHON=${PYTHON:-python3}
-TEST_TIMEOUT=${TEST_TIMEOUT:-600}
 export STRATA_TEST_GPU=1
-passed=0 failed=0
-failures=()
-
-run_one() { # name, command...
-    local name=$1 rc start end
-    shift
-    echo "=== $name"
-    start=$(date +%s%N)
-    timeout "$TEST_TIMEOUT" "$@"
-    rc=$?
-    end=$(date +%s%N)
-    echo "=== $name: exit $rc ($(awk -v ns=$((end - start)) 'BEGIN { printf "%.1f", ns / 1e9 }') s)"
-    if [ "$rc" = 0 ]; then
-        passed=$((passed + 1))
-    else
-        failed=$((failed + 1))
-        failures+=("$name (exit $rc)")
-    fi
-}
+RUNNER_SKIP_FAILS=1 # a skipped test is a device not found: a failure here
+. "$here/runner.sh"
 
 # The CUDA runtime for the C tests: $STRATA_CUDART, else the first found of the loader's
 # cache, the CUDA toolkit's, and the one torch's wheels carry (nvidia/*/lib).
@@ -78,8 +60,4 @@ else
     failures+=("pip install --target $site (exit $rc)")
 fi
 
-for f in "${failures[@]+"${failures[@]}"}"; do
-    echo "FAILED: $f"
-done
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+runner_summary

@@ -13,29 +13,7 @@ set -u
 # events.
 export UCX_MEM_EVENTS=${UCX_MEM_EVENTS:-no}
 here=$(cd "$(dirname "$0")" && pwd)
-TEST_TIMEOUT=${TEST_TIMEOUT:-600}
-passed=0 failed=0 skipped=0
-failures=()
-
-run_one() { # name, command...
-    local name=$1 rc start end
-    shift
-    echo "=== $name"
-    start=$(date +%s%N)
-    timeout "$TEST_TIMEOUT" "$@"
-    rc=$?
-    end=$(date +%s%N)
-    echo "=== $name: exit $rc ($(awk -v ns=$((end - start)) 'BEGIN { printf "%.1f", ns / 1e9 }') s)"
-    case $rc in
-    0) passed=$((passed + 1)) ;;
-    77) skipped=$((skipped + 1)) ;;
-    *)
-        failed=$((failed + 1))
-        [ "$rc" = 124 ] && failures+=("$name (timed out after ${TEST_TIMEOUT}s)") ||
-            failures+=("$name (exit $rc)")
-        ;;
-    esac
-}
+. "$here/runner.sh"
 
 for t in "$@"; do
     run_one "$t" "$t"
@@ -72,10 +50,4 @@ if [ -z "${SANITIZED:-}" ] && [ -x "$venv/bin/python" ]; then
         "$here/python"
 fi
 
-for f in "${failures[@]+"${failures[@]}"}"; do
-    echo "FAILED: $f"
-done
-summary="$passed passed, $failed failed"
-[ "$skipped" -gt 0 ] && summary="$summary, $skipped skipped"
-echo "$summary"
-[ "$failed" -eq 0 ]
+runner_summary

@@ -24,7 +24,6 @@
 #include <pythread.h>
 #include <structmember.h>
 
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1255,55 +1254,10 @@ static PyObject *Saver_save(SaverObject *self, PyObject *args, PyObject *kw)
     return stats_dict(&s);
 }
 
-/* The waiter of a save without a communicator: a thread of its own (no Python) runs
- * strata_wait_durable, so that done() can tell without waiting. With a communicator the
- * commit is a collective and stays on the caller's thread. */
-typedef struct {
-    strata_handle *h;
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int done, rc;
-    char msg[MSG_BYTES];
-    strata_stats stats;
-} waiter;
-
-static void *waiter_main(void *arg)
-{
-    waiter *w = arg;
-    strata_stats s = STRATA_STATS_INIT;
-    int rc = strata_wait_durable(&s, w->h);
-    pthread_mutex_lock(&w->mu);
-    w->rc = rc;
-    snprintf(w->msg, sizeof w->msg, "%s", rc ? strata_error_last() : "");
-    w->stats = s;
-    w->done = 1;
-    pthread_cond_broadcast(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-    return NULL;
-}
-
-static waiter *waiter_start(strata_handle *h)
-{
-    waiter *w = calloc(1, sizeof *w);
-    if (!w)
-        return NULL;
-    w->h = h;
-    pthread_mutex_init(&w->mu, NULL);
-    pthread_cond_init(&w->cv, NULL);
-    if (pthread_create(&w->thread, NULL, waiter_main, w)) {
-        pthread_mutex_destroy(&w->mu);
-        pthread_cond_destroy(&w->cv);
-        free(w);
-        return NULL; /* the caller's thread waits instead */
-    }
-    return w;
-}
-
 typedef struct {
     PyObject_HEAD
     strata_handle *h;        /* NULL once closed */
-    waiter *w;               /* saves without a communicator */
+    int collective;          /* the saver has a communicator: the commit is wait_durable's */
     SaverObject *saver;      /* held until close */
     PyObject *states;        /* tuple of State, marked in use until close */
     PyThread_type_lock lock; /* wait_durable and close, one at a time */
@@ -1327,7 +1281,7 @@ static PyObject *Saver_start(SaverObject *self, PyObject *args, PyObject *kw)
         return NULL;
     }
     ho->h = NULL;
-    ho->w = NULL;
+    ho->collective = self->comm != NULL;
     ho->saver = NULL;
     ho->states = NULL;
     ho->users = 0;
@@ -1344,15 +1298,12 @@ static PyObject *Saver_start(SaverObject *self, PyObject *args, PyObject *kw)
         return NULL;
     }
     strata_handle *h = NULL;
-    waiter *w = NULL;
     char msg[MSG_BYTES];
-    int rc, collective = self->comm != NULL;
+    int rc;
     strata_saver *sv = self->sv;
     Py_BEGIN_ALLOW_THREADS
     rc = strata_save_start(&h, sv, u.p, u.n, l.p, l.n, &o);
     snprintf(msg, sizeof msg, "%s", rc ? strata_error_last() : "");
-    if (!rc && !collective)
-        w = waiter_start(h);
     Py_END_ALLOW_THREADS
     self->busy = 0;
     uris_free(&u);
@@ -1362,7 +1313,6 @@ static PyObject *Saver_start(SaverObject *self, PyObject *args, PyObject *kw)
         return raise_comm(rc, msg, self->comm);
     }
     ho->h = h;
-    ho->w = w;
     Py_INCREF(self);
     ho->saver = self;
     ho->states = l.tuple; /* the states stay marked in use until close */
@@ -1435,23 +1385,12 @@ static int handle_finish(HandleObject *self)
     strata_stats s = STRATA_STATS_INIT;
     char msg[MSG_BYTES];
     int rc;
-    waiter *w = self->w;
     strata_handle *h = self->h;
     CommObject *comm = self->saver ? self->saver->comm : NULL;
     comm_begin(comm);
     Py_BEGIN_ALLOW_THREADS
-    if (w) {
-        pthread_mutex_lock(&w->mu);
-        while (!w->done)
-            pthread_cond_wait(&w->cv, &w->mu);
-        rc = w->rc;
-        memcpy(msg, w->msg, sizeof msg);
-        s = w->stats;
-        pthread_mutex_unlock(&w->mu);
-    } else {
-        rc = strata_wait_durable(&s, h);
-        snprintf(msg, sizeof msg, "%s", rc ? strata_error_last() : "");
-    }
+    rc = strata_wait_durable(&s, h);
+    snprintf(msg, sizeof msg, "%s", rc ? strata_error_last() : "");
     Py_END_ALLOW_THREADS
     self->finished = 1;
     self->final_rc = rc;
@@ -1491,16 +1430,8 @@ static void handle_close(HandleObject *self)
             Py_END_ALLOW_THREADS
         }
         strata_handle *h = self->h;
-        waiter *w = self->w;
         self->h = NULL;
-        self->w = NULL;
         Py_BEGIN_ALLOW_THREADS
-        if (w) {
-            pthread_join(w->thread, NULL);
-            pthread_mutex_destroy(&w->mu);
-            pthread_cond_destroy(&w->cv);
-            free(w);
-        }
         strata_handle_free(h);
         Py_END_ALLOW_THREADS
         if (self->states)
@@ -1584,14 +1515,10 @@ static PyObject *Handle_done(HandleObject *self, PyObject *unused)
     (void)unused;
     if (!self->h || self->finished)
         Py_RETURN_TRUE;
-    int d = 0;
-    if (self->w) {
-        pthread_mutex_lock(&self->w->mu);
-        d = self->w->done;
-        pthread_mutex_unlock(&self->w->mu);
-    }
-    if (!d)
-        d = strata_handle_status(NULL, self->h) != 0;
+    /* without a communicator the save's end is its outcome; with one the commit is
+     * still wait_durable's collective, so only a failure is an end */
+    int d = (!self->collective && strata_handle_done(self->h)) ||
+            strata_handle_status(NULL, self->h) != 0;
     return PyBool_FromLong(d);
 }
 

@@ -1,6 +1,8 @@
 /* cli.h - the `strata` command's subcommands and shared helpers. Uses only strata.h. */
 #ifndef STRATA_CLI_H
 #define STRATA_CLI_H
+#include <stdio.h>
+
 #include "strata.h"
 
 /* Exit statuses: 0 success, 1 failure of the operation (I/O, bad request, mismatch),
@@ -17,6 +19,9 @@ int cli_wants_help(int argc, char **argv);
 void cli_rm_rf(const char *dir);
 /* Monotonic seconds. */
 double cli_now(void);
+/* Writes str as a JSON string that parses whatever its bytes: invalid UTF-8 becomes U+FFFD;
+ * '"', '\\', control characters and DEL are escaped. */
+void cli_json_str(FILE *f, const char *str);
 
 int cmd_demo(int argc, char **argv);
 /* `demo save` / `demo load` under MPI (demo_mpi.c); argv[1] is "save" or "load". */

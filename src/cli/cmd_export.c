@@ -89,65 +89,6 @@ typedef struct {
     double t0, last_print;
 } ex_ctx;
 
-/* ---- JSON ------------------------------------------------------------------------------ */
-
-/* The UTF-8 sequence at s (NUL-terminated): its length, with *ok = 1 if it is one valid
- * character; else *ok = 0 and the length of the maximal prefix of a valid sequence (at
- * least 1), replaced by one U+FFFD as Python's errors="replace" does (as in inspect). */
-static size_t utf8_seq(const unsigned char *s, int *ok)
-{
-    unsigned c = s[0], lo = 0x80, hi = 0xBF;
-    size_t need;
-    *ok = 0;
-    if (c < 0x80) {
-        *ok = 1;
-        return 1;
-    } else if (c >= 0xC2 && c <= 0xDF) {
-        need = 1;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        need = 2;
-        lo = c == 0xE0 ? 0xA0 : 0x80;
-        hi = c == 0xED ? 0x9F : 0xBF;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        need = 3;
-        lo = c == 0xF0 ? 0x90 : 0x80;
-        hi = c == 0xF4 ? 0x8F : 0xBF;
-    } else {
-        return 1;
-    }
-    for (size_t i = 1; i <= need; i++) { /* the NUL at the end is never in range */
-        if (s[i] < lo || s[i] > hi)
-            return i;
-        lo = 0x80;
-        hi = 0xBF;
-    }
-    *ok = 1;
-    return need + 1;
-}
-
-/* Writes a JSON string that parses whatever the bytes: names are valid UTF-8 when
- * registered, but a checkpoint written before that was checked may hold any byte but NUL
- * (invalid UTF-8 becomes U+FFFD); '"', '\\', control characters and DEL are escaped. */
-static void json_str(FILE *f, const char *str)
-{
-    const unsigned char *s = (const unsigned char *)str;
-    fputc('"', f);
-    while (*s) {
-        int ok;
-        size_t n = utf8_seq(s, &ok);
-        if (!ok)
-            fputs("\\ufffd", f);
-        else if (*s == '"' || *s == '\\')
-            fprintf(f, "\\%c", *s);
-        else if (*s < 0x20 || *s == 0x7f)
-            fprintf(f, "\\u%04x", *s);
-        else
-            fwrite(s, 1, n, f);
-        s += n;
-    }
-    fputc('"', f);
-}
-
 static const char *st_dtype_name(strata_dtype dt)
 {
     static const char *const names[STRATA_DTYPE_COUNT] = {
@@ -362,7 +303,7 @@ static int write_file(ex_ctx *c, int f, size_t lo, size_t hi)
     for (size_t i = lo; i < hi; i++) {
         ex_tensor *t = &c->ts[i];
         fputc(',', m);
-        json_str(m, t->out_name);
+        cli_json_str(m, t->out_name);
         fprintf(m, ":{\"dtype\":\"%s\",\"shape\":[", st_dtype_name(t->dst));
         for (int d = 0; d < t->ndim; d++)
             fprintf(m, d ? ",%llu" : "%llu", (unsigned long long)t->shape[d]);
@@ -415,10 +356,10 @@ static int write_index(ex_ctx *c, uint64_t total)
             (unsigned long long)total);
     for (size_t i = 0; i < c->nts; i++) {
         fputs(i ? ",\n    " : "\n    ", f);
-        json_str(f, c->ts[i].out_name);
+        cli_json_str(f, c->ts[i].out_name);
         fputs(": ", f);
         const char *base = strrchr(c->paths[c->ts[i].file], '/');
-        json_str(f, base ? base + 1 : c->paths[c->ts[i].file]);
+        cli_json_str(f, base ? base + 1 : c->paths[c->ts[i].file]);
     }
     fputs("\n  }\n}\n", f);
     int bad = ferror(f) | fflush(f) | fsync(fileno(f));

@@ -15,64 +15,6 @@ static void print_shape(FILE *f, int ndim, const uint64_t *v)
     fputc(']', f);
 }
 
-/* The UTF-8 sequence at s (NUL-terminated): its length, with *ok = 1 if it is one valid
- * character (shortest form, no surrogate, at most U+10FFFF); else *ok = 0 and the length
- * of the maximal prefix of a valid sequence (at least 1), which Unicode recommends
- * replacing by one U+FFFD (as Python's errors="replace" does). */
-static size_t utf8_seq(const unsigned char *s, int *ok)
-{
-    unsigned c = s[0], lo = 0x80, hi = 0xBF;
-    size_t need;
-    *ok = 0;
-    if (c < 0x80) {
-        *ok = 1;
-        return 1;
-    } else if (c >= 0xC2 && c <= 0xDF) {
-        need = 1;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        need = 2;
-        lo = c == 0xE0 ? 0xA0 : 0x80;
-        hi = c == 0xED ? 0x9F : 0xBF;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        need = 3;
-        lo = c == 0xF0 ? 0x90 : 0x80;
-        hi = c == 0xF4 ? 0x8F : 0xBF;
-    } else {
-        return 1;
-    }
-    for (size_t i = 1; i <= need; i++) { /* the NUL at the end is never in range */
-        if (s[i] < lo || s[i] > hi)
-            return i;
-        lo = 0x80;
-        hi = 0xBF;
-    }
-    *ok = 1;
-    return need + 1;
-}
-
-/* A JSON string that parses whatever the bytes: names are UTF-8 when registered, but a
- * checkpoint written before that was checked may hold any byte but NUL. Invalid UTF-8
- * becomes U+FFFD; control characters, DEL, '"' and '\\' are escaped. */
-static void json_str(FILE *f, const char *str)
-{
-    const unsigned char *s = (const unsigned char *)str;
-    fputc('"', f);
-    while (*s) {
-        int ok;
-        size_t n = utf8_seq(s, &ok);
-        if (!ok)
-            fputs("\\ufffd", f);
-        else if (*s == '"' || *s == '\\')
-            fprintf(f, "\\%c", *s);
-        else if (*s < 0x20 || *s == 0x7f)
-            fprintf(f, "\\u%04x", *s);
-        else
-            fwrite(s, 1, n, f);
-        s += n;
-    }
-    fputc('"', f);
-}
-
 static const char INSPECT_HELP[] =
     "usage: strata inspect CKPT [--json] [--shards]\n"
     "\n"
@@ -111,7 +53,7 @@ int cmd_inspect(int argc, char **argv)
     size_t nt = strata_ckpt_ntensors(ck), nb = strata_ckpt_nblobs(ck), nf = strata_ckpt_nfiles(ck);
     if (json) {
         printf("{\"path\":");
-        json_str(stdout, path);
+        cli_json_str(stdout, path);
         printf(",\"committed\":%s,\"step\":%llu,\"data_bytes\":%llu,\"chunk_bytes\":%u,\"files\":[",
                strata_ckpt_committed(ck) ? "true" : "false",
                (unsigned long long)strata_ckpt_step(ck),
@@ -120,7 +62,7 @@ int cmd_inspect(int argc, char **argv)
             strata_file_info fi;
             strata_ckpt_file(&fi, ck, i);
             printf("%s{\"name\":", i ? "," : "");
-            json_str(stdout, fi.name);
+            cli_json_str(stdout, fi.name);
             printf(",\"bytes\":%llu}", (unsigned long long)fi.bytes);
         }
         printf("],\"tensors\":[");
@@ -128,7 +70,7 @@ int cmd_inspect(int argc, char **argv)
             strata_tensor_info t;
             strata_ckpt_tensor(&t, ck, i);
             printf("%s{\"name\":", i ? "," : "");
-            json_str(stdout, t.name);
+            cli_json_str(stdout, t.name);
             printf(",\"dtype\":\"%s\",\"shape\":", strata_dtype_name(t.dtype));
             print_shape(stdout, t.ndim, t.shape);
             printf(",\"bytes\":%llu,\"shards\":[", (unsigned long long)t.bytes);
@@ -143,7 +85,7 @@ int cmd_inspect(int argc, char **argv)
                     printf(",\"flat\":[%llu,%llu]", (unsigned long long)si.flat_start,
                            (unsigned long long)si.flat_end);
                 printf(",\"file\":");
-                json_str(stdout, si.file);
+                cli_json_str(stdout, si.file);
                 printf(",\"offset\":%llu,\"bytes\":%llu}", (unsigned long long)si.file_offset,
                        (unsigned long long)si.bytes);
             }
@@ -154,9 +96,9 @@ int cmd_inspect(int argc, char **argv)
             strata_blob_info b;
             strata_ckpt_blob(&b, ck, i);
             printf("%s{\"name\":", i ? "," : "");
-            json_str(stdout, b.name);
+            cli_json_str(stdout, b.name);
             printf(",\"owner\":%d,\"file\":", b.owner);
-            json_str(stdout, b.file);
+            cli_json_str(stdout, b.file);
             printf(",\"offset\":%llu,\"bytes\":%llu}", (unsigned long long)b.file_offset,
                    (unsigned long long)b.bytes);
         }

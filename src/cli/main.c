@@ -113,3 +113,61 @@ int main(int argc, char **argv)
     usage(stderr);
     return EXIT_USAGE;
 }
+
+/* The UTF-8 sequence at s (NUL-terminated): its length, with *ok = 1 if it is one valid
+ * character (shortest form, no surrogate, at most U+10FFFF); else *ok = 0 and the length
+ * of the maximal prefix of a valid sequence (at least 1), which Unicode recommends
+ * replacing by one U+FFFD (as Python's errors="replace" does). */
+static size_t utf8_seq(const unsigned char *s, int *ok)
+{
+    unsigned c = s[0], lo = 0x80, hi = 0xBF;
+    size_t need;
+    *ok = 0;
+    if (c < 0x80) {
+        *ok = 1;
+        return 1;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+        need = 1;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        need = 2;
+        lo = c == 0xE0 ? 0xA0 : 0x80;
+        hi = c == 0xED ? 0x9F : 0xBF;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        need = 3;
+        lo = c == 0xF0 ? 0x90 : 0x80;
+        hi = c == 0xF4 ? 0x8F : 0xBF;
+    } else {
+        return 1;
+    }
+    for (size_t i = 1; i <= need; i++) { /* the NUL at the end is never in range */
+        if (s[i] < lo || s[i] > hi)
+            return i;
+        lo = 0x80;
+        hi = 0xBF;
+    }
+    *ok = 1;
+    return need + 1;
+}
+
+/* A JSON string that parses whatever the bytes: names are UTF-8 when registered, but a
+ * checkpoint written before that was checked may hold any byte but NUL. Invalid UTF-8
+ * becomes U+FFFD; control characters, DEL, '"' and '\\' are escaped. */
+void cli_json_str(FILE *f, const char *str)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    fputc('"', f);
+    while (*s) {
+        int ok;
+        size_t n = utf8_seq(s, &ok);
+        if (!ok)
+            fputs("\\ufffd", f);
+        else if (*s == '"' || *s == '\\')
+            fprintf(f, "\\%c", *s);
+        else if (*s < 0x20 || *s == 0x7f)
+            fprintf(f, "\\u%04x", *s);
+        else
+            fwrite(s, 1, n, f);
+        s += n;
+    }
+    fputc('"', f);
+}

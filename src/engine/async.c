@@ -564,6 +564,14 @@ int strata_handle_status(const char **msg, strata_handle *h)
     return rc;
 }
 
+int strata_handle_done(strata_handle *h)
+{
+    pthread_mutex_lock(&h->mu);
+    int done = h->durable_done;
+    pthread_mutex_unlock(&h->mu);
+    return done;
+}
+
 void strata_handle_free(strata_handle *h)
 {
     if (!h)

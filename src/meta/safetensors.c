@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "../core/error.h"
+#include "../core/utf8.h"
 
 static const struct {
     const char *name;
@@ -157,36 +158,6 @@ static void put_utf8(char *o, size_t *k, unsigned cp)
     }
 }
 
-/* Length of the well-formed UTF-8 sequence at p (lead byte >= 0x80), or 0. */
-static size_t utf8_len(const unsigned char *p, const unsigned char *end)
-{
-    unsigned c = p[0];
-    size_t n;
-    unsigned lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF)
-        n = 2;
-    else if (c >= 0xE0 && c <= 0xEF) {
-        n = 3;
-        if (c == 0xE0)
-            lo = 0xA0;
-        else if (c == 0xED)
-            hi = 0x9F; /* no UTF-16 surrogates */
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        n = 4;
-        if (c == 0xF0)
-            lo = 0x90;
-        else if (c == 0xF4)
-            hi = 0x8F;
-    } else
-        return 0;
-    if ((size_t)(end - p) < n || p[1] < lo || p[1] > hi)
-        return 0;
-    for (size_t i = 2; i < n; i++)
-        if (p[i] < 0x80 || p[i] > 0xBF)
-            return 0;
-    return n;
-}
-
 /* Reads a string into j->scratch (j->slen bytes, NUL-terminated; may hold NULs). */
 static int sj_string(sj *j, const char *what)
 {
@@ -205,8 +176,9 @@ static int sj_string(sj *j, const char *what)
         if (c < 0x20)
             return sj_fail(j, "control character 0x%02x in a string", c);
         if (c >= 0x80) {
-            size_t n = utf8_len(j->p, j->end);
-            if (!n)
+            int ok;
+            size_t n = st_utf8_seq(j->p, (size_t)(j->end - j->p), &ok);
+            if (!ok)
                 return sj_fail(j, "invalid UTF-8 in a string");
             memcpy(j->scratch + k, j->p, n);
             k += n;

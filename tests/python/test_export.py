@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import strata.torch as st
+from _tensors import DTYPES, bits, same, sample
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
@@ -17,32 +18,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 STRATA = os.environ.get("STRATA") or os.path.join(ROOT, os.environ.get("BUILD", "build"), "strata")
 if not os.access(STRATA, os.X_OK):
     pytest.skip("no strata command built (" + STRATA + ")", allow_module_level=True)
-
-DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn,
-          torch.float8_e5m2, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
-          torch.bool]
-
-
-def bits(t):
-    t = t.detach().contiguous()
-    if t.dtype == torch.bool:
-        return t.to(torch.uint8)
-    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
-
-
-def same(a, b):
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(bits(a), bits(b))
-
-
-def sample(dtype, shape, seed):
-    g = torch.Generator().manual_seed(seed)
-    if dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=g).bool()
-    if dtype.is_floating_point:
-        return (torch.randn(shape, generator=g) * 4).to(dtype)
-    info = torch.iinfo(dtype)
-    return torch.randint(max(info.min, -10 ** 6), min(info.max, 10 ** 6), shape, generator=g).to(dtype)
-
 
 def state():
     sd = {}

@@ -9,13 +9,9 @@ import torch
 import torch.nn as nn
 
 import strata.torch as st
+from _tensors import bits
 
 import _dist
-
-
-def bits(t):
-    t = t.detach().contiguous()
-    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
 def flat(d, prefix=""):

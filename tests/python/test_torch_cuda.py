@@ -27,6 +27,7 @@ import strata
 import strata.torch as st
 
 import _dist
+from _tensors import bits, same
 
 pytestmark = pytest.mark.gpu
 
@@ -42,16 +43,6 @@ def _need_cuda():
             pytest.fail("STRATA_TEST_GPU is set, but torch.cuda.is_available() is false "
                         "(torch %s, CUDA %s)" % (torch.__version__, torch.version.cuda))
         pytest.skip("no CUDA device (torch.cuda.is_available() is false)")
-
-
-def bits(t):
-    """t's bytes as integers, on the CPU (bool as its bytes too)."""
-    t = t.detach().cpu().contiguous()
-    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
-
-
-def same(a, b):
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(bits(a), bits(b))
 
 
 def sample(dtype, shape, seed, device="cuda"):

@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 
 import _dist
+from _tensors import bits, same as same_bits
 
 LAYOUTS = {
     "plain": (1, 2, 3, 4),
@@ -63,18 +64,6 @@ class Small(nn.Module):
         self.head = nn.Linear(5, 2)
         self.extra = Extra()
         self.register_buffer("count", torch.arange(5, dtype=torch.int64))
-
-
-def bits(t):
-    """t's bytes as an integer tensor (bitwise comparison, NaN-proof)."""
-    t = t.detach().contiguous()
-    if t.dtype == torch.bool:
-        return t.to(torch.uint8)
-    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
-
-
-def same_bits(a, b):
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(bits(a), bits(b))
 
 
 def ref_tensor(key, shape, dtype, salt=""):

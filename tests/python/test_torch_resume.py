@@ -27,6 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import _dist
+from _tensors import bits
 
 HIDDEN, HEADS, HEAD_DIM, VOCAB, LAYERS, MLP = 63, 5, 13, 1001, 3, 125
 SEQ, BATCH, STEPS, SAVE_AT = 12, 8, 20, 10
@@ -168,11 +169,6 @@ def full_state(model, opt):
     walk(msd, "model")
     walk(osd, "optim")
     return out, values
-
-
-def bits(t):
-    t = t.detach().contiguous()
-    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
 def dir_bytes(path):
