@@ -279,3 +279,6 @@ clean:
 	rm -rf build
 
 -include $(LIB_OBJ:.o=.d) $(MPI_OBJ:.o=.d) $(CLI_OBJ:.o=.d)
+
+# make bench-torch: strata beside torch.save and DCP in a training loop (bench/torch.mk)
+-include bench/torch.mk

@@ -10,7 +10,10 @@
  * held to the rules of docs/FORMAT.md ("Reading safetensors"): known dtype, ndim <= 8, names
  * 1..1024 bytes without NUL and unique, end - begin = numel x element size, and the tensors,
  * in order, tile [8 + N, file size) exactly. Any violation is abort(); any refusal must be
- * STRATA_EFORMAT (or STRATA_ENOMEM). Also replayed by tests/test_fuzz_replay.c. */
+ * STRATA_EFORMAT (or STRATA_ENOMEM). The input is also parsed as the index of a sharded
+ * set (model.safetensors.index.json): on success the weight_map is sorted with unique
+ * names of 1..1024 bytes, its files are plain names and the distinct files listed. Also
+ * replayed by tests/test_fuzz_replay.c. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,10 +90,42 @@ static void fst_one(const unsigned char *head, size_t head_len, uint64_t file_si
         FST_FAIL("a refused parse left an index behind");
 }
 
+static void fst_index(const unsigned char *json, size_t len)
+{
+    st_st_map m;
+    int rc = st_st_parse_index(&m, json, len, "fuzz.index.json");
+    if (rc) {
+        if (rc != STRATA_EFORMAT && rc != STRATA_ENOMEM)
+            FST_FAIL("index refused with %s (%s), want STRATA_EFORMAT", strata_error_name(rc),
+                     strata_error_last());
+        if (rc == STRATA_EFORMAT && !strstr(strata_error_last(), "fuzz.index.json"))
+            FST_FAIL("message \"%s\" does not name the index", strata_error_last());
+        if (m.n || m.e || m.arena.head)
+            FST_FAIL("a refused index parse left a map behind");
+        return;
+    }
+    for (size_t i = 0; i < m.n; i++) {
+        size_t n = strlen(m.e[i].name);
+        if (n < 1 || n > STRATA_MAX_NAME)
+            FST_FAIL("index: bad name length %zu accepted", n);
+        if (i && strcmp(m.e[i - 1].name, m.e[i].name) >= 0)
+            FST_FAIL("index: names not sorted and unique at %zu", i);
+        if (!st_plain_name(m.e[i].file, strlen(m.e[i].file)))
+            FST_FAIL("index: file '%s' is not a plain name", m.e[i].file);
+    }
+    if (m.nfiles > m.n || (m.n && !m.nfiles))
+        FST_FAIL("index: %zu files for %zu entries", m.nfiles, m.n);
+    for (size_t i = 1; i < m.nfiles; i++)
+        if (strcmp(m.files[i - 1], m.files[i]) >= 0)
+            FST_FAIL("index: files not sorted and distinct");
+    st_st_map_free(&m);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     fst_one(data, size, size);
+    fst_index(data, size);
     if (size >= 4) {
         uint64_t d = (uint64_t)data[0] | (uint64_t)data[1] << 8 | (uint64_t)data[2] << 16 |
                      (uint64_t)data[3] << 24;

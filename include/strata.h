@@ -265,7 +265,15 @@ typedef struct strata_ckpt strata_ckpt;
 
 /* Opens a checkpoint's metadata. A checkpoint without a valid commit record is refused
  * with STRATA_EINCOMPLETE unless flags has STRATA_OPEN_INCOMPLETE (then the metadata is
- * still validated). Errors: STRATA_ENOENT, STRATA_EFORMAT, STRATA_EINCOMPLETE, STRATA_ESCHEME. */
+ * still validated). Errors: STRATA_ENOENT, STRATA_EFORMAT, STRATA_EINCOMPLETE, STRATA_ESCHEME.
+ *
+ * Hugging Face safetensors opens here too (and is a source strata_load accepts like a
+ * checkpoint): a directory holding model.safetensors.index.json and the files it names, or
+ * model.safetensors, or a path to one .safetensors file - where no strata metadata or
+ * commit record is. Every header is validated (docs/FORMAT.md, "Reading safetensors"); each
+ * safetensors tensor is one whole shard in its file. Such a source has no checksums
+ * (strata_ckpt_chunk_bytes is 0, strata_ckpt_verify can only read every byte), no step and
+ * no blobs, and counts as committed. */
 #define STRATA_OPEN_INCOMPLETE (1u << 0)
 int strata_ckpt_open(strata_ckpt **out, const char *uri, unsigned flags);
 void strata_ckpt_free(strata_ckpt *ck);
@@ -276,7 +284,10 @@ size_t strata_ckpt_ntensors(const strata_ckpt *ck);
 size_t strata_ckpt_nblobs(const strata_ckpt *ck);
 size_t strata_ckpt_nfiles(const strata_ckpt *ck);
 uint64_t strata_ckpt_data_bytes(const strata_ckpt *ck); /* payload bytes of all shards+blobs */
-uint32_t strata_ckpt_chunk_bytes(const strata_ckpt *ck);
+uint32_t strata_ckpt_chunk_bytes(const strata_ckpt *ck); /* 0: no checksums (safetensors) */
+#define STRATA_FORMAT_STRATA 0
+#define STRATA_FORMAT_SAFETENSORS 1
+int strata_ckpt_format(const strata_ckpt *ck); /* STRATA_FORMAT_* */
 
 typedef struct strata_tensor_info {
     const char *name;
@@ -315,8 +326,9 @@ void strata_ckpt_file(strata_file_info *out, const strata_ckpt *ck, size_t i);
 
 /* Reads every data byte and checks every checksum. For each bad chunk `report` (if not
  * NULL) is called with the tensor (or blob) name, the file and a message; the walk goes on.
- * Returns 0 if everything matched, STRATA_ECHECKSUM if any chunk was bad, or the first I/O
- * error (STRATA_ENOENT for a missing file). */
+ * Returns 0 if everything matched, STRATA_ECHECKSUM if any chunk was bad (or, for a
+ * safetensors source, which has no checksums, if a file is shorter than its header says),
+ * or the first I/O error (STRATA_ENOENT for a missing file). */
 typedef void (*strata_verify_cb)(void *ctx, const char *object, const char *file,
                                  const char *message);
 int strata_ckpt_verify(const strata_ckpt *ck, strata_verify_cb report, void *ctx);

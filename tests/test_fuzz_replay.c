@@ -7,7 +7,8 @@
  * by URI resolution (fuzz_uri) or by the safetensors header parser (fuzz_safetensors, as a
  * whole file); they reproduce bugs where bad input was accepted. For fuzz_safetensors the
  * seeds say what they are too: seed-reject-* must be refused (STRATA_EFORMAT, naming the
- * file), seed-valid-* accepted. Runs from the repository root (or $STRATA_SRC_ROOT). A
+ * file), seed-valid-* accepted; seed-index-reject-* and seed-index-valid-* the same, as an
+ * index of a sharded set. Runs from the repository root (or $STRATA_SRC_ROOT). A
  * corpus directory that is missing or empty is a failure. */
 #include <dirent.h>
 #include <signal.h>
@@ -149,6 +150,20 @@ static void uri_rejects(const char *name, const unsigned char *b, size_t n)
 
 static void safetensors_verdict(const char *name, const unsigned char *b, size_t n)
 {
+    if (strncmp(name, "seed-index-", 11) == 0) { /* an index of a sharded set */
+        st_st_map m;
+        int rc = st_st_parse_index(&m, b, n, name);
+        st_st_map_free(&m);
+        if (strncmp(name, "seed-index-valid-", 17) == 0 && rc != 0)
+            fail_msg("%s: a valid index was refused: %s", name, strata_error_last());
+        if (strncmp(name, "seed-index-reject-", 18) == 0) {
+            if (rc == 0)
+                fail_msg("%s: an index the parser must refuse was accepted", name);
+            assert_int_equal(rc, STRATA_EFORMAT);
+            assert_msg_has(name);
+        }
+        return;
+    }
     int reject = strncmp(name, "repro-reject-", 13) == 0 || strncmp(name, "seed-reject-", 12) == 0;
     int valid = strncmp(name, "seed-valid-", 11) == 0;
     if (!reject && !valid)

@@ -21,7 +21,10 @@ static const char INSPECT_HELP[] =
     "Shows a checkpoint: step, commit state, files, and per tensor its dtype, global shape,\n"
     "shard count and bytes; --shards also lists each shard (box offsets and lengths, flat\n"
     "range, file, offset, bytes) and blob. --json prints everything, shards included, as one\n"
-    "JSON object. An incomplete checkpoint is shown if its metadata is readable, marked so.\n";
+    "JSON object. An incomplete checkpoint is shown if its metadata is readable, marked so.\n"
+    "CKPT may also be a Hugging Face safetensors directory (model.safetensors, or the files\n"
+    "of model.safetensors.index.json) or one .safetensors file: shown the same way, each\n"
+    "tensor one shard, and marked as having no checksums.\n";
 
 int cmd_inspect(int argc, char **argv)
 {
@@ -54,6 +57,9 @@ int cmd_inspect(int argc, char **argv)
     if (json) {
         printf("{\"path\":");
         cli_json_str(stdout, path);
+        printf(",\"format\":\"%s\",\"checksums\":%s",
+               strata_ckpt_format(ck) == STRATA_FORMAT_SAFETENSORS ? "safetensors" : "strata",
+               strata_ckpt_chunk_bytes(ck) ? "true" : "false");
         printf(",\"committed\":%s,\"step\":%llu,\"data_bytes\":%llu,\"chunk_bytes\":%u,\"files\":[",
                strata_ckpt_committed(ck) ? "true" : "false",
                (unsigned long long)strata_ckpt_step(ck),
@@ -106,6 +112,11 @@ int cmd_inspect(int argc, char **argv)
         strata_ckpt_free(ck);
         return 0;
     }
+    if (strata_ckpt_format(ck) == STRATA_FORMAT_SAFETENSORS)
+        printf("safetensors %s: %zu tensors, %llu data bytes in %zu files; NO CHECKSUMS "
+               "(safetensors has none: corrupted bytes cannot be detected)\n",
+               path, nt, (unsigned long long)strata_ckpt_data_bytes(ck), nf);
+    else
     printf("checkpoint %s: %s, step %llu, %zu tensors, %zu blobs, %llu data bytes in %zu files, "
            "checksum chunk %u bytes\n",
            path, strata_ckpt_committed(ck) ? "committed" : "INCOMPLETE (no valid commit record)",
@@ -160,24 +171,38 @@ static const char LS_HELP[] =
     "Lists every checkpoint directly under DIR (and DIR itself if it is one): its state,\n"
     "size on disk and step. States: committed (valid commit record matching valid\n"
     "metadata), incomplete (no commit record: an interrupted or failed save), CORRUPT (a\n"
-    "commit record that does not match; never removed by gc).\n";
+    "commit record that does not match; never removed by gc). Hugging Face safetensors\n"
+    "directories are listed too, as safetensors (they have no checksums, nor a step).\n";
 
 static int cmp_str(const void *a, const void *b)
 {
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Calls fn for DIR itself and each subdirectory that holds strata files. */
+/* Calls fn for DIR itself and each subdirectory that holds strata files; with `foreign`
+ * set, for safetensors directories too (pi NULL). */
 typedef void (*ckpt_fn)(void *ctx, const char *path, const strata_probe_info *pi);
 
-static int for_each_ckpt(const char *cmd, const char *dir, ckpt_fn fn, void *ctx)
+static void visit(const char *path, const strata_probe_info *pi, ckpt_fn fn, void *ctx,
+                  int foreign)
+{
+    strata_ckpt *ck;
+    if (pi->is_ckpt) {
+        fn(ctx, path, pi);
+    } else if (foreign && strata_ckpt_open(&ck, path, 0) == 0) {
+        if (strata_ckpt_format(ck) == STRATA_FORMAT_SAFETENSORS)
+            fn(ctx, path, NULL);
+        strata_ckpt_free(ck);
+    }
+}
+
+static int for_each_ckpt(const char *cmd, const char *dir, ckpt_fn fn, void *ctx, int foreign)
 {
     strata_probe_info pi;
     int rc = strata_probe(&pi, dir);
     if (rc)
         return cli_fail(cmd, rc);
-    if (pi.is_ckpt)
-        fn(ctx, dir, &pi);
+    visit(dir, &pi, fn, ctx, foreign);
     DIR *d = opendir(dir);
     if (!d) {
         perror(dir);
@@ -207,8 +232,8 @@ static int for_each_ckpt(const char *cmd, const char *dir, ckpt_fn fn, void *ctx
         char p[4096];
         struct stat st;
         snprintf(p, sizeof p, "%s/%s", dir, names[i]);
-        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode) && strata_probe(&pi, p) == 0 && pi.is_ckpt)
-            fn(ctx, p, &pi);
+        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode) && strata_probe(&pi, p) == 0)
+            visit(p, &pi, fn, ctx, foreign);
         free(names[i]);
     }
     free(names);
@@ -221,6 +246,21 @@ static void ls_one(void *ctx, const char *path, const strata_probe_info *pi)
     if ((*count)++ == 0)
         printf("%-11s %14s %10s  %s\n", "state", "bytes", "step", "checkpoint");
     char step[24] = "-";
+    if (!pi) { /* a safetensors directory: its files' bytes, no step, no checksums */
+        strata_ckpt *ck;
+        uint64_t bytes = 0;
+        if (strata_ckpt_open(&ck, path, 0) == 0) {
+            for (size_t i = 0; i < strata_ckpt_nfiles(ck); i++) {
+                strata_file_info fi;
+                strata_ckpt_file(&fi, ck, i);
+                bytes += fi.bytes;
+            }
+            strata_ckpt_free(ck);
+        }
+        printf("%-11s %14llu %10s  %s (no checksums)\n", "safetensors",
+               (unsigned long long)bytes, step, path);
+        return;
+    }
     if (pi->committed || pi->has_metadata)
         snprintf(step, sizeof step, "%llu", (unsigned long long)pi->step);
     printf("%-11s %14llu %10s  %s\n",
@@ -248,7 +288,7 @@ int cmd_ls(int argc, char **argv)
     if (st >= 0)
         return st;
     int count = 0;
-    int rc = for_each_ckpt("ls", argv[1], ls_one, &count);
+    int rc = for_each_ckpt("ls", argv[1], ls_one, &count, 1);
     if (!rc && !count)
         printf("no checkpoints under %s\n", argv[1]);
     return rc;
@@ -260,7 +300,8 @@ static const char VERIFY_HELP[] =
     "Reads every data byte of a committed checkpoint and checks every checksum chunk.\n"
     "Exit status 0 if everything matches; 3 if the checkpoint is corrupt or incomplete, with\n"
     "one line per bad chunk naming the tensor (or blob) and the file; 1 for other failures\n"
-    "(a missing data file, an I/O error).\n";
+    "(a missing data file, an I/O error). A safetensors directory has no checksums: its\n"
+    "bytes are read (a truncated file is found), not verified, and the output says so.\n";
 
 static void report_bad(void *ctx, const char *object, const char *file, const char *msg)
 {
@@ -278,7 +319,11 @@ int cmd_verify(int argc, char **argv)
     if (rc)
         return cli_fail("verify", rc);
     rc = strata_ckpt_verify(ck, report_bad, NULL);
-    if (!rc)
+    if (!rc && !strata_ckpt_chunk_bytes(ck))
+        printf("read: %s: %zu tensors, %llu data bytes read; safetensors has no checksums, so "
+               "they could not be verified\n", argv[1], strata_ckpt_ntensors(ck),
+               (unsigned long long)strata_ckpt_data_bytes(ck));
+    else if (!rc)
         printf("ok: %s: %zu tensors, %zu blobs, %llu data bytes verified\n", argv[1],
                strata_ckpt_ntensors(ck), strata_ckpt_nblobs(ck),
                (unsigned long long)strata_ckpt_data_bytes(ck));
@@ -365,6 +410,6 @@ int cmd_gc(int argc, char **argv)
                removed);
         return 0;
     }
-    int rc = for_each_ckpt("gc", dir, gc_one, &g);
+    int rc = for_each_ckpt("gc", dir, gc_one, &g, 0);
     return rc ? rc : g.failed;
 }

@@ -53,6 +53,8 @@ static int dir_open(st_dir *d, const char *uri, int allow_incomplete, unsigned c
     char p[PATH_MAX];
     if (kind == 2 && st_path_join(p, d->path, ".") == 0 && v->stat(v, p, NULL, &kind) != 0)
         kind = 3; /* a symlink ("latest") is read through if it names a directory */
+    if (st_foreign_here(v, d->path, kind))
+        return st_foreign_open(d, raw, rawlen);
     if (kind != 1)
         return st_fail(STRATA_ENOENT, "checkpoint '%s' is not a directory", d->path);
 
@@ -138,11 +140,13 @@ int st_dir_open_raw(st_dir *d, const char *uri, int allow_incomplete, unsigned c
 }
 
 int st_dir_adopt(st_dir *d, const char *uri, const st_commit *c, const unsigned char *meta,
-                 size_t mlen)
+                 size_t mlen, int foreign)
 {
     memset(d, 0, sizeof *d);
     int rc = st_vfs_resolve(uri, &d->vfs, d->path, sizeof d->path);
-    if (rc == 0) {
+    if (rc == 0 && foreign) {
+        rc = st_foreign_adopt(d, meta, mlen);
+    } else if (rc == 0) {
         d->commit = *c;
         d->committed = 1;
         rc = dir_parse(d, meta, mlen);
@@ -198,7 +202,14 @@ size_t strata_ckpt_ntensors(const strata_ckpt *ck) { return ck->d.meta->ntensors
 size_t strata_ckpt_nblobs(const strata_ckpt *ck) { return ck->d.meta->nblobs; }
 size_t strata_ckpt_nfiles(const strata_ckpt *ck) { return ck->d.meta->nfiles; }
 uint64_t strata_ckpt_data_bytes(const strata_ckpt *ck) { return ck->d.meta->data_bytes; }
-uint32_t strata_ckpt_chunk_bytes(const strata_ckpt *ck) { return ck->d.meta->chunk; }
+uint32_t strata_ckpt_chunk_bytes(const strata_ckpt *ck)
+{
+    return ck->d.meta->foreign ? 0 : ck->d.meta->chunk;
+}
+int strata_ckpt_format(const strata_ckpt *ck)
+{
+    return ck->d.meta->foreign ? STRATA_FORMAT_SAFETENSORS : STRATA_FORMAT_STRATA;
+}
 
 void strata_ckpt_tensor(strata_tensor_info *out, const strata_ckpt *ck, size_t i)
 {

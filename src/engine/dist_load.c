@@ -14,6 +14,7 @@
 typedef struct {
     st_commit commit;
     uint64_t meta_len;
+    uint32_t foreign; /* meta is a safetensors source description */
     st_status st;
 } open_block;
 
@@ -330,6 +331,7 @@ int st_load_dist(strata_comm *comm, const char *uri, strata_state *local,
             have_dir = 1;
             ob.commit = d.commit;
             ob.meta_len = mlen;
+            ob.foreign = (uint32_t)d.meta->foreign;
         }
     }
     if ((rc = st_bcast(comm, &ob, sizeof ob, ST_ROOT)))
@@ -345,7 +347,7 @@ int st_load_dist(strata_comm *comm, const char *uri, strata_state *local,
     if ((rc = st_bcast(comm, meta, ob.meta_len, ST_ROOT)))
         goto out;
     if (me != ST_ROOT) {
-        if ((rc = st_dir_adopt(&d, uri, &ob.commit, meta, ob.meta_len)))
+        if ((rc = st_dir_adopt(&d, uri, &ob.commit, meta, ob.meta_len, (int)ob.foreign)))
             goto out; /* the same bytes fail the same way everywhere */
         have_dir = 1;
     }

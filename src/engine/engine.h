@@ -200,9 +200,21 @@ void st_dir_close(st_dir *d);
 int st_dir_open_raw(st_dir *d, const char *uri, int allow_incomplete, unsigned char **raw,
                     size_t *rawlen);
 /* A committed checkpoint opened elsewhere: decodes and checks metadata received from the
- * rank that read it. */
+ * rank that read it (foreign: a safetensors source description, st_foreign_adopt). */
 int st_dir_adopt(st_dir *d, const char *uri, const st_commit *c, const unsigned char *meta,
-                 size_t mlen);
+                 size_t mlen, int foreign);
+/* Foreign sources (foreign.c). Is what is at path (of the given st_vfs stat kind) a
+ * safetensors source: a file named *.safetensors, or a directory without strata's
+ * metadata or commit record that holds model.safetensors.index.json or model.safetensors? */
+int st_foreign_here(const st_vfs *v, const char *path, int kind);
+/* Opens the safetensors source at d->path (d->vfs set): reads the index (if any) and each
+ * file's header (through links), builds d->meta (foreign), sets d->committed; d->path
+ * becomes the directory when it named a file. raw (may be NULL) gets the source
+ * description (safetensors.h) for the other ranks. Errors: STRATA_EFORMAT, STRATA_ENOENT
+ * (a file the index names is missing), STRATA_EIO, STRATA_ENOMEM. */
+int st_foreign_open(st_dir *d, unsigned char **raw, size_t *rawlen);
+/* The same from a source description read by another rank. */
+int st_foreign_adopt(st_dir *d, const unsigned char *raw, size_t len);
 /* The directory behind a public handle. */
 const st_dir *st_ckpt_dir(const strata_ckpt *ck);
 /* Is name a file strata writes into a checkpoint directory? */

@@ -119,6 +119,22 @@ static int run_read(void *arg, size_t task, int worker)
         const st_seg *s = &p->segs[si];
         const st_extent *e = p->ext[s->piece];
         const char *obj = p->object[s->piece];
+        if (!e->sums) { /* a foreign source: no checksums; only a short file shows */
+            uint64_t end = e->offset + ST_MIN(s->c1 * C, e->bytes) - rd->off;
+            if (end <= (uint64_t)got)
+                continue;
+            if (x->report) {
+                bad_chunk(x, obj, fname, "bytes %llu..%llu: the file is truncated",
+                          (unsigned long long)(e->offset + s->c0 * C),
+                          (unsigned long long)(rd->off + end));
+                continue;
+            }
+            return st_fail(STRATA_EFORMAT,
+                           "tensor '%s': file '%s' is truncated (it ends at byte %llu, the "
+                           "tensor's data at %llu)",
+                           obj, fname, (unsigned long long)(rd->off + (uint64_t)got),
+                           (unsigned long long)(rd->off + end));
+        }
         for (uint64_t c = s->c0; c < s->c1; c++) {
             uint64_t lo = c * C, n = ST_MIN(C, e->bytes - lo);
             uint64_t at = e->offset + lo - rd->off;
@@ -174,7 +190,11 @@ int st_open_data_files(const st_dir *d, const st_io_plan *p, int no_direct, st_f
         char path[PATH_MAX];
         if ((rc = st_path_join(path, d->path, m->files[f].name)))
             break;
-        int e = v->open(v, path, ST_O_READ | (no_direct ? 0 : ST_O_DIRECT), &files[f]);
+        /* a foreign source's extents are not aligned for O_DIRECT */
+        int direct = !no_direct && !m->foreign;
+        int e = v->open(v, path,
+                        ST_O_READ | (direct ? ST_O_DIRECT : 0) | (m->foreign ? ST_O_FOLLOW : 0),
+                        &files[f]);
         if (e) {
             files[f] = NULL;
             rc = st_fail(e == -ENOENT ? STRATA_ENOENT : st_from_errno(-e),

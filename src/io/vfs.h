@@ -20,6 +20,8 @@ enum {
     ST_O_WRITE = 2,   /* create a new file (an existing one is unlinked first, so a write
                          never goes through a hard link into another file) */
     ST_O_DIRECT = 4,  /* ask for O_DIRECT; st_file_direct() tells if it was granted */
+    ST_O_FOLLOW = 8,  /* with ST_O_READ: through a symlink to a regular file (foreign
+                         sources: a Hugging Face cache links its snapshots to blobs) */
 };
 
 enum {

@@ -37,9 +37,12 @@ static int px_open(const st_vfs *v, const char *path, int flags, st_file **out)
         /* only a regular file is opened: opening a FIFO blocks until a writer comes, a
          * device may act on open (a tape rewinds) */
         struct stat st;
-        if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        int follow = (flags & ST_O_FOLLOW) != 0;
+        if ((follow ? stat(path, &st) : lstat(path, &st)) == 0 && !S_ISREG(st.st_mode))
             return S_ISLNK(st.st_mode) ? -ELOOP : -ST_ENOTREG;
         of |= O_RDONLY;
+        if (follow)
+            of &= ~O_NOFOLLOW;
     }
     of |= O_NONBLOCK; /* swapped for a FIFO after that look: open returns at once */
     int fd = -1, direct = 0;

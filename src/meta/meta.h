@@ -64,7 +64,10 @@ typedef struct st_mfile {
 typedef struct st_meta {
     st_arena arena; /* owns everything below */
     uint64_t step;
-    uint32_t chunk;
+    uint32_t chunk;  /* checksum chunk; foreign: 1, the unit of planned reads */
+    /* 0: strata's own. 1: built from another format's headers (safetensors.h): extents
+     * start anywhere (not at ST_ALIGN), and have no checksums (sums NULL). */
+    int foreign;
     uint32_t nfiles;
     st_mfile *files;
     size_t ntensors;
@@ -73,6 +76,12 @@ typedef struct st_meta {
     st_mblob *blobs;
     uint64_t data_bytes;
 } st_meta;
+
+/* The alignment of extent starts in data files (reads round to it). */
+static inline uint64_t st_meta_align(const st_meta *m)
+{
+    return m->foreign ? 1 : ST_ALIGN;
+}
 
 static inline uint64_t st_nchunks(uint64_t bytes, uint32_t chunk)
 {

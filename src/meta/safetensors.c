@@ -1,6 +1,7 @@
 /* safetensors.c - the validating parser of a safetensors file's header (safetensors.h). */
 #include "safetensors.h"
 
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -65,6 +66,7 @@ int st_st_header_len(const unsigned char first8[8], uint64_t file_size, uint64_t
 typedef struct {
     const unsigned char *s, *p, *end;
     const char *file;
+    const char *kind; /* "header" or "index", for messages */
     char *scratch; /* N + 1 bytes: the decoded string (never longer than its source) */
     size_t slen;
 } sj;
@@ -76,8 +78,8 @@ __attribute__((format(printf, 2, 3))) static int sj_fail(sj *j, const char *fmt,
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return st_fail(STRATA_EFORMAT, "%s: bad safetensors header at byte %zu of its JSON: %s",
-                   j->file, (size_t)(j->p - j->s), msg);
+    return st_fail(STRATA_EFORMAT, "%s: bad safetensors %s at byte %zu of its JSON: %s",
+                   j->file, j->kind, (size_t)(j->p - j->s), msg);
 }
 
 /* A printable excerpt of a (decoded) name for messages. */
@@ -561,7 +563,7 @@ int st_st_parse(st_st_index *out, const unsigned char *file_head, size_t head_le
     if (head_len - 8 < n)
     return st_fail(STRATA_EINVAL, "%s: %zu bytes of the file passed, its header needs "
                    "%llu", file, head_len, (unsigned long long)(8 + n));
-    sj j = {file_head + 8, file_head + 8, file_head + 8 + n, file, malloc(n + 1), 0};
+    sj j = {file_head + 8, file_head + 8, file_head + 8 + n, file, "header", malloc(n + 1), 0};
     sj_out o = {0};
     st_arena a = {0};
     if (!j.scratch)
@@ -630,4 +632,345 @@ out:
     if (rc)
         memset(out, 0, sizeof *out);
     return rc;
+}
+
+/* ---- the index of a sharded set ---- */
+
+static int cmp_wm(const void *a, const void *b)
+{
+    return strcmp(((const st_st_wm *)a)->name, ((const st_st_wm *)b)->name);
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+void st_st_map_free(st_st_map *m)
+{
+    if (m) {
+        st_arena_free(&m->arena);
+        memset(m, 0, sizeof *m);
+    }
+}
+
+static int sj_weight_map(sj *j, st_st_wm **e, size_t *n, size_t *cap, st_arena *a)
+{
+    int rc;
+    char show[72];
+    if ((rc = sj_expect(j, '{', "to open weight_map")))
+        return rc;
+    if (sj_eat(j, '}'))
+        return 0;
+    do {
+        if ((rc = sj_string(j, "a tensor name")))
+            return rc;
+        sj_show(j->scratch, j->slen, show);
+        if (j->slen == 0 || j->slen > STRATA_MAX_NAME || memchr(j->scratch, 0, j->slen))
+            return sj_fail(j, "weight_map has a bad tensor name '%s' (empty, longer than %d "
+                           "bytes, or holding a NUL)", show, STRATA_MAX_NAME);
+        if (st_grow(e, cap, *n + 1, sizeof **e))
+            return st_fail(STRATA_ENOMEM, "%s: out of memory", j->file);
+        st_st_wm *w = &(*e)[*n];
+        if (!(w->name = st_arena_strndup(a, j->scratch, j->slen)))
+            return st_fail(STRATA_ENOMEM, "%s: out of memory", j->file);
+        if ((rc = sj_expect(j, ':', "after a key")))
+            return rc;
+        sj_ws(j);
+        if (j->p < j->end && *j->p != '"')
+            return sj_fail(j, "weight_map value of '%s' is not a string", show);
+        if ((rc = sj_string(j, "a file name")))
+            return rc;
+        if (!st_plain_name(j->scratch, j->slen) || j->slen > 255) {
+            char f[72];
+            return sj_fail(j, "weight_map maps '%s' to '%s', not a plain file name in the "
+                           "directory", show, sj_show(j->scratch, j->slen, f));
+        }
+        if (!(w->file = st_arena_strndup(a, j->scratch, j->slen)))
+            return st_fail(STRATA_ENOMEM, "%s: out of memory", j->file);
+        ++*n;
+    } while (sj_eat(j, ','));
+    return sj_expect(j, '}', "to close weight_map");
+}
+
+int st_st_parse_index(st_st_map *out, const unsigned char *json, size_t len,
+                      const char *file_name)
+{
+    const char *file = file_name ? file_name : ST_ST_INDEX_FILE;
+    memset(out, 0, sizeof *out);
+    if (len > ST_ST_MAX_HEADER)
+        return st_fail(STRATA_EFORMAT, "%s: %zu bytes, over the limit of %llu for an index",
+                       file, len, ST_ST_MAX_HEADER);
+    sj j = {json, json, json + len, file, "index", malloc(len + 1), 0};
+    st_arena a = {0};
+    st_st_wm *e = NULL;
+    size_t n = 0, cap = 0;
+    int rc, have_map = 0;
+    if (!j.scratch)
+        return st_fail(STRATA_ENOMEM, "%s: out of memory", file);
+    if ((rc = sj_expect(&j, '{', "to open the index")))
+        goto out;
+    if (!sj_eat(&j, '}')) {
+        do {
+            if ((rc = sj_string(&j, "a key")) || (rc = sj_expect(&j, ':', "after a key")))
+                goto out;
+            if (sj_is(&j, "weight_map")) {
+                if (have_map++) {
+                    rc = sj_fail(&j, "weight_map given twice");
+                    goto out;
+                }
+                if ((rc = sj_weight_map(&j, &e, &n, &cap, &a)))
+                    goto out;
+            } else if ((rc = sj_skip(&j, 1))) { /* "metadata" and anything else */
+                goto out;
+            }
+        } while (sj_eat(&j, ','));
+        if ((rc = sj_expect(&j, '}', "to close the index")))
+            goto out;
+    }
+    sj_ws(&j);
+    if (j.p != j.end) {
+        rc = sj_fail(&j, "bytes after the index's JSON object");
+        goto out;
+    }
+    if (!have_map) {
+        rc = st_fail(STRATA_EFORMAT, "%s: the safetensors index has no weight_map", file);
+        goto out;
+    }
+    if (n > 1)
+        qsort(e, n, sizeof *e, cmp_wm);
+    for (size_t i = 1; i < n; i++)
+        if (strcmp(e[i - 1].name, e[i].name) == 0) {
+            char show[72];
+            rc = st_fail(STRATA_EFORMAT, "%s: weight_map names tensor '%s' twice", file,
+                         sj_show(e[i].name, strlen(e[i].name), show));
+            goto out;
+        }
+    out->e = st_arena_alloc(&a, (n ? n : 1) * sizeof *e);
+    out->files = st_arena_alloc(&a, (n ? n : 1) * sizeof *out->files);
+    if (!out->e || !out->files) {
+        rc = st_fail(STRATA_ENOMEM, "%s: out of memory", file);
+        goto out;
+    }
+    if (n)
+        memcpy(out->e, e, n * sizeof *e);
+    for (size_t i = 0; i < n; i++)
+        out->files[i] = e[i].file;
+    if (n > 1)
+        qsort(out->files, n, sizeof *out->files, cmp_str);
+    size_t nf = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!nf || strcmp(out->files[nf - 1], out->files[i]) != 0)
+            out->files[nf++] = out->files[i];
+    out->n = n;
+    out->nfiles = nf;
+    out->arena = a;
+    a.head = NULL;
+out:
+    free(j.scratch);
+    free(e);
+    st_arena_free(&a);
+    if (rc)
+        memset(out, 0, sizeof *out);
+    return rc;
+}
+
+/* ---- a source's headers in one buffer, and the metadata built from them ---- */
+
+#define SRC_MAGIC "STSAFE01"
+
+void st_st_src_begin(st_buf *b, uint32_t nfiles)
+{
+    st_buf_put(b, SRC_MAGIC, 8);
+    st_buf_var(b, nfiles);
+}
+
+void st_st_src_put(st_buf *b, const char *name, uint64_t file_size,
+                   const unsigned char *head, size_t head_len)
+{
+    st_buf_str(b, name);
+    st_buf_var(b, file_size);
+    st_buf_var(b, head_len);
+    st_buf_put(b, head, head_len);
+}
+
+typedef struct {
+    const st_st_tensor *t;
+    uint32_t file;
+} src_tensor;
+
+static int cmp_src_tensor(const void *a, const void *b)
+{
+    return strcmp(((const src_tensor *)a)->t->name, ((const src_tensor *)b)->t->name);
+}
+
+/* The tensor named `name` in the sorted list, or NULL. */
+static const src_tensor *find_tensor(const src_tensor *all, size_t n, const char *name)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(all[mid].t->name, name);
+        if (!c)
+            return &all[mid];
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+/* Checks the tensors of the files against the index: each weight_map entry names a
+ * tensor held by the file it names, and each tensor is in weight_map. */
+static int check_map(const st_st_map *map, const src_tensor *all, size_t n,
+                     const st_meta *m, const char *where)
+{
+    char show[72];
+    for (size_t i = 0; i < map->n; i++) {
+        const st_st_wm *w = &map->e[i];
+        const src_tensor *t = find_tensor(all, n, w->name);
+        sj_show(w->name, strlen(w->name), show);
+        if (!t)
+            return st_fail(STRATA_EFORMAT, "%s: %s maps tensor '%s' to '%s', which does not "
+                           "hold it", where, ST_ST_INDEX_FILE, show, w->file);
+        if (strcmp(m->files[t->file].name, w->file) != 0)
+            return st_fail(STRATA_EFORMAT, "%s: %s maps tensor '%s' to '%s', but it is in "
+                           "'%s'", where, ST_ST_INDEX_FILE, show, w->file,
+                           m->files[t->file].name);
+    }
+    if (map->n != n) /* every entry matched a distinct tensor: some tensor is unlisted */
+        for (size_t i = 0; i < n; i++) {
+            size_t lo = 0, hi = map->n;
+            while (lo < hi) {
+                size_t mid = lo + (hi - lo) / 2;
+                if (strcmp(map->e[mid].name, all[i].t->name) < 0)
+                    lo = mid + 1;
+                else
+                    hi = mid;
+            }
+            if (lo == map->n || strcmp(map->e[lo].name, all[i].t->name) != 0)
+                return st_fail(STRATA_EFORMAT, "%s: tensor '%s' of '%s' is not in the "
+                               "weight_map of %s", where,
+                               sj_show(all[i].t->name, strlen(all[i].t->name), show),
+                               m->files[all[i].file].name, ST_ST_INDEX_FILE);
+        }
+    return 0;
+}
+
+int st_st_meta(st_meta **out, const unsigned char *src, size_t len, const st_st_map *map,
+               const char *where)
+{
+    *out = NULL;
+    st_rd r = {src, src + len, src, 0, ""};
+    const unsigned char *magic = st_rd_take(&r, 8);
+    if (!magic || memcmp(magic, SRC_MAGIC, 8) != 0)
+        return st_fail(STRATA_EFORMAT, "%s: not a safetensors source description", where);
+    uint64_t nf = st_rd_count(&r, 3, "too many files");
+    if (r.err || nf == 0 || nf > UINT32_MAX)
+        return st_fail(STRATA_EFORMAT, "%s: bad safetensors source description (%s)", where,
+                       r.err ? r.what : "no files");
+    st_meta *m = calloc(1, sizeof *m);
+    st_st_index *ix = calloc(nf, sizeof *ix);
+    src_tensor *all = NULL;
+    int rc = 0;
+    if (!m || !ix) {
+        rc = st_fail(STRATA_ENOMEM, "out of memory");
+        goto out;
+    }
+    m->foreign = 1;
+    m->chunk = 1;
+    m->nfiles = (uint32_t)nf;
+    if (!(m->files = st_arena_alloc(&m->arena, nf * sizeof *m->files))) {
+        rc = st_fail(STRATA_ENOMEM, "out of memory");
+        goto out;
+    }
+    size_t nt = 0;
+    for (uint64_t f = 0; f < nf; f++) {
+        char *name = st_rd_str(&r, &m->arena, 255);
+        uint64_t size = st_rd_var(&r), hl = st_rd_var(&r);
+        const unsigned char *head = r.err || hl > st_rd_left(&r) ? NULL : st_rd_take(&r, hl);
+        if (r.err || !head || !st_plain_name(name, strlen(name))) {
+            rc = st_fail(STRATA_EFORMAT, "%s: bad safetensors source description (%s)", where,
+                         r.err ? r.what : "bad file entry");
+            goto out;
+        }
+        m->files[f] = (st_mfile){name, size};
+        char shown[PATH_MAX + 300];
+        snprintf(shown, sizeof shown, "%s/%s", where, name);
+        if ((rc = st_st_parse(&ix[f], head, hl, size, shown)))
+            goto out;
+        nt += ix[f].ntensors;
+    }
+    if (st_rd_left(&r)) {
+        rc = st_fail(STRATA_EFORMAT, "%s: bad safetensors source description (trailing bytes)",
+                     where);
+        goto out;
+    }
+    if (!(all = malloc((nt ? nt : 1) * sizeof *all))) {
+        rc = st_fail(STRATA_ENOMEM, "out of memory");
+        goto out;
+    }
+    size_t k = 0;
+    for (uint64_t f = 0; f < nf; f++)
+        for (size_t i = 0; i < ix[f].ntensors; i++)
+            all[k++] = (src_tensor){&ix[f].tensors[i], (uint32_t)f};
+    if (nt > 1)
+        qsort(all, nt, sizeof *all, cmp_src_tensor);
+    for (size_t i = 1; i < nt; i++)
+        if (strcmp(all[i - 1].t->name, all[i].t->name) == 0) {
+            char show[72];
+            rc = st_fail(STRATA_EFORMAT, "%s: tensor '%s' is in both '%s' and '%s'", where,
+                         sj_show(all[i].t->name, strlen(all[i].t->name), show),
+                         m->files[all[i - 1].file].name, m->files[all[i].file].name);
+            goto out;
+        }
+    if (map && (rc = check_map(map, all, nt, m, where)))
+        goto out;
+    m->tensors = st_arena_alloc(&m->arena, (nt ? nt : 1) * sizeof *m->tensors);
+    if (!m->tensors) {
+        rc = st_fail(STRATA_ENOMEM, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < nt; i++) {
+        const st_st_tensor *t = all[i].t;
+        st_mtensor *mt = &m->tensors[i];
+        st_mshard *sh = st_arena_alloc(&m->arena, sizeof *sh);
+        size_t dims = (size_t)(t->ndim ? t->ndim : 1) * sizeof(uint64_t);
+        memset(mt, 0, sizeof *mt);
+        mt->name = st_arena_strndup(&m->arena, t->name, strlen(t->name));
+        if (!sh || !mt->name || !(sh->off = st_arena_alloc(&m->arena, dims)) ||
+            !(sh->len = st_arena_alloc(&m->arena, dims))) {
+            rc = st_fail(STRATA_ENOMEM, "out of memory");
+            goto out;
+        }
+        uint64_t numel = 1;
+        for (int d = 0; d < t->ndim; d++) {
+            mt->shape[d] = sh->len[d] = t->shape[d];
+            sh->off[d] = 0;
+            numel *= t->shape[d];
+        }
+        mt->dtype = t->dtype;
+        mt->ndim = t->ndim;
+        mt->nshards = 1;
+        mt->shards = sh;
+        mt->bytes = t->end - t->begin;
+        sh->fs = 0;
+        sh->fe = numel;
+        sh->flat = 0;
+        sh->ext = (st_extent){all[i].file, t->begin, t->end - t->begin, NULL};
+        m->data_bytes += mt->bytes;
+    }
+    m->ntensors = nt;
+out:
+    for (uint64_t f = 0; ix && f < nf; f++)
+        st_st_free(&ix[f]);
+    free(ix);
+    free(all);
+    if (rc) {
+        st_meta_free(m);
+        return rc;
+    }
+    *out = m;
+    return 0;
 }

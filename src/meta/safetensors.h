@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "../core/util.h"
+#include "meta.h"
 #include "strata_types.h"
 
 #define ST_ST_MAX_HEADER 100000000ull /* bytes of JSON a reader accepts (as the reference) */
@@ -80,5 +81,51 @@ void st_st_free(st_st_index *ix);
  * (STRATA_EINVAL if unknown). */
 const char *st_st_dtype_name(strata_dtype dt);
 int st_st_dtype_parse(strata_dtype *out, const char *name, size_t len);
+
+/* ---- a directory of safetensors files as a load source ---- */
+
+#define ST_ST_SINGLE_FILE "model.safetensors"
+#define ST_ST_INDEX_FILE "model.safetensors.index.json"
+
+/* The index of a sharded set, model.safetensors.index.json: {"metadata": {...},
+ * "weight_map": {tensor name: file name}} (other keys are skipped after their JSON is
+ * checked). */
+typedef struct st_st_wm {
+    char *name, *file;
+} st_st_wm;
+
+typedef struct st_st_map {
+    st_arena arena;  /* owns everything below */
+    size_t n;
+    st_st_wm *e;     /* sorted by name, unique */
+    size_t nfiles;
+    char **files;    /* the distinct files named, sorted */
+} st_st_map;
+
+/* Parses an index (len bytes of JSON, at most ST_ST_MAX_HEADER). Rules: the strict JSON of
+ * the header; weight_map present once, its keys tensor names as in a header (unique), its
+ * values plain file names (no '/', not "." or "..", at most 255 bytes). STRATA_EFORMAT
+ * naming file_name and the problem, STRATA_ENOMEM. */
+int st_st_parse_index(st_st_map *out, const unsigned char *json, size_t len,
+                      const char *file_name);
+void st_st_map_free(st_st_map *m);
+
+/* A source description: the headers of a source's files in one buffer, what the rank that
+ * read them sends the others (never stored). "STSAFE01", varint file count, then per file
+ * its name (varint length, bytes), varint size, varint header length and the file's first
+ * 8 + N bytes. Writers: */
+void st_st_src_begin(st_buf *b, uint32_t nfiles);
+void st_st_src_put(st_buf *b, const char *name, uint64_t file_size,
+                   const unsigned char *head, size_t head_len);
+
+/* Builds the metadata of a source from its description: one tensor per safetensors tensor
+ * (sorted by name), each one whole-box shard whose extent is its bytes in its file, with no
+ * checksums (m->foreign = 1, m->chunk = 1: reads are planned to the byte). Every header is
+ * parsed and checked (st_st_parse); a tensor in two files is refused; with map (the
+ * index), each weight_map entry must name a tensor of the file it names and every tensor
+ * must be listed. Errors: STRATA_EFORMAT naming `where` (the directory) and the file,
+ * STRATA_ENOMEM. */
+int st_st_meta(st_meta **out, const unsigned char *src, size_t len, const st_st_map *map,
+               const char *where);
 
 #endif

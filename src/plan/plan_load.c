@@ -224,21 +224,23 @@ int st_plan_reads(st_io_plan *out, uint64_t max_io)
         i = j;
     }
 
-    /* coalesce segments into reads: same file, separated by alignment padding only */
+    /* coalesce segments into reads: same file, separated by alignment padding only (none
+     * for a foreign source) */
     if (out->nsegs > 1)
         qsort_r(out->segs, out->nsegs, sizeof *out->segs, cmp_segs, out);
     size_t rcap = 0;
+    const uint64_t A = st_meta_align(m);
     for (size_t i = 0; i < out->nsegs;) {
         const st_seg *s = &out->segs[i];
         const st_extent *ext = out->ext[s->piece];
         uint64_t off = seg_off(out, s);
-        uint64_t end = ST_ALIGN_UP(ext->offset + ST_MIN(s->c1 * C, ext->bytes), ST_ALIGN);
+        uint64_t end = ST_ALIGN_UP(ext->offset + ST_MIN(s->c1 * C, ext->bytes), A);
         size_t j = i + 1;
         while (j < out->nsegs) {
             const st_seg *n = &out->segs[j];
             const st_extent *ne = out->ext[n->piece];
             uint64_t noff = seg_off(out, n);
-            uint64_t nend = ST_ALIGN_UP(ne->offset + ST_MIN(n->c1 * C, ne->bytes), ST_ALIGN);
+            uint64_t nend = ST_ALIGN_UP(ne->offset + ST_MIN(n->c1 * C, ne->bytes), A);
             if (ne->file != ext->file || noff != end || nend - off > max_io)
                 break;
             end = nend;

@@ -1,0 +1,180 @@
+/* foreign.c - a Hugging Face safetensors directory (or one .safetensors file) opened as a
+ * load source: the index and every file's header are read, and the metadata is built from
+ * them (src/meta/safetensors.h), so that the load planner and reader work unchanged. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../core/error.h"
+#include "../meta/safetensors.h"
+#include "engine.h"
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n > k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* Is there a regular file (or a link to one) at dir/name? */
+static int has_file(const st_vfs *v, const char *dir, const char *name)
+{
+    char p[PATH_MAX];
+    int kind;
+    return st_path_join(p, dir, name) == 0 && v->stat(v, p, NULL, &kind) == 0 &&
+           (kind == 0 || kind == 2);
+}
+
+int st_foreign_here(const st_vfs *v, const char *path, int kind)
+{
+    if (kind != 1) /* a file, or a link to one */
+        return ends_with(path, ".safetensors");
+    return kind == 1 && !has_file(v, path, ST_META_FILE) && !has_file(v, path, ST_COMMIT_FILE) &&
+           (has_file(v, path, ST_ST_INDEX_FILE) || has_file(v, path, ST_ST_SINGLE_FILE));
+}
+
+/* Splits a file's path into its directory (into dir, PATH_MAX) and name. */
+static const char *split(const char *path, char *dir)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash) {
+        strcpy(dir, ".");
+        return path;
+    }
+    size_t n = slash == path ? 1 : (size_t)(slash - path);
+    memcpy(dir, path, n);
+    dir[n] = 0;
+    return slash + 1;
+}
+
+/* Opens dir/name for reading (through a link), with its size. */
+static int open_follow(const st_vfs *v, const char *dir, const char *name, const char *what,
+                       st_file **f, uint64_t *size)
+{
+    char p[PATH_MAX];
+    int rc = st_path_join(p, dir, name);
+    if (rc)
+        return rc;
+    int e = v->open(v, p, ST_O_READ | ST_O_FOLLOW, f);
+    if (!e && (e = v->size(*f, size)) != 0)
+        v->close(*f);
+    if (e)
+        return st_fail(e == -ENOENT ? STRATA_ENOENT : st_from_errno(-e), "%s '%s': %s", what, p,
+                       e == -ENOENT        ? "is missing"
+                       : e == -ST_ENOTREG ? "is not a regular file"
+                                          : strerror(-e));
+    return 0;
+}
+
+/* Appends the first 8 + N bytes of dir/name to the source description. */
+static int put_header(const st_vfs *v, const char *dir, const char *name, st_buf *b)
+{
+    st_file *f;
+    uint64_t size, n;
+    int rc = open_follow(v, dir, name, "safetensors file", &f, &size);
+    if (rc)
+        return rc;
+    unsigned char first[8] = {0};
+    unsigned char *head = NULL;
+    int64_t got = size >= 8 ? st_vfs_read_full(v, f, first, 8, 0) : 0;
+    if (got < 0)
+        rc = st_fail(st_from_errno((int)-got), "reading '%s/%s': %s", dir, name,
+                     strerror((int)-got));
+    else if ((rc = st_st_header_len(first, size < 8 || got < 8 ? (uint64_t)got : size, &n)))
+        rc = st_wrap(rc, "%s/%s", dir, name);
+    else if (!(head = malloc(8 + n)))
+        rc = st_fail(STRATA_ENOMEM, "out of memory for the header of '%s/%s'", dir, name);
+    else if ((got = st_vfs_read_full(v, f, head, 8 + n, 0)) != (int64_t)(8 + n))
+        rc = got < 0 ? st_fail(st_from_errno((int)-got), "reading '%s/%s': %s", dir, name,
+                               strerror((int)-got))
+                     : st_fail(STRATA_EFORMAT, "%s/%s: truncated while its header was read",
+                               dir, name);
+    else
+        st_st_src_put(b, name, size, head, 8 + n);
+    free(head);
+    v->close(f);
+    return rc;
+}
+
+int st_foreign_open(st_dir *d, unsigned char **raw, size_t *rawlen)
+{
+    const st_vfs *v = d->vfs;
+    int kind, rc = 0;
+    st_buf b = {0};
+    st_st_map map = {0};
+    const char *single = ST_ST_SINGLE_FILE;
+    if (v->stat(v, d->path, NULL, &kind) == 0 && (kind == 0 || kind == 2)) {
+        char dir[PATH_MAX];
+        single = split(d->path, dir);
+        char name[PATH_MAX];
+        snprintf(name, sizeof name, "%s", single);
+        memcpy(d->path, dir, strlen(dir) + 1);
+        st_st_src_begin(&b, 1);
+        rc = put_header(v, d->path, name, &b);
+    } else if (has_file(v, d->path, ST_ST_INDEX_FILE)) {
+        st_file *f;
+        uint64_t size;
+        unsigned char *json = NULL;
+        if ((rc = open_follow(v, d->path, ST_ST_INDEX_FILE, "safetensors index", &f, &size)))
+            goto out;
+        if (size > ST_ST_MAX_HEADER)
+            rc = st_fail(STRATA_EFORMAT, "%s/%s: %llu bytes, over the limit of %llu for an "
+                         "index", d->path, ST_ST_INDEX_FILE, (unsigned long long)size,
+                         ST_ST_MAX_HEADER);
+        else if (!(json = malloc(size ? size : 1)))
+            rc = st_fail(STRATA_ENOMEM, "out of memory");
+        int64_t got = rc ? 0 : st_vfs_read_full(v, f, json, size, 0);
+        v->close(f);
+        if (!rc && got < 0)
+            rc = st_fail(st_from_errno((int)-got), "reading '%s/%s': %s", d->path,
+                         ST_ST_INDEX_FILE, strerror((int)-got));
+        char shown[PATH_MAX + 300];
+        snprintf(shown, sizeof shown, "%s/%s", d->path, ST_ST_INDEX_FILE);
+        if (!rc)
+            rc = st_st_parse_index(&map, json, (size_t)got, shown);
+        free(json);
+        if (!rc && !map.nfiles)
+            rc = st_fail(STRATA_EFORMAT, "%s: its weight_map is empty", shown);
+        if (rc)
+            goto out;
+        st_st_src_begin(&b, (uint32_t)map.nfiles);
+        for (size_t i = 0; i < map.nfiles && !rc; i++)
+            rc = put_header(v, d->path, map.files[i], &b);
+    } else {
+        st_st_src_begin(&b, 1);
+        rc = put_header(v, d->path, single, &b);
+    }
+    if (!rc && b.oom)
+        rc = st_fail(STRATA_ENOMEM, "out of memory");
+    if (!rc)
+        rc = st_st_meta(&d->meta, b.p, b.n, map.n ? &map : NULL, d->path);
+out:
+    st_st_map_free(&map);
+    if (rc) {
+        free(b.p);
+        return rc;
+    }
+    d->committed = 1;
+    memset(&d->commit, 0, sizeof d->commit);
+    if (raw) {
+        *raw = b.p;
+        *rawlen = b.n;
+    } else {
+        free(b.p);
+    }
+    return 0;
+}
+
+int st_foreign_adopt(st_dir *d, const unsigned char *raw, size_t len)
+{
+    int kind;
+    const st_vfs *v = d->vfs;
+    if (v->stat(v, d->path, NULL, &kind) == 0 && (kind == 0 || kind == 2)) {
+        char dir[PATH_MAX];
+        split(d->path, dir);
+        memcpy(d->path, dir, strlen(dir) + 1);
+    }
+    int rc = st_st_meta(&d->meta, raw, len, NULL, d->path);
+    if (!rc)
+        d->committed = 1;
+    return rc;
+}
