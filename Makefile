@@ -212,7 +212,7 @@ $(VENV)/.deps-installed:
 	{ python3 -c 'import os, sysconfig; p = sysconfig.get_paths()["include"]; \
 	    raise SystemExit(not os.path.exists(os.path.join(p, "Python.h")))' || apt_need python3-dev; }
 	[ -x $(VENV)/bin/python ] || python3 -m venv $(VENV)
-	$(VENV)/bin/pip install -q torch==$(TORCH_VERSION) pytest safetensors
+	$(VENV)/bin/pip install -q torch==$(TORCH_VERSION) pytest safetensors numpy
 	@touch $@
 
 $(VENV)/.strata-installed: $(VENV)/.deps-installed $(PY_DEPS)

@@ -651,11 +651,13 @@ def _agree(group, what, err, checks=()):
 # ---- save -------------------------------------------------------------------------------
 
 class _SavePrep:
-    """One rank's strata.State for a state dict, and its replica hashes."""
+    """One rank's strata.State for a state dict, and its replica hashes (only with other
+    ranks to compare with: alone, hashing every plain tensor would only add to the stall)."""
 
-    def __init__(self, state_dict, rank, pickle):
+    def __init__(self, state_dict, rank, pickle, replicas=True):
         self.rank = rank
         self.pickle = pickle
+        self.replicas = replicas
         self.state = _S.State()
         self.checks = []
         self.cuda = set()
@@ -673,7 +675,7 @@ class _SavePrep:
         ctypes.memmove(buf, data, len(data))
         self.state.add_blob(key, data_ptr=ctypes.addressof(buf), nbytes=len(data),
                             rank_local=pr, keep=buf)
-        if check and not pr:
+        if check and not pr and self.replicas:
             self.checks.append((key, int.from_bytes(
                 hashlib.blake2b(data, digest_size=8).digest(), "little")))
 
@@ -712,7 +714,7 @@ class _SavePrep:
         src = _readable(t)
         name = _pr_name(key, self.rank) if pr else key
         self._shard(name, sdt, tuple(src.shape), None, None, src)
-        if not pr:
+        if not pr and self.replicas:
             self.checks.append((key, _hash_tensor(src)))
 
     def _shard(self, name, sdt, gshape, offs, lens, src):
@@ -726,7 +728,7 @@ def _prepare_save(state_dict, group, pickle):
     rank = group.rank if group is not None else 0
     prep, err = None, None
     try:
-        prep = _SavePrep(state_dict, rank, pickle)
+        prep = _SavePrep(state_dict, rank, pickle, group is not None and group.size > 1)
     except Exception as e:   # every rank must reach the collective below
         err = e
     _agree(group, "strata.torch.save", err, prep.checks if prep is not None else ())

@@ -316,6 +316,8 @@ static void *flusher(void *arg)
         h->q_head = (h->q_head + 1) % h->pool->nbuf;
         h->q_len--;
         pthread_mutex_unlock(&h->mu);
+        /* the checksums here, not in the snapshot: the caller may be waiting for that */
+        st_hash_write(&h->lay, &h->sp, task, h->pool->bufs[b]);
         /* fastest tier first; a tier that failed is abandoned, the others go on */
         const st_io *w = &h->lay.ios[task];
         for (int t = 0; t < h->ntiers; t++) {
@@ -375,7 +377,7 @@ static void *coordinator(void *arg)
             fail(h, frc, -1);
             break;
         }
-        if ((frc = st_fill_write(&h->lay, &h->sp, t, h->pool->bufs[b]))) {
+        if ((frc = st_fill_write(&h->lay, &h->sp, t, h->pool->bufs[b], 0))) {
             fail(h, frc, -1);
             pool_put(h->pool, b);
             break;

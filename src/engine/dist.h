@@ -64,4 +64,30 @@ const uint64_t *st_mine_sums(const st_save_plan *mine, size_t *n);
 /* The hash of a rank's encoded local plan, world size and chunk: equal means unchanged. */
 uint64_t st_plan_hash(const unsigned char *p, size_t n, int P, uint32_t chunk);
 
+/* The ranks by node, and a shared memory segment per node (dist_node.c). */
+typedef struct {
+    int *node;           /* per rank: its node, named by the node's lowest rank */
+    int *lidx;           /* per rank: its index among the ranks of its node */
+    unsigned char *base; /* this node's segment: `slot` bytes per rank of the node; NULL:
+                            none (no two ranks share a node, STRATA_LOAD_SHM=0, or it could
+                            not be made everywhere) */
+    size_t size, slot;
+} st_node_shm;
+
+/* Groups the ranks by node (host name and boot id; for tests, STRATA_LOAD_NODES=k makes k
+ * groups of consecutive ranks) and, where ranks share a node, maps one segment per node of
+ * `slot` bytes per rank, reserved in full. Every rank ends with a segment, or none does.
+ * Errors: only those of the collectives, and STRATA_ENOMEM. */
+int st_node_shm_open(strata_comm *comm, size_t slot, st_node_shm *out);
+void st_node_shm_close(st_node_shm *s);
+static inline unsigned char *st_node_slot(const st_node_shm *s, int rank)
+{
+    return s->base + (size_t)s->lidx[rank] * s->slot;
+}
+/* Do ranks a and b exchange through the segment? */
+static inline int st_node_shared(const st_node_shm *s, int a, int b)
+{
+    return s->base && s->node[a] == s->node[b];
+}
+
 #endif

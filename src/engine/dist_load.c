@@ -57,7 +57,8 @@ static void mark_needer(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, 
 typedef struct {
     const st_io_plan *p;
     int me;
-    const char *buf;      /* the read's buffer (sender) */
+    const st_node_shm *shm; /* ranks of my node take from the segment, not the exchange */
+    const char *buf;      /* the read's buffer (sender; or the segment slot it is in) */
     unsigned char **out;  /* per destination: write cursor (sender) */
     const unsigned char *in; /* receive cursor (receiver) */
     int rc;                  /* a device copy failed */
@@ -66,8 +67,8 @@ typedef struct {
 static void pack_run(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, uint64_t at)
 {
     move_ctx *m = ctx;
-    if (run->rank == m->me)
-        return; /* scattered locally by the read itself */
+    if (run->rank == m->me || st_node_shared(m->shm, m->me, run->rank))
+        return; /* scattered by the read itself, or taken from the segment */
     memcpy(m->out[run->rank], m->buf + at, x1 - x0);
     m->out[run->rank] += x1 - x0;
 }
@@ -82,6 +83,17 @@ static void unpack_run(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, u
     if (rc && !m->rc)
         m->rc = rc;
     m->in += x1 - x0;
+}
+
+/* The runs of rank me in a read done by another rank of its node, from its slot. */
+static void take_run(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, uint64_t at)
+{
+    move_ctx *m = ctx;
+    if (run->rank != m->me)
+        return;
+    int rc = st_deliver(m->p, run, x0, x1, m->buf + at);
+    if (rc && !m->rc)
+        m->rc = rc;
 }
 
 /* Payload bytes of read i (its chunks, without alignment padding). */
@@ -166,13 +178,16 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_io_plan 
     size_t *sc = calloc((size_t)P, sizeof *sc), *rc_ = calloc((size_t)P, sizeof *rc_);
     uint64_t *bytes = calloc((size_t)P, sizeof *bytes);
     unsigned char **cur = calloc((size_t)P, sizeof *cur);
+    size_t *jx = calloc((size_t)P, sizeof *jx);
     char **bufs = calloc((size_t)per_round, sizeof *bufs);
     st_file **files = NULL;
     int32_t *sts = malloc((size_t)P * sizeof *sts);
     size_t bufsize = st_read_buf_bytes(p->meta, max_io), rounds = 0, scap = 0, rcap = 0;
     unsigned char *sbuf = NULL, *rbuf = NULL;
     int rc = 0;
-    if (!reader || !mine || !round_of || !order || !count || !sc || !rc_ || !bytes || !cur || !bufs || !sts) {
+    st_node_shm shm = {0};
+    if (!reader || !mine || !round_of || !order || !count || !sc || !rc_ || !bytes || !cur ||
+        !jx || !bufs || !sts) {
         rc = st_fail(STRATA_ENOMEM, "out of memory");
         goto out;
     }
@@ -190,10 +205,15 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_io_plan 
     order_ctx oc = {round_of, reader};
     qsort_r(order, p->nios, sizeof *order, cmp_order, &oc);
     size_t next = 0; /* reads of earlier rounds in `order` */
+    /* ranks of one node share their reads through a segment: each rank's read buffers
+     * are its slot there */
+    if ((rc = st_node_shm_open(comm, (size_t)per_round * bufsize, &shm)))
+        goto out;
     /* a local failure (opening the files) still takes part in every round */
     int local_rc = nmine ? st_open_data_files(d, p, o->flags & STRATA_LOAD_NO_DIRECT, &files) : 0;
     for (int k = 0; k < per_round && !local_rc; k++)
-        if (!(bufs[k] = st_scratch_get(bufsize)))
+        if (!(bufs[k] = shm.base ? (char *)st_node_slot(&shm, me) + (size_t)k * bufsize
+                                 : st_scratch_get(bufsize)))
             local_rc = st_fail(STRATA_ENOMEM, "out of memory for read buffers");
     for (size_t round = 0; round < rounds; round++) {
         /* my reads this round: read, verify, scatter my own runs */
@@ -226,7 +246,7 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_io_plan 
             st_walk_read(p, mine[first + j], count_per_rank, bytes);
         size_t stot = 0, rtot = 0;
         for (int r = 0; r < P; r++) {
-            sc[r] = r == me ? 0 : (size_t)bytes[r];
+            sc[r] = r == me || st_node_shared(&shm, me, r) ? 0 : (size_t)bytes[r];
             stot += sc[r];
         }
         /* what I receive: from each reader, the bytes of its reads this round that I need;
@@ -237,7 +257,7 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_io_plan 
         memset(rc_, 0, (size_t)P * sizeof *rc_);
         for (size_t k = next; k < end; k++) {
             size_t i = order[k];
-            if (reader[i] == me)
+            if (reader[i] == me || st_node_shared(&shm, me, reader[i]))
                 continue;
             one_rank c = {me, 0};
             st_walk_read(p, i, count_one_rank, &c);
@@ -257,30 +277,46 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_io_plan 
             at += sc[r];
         }
         for (size_t j = 0; j < n; j++) {
-            move_ctx m = {p, me, bufs[j], cur, NULL, 0};
+            move_ctx m = {p, me, &shm, bufs[j], cur, NULL, 0};
             st_walk_read(p, mine[first + j], pack_run, &m);
         }
         rc = st_alltoallv(comm, sbuf, sc, rbuf, rc_);
         if (!rc) {
             const unsigned char *in = rbuf; /* readers in rank order, their reads in order */
-            for (size_t k = next; k < end; k++)
-                if (reader[order[k]] != me) {
-                    move_ctx m = {p, me, NULL, NULL, in, 0};
+            memset(jx, 0, (size_t)P * sizeof *jx);
+            for (size_t k = next; k < end; k++) {
+                int r = reader[order[k]];
+                size_t j = jx[r]++; /* the read's buffer among its reader's this round */
+                move_ctx m = {p, me, &shm, NULL, NULL, in, 0};
+                if (r == me)
+                    continue;
+                if (st_node_shared(&shm, me, r)) {
+                    m.buf = (const char *)st_node_slot(&shm, r) + j * bufsize;
+                    st_walk_read(p, order[k], take_run, &m);
+                } else {
                     st_walk_read(p, order[k], unpack_run, &m);
                     in = m.in;
-                    if (m.rc && !local_rc)
-                        local_rc = m.rc; /* reported with the next round's status */
                 }
+                if (m.rc && !local_rc)
+                    local_rc = m.rc; /* reported with the next round's status */
+            }
         }
         next = end;
         if (rc)
+            goto out;
+        /* the slots are read by the node's ranks until here: nobody reads into them again
+         * before all are done */
+        int32_t done = 0;
+        if (shm.base && round + 1 < rounds && (rc = st_allgather(comm, &done, sizeof done, sts)))
             goto out;
     }
     if (local_rc) /* failed after the last round's status exchange (a device copy) */
         rc = local_rc;
 out:
-    for (int k = 0; bufs && k < per_round; k++)
+    for (int k = 0; bufs && !shm.base && k < per_round; k++)
         st_scratch_put(bufs[k], bufsize);
+    st_node_shm_close(&shm);
+    free(jx);
     if (sbuf)
         st_scratch_put(sbuf, scap);
     if (rbuf)

@@ -92,10 +92,16 @@ int st_write_data(const st_vfs *v, const char *dir, const st_save_plan *sp,
  * task_bytes (or one chunk) each, as the reads of a load plan. */
 int st_layout_writes(st_io_plan *lay, const st_save_plan *sp, uint64_t task_bytes);
 /* Fills buf with write task `task`: the sources' bytes (copied from the device for
- * device shards), zero padding, and each chunk's checksum into the plan's extents. buf
- * holds the task's len bytes. 0 or STRATA_EDEVICE. */
+ * device shards), zero padding, and with hash set each chunk's checksum into the plan's
+ * extents (copied and hashed in one pass). buf holds the task's len bytes. 0 or
+ * STRATA_EDEVICE. */
 int st_fill_write(const st_io_plan *lay, const st_save_plan *sp, size_t task,
-                  unsigned char *buf);
+                  unsigned char *buf, int hash);
+/* The checksums of write task `task` from its filled buffer (st_fill_write without hash):
+ * an asynchronous save hashes on its flushers, so that the snapshot, which the training
+ * loop may wait for, is a plain copy. */
+void st_hash_write(const st_io_plan *lay, const st_save_plan *sp, size_t task,
+                   const unsigned char *buf);
 int st_write_task(const st_vfs *v, st_file *f, const char *dir, const char *name,
                   const st_io *w, const void *buf);
 /* Opens (creating) the data files of sp and reserves their space; files[] gets them. */

@@ -24,8 +24,23 @@ typedef struct {
     const char *dir;
 } save_ctx;
 
+void st_hash_write(const st_io_plan *lay, const st_save_plan *sp, size_t task,
+                   const unsigned char *buf)
+{
+    const st_io *w = &lay->ios[task];
+    const uint64_t C = sp->meta->chunk;
+    for (size_t si = w->seg0; si < w->seg1; si++) {
+        const st_seg *s = &lay->segs[si];
+        const st_piece *pc = &sp->pieces[s->piece];
+        for (uint64_t c = s->c0; c < s->c1; c++) {
+            uint64_t lo = c * C;
+            pc->ext->sums[c] = st_hash(buf + pc->offset + lo - w->off, ST_MIN(C, pc->bytes - lo));
+        }
+    }
+}
+
 int st_fill_write(const st_io_plan *lay, const st_save_plan *sp, size_t task,
-                  unsigned char *buf)
+                  unsigned char *buf, int hash)
 {
     const st_io *w = &lay->ios[task];
     const uint64_t C = sp->meta->chunk;
@@ -50,7 +65,8 @@ int st_fill_write(const st_io_plan *lay, const st_save_plan *sp, size_t task,
             uint64_t lo = c * C, n = ST_MIN(C, pc->bytes - lo);
             unsigned char *dst = buf + pc->offset + lo - w->off;
             memcpy(dst, (const unsigned char *)pc->src + lo, n);
-            pc->ext->sums[c] = st_hash(dst, n);
+            if (hash)
+                pc->ext->sums[c] = st_hash(dst, n);
             pos = pc->offset + lo + n - w->off;
         }
     }
@@ -58,7 +74,7 @@ int st_fill_write(const st_io_plan *lay, const st_save_plan *sp, size_t task,
         int wrc = st_cuda_wait(); /* also after a failure: no copy may still land in buf */
         rc = rc ? rc : wrc;
     }
-    for (size_t si = w->seg0; device && !rc && si < w->seg1; si++) {
+    for (size_t si = w->seg0; hash && device && !rc && si < w->seg1; si++) {
         const st_seg *s = &lay->segs[si];
         const st_piece *pc = &sp->pieces[s->piece];
         for (uint64_t c = s->c0; pc->device && c < s->c1; c++) {
@@ -87,7 +103,7 @@ static int run_write(void *arg, size_t task, int worker)
     const st_io *w = &x->lay.ios[task];
     if (!x->buf[worker] && !(x->buf[worker] = st_scratch_get(x->bufsize)))
         return st_fail(STRATA_ENOMEM, "out of memory for a write buffer");
-    int rc = st_fill_write(&x->lay, x->sp, task, x->buf[worker]);
+    int rc = st_fill_write(&x->lay, x->sp, task, x->buf[worker], 1);
     if (rc)
         return rc;
     return st_write_task(x->v, x->files[w->file], x->dir, x->sp->meta->files[w->file].name, w,

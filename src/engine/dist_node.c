@@ -1,0 +1,128 @@
+/* dist_node.c - the ranks of a communicator grouped by node, and one shared memory segment
+ * per node that its ranks map: a distributed load reads each chunk once and hands it to
+ * the other ranks of the reader's node through this segment instead of the communicator
+ * (dist_load.c). Every function taking a strata_comm is a collective. */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../core/checksum.h"
+#include "../core/error.h"
+#include "dist.h"
+
+#define NAME_BYTES 64
+
+/* This process's node: its host name and boot id (two containers of one host with one
+ * name differ there, or fail to open each other's segment: then no segment is used). */
+static uint64_t node_key(void)
+{
+    char id[512] = {0};
+    gethostname(id, 255);
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(id + 256, 255, f))
+            id[256] = 0;
+        fclose(f);
+    }
+    return st_hash(id, sizeof id);
+}
+
+void st_node_shm_close(st_node_shm *s)
+{
+    if (s->base)
+        munmap(s->base, s->size);
+    free(s->node);
+    free(s->lidx);
+    memset(s, 0, sizeof *s);
+}
+
+int st_node_shm_open(strata_comm *comm, size_t slot, st_node_shm *out)
+{
+    const int P = comm->size, me = comm->rank;
+    memset(out, 0, sizeof *out);
+    uint64_t *keys = malloc((size_t)P * sizeof *keys);
+    char(*names)[NAME_BYTES] = malloc((size_t)P * NAME_BYTES);
+    int32_t *sts = malloc((size_t)P * sizeof *sts);
+    out->node = malloc((size_t)P * sizeof *out->node);
+    out->lidx = malloc((size_t)P * sizeof *out->lidx);
+    int rc = 0;
+    if (!keys || !names || !sts || !out->node || !out->lidx) {
+        rc = st_fail(STRATA_ENOMEM, "out of memory"); /* the others time out */
+        goto out;
+    }
+    /* 1. nodes: ranks with equal keys; STRATA_LOAD_NODES=k (tests) makes k groups of
+     * consecutive ranks */
+    const char *fake = getenv("STRATA_LOAD_NODES");
+    uint64_t mine = fake && atoi(fake) > 0 ? (uint64_t)me * (uint64_t)atoi(fake) / (uint64_t)P
+                                           : node_key();
+    if ((rc = st_allgather(comm, &mine, sizeof mine, keys)))
+        goto out;
+    int shared = 0, nlocal = 0, leader = -1;
+    for (int r = 0; r < P; r++) { /* a node is named by its lowest rank */
+        int q = 0;
+        while (keys[q] != keys[r])
+            q++;
+        out->node[r] = q;
+        out->lidx[r] = q == r ? 0 : out->lidx[q]++ + 1;
+    }
+    for (int r = 0; r < P; r++) {
+        shared |= out->node[r] != r;
+        nlocal += out->node[r] == out->node[me];
+    }
+    for (int r = 0; r < P; r++) /* lidx of the lowest ranks counted their node's others */
+        if (out->node[r] == r)
+            out->lidx[r] = 0;
+    leader = out->node[me];
+    const char *off = getenv("STRATA_LOAD_SHM");
+    if (!shared || (off && strcmp(off, "0") == 0) || !slot)
+        goto out; /* the same decision on every rank: the keys are the same */
+    /* 2. each node's lowest rank makes the segment, sized and reserved (a tmpfs that is too
+     * small refuses here, instead of killing a process with SIGBUS later) */
+    size_t size = (size_t)nlocal * slot;
+    int32_t st = 0;
+    int fd = -1;
+    char name[NAME_BYTES] = {0}; /* sent from its own buffer: MPI refuses aliased ones */
+    if (leader == me) {
+        uint64_t r = st_mix64((uint64_t)getpid() ^ (uint64_t)time(NULL) << 20 ^
+                              (uint64_t)(uintptr_t)&r ^ st_mix64((uint64_t)clock()));
+        snprintf(name, NAME_BYTES, "/strata-load-%d-%016llx", (int)getpid(),
+                 (unsigned long long)r);
+        fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+        if (fd < 0 || posix_fallocate(fd, 0, (off_t)size) != 0)
+            st = 1;
+    }
+    if ((rc = st_allgather(comm, name, NAME_BYTES, names)))
+        goto fail_fd;
+    if (leader != me && (fd = shm_open(names[leader], O_RDWR, 0)) < 0)
+        st = 1;
+    if (!st) {
+        void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED)
+            st = 1;
+        else
+            out->base = p, out->size = size, out->slot = slot;
+    }
+    /* 3. all mapped (or someone failed: then nobody uses a segment); the name goes */
+    rc = st_allgather(comm, &st, sizeof st, sts);
+    if (leader == me && name[0])
+        shm_unlink(name);
+    for (int r = 0; !rc && r < P; r++)
+        if (sts[r] && out->base) {
+            munmap(out->base, out->size);
+            out->base = NULL;
+        }
+fail_fd:
+    if (fd >= 0)
+        close(fd);
+out:
+    free(keys);
+    free(names);
+    free(sts);
+    if (rc)
+        st_node_shm_close(out);
+    return rc;
+}
