@@ -86,6 +86,7 @@ killed() { # rank, ms, dir
 # STRATA_EABORTED at the 3 s time limit instead of waiting forever
 stopped() {
     local t0=$SECONDS
+    : >"$T/stop.out" # there before the loop below reads it (the job opens it in the background)
     STRATA_DEMO_STOP=1 STRATA_DEMO_DIE_RANK=3 STRATA_DEMO_DIE_MS=-1 mpiexec.mpich -disable-auto-cleanup -n 4 \
         "$S" demo save --dir "$T/st" --layout tp=2,pp=1,dp=2,zero=1 --size-mb 6 --timeout-ms 3000 >"$T/stop.out" 2>&1 &
     local pid=$!
