@@ -189,15 +189,21 @@ $(BUILD)/bench/bench_plan: bench/bench_plan.c src/cli/synth.c $(BUILD)/libstrata
 	$(CC) $(ALL_CFLAGS) $(ST_LDFLAGS) $(LDFLAGS) -Isrc -o $@ bench/bench_plan.c src/cli/synth.c \
 	    $(BUILD)/libstrata.a $(LIBS) -lm
 
-bench: deps all $(BUILD)/bench/bench_plan
+$(BUILD)/bench/bench_export: bench/bench_export.c $(BUILD)/libstrata.a | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(ST_LDFLAGS) $(LDFLAGS) -o $@ bench/bench_export.c $(BUILD)/libstrata.a $(LIBS)
+
+bench: deps all $(BUILD)/bench/bench_plan $(BUILD)/bench/bench_export
 	$(BUILD)/bench/bench_plan
 	@$(APT) tool_need fio fio && tool_need python3 python3
 	STRATA=$(BUILD)/strata BENCH_DIR=$(BUILD)/bench bash bench/bench_io.sh
 	$(BUILD)/strata bench async --dir $(BUILD) --size-mb 1024
+	$(BUILD)/bench/bench_export --dir $(BUILD)/bench --size-mb 1024
 
 # The Python package (python/strata: the extension strata._strata carries libstrata) in a
 # project-local venv, $(VENV): torch pinned (its CPU wheel installs from a local file here;
-# never an unpinned torch) and pytest once, then `pip install .` again whenever the package,
+# never an unpinned torch), pytest, safetensors and numpy (safetensors.torch.save_file needs
+# it, and so does a multi-rank DCP save) once, then `pip install .` again whenever the package,
 # libstrata's sources or the build files change (the stamp $(VENV)/.strata-installed).
 VENV ?= .venv
 TORCH_VERSION ?= 2.13.0

@@ -359,6 +359,58 @@ int strata_retain(int *removed, const char *dir_uri, int keep);
  * unlinked, and symlinks are never followed. */
 int strata_remove_incomplete(const char *uri);
 
+/* ---- export to Hugging Face safetensors ---------------------------------------------- */
+
+/* Progress of strata_export_safetensors, called on the caller's thread: once before the
+ * first write (bytes_done 0), then after each window written. Bytes count tensor data as
+ * written (after a conversion). Return 0 to go on; anything else stops the export, which
+ * then fails with STRATA_EABORTED and leaves no file (the callback may set the message
+ * with strata_error_set). */
+typedef int (*strata_export_progress_cb)(void *ctx, uint64_t bytes_done, uint64_t bytes_total);
+
+/* Convert f64, f32 and f16 tensors to bf16 (rounding once, to nearest even; NaN stays a
+ * NaN of its sign); tensors of other dtypes are written as saved. */
+#define STRATA_EXPORT_BF16 (1u << 0)
+/* Never use O_DIRECT, reading the checkpoint or writing the files (by default the files
+ * are written with O_DIRECT where the file system allows it: the page cache is left alone). */
+#define STRATA_EXPORT_NO_DIRECT (1u << 1)
+
+#define STRATA_EXPORT_OPTS_VERSION 1
+typedef struct strata_export_opts {
+    int version;             /* STRATA_EXPORT_OPTS_VERSION */
+    unsigned flags;          /* STRATA_EXPORT_* */
+    const char *prefix;      /* stripped from the start of tensor names (NULL or "": none);
+                                names without it, or equal to it, are exported unchanged */
+    uint64_t max_file_bytes; /* the most tensor bytes per file; 0 = 5e9. A tensor larger
+                                than that gets a file of its own */
+    int io_threads;          /* the loads' I/O threads; 0 = default */
+    strata_export_progress_cb progress; /* may be NULL */
+    void *progress_ctx;
+} strata_export_opts;
+#define STRATA_EXPORT_OPTS_INIT {STRATA_EXPORT_OPTS_VERSION, 0, NULL, 0, 0, NULL, NULL}
+
+/* Writes the tensors of the checkpoint at ckpt_uri, merged to their full global shapes from
+ * whatever shards, flat pieces and replicas were saved, as Hugging Face safetensors files
+ * in the directory out_dir (a path, file:// or mem:// URI; made if missing, not its
+ * parents): model-0000i-of-0000N.safetensors, tensors in the checkpoint's order, each file
+ * a header {"__metadata__": {"format": "pt"}, name: {dtype, shape, data_offsets}} padded
+ * with spaces to a multiple of 8, then the data; and model.safetensors.index.json
+ * ({"metadata": {"total_size": bytes}, "weight_map": {name: file}}). Blobs are not
+ * exported. Memory stays bounded whatever the model: each tensor is loaded with strata_load
+ * (every checksum verified) in windows of at most 64 MiB, flat element ranges, into one
+ * reused buffer, and the files' bytes are written in order through an 8 MiB staging buffer
+ * (peak RSS: `make bench`). The files are written as NAME.partial, fsynced
+ * and renamed once all are complete; on failure this export's files are removed (and
+ * out_dir, if this call made it). Other files in out_dir are left alone; files of the same
+ * names are replaced. opts may be NULL. stats (may be NULL) gets data_bytes (tensor bytes
+ * read), bytes and all_bytes (tensor bytes written: total_size), io_calls, seconds.
+ * Errors: those of strata_ckpt_open and strata_load (STRATA_ENOENT, STRATA_EINCOMPLETE,
+ * STRATA_ECHECKSUM, ...), STRATA_EINVAL (bad options; a name that is not UTF-8; two names
+ * equal once the prefix is stripped; a name "__metadata__"), STRATA_ESCHEME, STRATA_EIO,
+ * STRATA_ENOSPC, STRATA_ENOMEM, STRATA_EABORTED (the progress callback stopped it). */
+int strata_export_safetensors(strata_stats *stats, const char *ckpt_uri, const char *out_dir,
+                              const strata_export_opts *opts);
+
 #ifdef __cplusplus
 }
 #endif

@@ -21,6 +21,7 @@ from ._strata import (  # noqa: F401
     Saver,
     State,
     dtype_size,
+    export_safetensors,
     hash_bytes,
     load,
     probe,
@@ -39,5 +40,6 @@ __version__ = "%d.%d.0" % VERSION
 __all__ = [
     "DEFAULT_CHUNK", "DTYPES", "ERRORS", "MAX_DIMS", "MAX_NAME", "MAX_TIERS", "VERSION",
     "Checkpoint", "Comm", "Error", "Handle", "Pool", "Saver", "State",
-    "dtype_size", "hash_bytes", "load", "probe", "remove_incomplete", "retain",
+    "dtype_size", "export_safetensors", "hash_bytes", "load", "probe", "remove_incomplete",
+    "retain",
 ] + sorted(c.__name__ for c in ERRORS.values())

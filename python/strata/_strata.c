@@ -4,10 +4,11 @@
  *
  * Rules kept throughout:
  *  - the GIL is released around every call that may block (save, start, the waits, close,
- *    load, open, verify, probe, retain, hash_bytes, pool allocation); strata's own threads
- *    never touch a Python object: the only C code that does is the host communicator's
- *    callbacks, which run on the thread that called into strata and take the GIL back
- *    (PyGILState_Ensure) for the time of the call;
+ *    load, open, verify, probe, retain, hash_bytes, export_safetensors, pool allocation);
+ *    strata's own threads never touch a Python object: the only C code that does is the
+ *    host communicator's callbacks and the export's progress callback, which run on the
+ *    thread that called into strata and take the GIL back (PyGILState_Ensure) for the time
+ *    of the call;
  *  - every C error is raised as the class of its code (one per STRATA_ERRNO_MAP entry, all
  *    under strata.Error) with strata_error_last() as its text and attributes code / name;
  *  - lifetimes: a State holds the objects given as `keep` (the tensors owning the memory it
@@ -1648,7 +1649,7 @@ static PyObject *mod_load(PyObject *m, PyObject *args, PyObject *kw)
 typedef struct {
     PyObject_HEAD
     strata_ckpt *ck;
-    PyObject *uri, *tensors, *blobs, *files;
+    PyObject *uri, *tensors, *blobs, *files, *format;
     unsigned long long step, data_bytes;
     unsigned int chunk_bytes;
     char committed;
@@ -1790,7 +1791,9 @@ static PyObject *Ckpt_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     self->committed = (char)(strata_ckpt_committed(self->ck) != 0);
     self->chunk_bytes = strata_ckpt_chunk_bytes(self->ck);
     self->data_bytes = strata_ckpt_data_bytes(self->ck);
-    if (!self->uri || !(self->tensors = ckpt_tensors(self->ck)) ||
+    self->format = PyUnicode_FromString(
+        strata_ckpt_format(self->ck) == STRATA_FORMAT_SAFETENSORS ? "safetensors" : "strata");
+    if (!self->uri || !self->format || !(self->tensors = ckpt_tensors(self->ck)) ||
         !(self->blobs = ckpt_blobs(self->ck)) || !(self->files = ckpt_files(self->ck))) {
         Py_DECREF(self);
         return NULL;
@@ -1807,6 +1810,7 @@ static void Ckpt_dealloc(CkptObject *self)
     Py_CLEAR(self->tensors);
     Py_CLEAR(self->blobs);
     Py_CLEAR(self->files);
+    Py_CLEAR(self->format);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -1933,7 +1937,10 @@ static PyMemberDef Ckpt_members[] = {
     {"step", T_ULONGLONG, offsetof(CkptObject, step), READONLY, "the step saved"},
     {"data_bytes", T_ULONGLONG, offsetof(CkptObject, data_bytes), READONLY,
      "payload bytes of all shards and blobs"},
-    {"chunk_bytes", T_UINT, offsetof(CkptObject, chunk_bytes), READONLY, "checksum chunk"},
+    {"chunk_bytes", T_UINT, offsetof(CkptObject, chunk_bytes), READONLY,
+     "checksum chunk (0: no checksums, a safetensors source)"},
+    {"format", T_OBJECT, offsetof(CkptObject, format), READONLY,
+     "'strata', or 'safetensors' (a Hugging Face directory or file: no checksums)"},
     {"committed", T_BOOL, offsetof(CkptObject, committed), READONLY,
      "whether a valid commit record is there"},
     {NULL, 0, 0, 0, NULL},
@@ -2064,6 +2071,149 @@ static PyObject *mod_remove_incomplete(PyObject *m, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* ---- export to safetensors ------------------------------------------------------------ */
+
+typedef struct {
+    PyObject *fn;      /* the progress callable, or NULL */
+    PyObject *pending; /* the exception it raised (or a KeyboardInterrupt) */
+} export_ctx;
+
+/* The export's progress callback, on the thread that called export_safetensors (the GIL
+ * released by it): takes the GIL back, calls the callable with (done, total), and stops
+ * the export when it raises or a signal handler does (Ctrl-C). */
+static int export_progress(void *ctx, uint64_t done, uint64_t total)
+{
+    export_ctx *x = ctx;
+    PyGILState_STATE g = PyGILState_Ensure();
+    int rc = 0;
+    if (PyErr_CheckSignals() < 0) {
+        rc = -1;
+    } else if (x->fn) {
+        PyObject *r = PyObject_CallFunction(x->fn, "KK", (unsigned long long)done,
+                                            (unsigned long long)total);
+        if (r)
+            Py_DECREF(r);
+        else
+            rc = -1;
+    }
+    if (rc) {
+        PyObject *v = err_take();
+        char text[768] = "";
+        PyObject *s = v ? PyObject_Str(v) : NULL;
+        const char *u = s ? PyUnicode_AsUTF8(s) : NULL;
+        if (u)
+            snprintf(text, sizeof text, "%s", u);
+        else
+            PyErr_Clear();
+        Py_XDECREF(s);
+        strata_error_set(STRATA_EABORTED, "export stopped: %s %s%s%s",
+                         x->fn ? "the progress callback raised" : "interrupted by",
+                         v ? Py_TYPE(v)->tp_name : "an error", text[0] ? ": " : "", text);
+        Py_XSETREF(x->pending, v);
+    }
+    PyGILState_Release(g);
+    return rc;
+}
+
+static PyObject *mod_export_safetensors(PyObject *m, PyObject *args, PyObject *kw)
+{
+    (void)m;
+    static char *kwlist[] = {"ckpt", "out", "prefix", "max_file_bytes", "dtype", "progress",
+                             "io_threads", "direct", NULL};
+    PyObject *ockpt, *oout, *oprefix = Py_None, *omax = Py_None, *odtype = Py_None,
+                            *oprog = Py_None, *othreads = Py_None;
+    int direct = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOp:export_safetensors", kwlist, &ockpt,
+                                     &oout, &oprefix, &omax, &odtype, &oprog, &othreads, &direct))
+        return NULL;
+    strata_export_opts o = STRATA_EXPORT_OPTS_INIT;
+    if (!direct)
+        o.flags |= STRATA_EXPORT_NO_DIRECT;
+    uint64_t v;
+    long l;
+    if (omax != Py_None) {
+        if (get_u64(omax, "max_file_bytes", &v) < 0)
+            return NULL;
+        if (v == 0)
+            return raise_fmt(STRATA_EINVAL, "max_file_bytes must be at least 1 (None: 5e9)");
+        o.max_file_bytes = v;
+    }
+    if (othreads != Py_None) {
+        if (get_int(othreads, "io_threads", 0, INT_MAX, &l) < 0)
+            return NULL;
+        o.io_threads = (int)l;
+    }
+    if (odtype != Py_None) {
+        const char *d = PyUnicode_Check(odtype) ? PyUnicode_AsUTF8(odtype) : NULL;
+        if (PyUnicode_Check(odtype) && !d)
+            return NULL;
+        if (!d || strcmp(d, "bf16") != 0) {
+            PyObject *r = PyObject_Repr(odtype);
+            const char *rs = r ? PyUnicode_AsUTF8(r) : NULL;
+            if (!rs) {
+                Py_XDECREF(r);
+                return NULL;
+            }
+            raise_fmt(STRATA_EINVAL, "export dtype %s: only 'bf16' (or None: as saved)", rs);
+            Py_DECREF(r);
+            return NULL;
+        }
+        o.flags |= STRATA_EXPORT_BF16;
+    }
+    if (oprog != Py_None && !PyCallable_Check(oprog))
+        return PyErr_Format(PyExc_TypeError, "progress must be callable or None");
+    PyObject *kck = NULL, *kout = NULL, *kpre = NULL;
+    const char *ck = get_path(ockpt, &kck), *out = ck ? get_path(oout, &kout) : NULL;
+    if (!ck || !out) {
+        Py_XDECREF(kck);
+        return NULL;
+    }
+    if (oprefix != Py_None) {
+        if (!PyUnicode_Check(oprefix)) {
+            Py_DECREF(kck);
+            Py_DECREF(kout);
+            return PyErr_Format(PyExc_TypeError, "prefix must be a str or None");
+        }
+        o.prefix = get_name(oprefix, "prefix");
+        if (!o.prefix) {
+            Py_DECREF(kck);
+            Py_DECREF(kout);
+            return NULL;
+        }
+        kpre = oprefix;
+        Py_INCREF(kpre);
+    }
+    export_ctx x = {oprog != Py_None ? oprog : NULL, NULL};
+    Py_XINCREF(x.fn);
+    o.progress = export_progress;
+    o.progress_ctx = &x;
+    strata_stats s = STRATA_STATS_INIT;
+    char msg[MSG_BYTES];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = strata_export_safetensors(&s, ck, out, &o);
+    snprintf(msg, sizeof msg, "%s", rc ? strata_error_last() : "");
+    Py_END_ALLOW_THREADS
+    Py_DECREF(kck);
+    Py_DECREF(kout);
+    Py_XDECREF(kpre);
+    Py_XDECREF(x.fn);
+    if (rc) {
+        if (x.pending && !PyObject_IsInstance(x.pending, PyExc_Exception)) {
+            err_give(x.pending); /* KeyboardInterrupt, SystemExit: raised as they are */
+            return NULL;
+        }
+        raise_msg(rc, msg);
+        set_cause(x.pending);
+        Py_XDECREF(x.pending);
+        return NULL;
+    }
+    Py_XDECREF(x.pending);
+    return Py_BuildValue("{s:K,s:K,s:K,s:d}", "data_bytes", (unsigned long long)s.data_bytes,
+                         "bytes", (unsigned long long)s.bytes, "io_calls",
+                         (unsigned long long)s.io_calls, "seconds", s.seconds);
+}
+
 static PyMethodDef module_methods[] = {
     {"load", (PyCFunction)(void (*)(void))mod_load, METH_VARARGS | METH_KEYWORDS,
      "load(uris, states, comm=None, *, io_threads=0, max_io_bytes=0, direct=True) -> dict\n\n"
@@ -2077,6 +2227,19 @@ static PyMethodDef module_methods[] = {
      "retain(dir_uri, keep) -> number of checkpoints removed"},
     {"remove_incomplete", (PyCFunction)mod_remove_incomplete, METH_O,
      "remove_incomplete(uri): removes a checkpoint that has no valid commit record."},
+    {"export_safetensors", (PyCFunction)(void (*)(void))mod_export_safetensors,
+     METH_VARARGS | METH_KEYWORDS,
+     "export_safetensors(ckpt, out, *, prefix=None, max_file_bytes=None, dtype=None, "
+     "progress=None, io_threads=None, direct=True) -> dict\n\n"
+     "strata_export_safetensors: the checkpoint's tensors, merged to their global shapes, as "
+     "Hugging Face safetensors files in the directory out (model-0000i-of-0000N.safetensors "
+     "and model.safetensors.index.json), in bounded memory, every checksum verified. prefix "
+     "is stripped from names; max_file_bytes (default 5e9) splits the files; dtype 'bf16' "
+     "converts f64/f32/f16 tensors; direct=False never uses O_DIRECT. progress(done, total) "
+     "is called with the GIL after each window (at most 64 MiB); if it raises, the export "
+     "stops with AbortedError (that exception as __cause__) and leaves no file; Ctrl-C stops "
+     "it too (KeyboardInterrupt). The GIL is released meanwhile. "
+     "Returns {data_bytes, bytes, io_calls, seconds}."},
     {NULL, NULL, 0, NULL},
 };
 

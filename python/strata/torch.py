@@ -5,6 +5,7 @@
     st.load(state, path)                         # in place, into tensors already allocated
     h = st.async_save(state, path); h.wait_snapshot(); optimizer.step(); ...; h.wait()
     mgr = st.CheckpointManager(["/dev/shm/ckpt", "/data/ckpt"], keep=3)
+    st.export_safetensors(path, "hf-model/", prefix="model.", dtype=torch.bfloat16)
 
 State dicts hold (nested in dicts, lists and tuples; flattened to dotted keys such as
 "optim.state.layers.0.w.exp_avg"):
@@ -43,7 +44,7 @@ import strata as _S
 from strata import _values
 
 __all__ = ["save", "load", "async_save", "AsyncSave", "per_rank", "PerRank", "rng_state",
-           "set_rng_state", "CheckpointManager"]
+           "set_rng_state", "CheckpointManager", "export_safetensors"]
 
 # ---- dtypes -----------------------------------------------------------------------------
 
@@ -1071,6 +1072,40 @@ def load(state_dict, path, process_group=None, *, pickle=False, **options):
     _sync_loaded(prep.cuda)
     prep.finish()
     return stats
+
+
+# ---- export -----------------------------------------------------------------------------
+
+def export_safetensors(path, out, *, prefix=None, max_file_bytes=None, dtype=None,
+                       progress=None, io_threads=None, direct=True):
+    """Writes the tensors of the checkpoint at path, merged to their full global shapes
+    whatever layout they were saved in (DTensor shards, FSDP flat pieces, replicas), as
+    Hugging Face safetensors files in the directory out (made if missing):
+    model-0000i-of-0000N.safetensors and model.safetensors.index.json, readable by
+    safetensors.torch.load_file and transformers' from_pretrained. Values and per-rank
+    entries (non-tensor state) are not exported. Memory stays bounded (windows of at most
+    64 MiB; every checksum is verified); files are renamed into place only once all are
+    complete, and a failure leaves none.
+
+    prefix: stripped from the start of names ("model." turns "model.layers.0.w" into
+    "layers.0.w"; other names are kept). max_file_bytes: the most tensor bytes per file
+    (default 5e9; a larger tensor gets a file of its own). dtype: None keeps every saved
+    dtype; torch.bfloat16 (or "bf16") converts float64/32/16 tensors to bfloat16 (round to
+    nearest even), other dtypes as saved. progress: called as progress(done, total) in
+    tensor bytes after each window; if it raises, the export stops with strata.AbortedError
+    (the exception as its __cause__). Not collective: call it in one process (the
+    checkpoint must be committed). io_threads: the reads' threads; direct=False: never
+    O_DIRECT (by default the files are written with it where the file system allows, leaving
+    the page cache alone). Returns {data_bytes, bytes, io_calls, seconds}.
+    """
+    if isinstance(dtype, torch.dtype):
+        if dtype != torch.bfloat16:
+            raise _error("InvalidArgumentError", "export dtype %s: only torch.bfloat16 (or None: "
+                         "as saved)" % dtype)
+        dtype = "bf16"
+    return _S.export_safetensors(os.fspath(path), os.fspath(out), prefix=prefix,
+                                 max_file_bytes=max_file_bytes, dtype=dtype, progress=progress,
+                                 io_threads=io_threads, direct=direct)
 
 
 # ---- checkpoint manager -----------------------------------------------------------------

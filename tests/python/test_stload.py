@@ -147,7 +147,7 @@ def test_strata_torch_load(published):
 def test_view_and_errors(published, tmp_path):
     sd, out = published
     ck = strata.Checkpoint(out)
-    assert ck.chunk_bytes == 0 and ck.committed
+    assert ck.chunk_bytes == 0 and ck.committed and ck.format == "safetensors"
     assert sorted(t["name"] for t in ck.tensors) == sorted(sd)
     # a wrong dtype, a missing tensor: the package's exceptions
     with pytest.raises(strata.MismatchError):

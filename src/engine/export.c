@@ -1,0 +1,686 @@
+/* export.c - strata_export_safetensors: a checkpoint to Hugging Face safetensors files, with
+ * bounded memory, through the engine's public calls (strata_ckpt_open, strata_load).
+ *
+ * The layout is decided first (which file each tensor goes to, at which offset); then each
+ * file is written header first and its tensors filled window by window: every window is a
+ * flat element range of one tensor's row-major flattening (or several small whole tensors
+ * packed together), loaded by strata_load (which merges shards, flat pieces and replicas
+ * and verifies every checksum it reads) into one reused buffer of EXPORT_BUF bytes and
+ * converted in place if asked. A file's bytes are produced in order (header, then its
+ * tensors' data back to back), so they go through one aligned staging buffer of
+ * EXPORT_STAGE bytes written with O_DIRECT at aligned offsets (the page cache is left
+ * alone; buffered writes where O_DIRECT is refused or STRATA_EXPORT_NO_DIRECT asks); the
+ * last partial block is padded and the file truncated to its size. The files are written
+ * under temporary names (NAME.partial), fsynced, and renamed when all of them are
+ * complete; on any failure they are removed. No libm: the bf16 conversion works on bits. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../core/error.h"
+#include "../core/utf8.h"
+#include "../io/vfs.h"
+#include "engine.h"
+
+#define EXPORT_BUF (64u << 20)         /* the one window buffer */
+#define EXPORT_ALIGN 64                /* pieces packed in the buffer start at multiples of this */
+#define EXPORT_MAX_PIECES 4096         /* whole small tensors packed into one load */
+#define EXPORT_DEFAULT_FILE 5000000000ull /* max_file_bytes 0: 5 GB */
+#define EXPORT_STAGE (8u << 20)        /* the aligned staging buffer of the writes */
+#define EXPORT_BLOCK 4096              /* O_DIRECT alignment of offsets, sizes, memory */
+#define EXPORT_MAX_IO (4u << 20)       /* the loads' largest read: less memory than the
+                                          default 16 MiB (peak RSS 90 MiB, not 154-170, for
+                                          a 1 GiB tensor) and no slower */
+
+/* One exported tensor. */
+typedef struct {
+    const char *src_name; /* the checkpoint's name */
+    const char *out_name; /* stripped of the prefix */
+    strata_dtype src, dst;
+    int ndim;
+    const uint64_t *shape;
+    uint64_t numel, src_sz, dst_sz;
+    int file;
+    uint64_t begin; /* data offset inside its file's data section */
+} ex_tensor;
+
+/* A window queued for one load. */
+typedef struct {
+    ex_tensor *t;
+    uint64_t start, count; /* element range */
+    size_t off;            /* in the buffer */
+} ex_piece;
+
+typedef struct {
+    const char *ckpt;
+    const strata_export_opts *o;
+    ex_tensor *ts;
+    size_t nts;
+    int nfiles;
+    char **paths;     /* final file paths (nfiles + 1: the index last) */
+    char **tmp_paths; /* NAME.partial */
+    unsigned char *buf;
+    ex_piece *pieces;
+    int npieces;
+    size_t used;
+    /* the file being written: bytes in order through the staging buffer */
+    int fd, direct;
+    const char *path;
+    unsigned char *stage; /* EXPORT_STAGE bytes, aligned to EXPORT_BLOCK */
+    size_t fill;          /* bytes in stage */
+    uint64_t stage_off;   /* the file offset of stage[0] */
+    uint64_t data_start;  /* where the data section begins in the current file */
+    uint64_t total_bytes, done_bytes, io_calls;
+} ex_ctx;
+
+static const char *st_dtype_name(strata_dtype dt)
+{
+    static const char *const names[STRATA_DTYPE_COUNT] = {
+        [STRATA_F64] = "F64",       [STRATA_F32] = "F32",         [STRATA_F16] = "F16",
+        [STRATA_BF16] = "BF16",     [STRATA_FP8_E4M3] = "F8_E4M3", [STRATA_FP8_E5M2] = "F8_E5M2",
+        [STRATA_I64] = "I64",       [STRATA_I32] = "I32",         [STRATA_I16] = "I16",
+        [STRATA_I8] = "I8",         [STRATA_U8] = "U8",           [STRATA_BOOL] = "BOOL",
+    };
+    return (unsigned)dt < STRATA_DTYPE_COUNT ? names[dt] : NULL;
+}
+
+/* ---- bf16 conversion (round to nearest even; NaN stays a quiet NaN of the same sign) ---- */
+
+static uint16_t f32_bits_to_bf16(uint32_t u)
+{
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+static uint32_t f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+/* f16 bits to f32 bits (exact). */
+static uint32_t f16_to_f32_bits(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    if (exp == 0x1f)
+        return sign | 0x7f800000u | (man << 13);
+    if (exp)
+        return sign | ((exp + 112) << 23) | (man << 13);
+    if (!man)
+        return sign;
+    uint32_t e = 113; /* a subnormal f16 is a normal f32: shift the leading bit up to 0x400 */
+    while (!(man & 0x400))
+        man <<= 1, e--;
+    return sign | (e << 23) | ((man & 0x3ff) << 13);
+}
+
+/* double -> float bits rounding to odd (exact for the later rounding to bf16, which has far
+ * fewer bits), so that f64 -> bf16 rounds once, to nearest even. */
+static uint32_t f64_to_f32_odd_bits(double d)
+{
+    float f = (float)d; /* to nearest; +-inf beyond the float range */
+    uint32_t u = f32_bits(f);
+    if (d != d || (double)f == d) /* NaN, or exact */
+        return u;
+    double af = f < 0 ? -(double)f : (double)f, ad = d < 0 ? -d : d;
+    if (af > ad)
+        u -= 1; /* rounded away from zero: the float below in magnitude (inf -> FLT_MAX) */
+    return u | 1;
+}
+
+/* Converts n elements of src dtype at p to bf16, in place (the output is never larger). */
+static void to_bf16(unsigned char *p, strata_dtype src, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t u;
+        if (src == STRATA_F32) {
+            memcpy(&u, p + 4 * i, 4);
+        } else if (src == STRATA_F64) {
+            double d;
+            memcpy(&d, p + 8 * i, 8);
+            u = f64_to_f32_odd_bits(d);
+        } else { /* F16 */
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            u = f16_to_f32_bits(h);
+        }
+        uint16_t b = f32_bits_to_bf16(u);
+        memcpy(p + 2 * i, &b, 2);
+    }
+}
+
+/* ---- writing --------------------------------------------------------------------------- */
+
+/* The code of a failure to write the output: STRATA_ENOSPC when the disk or quota is full,
+ * else STRATA_EIO (never STRATA_ENOENT, which means a missing checkpoint). */
+static int out_err(int e)
+{
+    return e == ENOSPC || e == EDQUOT || e == EFBIG ? STRATA_ENOSPC : STRATA_EIO;
+}
+
+static int pwrite_all(ex_ctx *c, const void *p, size_t n, uint64_t off)
+{
+    const unsigned char *b = p;
+    while (n) {
+        ssize_t w = pwrite(c->fd, b, n, (off_t)off);
+        c->io_calls++;
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && errno == EINVAL && c->direct) { /* O_DIRECT refused here: buffered */
+            int fl = fcntl(c->fd, F_GETFL);
+            if (fl != -1 && fcntl(c->fd, F_SETFL, fl & ~O_DIRECT) == 0) {
+                c->direct = 0;
+                continue;
+            }
+            errno = EINVAL;
+        }
+        if (w <= 0) {
+            int e = w < 0 ? errno : ENOSPC;
+            return st_fail(out_err(e), "writing %s: %s", c->path, strerror(e));
+        }
+        b += w, n -= (size_t)w, off += (uint64_t)w;
+    }
+    return 0;
+}
+
+/* Writes the staged bytes at their offset: a full stage (aligned), or with last the file's
+ * end (padded to a block under O_DIRECT, then the file truncated to its size). */
+static int stage_write(ex_ctx *c, int last)
+{
+    size_t n = c->fill, wn = n;
+    if (!n)
+        return 0;
+    if (last && c->direct) {
+        wn = (n + EXPORT_BLOCK - 1) / EXPORT_BLOCK * EXPORT_BLOCK;
+        memset(c->stage + n, 0, wn - n);
+    }
+    int rc = pwrite_all(c, c->stage, wn, c->stage_off);
+    c->stage_off += n;
+    c->fill = 0;
+    if (!rc && wn != n && ftruncate(c->fd, (off_t)c->stage_off) != 0)
+        rc = st_fail(out_err(errno), "truncating %s: %s", c->path, strerror(errno));
+    return rc;
+}
+
+/* Appends n bytes to the file being written. */
+static int out_put(ex_ctx *c, const void *p, uint64_t n)
+{
+    const unsigned char *b = p;
+    while (n) {
+        size_t k = EXPORT_STAGE - c->fill < n ? EXPORT_STAGE - c->fill : (size_t)n;
+        memcpy(c->stage + c->fill, b, k);
+        c->fill += k, b += k, n -= k;
+        if (c->fill == EXPORT_STAGE) {
+            int rc = stage_write(c, 0);
+            if (rc)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+/* Tells the caller's callback; nonzero from it stops the export (STRATA_EABORTED). */
+static int report(ex_ctx *c)
+{
+    if (!c->o->progress)
+        return 0;
+    st_clear_error();
+    if (c->o->progress(c->o->progress_ctx, c->done_bytes, c->total_bytes) == 0)
+        return 0;
+    if (!strata_error_last()[0])
+        st_fail(STRATA_EABORTED, "export stopped by the progress callback");
+    return STRATA_EABORTED;
+}
+
+/* Loads the queued pieces, converts them and writes them to the current file. */
+static int flush(ex_ctx *c)
+{
+    if (!c->npieces)
+        return 0;
+    strata_state *st;
+    int rc = strata_state_new(&st);
+    if (rc)
+        return rc;
+    for (int i = 0; i < c->npieces && !rc; i++) {
+        ex_piece *p = &c->pieces[i];
+        strata_shard sh = {0};
+        sh.name = p->t->src_name;
+        sh.dtype = p->t->src;
+        sh.ndim = p->t->ndim;
+        sh.global_shape = p->t->shape;
+        if (p->count != p->t->numel) {
+            sh.flat = 1;
+            sh.flat_start = p->start;
+            sh.flat_end = p->start + p->count;
+        }
+        sh.data = c->buf + p->off;
+        rc = strata_state_add_shard(st, &sh);
+    }
+    if (!rc) {
+        const char *uri = c->ckpt;
+        strata_load_opts lo = STRATA_LOAD_OPTS_INIT;
+        strata_stats ls = STRATA_STATS_INIT;
+        lo.io_threads = c->o->io_threads;
+        lo.max_io_bytes = EXPORT_MAX_IO;
+        if (c->o->flags & STRATA_EXPORT_NO_DIRECT)
+            lo.flags |= STRATA_LOAD_NO_DIRECT;
+        rc = strata_load(&ls, NULL, &uri, 1, &st, 1, &lo);
+        c->io_calls += ls.io_calls;
+    }
+    strata_state_free(st);
+    for (int i = 0; i < c->npieces && !rc; i++) {
+        ex_piece *p = &c->pieces[i];
+        if (p->t->dst != p->t->src)
+            to_bf16(c->buf + p->off, p->t->src, p->count);
+        uint64_t n = p->count * p->t->dst_sz;
+        /* the pieces come in file order, back to back */
+        if (c->stage_off + c->fill != c->data_start + p->t->begin + p->start * p->t->dst_sz)
+            rc = st_fail(STRATA_EINVAL, "export: piece of '%s' out of order (a bug)",
+                         p->t->src_name);
+        if (!rc)
+            rc = out_put(c, c->buf + p->off, n);
+        c->done_bytes += n;
+    }
+    c->npieces = 0;
+    c->used = 0;
+    return rc ? rc : report(c);
+}
+
+/* Queues tensor t's windows, flushing whenever the buffer is full. */
+static int queue_tensor(ex_ctx *c, ex_tensor *t)
+{
+    uint64_t pos = 0;
+    while (pos < t->numel) {
+        size_t off = (c->used + EXPORT_ALIGN - 1) / EXPORT_ALIGN * EXPORT_ALIGN;
+        uint64_t space = off < EXPORT_BUF ? (EXPORT_BUF - off) / t->src_sz : 0;
+        uint64_t take = t->numel - pos < space ? t->numel - pos : space;
+        /* no room, no piece left, or a scalar that would be split: load what is queued */
+        if (take == 0 || c->npieces == EXPORT_MAX_PIECES || (take < t->numel && t->ndim == 0)) {
+            int rc = flush(c);
+            if (rc)
+                return rc;
+            continue;
+        }
+        c->pieces[c->npieces++] = (ex_piece){t, pos, take, off};
+        c->used = off + take * t->src_sz;
+        pos += take;
+    }
+    return 0;
+}
+
+/* Writes s as a JSON string. Names are valid UTF-8 (checked before): only '"', '\\' and
+ * control characters need escapes. */
+static void json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p < 0x20 || *p == 0x7f)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+/* Writes file f (tensors ts[lo..hi)) under its temporary name. */
+static int write_file(ex_ctx *c, int f, size_t lo, size_t hi)
+{
+    char *hdr = NULL;
+    size_t hlen = 0;
+    FILE *m = open_memstream(&hdr, &hlen);
+    if (!m)
+        return st_fail(STRATA_ENOMEM, "out of memory for a header");
+    fputs("{\"__metadata__\":{\"format\":\"pt\"}", m);
+    for (size_t i = lo; i < hi; i++) {
+        ex_tensor *t = &c->ts[i];
+        fputc(',', m);
+        json_str(m, t->out_name);
+        fprintf(m, ":{\"dtype\":\"%s\",\"shape\":[", st_dtype_name(t->dst));
+        for (int d = 0; d < t->ndim; d++)
+            fprintf(m, d ? ",%llu" : "%llu", (unsigned long long)t->shape[d]);
+        fprintf(m, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)t->begin,
+                (unsigned long long)(t->begin + t->numel * t->dst_sz));
+    }
+    fputc('}', m);
+    while ((ftell(m) % 8) != 0)
+        fputc(' ', m);
+    if (fclose(m)) {
+        free(hdr);
+        return st_fail(STRATA_ENOMEM, "out of memory for a header");
+    }
+    const char *path = c->path = c->tmp_paths[f];
+    int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+    c->direct = !(c->o->flags & STRATA_EXPORT_NO_DIRECT);
+    c->fd = c->direct ? open(path, flags | O_DIRECT, 0644) : -1;
+    if (c->fd < 0) { /* no O_DIRECT on this file system (tmpfs): buffered */
+        c->direct = 0;
+        c->fd = open(path, flags, 0644);
+    }
+    if (c->fd < 0) {
+        int e = errno;
+        free(hdr);
+        return st_fail(out_err(e), "creating %s: %s", path, strerror(e));
+    }
+    c->fill = 0;
+    c->stage_off = 0;
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++)
+        len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
+    int rc = out_put(c, len8, 8);
+    if (!rc)
+        rc = out_put(c, hdr, hlen);
+    free(hdr);
+    c->data_start = 8 + hlen;
+    for (size_t i = lo; i < hi && !rc; i++)
+        rc = queue_tensor(c, &c->ts[i]);
+    if (!rc)
+        rc = flush(c);
+    if (!rc)
+        rc = stage_write(c, 1);
+    c->npieces = 0;
+    c->used = 0;
+    if (!rc && fsync(c->fd))
+        rc = st_fail(out_err(errno), "fsync %s: %s", path, strerror(errno));
+    if (close(c->fd) && !rc)
+        rc = st_fail(out_err(errno), "closing %s: %s", path, strerror(errno));
+    c->fd = -1;
+    return rc;
+}
+
+static int write_index(ex_ctx *c)
+{
+    const char *path = c->tmp_paths[c->nfiles];
+    FILE *f = fopen(path, "we");
+    if (!f)
+        return st_fail(out_err(errno), "creating %s: %s", path, strerror(errno));
+    fprintf(f, "{\n  \"metadata\": {\"total_size\": %llu},\n  \"weight_map\": {",
+            (unsigned long long)c->total_bytes);
+    for (size_t i = 0; i < c->nts; i++) {
+        fputs(i ? ",\n    " : "\n    ", f);
+        json_str(f, c->ts[i].out_name);
+        fputs(": ", f);
+        const char *base = strrchr(c->paths[c->ts[i].file], '/');
+        json_str(f, base ? base + 1 : c->paths[c->ts[i].file]);
+    }
+    fputs("\n  }\n}\n", f);
+    int bad = ferror(f) | fflush(f) | fsync(fileno(f));
+    int e = errno;
+    if (fclose(f) || bad)
+        return st_fail(out_err(e), "writing %s: %s", path, strerror(e));
+    return 0;
+}
+
+static int cmp_out_name(const void *a, const void *b)
+{
+    return strcmp((*(ex_tensor *const *)a)->out_name, (*(ex_tensor *const *)b)->out_name);
+}
+
+/* The caller's options (NULL: defaults; any version 1..current), checked, defaults filled. */
+static int export_opts_get(strata_export_opts *out, const strata_export_opts *in)
+{
+    static const size_t size[] = {0, sizeof(strata_export_opts)};
+    *out = (strata_export_opts)STRATA_EXPORT_OPTS_INIT;
+    if (in) {
+        if (in->version < 1 || in->version > STRATA_EXPORT_OPTS_VERSION)
+            return st_fail(STRATA_EINVAL, "strata_export_opts.version %d is not one of 1..%d",
+                           in->version, STRATA_EXPORT_OPTS_VERSION);
+        memcpy(out, in, size[in->version]);
+        out->version = STRATA_EXPORT_OPTS_VERSION;
+    }
+    if (out->flags & ~(unsigned)(STRATA_EXPORT_BF16 | STRATA_EXPORT_NO_DIRECT))
+        return st_fail(STRATA_EINVAL, "strata_export_opts.flags 0x%x has unknown bits", out->flags);
+    if (out->io_threads < 0)
+        return st_fail(STRATA_EINVAL, "strata_export_opts.io_threads %d is negative",
+                       out->io_threads);
+    if (!out->max_file_bytes)
+        out->max_file_bytes = EXPORT_DEFAULT_FILE;
+    if (out->prefix && !*out->prefix)
+        out->prefix = NULL;
+    if (out->prefix) {
+        size_t n = strlen(out->prefix), bad = st_utf8_invalid_at(out->prefix, n);
+        if (bad < n)
+            return st_fail(STRATA_EINVAL,
+                           "strata_export_opts.prefix is not valid UTF-8 (byte 0x%02x at "
+                           "offset %zu)", (unsigned char)out->prefix[bad], bad);
+    }
+    return 0;
+}
+
+/* Lays the tensors out: names, dtypes, sizes, files, offsets. */
+static int layout(ex_ctx *c, strata_ckpt *ck)
+{
+    const strata_export_opts *o = c->o;
+    size_t plen = o->prefix ? strlen(o->prefix) : 0;
+    uint64_t file_used = 0;
+    int file = 0;
+    for (size_t i = 0; i < c->nts; i++) {
+        strata_tensor_info ti;
+        strata_ckpt_tensor(&ti, ck, i);
+        ex_tensor *t = &c->ts[i];
+        size_t nlen = strlen(ti.name), bad = st_utf8_invalid_at(ti.name, nlen);
+        if (bad < nlen) /* strata_load would refuse it: say so before writing anything */
+            return st_fail(STRATA_EINVAL,
+                           "tensor name \"%s\" is not valid UTF-8 (byte 0x%02x at offset %zu); "
+                           "it cannot be loaded, so cannot be exported",
+                           ti.name, (unsigned char)ti.name[bad], bad);
+        t->src_name = ti.name;
+        t->out_name = ti.name;
+        if (plen && strncmp(ti.name, o->prefix, plen) == 0 && ti.name[plen])
+            t->out_name = ti.name + plen;
+        if (strcmp(t->out_name, "__metadata__") == 0)
+            return st_fail(STRATA_EINVAL,
+                           "tensor '%s' would be named __metadata__, the key safetensors "
+                           "keeps for the file's metadata", ti.name);
+        t->src = t->dst = ti.dtype;
+        if ((o->flags & STRATA_EXPORT_BF16) &&
+            (ti.dtype == STRATA_F32 || ti.dtype == STRATA_F64 || ti.dtype == STRATA_F16))
+            t->dst = STRATA_BF16;
+        t->ndim = ti.ndim;
+        t->shape = ti.shape;
+        t->src_sz = strata_dtype_size(t->src);
+        t->dst_sz = strata_dtype_size(t->dst);
+        if (!st_dtype_name(t->dst) || !t->src_sz)
+            return st_fail(STRATA_EFORMAT, "tensor '%s': unknown dtype %d", ti.name,
+                           (int)ti.dtype);
+        t->numel = 1;
+        for (int d = 0; d < ti.ndim; d++) {
+            if (ti.shape[d] && t->numel > UINT64_MAX / 8 / ti.shape[d])
+                return st_fail(STRATA_EFORMAT, "tensor '%s': its shape overflows", ti.name);
+            t->numel *= ti.shape[d];
+        }
+        uint64_t bytes = t->numel * t->dst_sz;
+        if (file_used > 0 && (bytes > o->max_file_bytes || file_used > o->max_file_bytes - bytes))
+            file++, file_used = 0;
+        t->file = file;
+        t->begin = file_used;
+        file_used += bytes;
+        c->total_bytes += bytes;
+    }
+    c->nfiles = file + 1;
+    if (c->nfiles > 99999)
+        return st_fail(STRATA_EINVAL,
+                       "%d files (over 99999) with max_file_bytes %llu: ask for larger files",
+                       c->nfiles, (unsigned long long)o->max_file_bytes);
+    /* the names, once stripped, must stay distinct */
+    ex_tensor **sorted = malloc((c->nts ? c->nts : 1) * sizeof *sorted);
+    if (!sorted)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    for (size_t i = 0; i < c->nts; i++)
+        sorted[i] = &c->ts[i];
+    qsort(sorted, c->nts, sizeof *sorted, cmp_out_name);
+    int rc = 0;
+    for (size_t i = 1; i < c->nts && !rc; i++)
+        if (strcmp(sorted[i - 1]->out_name, sorted[i]->out_name) == 0)
+            rc = st_fail(STRATA_EINVAL,
+                         "tensors '%s' and '%s' have the same name '%s' once the prefix is "
+                         "stripped",
+                         sorted[i - 1]->src_name, sorted[i]->src_name, sorted[i]->out_name);
+    free(sorted);
+    return rc;
+}
+
+/* The output directory: made if missing (*made = 1); a path or file:// / mem:// URI. */
+static int out_dir_prepare(const char *uri, char *dir, size_t cap, int *made)
+{
+    const st_vfs *v;
+    int rc = st_vfs_resolve(uri, &v, dir, cap);
+    if (rc)
+        return rc;
+    int posix = v == &st_vfs_posix;
+    st_vfs_release(v);
+    if (!posix)
+        return st_fail(STRATA_ESCHEME, "export writes local files: '%s' is not a path, file:// "
+                       "or mem:// URI", uri);
+    struct stat sb;
+    if (stat(dir, &sb) != 0) {
+        if (mkdir(dir, 0755) != 0)
+            return st_fail(out_err(errno), "creating %s: %s", dir, strerror(errno));
+        *made = 1;
+    } else if (!S_ISDIR(sb.st_mode)) {
+        return st_fail(STRATA_EIO, "%s exists and is not a directory", dir);
+    }
+    return 0;
+}
+
+static int out_paths(ex_ctx *c, const char *dir)
+{
+    c->paths = calloc((size_t)c->nfiles + 1, sizeof *c->paths);
+    c->tmp_paths = calloc((size_t)c->nfiles + 1, sizeof *c->tmp_paths);
+    if (!c->paths || !c->tmp_paths)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    for (int f = 0; f <= c->nfiles; f++) {
+        char *p, *tp;
+        int ok = f < c->nfiles
+                     ? asprintf(&p, "%s/model-%05d-of-%05d.safetensors", dir, f + 1, c->nfiles)
+                     : asprintf(&p, "%s/model.safetensors.index.json", dir);
+        if (ok < 0)
+            return st_fail(STRATA_ENOMEM, "out of memory");
+        c->paths[f] = p;
+        if (asprintf(&tp, "%s.partial", p) < 0)
+            return st_fail(STRATA_ENOMEM, "out of memory");
+        c->tmp_paths[f] = tp;
+    }
+    return 0;
+}
+
+/* Writes every file under its temporary name, then renames them all (the index last). */
+static int write_all(ex_ctx *c, const char *dir)
+{
+    int rc = report(c);
+    size_t lo = 0;
+    for (int f = 0; f < c->nfiles && !rc; f++) {
+        size_t hi = lo;
+        while (hi < c->nts && c->ts[hi].file == f)
+            hi++;
+        rc = write_file(c, f, lo, hi);
+        lo = hi;
+    }
+    if (!rc)
+        rc = write_index(c);
+    int renamed = 0;
+    for (; renamed <= c->nfiles && !rc; renamed++)
+        if (rename(c->tmp_paths[renamed], c->paths[renamed]) != 0)
+            rc = st_fail(out_err(errno), "renaming %s: %s", c->tmp_paths[renamed],
+                         strerror(errno));
+    if (rc) { /* undo the renames that were done */
+        for (int f = 0; f < renamed - 1; f++)
+            unlink(c->paths[f]);
+        return rc;
+    }
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        if (fsync(dfd) != 0) { /* the names may not last: take the files back */
+            rc = st_fail(out_err(errno), "fsync %s: %s", dir, strerror(errno));
+            for (int f = 0; f <= c->nfiles; f++)
+                unlink(c->paths[f]);
+        }
+        close(dfd);
+    }
+    return rc;
+}
+
+int strata_export_safetensors(strata_stats *stats, const char *ckpt_uri, const char *out_dir,
+                              const strata_export_opts *opts)
+{
+    double t0 = st_now();
+    strata_export_opts o;
+    int rc = st_stats_check(stats);
+    if (!rc)
+        rc = export_opts_get(&o, opts);
+    if (rc)
+        return rc;
+    if (!ckpt_uri || !out_dir)
+        return st_fail(STRATA_EINVAL, "strata_export_safetensors: %s is NULL",
+                       ckpt_uri ? "out_dir" : "ckpt_uri");
+    strata_ckpt *ck;
+    if ((rc = strata_ckpt_open(&ck, ckpt_uri, 0)))
+        return rc;
+    char dir[PATH_MAX];
+    int made_dir = 0;
+    ex_ctx *c = calloc(1, sizeof *c);
+    size_t nt = strata_ckpt_ntensors(ck);
+    if (!c || !(c->ts = calloc(nt ? nt : 1, sizeof *c->ts)) ||
+        !(c->pieces = malloc(EXPORT_MAX_PIECES * sizeof *c->pieces))) {
+        rc = st_fail(STRATA_ENOMEM, "out of memory");
+        goto done;
+    }
+    c->ckpt = ckpt_uri;
+    c->o = &o;
+    c->nts = nt;
+    c->fd = -1;
+    if ((rc = layout(c, ck)) || (rc = out_dir_prepare(out_dir, dir, sizeof dir, &made_dir)) ||
+        (rc = out_paths(c, dir)))
+        goto done;
+    if (!(c->buf = malloc(EXPORT_BUF)) ||
+        posix_memalign((void **)&c->stage, EXPORT_BLOCK, EXPORT_STAGE) != 0) {
+        c->stage = NULL;
+        rc = st_fail(STRATA_ENOMEM, "out of memory for the export's %u + %u bytes of buffers",
+                     EXPORT_BUF, EXPORT_STAGE);
+        goto done;
+    }
+    rc = write_all(c, dir);
+
+done:
+    if (c && c->paths) {
+        for (int f = 0; f <= c->nfiles; f++) {
+            if (rc && c->tmp_paths && c->tmp_paths[f]) /* remove everything this export wrote */
+                unlink(c->tmp_paths[f]);
+            free(c->paths[f]);
+            if (c->tmp_paths)
+                free(c->tmp_paths[f]);
+        }
+    }
+    if (rc && made_dir)
+        rmdir(dir);
+    if (!rc && stats) {
+        strata_stats full = STRATA_STATS_INIT;
+        full.data_bytes = 0;
+        for (size_t i = 0; i < nt; i++)
+            full.data_bytes += c->ts[i].numel * c->ts[i].src_sz;
+        full.bytes = c->total_bytes;
+        full.all_bytes = c->total_bytes;
+        full.io_calls = c->io_calls;
+        full.seconds = st_now() - t0;
+        st_stats_put(stats, &full);
+    }
+    if (c) {
+        free(c->paths);
+        free(c->tmp_paths);
+        free(c->buf);
+        free(c->stage);
+        free(c->pieces);
+        free(c->ts);
+    }
+    free(c);
+    strata_ckpt_free(ck);
+    return rc;
+}

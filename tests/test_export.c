@@ -1,0 +1,396 @@
+/* test_export.c - strata_export_safetensors from C: the files' bytes (length prefix, header
+ * padded to 8, each tensor's data at its data_offsets, merged from row blocks, flat pieces
+ * and replicas), the index, stats; bf16 rounding on bits; O_DIRECT and buffered writes give
+ * the same bytes; the options' checks, each with its code and nothing written; a progress
+ * callback that stops the export; names refused before anything is written. The Python
+ * tests (tests/python/test_export.py) read the output back with the safetensors package. */
+#include <sys/resource.h>
+#include <sys/wait.h>
+
+#include "testutil.h"
+
+static char dir[512];
+TU_TMPDIR_GROUP(dir, "export")
+
+enum { ROWS = 5, COLS = 7, NV = 9 };
+static float w[ROWS * COLS];
+static uint16_t v[NV];
+static int64_t step = 1234567;
+
+/* Saves "model.w" (f32 [5,7], two ranks: rows 0-2 and 3-4), "model.v" (f16 [9], flat pieces
+ * [0,4) and [4,9) of the whole box) and "step" (an i64 scalar on both ranks) to name. */
+static void save_small(char *out, size_t cap, const char *name, const char *wname)
+{
+    snprintf(out, cap, "%s/%s", dir, name);
+    for (int i = 0; i < ROWS * COLS; i++)
+        w[i] = (float)i * 0.25f - 3.0f;
+    w[0] = 1.00390625f; /* ties in bf16: to even */
+    w[1] = 1.01171875f;
+    uint32_t nan = 0x7fc00001u;
+    memcpy(&w[2], &nan, 4);
+    for (int i = 0; i < NV; i++)
+        v[i] = (uint16_t)(0x3c00 + 37 * i); /* f16 values from 1.0 up */
+    uint64_t shape[2] = {ROWS, COLS}, top[2] = {0, 0}, bot[2] = {3, 0}, lt[2] = {3, COLS},
+             lb[2] = {2, COLS}, nv = NV;
+    strata_state *st[2];
+    assert_ok(strata_state_new(&st[0]));
+    assert_ok(strata_state_new(&st[1]));
+    assert_ok(strata_state_add_shard(st[0], &(strata_shard){wname, STRATA_F32, 2, shape, top, lt,
+                                                            .data = w}));
+    assert_ok(strata_state_add_shard(st[1], &(strata_shard){wname, STRATA_F32, 2, shape, bot, lb,
+                                                            .data = w + 3 * COLS}));
+    assert_ok(strata_state_add_shard(st[0], &(strata_shard){"model.v", STRATA_F16, 1, &nv,
+                                                            .flat = 1, .flat_start = 0,
+                                                            .flat_end = 4, .data = v}));
+    assert_ok(strata_state_add_shard(st[1], &(strata_shard){"model.v", STRATA_F16, 1, &nv,
+                                                            .flat = 1, .flat_start = 4,
+                                                            .flat_end = NV, .data = v + 4}));
+    for (int r = 0; r < 2; r++)
+        assert_ok(strata_state_add_shard(st[r], &(strata_shard){"step", STRATA_I64, 0, NULL,
+                                                                .data = &step}));
+    strata_save_opts so = STRATA_SAVE_OPTS_INIT;
+    so.flags = STRATA_SAVE_NO_SYNC;
+    const char *uri = out;
+    assert_ok(strata_save(NULL, NULL, &uri, 1, st, 2, &so));
+    strata_state_free(st[0]);
+    strata_state_free(st[1]);
+}
+
+/* The data of tensor name in a safetensors file: checks the dtype and shape strings and
+ * returns a pointer into buf (the whole file) with *n its bytes. */
+static const unsigned char *tensor_in(const unsigned char *buf, size_t len, const char *name,
+                                      const char *dtype, const char *shape, size_t *n)
+{
+    assert_true(len >= 8);
+    uint64_t hlen = 0;
+    for (int i = 0; i < 8; i++)
+        hlen |= (uint64_t)buf[i] << (8 * i);
+    assert_true(hlen % 8 == 0 && 8 + hlen <= len);
+    char *hdr = strndup((const char *)buf + 8, hlen);
+    assert_non_null(hdr);
+    assert_true(strncmp(hdr, "{\"__metadata__\":{\"format\":\"pt\"}", 31) == 0);
+    char want[256];
+    snprintf(want, sizeof want, "\"%s\":{\"dtype\":\"%s\",\"shape\":%s,\"data_offsets\":[", name,
+             dtype, shape);
+    const char *at = strstr(hdr, want);
+    if (!at)
+        fail_msg("no %s in the header %s", want, hdr);
+    unsigned long long b, e;
+    assert_int_equal(sscanf(at + strlen(want), "%llu,%llu]", &b, &e), 2);
+    free(hdr);
+    assert_true(b <= e && 8 + hlen + e <= len);
+    *n = (size_t)(e - b);
+    return buf + 8 + hlen + b;
+}
+
+static unsigned char *read_out(const char *out, const char *name, size_t *len)
+{
+    char p[1024];
+    snprintf(p, sizeof p, "%s/%s", out, name);
+    return tu_read_file(p, len);
+}
+
+static int count_entries(const char *d)
+{
+    char cmd[1100];
+    snprintf(cmd, sizeof cmd, "ls -A '%s' | wc -l", d);
+    FILE *f = popen(cmd, "r");
+    int n = -1;
+    assert_non_null(f);
+    assert_int_equal(fscanf(f, "%d", &n), 1);
+    pclose(f);
+    return n;
+}
+
+static void test_roundtrip(void **state)
+{
+    (void)state;
+    char ck[600], out[600];
+    save_small(ck, sizeof ck, "ck", "model.w");
+    snprintf(out, sizeof out, "%s/out", dir);
+    strata_stats s = STRATA_STATS_INIT;
+    assert_ok(strata_export_safetensors(&s, ck, out, NULL));
+    uint64_t want = ROWS * COLS * 4 + NV * 2 + 8;
+    assert_int_equal(s.bytes, want);
+    assert_int_equal(s.data_bytes, want);
+    assert_int_equal(s.all_bytes, want);
+    assert_true(s.seconds > 0 && s.io_calls > 0);
+    assert_int_equal(count_entries(out), 2); /* one file and the index; no .partial */
+    size_t len, n;
+    unsigned char *f = read_out(out, "model-00001-of-00001.safetensors", &len);
+    const unsigned char *p = tensor_in(f, len, "model.w", "F32", "[5,7]", &n);
+    assert_int_equal(n, sizeof w);
+    assert_memory_equal(p, w, sizeof w);
+    p = tensor_in(f, len, "model.v", "F16", "[9]", &n);
+    assert_int_equal(n, sizeof v);
+    assert_memory_equal(p, v, sizeof v);
+    p = tensor_in(f, len, "step", "I64", "[]", &n);
+    assert_int_equal(n, 8);
+    assert_memory_equal(p, &step, 8);
+    free(f);
+    unsigned char *ix = read_out(out, "model.safetensors.index.json", &len);
+    ix[len] = 0;
+    assert_non_null(strstr((char *)ix, "\"total_size\": 166"));
+    assert_non_null(strstr((char *)ix, "\"model.w\": \"model-00001-of-00001.safetensors\""));
+    free(ix);
+
+    /* prefix, a split per tensor (max_file_bytes 1), bf16, buffered writes */
+    char out2[600];
+    snprintf(out2, sizeof out2, "%s/out2", dir);
+    strata_export_opts o = STRATA_EXPORT_OPTS_INIT;
+    o.prefix = "model.";
+    o.max_file_bytes = 1;
+    o.flags = STRATA_EXPORT_BF16 | STRATA_EXPORT_NO_DIRECT;
+    assert_ok(strata_export_safetensors(&s, ck, out2, &o));
+    assert_int_equal(s.bytes, ROWS * COLS * 2 + NV * 2 + 8);
+    assert_int_equal(s.data_bytes, want);
+    assert_int_equal(count_entries(out2), 4);
+    f = read_out(out2, "model-00002-of-00003.safetensors", &len); /* "model.w" -> "w" */
+    p = tensor_in(f, len, "w", "BF16", "[5,7]", &n);
+    assert_int_equal(n, ROWS * COLS * 2);
+    uint16_t b[ROWS * COLS];
+    memcpy(b, p, n);
+    assert_int_equal(b[0], 0x3f80); /* 1.00390625: the tie rounds to even, down */
+    assert_int_equal(b[1], 0x3f82); /* 1.01171875: the tie rounds to even, up */
+    assert_int_equal(b[2], 0x7fc0); /* NaN stays a quiet NaN */
+    for (int i = 3; i < ROWS * COLS; i++) { /* exact in bf16 */
+        uint32_t u;
+        memcpy(&u, &w[i], 4);
+        assert_int_equal(b[i], u >> 16);
+    }
+    free(f);
+    f = read_out(out2, "model-00003-of-00003.safetensors", &len); /* "step" */
+    p = tensor_in(f, len, "step", "I64", "[]", &n);
+    assert_memory_equal(p, &step, 8);
+    free(f);
+    f = read_out(out2, "model-00001-of-00003.safetensors", &len); /* "v" -> bf16 */
+    p = tensor_in(f, len, "v", "BF16", "[9]", &n);
+    assert_int_equal(n, NV * 2);
+    free(f);
+
+    /* the same bytes with O_DIRECT (the default) and without */
+    char out3[600];
+    snprintf(out3, sizeof out3, "%s/out3", dir);
+    o.flags = STRATA_EXPORT_BF16;
+    assert_ok(strata_export_safetensors(NULL, ck, out3, &o));
+    for (int i = 1; i <= 3; i++) {
+        char fn[64];
+        size_t l2, l3;
+        snprintf(fn, sizeof fn, "model-%05d-of-00003.safetensors", i);
+        unsigned char *a = read_out(out2, fn, &l2), *c = read_out(out3, fn, &l3);
+        assert_int_equal(l2, l3);
+        assert_memory_equal(a, c, l2);
+        free(a);
+        free(c);
+    }
+}
+
+static int stop_at;  /* the call that returns nonzero */
+static int calls;
+static int custom;   /* set a message of its own */
+static uint64_t last_done, last_total;
+
+static int on_progress(void *ctx, uint64_t done, uint64_t total)
+{
+    assert_ptr_equal(ctx, &calls);
+    assert_true(done >= last_done && done <= total);
+    last_done = done, last_total = total;
+    if (++calls != stop_at)
+        return 0;
+    if (custom)
+        strata_error_set(STRATA_EABORTED, "the user said stop");
+    return 1;
+}
+
+static void test_progress(void **state)
+{
+    (void)state;
+    char ck[600], out[600];
+    save_small(ck, sizeof ck, "ckp", "model.w");
+    snprintf(out, sizeof out, "%s/outp", dir);
+    strata_export_opts o = STRATA_EXPORT_OPTS_INIT;
+    o.max_file_bytes = 1;
+    o.progress = on_progress;
+    o.progress_ctx = &calls;
+    calls = 0, stop_at = -1, last_done = 0;
+    assert_ok(strata_export_safetensors(NULL, ck, out, &o));
+    assert_int_equal(calls, 4); /* before, then one window per file */
+    assert_int_equal(last_done, 166);
+    assert_int_equal(last_total, 166);
+    /* stopped at the 2nd or 4th call (after the last file, before the index): nothing
+     * of this export is left, and a directory it made is removed */
+    for (int k = 0; k < 4; k++) {
+        char o2[700];
+        snprintf(o2, sizeof o2, "%s/stop%d", dir, k);
+        calls = 0, last_done = 0, stop_at = k < 2 ? 2 : 4, custom = k % 2;
+        if (k >= 2) { /* an existing directory: its files are kept */
+            assert_int_equal(mkdir(o2, 0755), 0);
+            char keep[800];
+            tu_join(keep, o2, "keep");
+            tu_write_file(keep, "x", 1);
+        }
+        assert_rc(strata_export_safetensors(NULL, ck, o2, &o), STRATA_EABORTED);
+        assert_msg_has(custom ? "the user said stop" : "stopped by the progress callback");
+        if (k < 2)
+            assert_false(tu_exists(o2));
+        else
+            assert_int_equal(count_entries(o2), 1);
+    }
+}
+
+static void test_bad_options(void **state)
+{
+    (void)state;
+    char ck[600], out[600], file[600];
+    save_small(ck, sizeof ck, "cko", "model.w");
+    snprintf(out, sizeof out, "%s/outo", dir);
+    strata_export_opts o = STRATA_EXPORT_OPTS_INIT;
+    o.version = 0;
+    assert_rc(strata_export_safetensors(NULL, ck, out, &o), STRATA_EINVAL);
+    assert_msg_has("strata_export_opts.version 0");
+    o.version = STRATA_EXPORT_OPTS_VERSION + 1;
+    assert_rc(strata_export_safetensors(NULL, ck, out, &o), STRATA_EINVAL);
+    o = (strata_export_opts)STRATA_EXPORT_OPTS_INIT;
+    o.flags = 1u << 9;
+    assert_rc(strata_export_safetensors(NULL, ck, out, &o), STRATA_EINVAL);
+    assert_msg_has("unknown bits");
+    o.flags = 0, o.io_threads = -1;
+    assert_rc(strata_export_safetensors(NULL, ck, out, &o), STRATA_EINVAL);
+    assert_msg_has("io_threads");
+    o.io_threads = 0, o.prefix = "mo\xff";
+    assert_rc(strata_export_safetensors(NULL, ck, out, &o), STRATA_EINVAL);
+    assert_msg_has("prefix is not valid UTF-8");
+    strata_stats s = STRATA_STATS_INIT;
+    s.version = 0;
+    assert_rc(strata_export_safetensors(&s, ck, out, NULL), STRATA_EINVAL);
+    assert_msg_has("strata_stats.version");
+    assert_rc(strata_export_safetensors(NULL, NULL, out, NULL), STRATA_EINVAL);
+    assert_rc(strata_export_safetensors(NULL, ck, NULL, NULL), STRATA_EINVAL);
+    assert_rc(strata_export_safetensors(NULL, ck, "s3://bucket/x", NULL), STRATA_ESCHEME);
+    snprintf(file, sizeof file, "%s/a-file", dir);
+    tu_write_file(file, "x", 1);
+    assert_rc(strata_export_safetensors(NULL, ck, file, NULL), STRATA_EIO);
+    assert_msg_has("not a directory");
+    char deep[700];
+    snprintf(deep, sizeof deep, "%s/no/such/parent", dir);
+    assert_rc(strata_export_safetensors(NULL, ck, deep, NULL), STRATA_EIO);
+    char missing[700];
+    snprintf(missing, sizeof missing, "%s/absent", dir);
+    assert_rc(strata_export_safetensors(NULL, missing, out, NULL), STRATA_ENOENT);
+    assert_false(tu_exists(out));
+    /* a committed checkpoint with a corrupt byte: STRATA_ECHECKSUM, nothing left */
+    strata_ckpt *c;
+    assert_ok(strata_ckpt_open(&c, ck, 0));
+    strata_shard_info si;
+    strata_ckpt_shard(&si, c, 0, 0);
+    char data[800];
+    tu_join(data, ck, si.file);
+    tu_flip_byte(data, si.file_offset, 0x10);
+    strata_ckpt_free(c);
+    assert_rc(strata_export_safetensors(NULL, ck, out, NULL), STRATA_ECHECKSUM);
+    assert_false(tu_exists(out));
+}
+
+static void test_names(void **state)
+{
+    (void)state;
+    char ck[600], out[600];
+    /* "__metadata__" is the key of the file's metadata: refused, also once stripped */
+    save_small(ck, sizeof ck, "ckm", "__metadata__");
+    snprintf(out, sizeof out, "%s/outm", dir);
+    assert_rc(strata_export_safetensors(NULL, ck, out, NULL), STRATA_EINVAL);
+    assert_msg_has("__metadata__");
+    assert_false(tu_exists(out));
+    save_small(ck, sizeof ck, "ckm2", "x.__metadata__");
+    strata_export_opts o = STRATA_EXPORT_OPTS_INIT;
+    assert_ok(strata_export_safetensors(NULL, ck, out, &o));
+    o.prefix = "x.";
+    char out2[700];
+    snprintf(out2, sizeof out2, "%s/outm2", dir);
+    assert_rc(strata_export_safetensors(NULL, ck, out2, &o), STRATA_EINVAL);
+    assert_false(tu_exists(out2));
+    /* two names equal once the prefix is stripped */
+    save_small(ck, sizeof ck, "ckd", "v");
+    o.prefix = "model.";
+    assert_rc(strata_export_safetensors(NULL, ck, out2, &o), STRATA_EINVAL);
+    assert_msg_has("same name 'v'");
+    assert_false(tu_exists(out2));
+    /* a name equal to the prefix is kept whole */
+    o.prefix = "step";
+    assert_ok(strata_export_safetensors(NULL, ck, out2, &o));
+}
+
+/* The exporter never holds a whole tensor: a 320 MiB f32 tensor, saved as two row halves,
+ * exports with a peak RSS under 256 MiB. The save and the export each run in a child
+ * process of their own, so the figure (ru_maxrss from wait4) is the exporter's alone; it is
+ * not held to the bound under the sanitizers or valgrind, whose own memory counts there. */
+static void test_bounded_memory(void **state)
+{
+    (void)state;
+    enum { R = 20480, C = 4096 }; /* 320 MiB of f32 */
+    char ck[600], out[600];
+    snprintf(ck, sizeof ck, "%s/big", dir);
+    snprintf(out, sizeof out, "%s/big-out", dir);
+    pid_t pid = fork();
+    if (pid == 0) {
+        uint64_t shape[2] = {R, C}, off[2] = {R / 2, 0}, len[2] = {R / 2, C};
+        float *half[2];
+        strata_state *st[2];
+        for (int r = 0; r < 2; r++) {
+            half[r] = malloc((size_t)R / 2 * C * 4);
+            if (!half[r] || strata_state_new(&st[r]))
+                _exit(2);
+            for (size_t i = 0; i < (size_t)R / 2 * C; i++)
+                half[r][i] = (float)((i + (size_t)r * R / 2 * C) % 1000003);
+            strata_shard sh = {"big", STRATA_F32, 2, shape, r ? off : NULL, len, .data = half[r]};
+            if (strata_state_add_shard(st[r], &sh))
+                _exit(3);
+        }
+        const char *u[] = {ck};
+        _exit(strata_save(NULL, NULL, u, 1, st, 2, NULL) ? 4 : 0);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    pid = fork();
+    if (pid == 0)
+        _exit(strata_export_safetensors(NULL, ck, out, NULL) ? 1 : 0);
+    struct rusage ru;
+    assert_int_equal(wait4(pid, &status, 0, &ru), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    const char *san = getenv("SANITIZED"), *pre = getenv("LD_PRELOAD");
+    int measured = !(san && *san) && !(pre && strstr(pre, "vgpreload"));
+    print_message("export of a 320 MiB tensor: peak RSS %ld MiB%s\n", ru.ru_maxrss / 1024,
+                  measured ? "" : " (not held to the bound here)");
+    if (measured)
+        assert_true(ru.ru_maxrss < 256 * 1024);
+    /* the bytes: a few elements of each half, at their data_offsets */
+    char f[700];
+    snprintf(f, sizeof f, "%s/model-00001-of-00001.safetensors", out);
+    int fd = open(f, O_RDONLY);
+    assert_true(fd >= 0);
+    uint64_t n;
+    assert_int_equal(pread(fd, &n, 8, 0), 8);
+    static const size_t at[] = {0, 1, 12345, (size_t)R / 2 * C - 1, (size_t)R / 2 * C,
+                                (size_t)R * C - 1};
+    for (size_t k = 0; k < sizeof at / sizeof at[0]; k++) {
+        float x;
+        assert_int_equal(pread(fd, &x, 4, (off_t)(8 + n + at[k] * 4)), 4);
+        assert_true(x == (float)(at[k] % 1000003));
+    }
+    close(fd);
+    tu_rmrf(ck);
+    tu_rmrf(out);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_roundtrip),
+        cmocka_unit_test(test_progress),
+        cmocka_unit_test(test_bad_options),
+        cmocka_unit_test(test_names),
+        cmocka_unit_test(test_bounded_memory),
+    };
+    return cmocka_run_group_tests(tests, tu_group_setup, tu_group_teardown);
+}
