@@ -209,5 +209,34 @@ check "inspect --json escapes names that are not UTF-8 (strict JSON, U+FFFD)" ba
 # a clear error naming the byte, and no output
 check "export of names that are not UTF-8 fails clearly, leaves nothing" bash -c "'$S' export '$T/badname' '$T/stbad' --quiet 2>&1 | grep -q 'is not valid UTF-8'; test \${PIPESTATUS[0]} != 0 && test ! -e '$T/stbad'"
 
+# a safetensors directory (the export above, st1) as a source: inspect, ls, verify say it
+# has no checksums; export reads it again; gc never touches it; a truncated file is refused
+cat >"$T/st_same.py" <<'PY'
+import json, os, struct, sys
+def tensors(d):  # name -> (dtype, shape, data bytes) over a directory's files
+    out = {}
+    for f in sorted(os.listdir(d)):
+        if f.endswith('.safetensors'):
+            b = open(os.path.join(d, f), 'rb').read()
+            n = struct.unpack('<Q', b[:8])[0]
+            for k, v in json.loads(b[8:8 + n]).items():
+                if k != '__metadata__':
+                    s, e = v['data_offsets']
+                    out[k] = (v['dtype'], v['shape'], b[8 + n + s:8 + n + e])
+    return out
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+assert a and a == b, (len(a), len(b))
+print(len(a), 'tensors equal')
+PY
+check "inspect of a safetensors directory says it has no checksums" bash -c "'$S' inspect '$T/st1' | grep -q '^safetensors .*NO CHECKSUMS' && '$S' inspect '$T/st1' --json | python3 -c 'import json,sys; j=json.load(sys.stdin); assert j[\"format\"]==\"safetensors\" and j[\"checksums\"] is False and j[\"chunk_bytes\"]==0 and j[\"tensors\"]'"
+check "ls lists a safetensors directory as such" bash -c "'$S' ls '$T' | grep -q '^safetensors .* $T/st1 (no checksums)\$'"
+check "verify of a safetensors directory reads it and says nothing could be checked" bash -c "'$S' verify '$T/st1' | grep -q 'no checksums'"
+check "export of a safetensors directory (re-split) keeps every tensor's bytes" bash -c "'$S' export '$T/st1' '$T/st8' --max-file-gb 0.002 --quiet && test \$(ls '$T/st8' | grep -c safetensors\$) -gt 1 && python3 '$T/st_same.py' '$T/st1' '$T/st8'"
+check "gc leaves a safetensors directory alone" bash -c "before=\$(ls '$T/st1' | wc -l); '$S' gc '$T' >/dev/null && test \"\$(ls '$T/st1' | wc -l)\" = \"\$before\""
+cp -r "$T/st1" "$T/st9"
+last=$(ls "$T/st9"/*.safetensors | tail -n 1)
+truncate -s -1 "$last"
+check "a truncated safetensors file: exit 3, the file named" bash -c "'$S' inspect '$T/st9' 2>&1 | grep -q \"$(basename "$last")\"; test \${PIPESTATUS[0]} = 3"
+
 echo "cli: $pass passed, $fail failed"
 [ "$fail" = 0 ]
