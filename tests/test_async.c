@@ -285,8 +285,8 @@ static int thread_nices(long *seen, int cap)
     return n;
 }
 
-/* The save's coordinator runs at the caller's nice + bg_nice (7 here), its flushers at 19;
- * the caller's own thread is untouched. */
+/* The save's coordinator (and the snapshot's other copier) runs at the caller's nice +
+ * bg_nice (7 here), its flushers at 19; the caller's own thread is untouched. */
 static void test_background_nice(void **state)
 {
     (void)state;

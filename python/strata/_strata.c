@@ -755,20 +755,25 @@ static void unview(PyObject *v)
     Py_DECREF(v);
 }
 
+/* str(v) into text (cap bytes; "" if v is NULL or has no string). */
+static void exc_text(PyObject *v, char *text, size_t cap)
+{
+    text[0] = 0;
+    PyObject *s = v ? PyObject_Str(v) : NULL;
+    const char *u = s ? PyUnicode_AsUTF8(s) : NULL;
+    if (u)
+        snprintf(text, cap, "%s", u);
+    else
+        PyErr_Clear();
+    Py_XDECREF(s);
+}
+
 /* The Python error set now becomes STRATA_EABORTED with its text (thread-local message). */
 static int cb_error(host_ctx *x, const char *what)
 {
     PyObject *v = err_take();
-    char text[768] = "";
-    if (v) {
-        PyObject *s = PyObject_Str(v);
-        const char *u = s ? PyUnicode_AsUTF8(s) : NULL;
-        if (u)
-            snprintf(text, sizeof text, "%s", u);
-        else
-            PyErr_Clear();
-        Py_XDECREF(s);
-    }
+    char text[768];
+    exc_text(v, text, sizeof text);
     char tname[128];
     snprintf(tname, sizeof tname, "%s", v ? Py_TYPE(v)->tp_name : "an error");
     Py_XSETREF(x->pending, v);
@@ -2098,14 +2103,8 @@ static int export_progress(void *ctx, uint64_t done, uint64_t total)
     }
     if (rc) {
         PyObject *v = err_take();
-        char text[768] = "";
-        PyObject *s = v ? PyObject_Str(v) : NULL;
-        const char *u = s ? PyUnicode_AsUTF8(s) : NULL;
-        if (u)
-            snprintf(text, sizeof text, "%s", u);
-        else
-            PyErr_Clear();
-        Py_XDECREF(s);
+        char text[768];
+        exc_text(v, text, sizeof text);
         strata_error_set(STRATA_EABORTED, "export stopped: %s %s%s%s",
                          x->fn ? "the progress callback raised" : "interrupted by",
                          v ? Py_TYPE(v)->tp_name : "an error", text[0] ? ": " : "", text);

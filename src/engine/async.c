@@ -5,6 +5,7 @@
  * pool buffers are owned by one thread at a time (coordinator fills, one flusher writes). */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -239,6 +240,7 @@ struct strata_handle {
     int snap_done, durable_done;
     int rc;
     char msg[1024];
+    atomic_size_t next_task;               /* the snapshot's next write task to copy */
     size_t *q_task, *q_buf, q_head, q_len; /* ring of full buffers to write */
     int q_closed;
     int finished, final_rc; /* the commit's outcome, once strata_wait_durable got it */
@@ -332,6 +334,46 @@ static void *flusher(void *arg)
     }
 }
 
+/* Snapshot threads: the coordinator and up to SNAPSHOT_THREADS - 1 more copy write tasks
+ * into pool buffers, each taking the next task, and hand them to the flushers. Two copies
+ * at once come close to the memory's bandwidth where one thread's memcpy does not (and
+ * device copies run on two streams); STRATA_SNAPSHOT_THREADS (1..8) overrides. */
+#define SNAPSHOT_THREADS 2
+
+static int snapshot_threads(void)
+{
+    const char *e = getenv("STRATA_SNAPSHOT_THREADS");
+    int n = e ? atoi(e) : SNAPSHOT_THREADS;
+    return n < 1 ? 1 : n > 8 ? 8 : n;
+}
+
+static void *copier(void *arg)
+{
+    strata_handle *h = arg;
+    for (;;) {
+        size_t t = atomic_fetch_add(&h->next_task, 1), b;
+        if (t >= h->lay.nios || all_failed(h))
+            return NULL;
+        int frc = pool_get(h->pool, &b);
+        if (frc) {
+            fail(h, frc, -1);
+            return NULL;
+        }
+        if ((frc = st_fill_write(&h->lay, &h->sp, t, h->pool->bufs[b], 0))) {
+            fail(h, frc, -1);
+            pool_put(h->pool, b);
+            return NULL;
+        }
+        pthread_mutex_lock(&h->mu);
+        size_t slot = (h->q_head + h->q_len) % h->pool->nbuf;
+        h->q_task[slot] = t;
+        h->q_buf[slot] = b;
+        h->q_len++;
+        pthread_cond_broadcast(&h->cv);
+        pthread_mutex_unlock(&h->mu);
+    }
+}
+
 static void set_flag(strata_handle *h, int *flag)
 {
     pthread_mutex_lock(&h->mu);
@@ -369,26 +411,17 @@ static void *coordinator(void *arg)
             pool_pin(h->pool);
             break;
         }
-    /* the snapshot: copy each write task into a pool buffer, hand it to the flushers */
-    for (size_t t = 0; started && t < h->lay.nios && !all_failed(h); t++) {
-        size_t b;
-        int frc = pool_get(h->pool, &b);
-        if (frc) {
-            fail(h, frc, -1);
-            break;
-        }
-        if ((frc = st_fill_write(&h->lay, &h->sp, t, h->pool->bufs[b], 0))) {
-            fail(h, frc, -1);
-            pool_put(h->pool, b);
-            break;
-        }
-        pthread_mutex_lock(&h->mu);
-        size_t slot = (h->q_head + h->q_len) % h->pool->nbuf;
-        h->q_task[slot] = t;
-        h->q_buf[slot] = b;
-        h->q_len++;
-        pthread_cond_broadcast(&h->cv);
-        pthread_mutex_unlock(&h->mu);
+    /* the snapshot: this thread and the other copiers copy the write tasks into pool
+     * buffers and hand them to the flushers */
+    if (started) {
+        pthread_t more[8];
+        int ncopy = 0, want = snapshot_threads() - 1;
+        for (; ncopy < want && (size_t)ncopy + 1 < h->lay.nios; ncopy++)
+            if (pthread_create(&more[ncopy], NULL, copier, h)) /* at this thread's nice */
+                break; /* fewer copiers: still a snapshot */
+        copier(h);
+        for (int i = 0; i < ncopy; i++)
+            pthread_join(more[i], NULL);
     }
     pthread_mutex_lock(&h->mu);
     h->q_closed = 1;
@@ -439,6 +472,7 @@ int st_async_start(strata_handle **out, st_save_plan *sp, const strata_save_opts
         ops->release(ctx);
         return st_fail(STRATA_ENOMEM, "out of memory");
     }
+    atomic_init(&h->next_task, 0);
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->cv, NULL);
     h->t0 = st_now();
