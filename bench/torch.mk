@@ -1,0 +1,18 @@
+# make bench-torch: strata beside torch.save and DCP (sync, async, every CPU staging option)
+# in a real training loop, on one process and on 4 gloo processes (FSDP2 x TP), with the disk
+# measured by fio in the same run. Writes bench/results/torch.md and torch.png; the last line
+# printed holds the ratios. Installs fio (Debian) and numpy + matplotlib (into $(VENV)).
+# Env: BENCH_TORCH_GB (state GiB, default 2), ROUNDS (default 3), BENCH_TORCH_K (steps per
+# checkpoint, default 10), BENCH_TORCH_CONFIGS (default 1p-fp32,1p-bf16,4p-fp32); the
+# checkpoints go to BENCH_TORCH_DIR (default $(BUILD)/bench-torch, on the disk under test).
+.PHONY: bench-torch
+
+BENCH_TORCH_DIR ?= $(BUILD)/bench-torch
+
+$(VENV)/.bench-torch-deps: $(VENV)/.deps-installed
+	$(VENV)/bin/pip install -q numpy matplotlib
+	@touch $@
+
+bench-torch: venv $(VENV)/.bench-torch-deps
+	@$(APT) tool_need fio fio
+	BENCH_DIR=$(BENCH_TORCH_DIR) PYTHONWARNINGS=ignore $(VENV)/bin/python bench/bench_torch.py
