@@ -420,7 +420,8 @@ class StrataManager(System):
 
     def setup(self, sd):
         import strata.torch as st
-        self.mgr = st.CheckpointManager(self.tiers, keep=1, pool_bytes=self.pool_bytes)
+        self.mgr = st.CheckpointManager(self.tiers, keep=1,
+                                        pool_bytes=self.pool_bytes).prepare()
 
     def start(self, sd, path, step):
         return self.mgr.save(step, sd)
@@ -440,8 +441,8 @@ class StrataManager(System):
             self.mgr = None
 
     def options(self):
-        return "strata.torch.CheckpointManager([%s, %s], keep=1, pool_bytes=%d MiB): the " \
-               "pool is allocated at the first save (no call allocates it ahead)" % (
+        return "strata.torch.CheckpointManager([%s, %s], keep=1, pool_bytes=%d MiB)" \
+               ".prepare(): the pool allocated at setup" % (
                    "/dev/shm/...", "<disk>/...", self.pool_bytes >> 20)
 
 

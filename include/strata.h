@@ -116,7 +116,7 @@ typedef struct strata_load_opts {
     int version;           /* STRATA_LOAD_OPTS_VERSION */
     unsigned flags;        /* STRATA_LOAD_* */
     int io_threads;        /* 0 = default */
-    uint32_t max_io_bytes; /* largest coalesced read; 0 = 16 MiB */
+    uint32_t max_io_bytes; /* largest coalesced read; 0 = 4 MiB */
 } strata_load_opts;
 #define STRATA_LOAD_OPTS_INIT {STRATA_LOAD_OPTS_VERSION, 0, 0, 0}
 

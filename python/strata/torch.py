@@ -561,8 +561,14 @@ class _Group:
         return _tobytes(buf)
 
     def saver(self, pool=None):
+        """The group's saver for pool (its plan cache makes repeated saves of one layout
+        cheap): the one of no pool, and the one of the last pool given; a saver holds its
+        pool, so an older pool's is dropped, and the pool freed once the caller drops it."""
         s = self.savers.get(id(pool))
-        if s is None:
+        if s is None or s[1] is not pool:
+            if pool is not None:
+                for k in [k for k, v in self.savers.items() if v[1] is not None]:
+                    del self.savers[k]
             s = (_S.Saver(self.comm, pool) if pool is not None else _S.Saver(self.comm), pool)
             self.savers[id(pool)] = s
         return s[0]
@@ -586,13 +592,16 @@ def _group(process_group):
 
 
 def _saver(group, pool=None):
+    """The saver for a save: the group's; without a group, one saver for saves without a
+    pool, and a new one for each save with a pool (a saver without a communicator caches no
+    plan, and one kept would keep its pool alive after the caller dropped it)."""
     if group is not None:
         return group.saver(pool)
-    s = _LOCAL_SAVERS.get(id(pool))
-    if s is None:
-        s = (_S.Saver(None, pool) if pool is not None else _S.Saver(), pool)
-        _LOCAL_SAVERS[id(pool)] = s
-    return s[0]
+    if pool is not None:
+        return _S.Saver(None, pool)
+    if _LOCAL_SAVERS.get(None) is None:
+        _LOCAL_SAVERS[None] = _S.Saver()
+    return _LOCAL_SAVERS[None]
 
 
 def _uris(path):
@@ -1161,6 +1170,20 @@ class CheckpointManager:
 
     def path(self, step, tier=0):
         return self.tiers[tier].rstrip("/") + "/step-%08d" % int(step)
+
+    @property
+    def pool(self):
+        """The manager's strata.Pool: None until prepare() or the first save made it."""
+        return self._pool
+
+    def prepare(self):
+        """Allocates the pool (pool_bytes, pre-faulted) and the saver now, at setup, instead
+        of in the first save, which would then wait for that allocation. With a process
+        group every rank calls it. Returns self."""
+        if self._closed:
+            raise ValueError("strata CheckpointManager: closed")
+        self._get_saver(self._group())
+        return self
 
     def _get_saver(self, group):
         if self._saver is None:

@@ -25,7 +25,7 @@ static inline st_rank_view st_state_view(const strata_state *s)
 
 /* ---- options (opts.c): the one place for defaults and version checks ---- */
 
-#define ST_DEFAULT_MAX_IO (16u << 20) /* largest coalesced read of a load */
+#define ST_DEFAULT_MAX_IO (4u << 20) /* largest coalesced read of a load (DESIGN.md, Load) */
 #define ST_SYNC(o) (!((o)->flags & STRATA_SAVE_NO_SYNC))
 #define ST_DIRECT(o) (!((o)->flags & STRATA_SAVE_NO_DIRECT))
 

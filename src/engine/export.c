@@ -33,9 +33,9 @@
 #define EXPORT_DEFAULT_FILE 5000000000ull /* max_file_bytes 0: 5 GB */
 #define EXPORT_STAGE (8u << 20)        /* the aligned staging buffer of the writes */
 #define EXPORT_BLOCK 4096              /* O_DIRECT alignment of offsets, sizes, memory */
-#define EXPORT_MAX_IO (4u << 20)       /* the loads' largest read: less memory than the
-                                          default 16 MiB (peak RSS 90 MiB, not 154-170, for
-                                          a 1 GiB tensor) and no slower */
+#define EXPORT_MAX_IO (4u << 20)       /* the loads' largest read (the default now too;
+                                          16 MiB gave a peak RSS of 154-170 MiB, not 90, for
+                                          a 1 GiB tensor) */
 
 /* One exported tensor. */
 typedef struct {

@@ -95,6 +95,27 @@ def test_async_save_done_and_wait_twice(tmp_path):
     assert torch.equal(back["a"], torch.arange(1000.0))
 
 
+def test_a_pool_given_is_freed_with_the_callers_last_reference(tmp_path):
+    """strata.torch keeps no pool the caller passed alive: once the save is waited for and
+    the caller drops the pool, it goes (a pool is its bytes: 2 GiB in a training run)."""
+    import gc
+    import weakref
+
+    import strata
+    t = {"a": torch.arange(1000.0)}
+    refs = []
+    for i in range(3):
+        pool = strata.Pool(8 << 20)
+        refs.append(weakref.ref(pool))
+        st.async_save(t, str(tmp_path / ("ck%d" % i)), pool=pool).wait()
+        del pool
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]
+    back = {"a": torch.zeros(1000)}
+    st.load(back, str(tmp_path / "ck2"))
+    assert torch.equal(back["a"], torch.arange(1000.0))
+
+
 def test_async_save_error_arrives_at_wait(tmp_path):
     import strata
     path = str(tmp_path / "ck")

@@ -81,11 +81,15 @@ def test_manager_sync_saves_return_stats(tmp_path):
 def test_manager_async_save_then_step(tmp_path):
     """The manager's async save: wait_snapshot, then change the tensors at once."""
     mgr = st.CheckpointManager(str(tmp_path / "ck"), keep=3, pool_bytes=16 << 20)
+    assert mgr.pool is None
+    pool = mgr.prepare().pool     # allocated at setup, not in the first save
+    assert pool is not None and pool.nbytes == 16 << 20
     w = torch.arange(100000, dtype=torch.float32)
     for step in (1, 2):
         h = mgr.save(step, {"w": w})
         h.wait_snapshot()
         w.add_(1000)                  # the "optimizer step"
+    assert mgr.pool is pool       # the same pool every save
     mgr.close()
     for step, base in ((1, 0.0), (2, 1000.0)):
         back = {"w": torch.zeros(100000)}
