@@ -277,7 +277,8 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_io_plan 
             at += sc[r];
         }
         for (size_t j = 0; j < n; j++) {
-            move_ctx m = {p, me, &shm, bufs[j], cur, NULL, 0};
+            move_ctx m = {p, me, &shm, bufs[j] + st_read_shift(&p->ios[mine[first + j]]), cur,
+                          NULL, 0};
             st_walk_read(p, mine[first + j], pack_run, &m);
         }
         rc = st_alltoallv(comm, sbuf, sc, rbuf, rc_);
@@ -291,7 +292,8 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_io_plan 
                 if (r == me)
                     continue;
                 if (st_node_shared(&shm, me, r)) {
-                    m.buf = (const char *)st_node_slot(&shm, r) + j * bufsize;
+                    m.buf = (const char *)st_node_slot(&shm, r) + j * bufsize +
+                            st_read_shift(&p->ios[order[k]]);
                     st_walk_read(p, order[k], take_run, &m);
                 } else {
                     st_walk_read(p, order[k], unpack_run, &m);

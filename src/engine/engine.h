@@ -254,7 +254,14 @@ int st_deliver(const st_io_plan *p, const st_run *run, uint64_t x0, uint64_t x1,
                const void *src);
 static inline size_t st_read_buf_bytes(const st_meta *m, uint64_t max_io)
 {
-    return (size_t)ST_ALIGN_UP(ST_MAX(max_io, m->chunk) + ST_ALIGN, ST_ALIGN);
+    return (size_t)ST_ALIGN_UP(ST_MAX(max_io, m->chunk) + 2 * ST_ALIGN, ST_ALIGN);
+}
+/* A read starts at an ST_ALIGN boundary of its file, so that it may use O_DIRECT: its
+ * bytes [off, off + len) begin this far into its buffer (0 for strata's own files, whose
+ * extents are aligned; up to ST_ALIGN - 1 for a foreign source's). */
+static inline uint64_t st_read_shift(const st_io *rd)
+{
+    return rd->off % ST_ALIGN;
 }
 
 #endif

@@ -110,11 +110,16 @@ static int run_read(void *arg, size_t task, int worker)
     const uint64_t C = m->chunk;
     if (!x->bufs && !x->buf[worker] && !(x->buf[worker] = st_scratch_get(x->bufsize)))
         return st_fail(STRATA_ENOMEM, "out of memory for a read buffer");
-    char *buf = x->bufs ? x->bufs[task] : x->buf[worker];
-    int64_t got = st_vfs_read_full(x->d->vfs, x->files[rd->file], buf, rd->len, rd->off);
+    char *raw = x->bufs ? x->bufs[task] : x->buf[worker];
+    /* from the aligned start before rd->off to the aligned end after it: O_DIRECT-able */
+    uint64_t shift = st_read_shift(rd);
+    int64_t got = st_vfs_read_full(x->d->vfs, x->files[rd->file], raw,
+                                   ST_ALIGN_UP(shift + rd->len, ST_ALIGN), rd->off - shift);
     if (got < 0)
         return st_fail(st_from_errno((int)-got), "reading '%s' at byte %llu: %s", fname,
                        (unsigned long long)rd->off, strerror((int)-got));
+    got = got < (int64_t)shift ? 0 : got - (int64_t)shift; /* bytes from rd->off on */
+    char *buf = raw + shift;
     for (size_t si = rd->seg0; si < rd->seg1; si++) {
         const st_seg *s = &p->segs[si];
         const st_extent *e = p->ext[s->piece];
@@ -190,8 +195,7 @@ int st_open_data_files(const st_dir *d, const st_io_plan *p, int no_direct, st_f
         char path[PATH_MAX];
         if ((rc = st_path_join(path, d->path, m->files[f].name)))
             break;
-        /* a foreign source's extents are not aligned for O_DIRECT */
-        int direct = !no_direct && !m->foreign;
+        int direct = !no_direct;
         int e = v->open(v, path,
                         ST_O_READ | (direct ? ST_O_DIRECT : 0) | (m->foreign ? ST_O_FOLLOW : 0),
                         &files[f]);
