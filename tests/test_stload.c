@@ -4,6 +4,7 @@
  * exactly the requested bytes; the index parser's rules; every hostile directory refused
  * with its exact code and a message naming the file. The files are written here by hand
  * (tests/python/test_stload.py loads files written by the safetensors package). */
+#include <dirent.h>
 #include <unistd.h>
 
 #include "testutil.h"
@@ -396,6 +397,15 @@ static void test_distributed(void **state)
         assert_int_equal(jobs[0].st.all_bytes, model_bytes());
         tu_set_free(&s);
     }
+    /* the node's shared segment was unlinked once mapped: none of this process's is left */
+    char seg[64];
+    snprintf(seg, sizeof seg, "strata-load-%d-", (int)getpid());
+    DIR *shm = opendir("/dev/shm");
+    for (struct dirent *e; shm && (e = readdir(shm));)
+        if (strncmp(e->d_name, seg, strlen(seg)) == 0)
+            fail_msg("/dev/shm/%s is left behind", e->d_name);
+    if (shm)
+        closedir(shm);
     /* a hostile source fails on every rank with the same code */
     fresh_dir(dir, sizeof dir, "dist-bad");
     write_st(dir, F1, part1, N1);

@@ -108,14 +108,14 @@ int st_node_shm_open(strata_comm *comm, size_t slot, st_node_shm *out)
     }
     /* 3. all mapped (or someone failed: then nobody uses a segment); the name goes */
     rc = st_allgather(comm, &st, sizeof st, sts);
-    if (leader == me && name[0])
-        shm_unlink(name);
     for (int r = 0; !rc && r < P; r++)
         if (sts[r] && out->base) {
             munmap(out->base, out->size);
             out->base = NULL;
         }
-fail_fd:
+fail_fd: /* the name goes in every case: a failed collective must not leave it in /dev/shm */
+    if (leader == me && name[0])
+        shm_unlink(name);
     if (fd >= 0)
         close(fd);
 out:
