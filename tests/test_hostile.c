@@ -158,7 +158,7 @@ static void test_backend_refuses_fifo(void **state)
     /* st_vfs_read_all (metadata, commit records) the same */
     unsigned char *buf = NULL;
     size_t len = 0;
-    assert_int_equal(st_vfs_read_all(v, p, 4096, &buf, &len), -ST_ENOTREG);
+    assert_int_equal(st_vfs_read_all(v, p, 4096, 0, &buf, &len), -ST_ENOTREG);
     assert_null(buf);
     alarm(0);
     tu_rmrf(dir);

@@ -63,7 +63,7 @@ static int dir_open(st_dir *d, const char *uri, int allow_incomplete, unsigned c
     char why[256] = "";
     if ((rc = st_path_join(p, d->path, ST_COMMIT_FILE)))
         return rc;
-    e = st_vfs_read_all(v, p, 4096, &cbuf, &clen);
+    e = st_vfs_read_all(v, p, 4096, 0, &cbuf, &clen);
     if (e == 0) {
         if (st_commit_decode(&d->commit, cbuf, clen) == 0)
             d->committed = 1;
@@ -91,7 +91,7 @@ static int dir_open(st_dir *d, const char *uri, int allow_incomplete, unsigned c
                        (unsigned long long)MAX_META_BYTES);
     size_t max = d->committed ? (size_t)d->commit.meta_size
                               : (size_t)MAX_UNCOMMITTED_META_MIB << 20;
-    e = st_vfs_read_all(v, p, max, &mbuf, &mlen);
+    e = st_vfs_read_all(v, p, max, 0, &mbuf, &mlen);
     /* missing, oversized or not a file: a broken checkpoint (or, without a commit record,
      * an incomplete one); EIO is an EIO */
     int broken = d->committed ? STRATA_EFORMAT : STRATA_EINCOMPLETE;

@@ -67,15 +67,13 @@ int st_node_shm_open(strata_comm *comm, size_t slot, st_node_shm *out)
         while (keys[q] != keys[r])
             q++;
         out->node[r] = q;
-        out->lidx[r] = q == r ? 0 : out->lidx[q]++ + 1;
+        out->lidx[r] = 0; /* the ranks of its node below it */
+        for (int k = q; k < r; k++)
+            out->lidx[r] += out->node[k] == q;
+        shared |= q != r;
     }
-    for (int r = 0; r < P; r++) {
-        shared |= out->node[r] != r;
+    for (int r = 0; r < P; r++)
         nlocal += out->node[r] == out->node[me];
-    }
-    for (int r = 0; r < P; r++) /* lidx of the lowest ranks counted their node's others */
-        if (out->node[r] == r)
-            out->lidx[r] = 0;
     leader = out->node[me];
     const char *off = getenv("STRATA_LOAD_SHM");
     if (!shared || (off && strcmp(off, "0") == 0) || !slot)

@@ -25,6 +25,7 @@
 #include "../core/error.h"
 #include "../core/utf8.h"
 #include "../io/vfs.h"
+#include "../meta/safetensors.h"
 #include "engine.h"
 
 #define EXPORT_BUF (64u << 20)         /* the one window buffer */
@@ -77,17 +78,6 @@ typedef struct {
     uint64_t data_start;  /* where the data section begins in the current file */
     uint64_t total_bytes, done_bytes, io_calls;
 } ex_ctx;
-
-static const char *st_dtype_name(strata_dtype dt)
-{
-    static const char *const names[STRATA_DTYPE_COUNT] = {
-        [STRATA_F64] = "F64",       [STRATA_F32] = "F32",         [STRATA_F16] = "F16",
-        [STRATA_BF16] = "BF16",     [STRATA_FP8_E4M3] = "F8_E4M3", [STRATA_FP8_E5M2] = "F8_E5M2",
-        [STRATA_I64] = "I64",       [STRATA_I32] = "I32",         [STRATA_I16] = "I16",
-        [STRATA_I8] = "I8",         [STRATA_U8] = "U8",           [STRATA_BOOL] = "BOOL",
-    };
-    return (unsigned)dt < STRATA_DTYPE_COUNT ? names[dt] : NULL;
-}
 
 /* ---- bf16 conversion (round to nearest even; NaN stays a quiet NaN of the same sign) ---- */
 
@@ -344,7 +334,7 @@ static int write_file(ex_ctx *c, int f, size_t lo, size_t hi)
         ex_tensor *t = &c->ts[i];
         fputc(',', m);
         json_str(m, t->out_name);
-        fprintf(m, ":{\"dtype\":\"%s\",\"shape\":[", st_dtype_name(t->dst));
+        fprintf(m, ":{\"dtype\":\"%s\",\"shape\":[", st_st_dtype_name(t->dst));
         for (int d = 0; d < t->ndim; d++)
             fprintf(m, d ? ",%llu" : "%llu", (unsigned long long)t->shape[d]);
         fprintf(m, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)t->begin,
@@ -488,7 +478,7 @@ static int layout(ex_ctx *c, strata_ckpt *ck)
         t->shape = ti.shape;
         t->src_sz = strata_dtype_size(t->src);
         t->dst_sz = strata_dtype_size(t->dst);
-        if (!st_dtype_name(t->dst) || !t->src_sz)
+        if (!st_st_dtype_name(t->dst) || !t->src_sz)
             return st_fail(STRATA_EFORMAT, "tensor '%s': unknown dtype %d", ti.name,
                            (int)ti.dtype);
         t->numel = 1;

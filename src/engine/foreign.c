@@ -111,26 +111,20 @@ int st_foreign_open(st_dir *d, unsigned char **raw, size_t *rawlen)
         st_st_src_begin(&b, 1);
         rc = put_header(v, d->path, name, &b);
     } else if (has_file(v, d->path, ST_ST_INDEX_FILE)) {
-        st_file *f;
-        uint64_t size;
-        unsigned char *json = NULL;
-        if ((rc = open_follow(v, d->path, ST_ST_INDEX_FILE, "safetensors index", &f, &size)))
-            goto out;
-        if (size > ST_ST_MAX_HEADER)
-            rc = st_fail(STRATA_EFORMAT, "%s/%s: %llu bytes, over the limit of %llu for an "
-                         "index", d->path, ST_ST_INDEX_FILE, (unsigned long long)size,
-                         ST_ST_MAX_HEADER);
-        else if (!(json = malloc(size ? size : 1)))
-            rc = st_fail(STRATA_ENOMEM, "out of memory");
-        int64_t got = rc ? 0 : st_vfs_read_full(v, f, json, size, 0);
-        v->close(f);
-        if (!rc && got < 0)
-            rc = st_fail(st_from_errno((int)-got), "reading '%s/%s': %s", d->path,
-                         ST_ST_INDEX_FILE, strerror((int)-got));
         char shown[PATH_MAX + 300];
         snprintf(shown, sizeof shown, "%s/%s", d->path, ST_ST_INDEX_FILE);
-        if (!rc)
-            rc = st_st_parse_index(&map, json, (size_t)got, shown);
+        unsigned char *json = NULL;
+        size_t len = 0;
+        int e = st_vfs_read_all(v, shown, ST_ST_MAX_HEADER, ST_O_FOLLOW, &json, &len);
+        if (e == -EFBIG)
+            rc = st_fail(STRATA_EFORMAT, "%s: over the limit of %llu bytes for an index", shown,
+                         ST_ST_MAX_HEADER);
+        else if (e)
+            rc = st_fail(e == -ENOENT ? STRATA_ENOENT : st_from_errno(-e),
+                         "safetensors index '%s': %s", shown,
+                         e == -ST_ENOTREG ? "is not a regular file" : strerror(-e));
+        else
+            rc = st_st_parse_index(&map, json, len, shown);
         free(json);
         if (!rc && !map.nfiles)
             rc = st_fail(STRATA_EFORMAT, "%s: its weight_map is empty", shown);

@@ -194,11 +194,11 @@ int st_vfs_resolve(const char *uri, const st_vfs **vfs, char *path_out, size_t c
     return 0;
 }
 
-int st_vfs_read_all(const st_vfs *v, const char *path, size_t max, unsigned char **out,
-                    size_t *len)
+int st_vfs_read_all(const st_vfs *v, const char *path, size_t max, int flags,
+                    unsigned char **out, size_t *len)
 {
     st_file *f;
-    int rc = v->open(v, path, ST_O_READ, &f);
+    int rc = v->open(v, path, ST_O_READ | (flags & ST_O_FOLLOW), &f);
     if (rc)
         return rc;
     uint64_t size;

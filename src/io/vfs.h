@@ -102,10 +102,11 @@ typedef int (*st_vfs_wrap_fn)(const st_vfs **out, const st_vfs *inner, const cha
  * table (8 entries) is full. */
 int st_vfs_register_wrapper(const char *name, st_vfs_wrap_fn make);
 
-/* Reads a whole small file (metadata, commit record) into a new buffer, refusing files
- * over max bytes. Returns 0 or a negative errno (-EFBIG when too large). */
-int st_vfs_read_all(const st_vfs *v, const char *path, size_t max, unsigned char **out,
-                    size_t *len);
+/* Reads a whole small file (metadata, commit record, a safetensors index) into a new
+ * buffer, refusing files over max bytes; flags: 0, or ST_O_FOLLOW to read through a link.
+ * Returns 0 or a negative errno (-EFBIG when too large). */
+int st_vfs_read_all(const st_vfs *v, const char *path, size_t max, int flags,
+                    unsigned char **out, size_t *len);
 /* Writes n bytes at off, looping over short writes. 0 or negative errno (-EIO for a
  * write that makes no progress). */
 int st_vfs_write_full(const st_vfs *v, st_file *f, const void *buf, size_t n, uint64_t off);
