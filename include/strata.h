@@ -114,8 +114,10 @@ typedef struct strata_save_opts {
 #define STRATA_LOAD_OPTS_VERSION 1
 typedef struct strata_load_opts {
     int version;           /* STRATA_LOAD_OPTS_VERSION */
-    unsigned flags;        /* STRATA_LOAD_* */
-    int io_threads;        /* 0 = default */
+    unsigned flags;        /* STRATA_LOAD_* (each rank its own) */
+    /* With a communicator, rank 0's io_threads and max_io_bytes (after defaults and
+     * $STRATA_IO_THREADS) are used by every rank; strata_stats v2 tells which. */
+    int io_threads;        /* 0 = default (4, or $STRATA_IO_THREADS) */
     uint32_t max_io_bytes; /* largest coalesced read; 0 = 4 MiB */
 } strata_load_opts;
 #define STRATA_LOAD_OPTS_INIT {STRATA_LOAD_OPTS_VERSION, 0, 0, 0}
@@ -124,7 +126,7 @@ typedef struct strata_load_opts {
  * one); strata fills the fields of that version. strata_save and strata_load refuse a
  * version outside 1..STRATA_STATS_VERSION with STRATA_EINVAL before doing anything;
  * strata_wait_durable leaves such a struct untouched (the save's outcome stands). */
-#define STRATA_STATS_VERSION 1
+#define STRATA_STATS_VERSION 2
 typedef struct strata_stats {
     int version;
     int tier;              /* load: the index of the source that was loaded */
@@ -138,8 +140,13 @@ typedef struct strata_stats {
     uint64_t max_writer_bytes, writers, balance_bound;
     uint64_t all_bytes; /* with a communicator: bytes written / read summed over all ranks */
     int plan_cached;    /* save with a communicator: 1 if the saver's last plan was reused */
+    /* version 2, load: the I/O threads and the largest read it used. With a communicator
+     * these are rank 0's on every rank (options or $STRATA_IO_THREADS of other ranks that
+     * differ are overridden: the ranks' reads, rounds and shared buffers must agree). */
+    int io_threads;
+    uint32_t max_io_bytes;
 } strata_stats;
-#define STRATA_STATS_INIT {STRATA_STATS_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+#define STRATA_STATS_INIT {STRATA_STATS_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 
 /* ---- buffer pools ---------------------------------------------------------------------- */
 

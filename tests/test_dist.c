@@ -54,6 +54,7 @@ typedef struct {
     const char *uri2; /* SAVE_TIERS: the second destination */
     tu_set *set;
     strata_save_opts so;
+    strata_load_opts lo; /* loads: this rank's own options */
     int rc;
     char msg[1024];
     strata_stats stats;
@@ -149,13 +150,15 @@ static void *run_job(void *p)
                             &j->so);
     else
         j->rc = strata_load(&j->stats, j->w->comm[j->rank], &j->uri, 1, &j->set->st[j->rank],
-                            1, NULL);
+                            1, &j->lo);
     snprintf(j->msg, sizeof j->msg, "%s", strata_error_last());
     return NULL;
 }
 
 /* Runs save (or load) on every rank of w, each with uris[r] (or uri); results in jobs. */
 static const char **tier2; /* SAVE_TIERS: each rank's second destination */
+
+static const strata_load_opts *load_opts; /* per rank, for run_all's loads (NULL: defaults) */
 
 static void run_all(world *w, int save, const char *uri, const char **uris, tu_set *set,
                     job *jobs)
@@ -164,7 +167,10 @@ static void run_all(world *w, int save, const char *uri, const char **uris, tu_s
     pthread_t *th = calloc((size_t)n, sizeof *th);
     for (int r = 0; r < n; r++) {
         jobs[r] = (job){w, r, save, uris ? uris[r] : uri, tier2 ? tier2[r] : NULL, set,
-                        STRATA_SAVE_OPTS_INIT, 0, "", STRATA_STATS_INIT};
+                        STRATA_SAVE_OPTS_INIT, STRATA_LOAD_OPTS_INIT, 0, "",
+                        STRATA_STATS_INIT};
+        if (load_opts)
+            jobs[r].lo = load_opts[r];
         if (!sync_saves)
             jobs[r].so.flags |= STRATA_SAVE_NO_SYNC;
         jobs[r].so.chunk_bytes = 4096;
@@ -256,6 +262,75 @@ static void test_corrupt_load(void **state)
     world_free(&w);
     tu_set_free(&src);
     tu_set_free(&dst);
+    tu_rmrf(ck);
+}
+
+/* Ranks of one load asking for different I/O threads and read sizes (options, or
+ * $STRATA_IO_THREADS on some ranks only): each sized its rounds, its reads and its slot in
+ * the node's segment from its own, and the collectives went out of step (a hang here, or
+ * wrong bytes). Every rank now uses rank 0's values, loads bitwise, and reports them. */
+static void test_load_opts_differ(void **state)
+{
+    (void)state;
+    char ck[600];
+    snprintf(ck, sizeof ck, "%s/opts", base);
+    /* a [300, 257] f32 weight over 2 ranks: 75 chunks of 4 KiB, so small reads make many
+     * rounds */
+    static const uint64_t big[] = {300, 257};
+    tu_set src;
+    tu_set_init(&src, 2);
+    for (int r = 0; r < 2; r++) {
+        uint64_t off[] = {150 * (uint64_t)r, 0}, len[] = {150, 257};
+        tu_set_shard(&src, r, "big", STRATA_F32, 2, big, off, len, 0, 0, 0, 1);
+    }
+    job jobs[3];
+    world w2;
+    world_init(&w2, 2);
+    run_all(&w2, 1, ck, NULL, &src, jobs);
+    expect_all_ok(jobs, 2);
+    world_free(&w2);
+    /* per case: each rank's io_threads and max_io_bytes */
+    static const int cases[][3][2] = {
+        {{1, 0}, {4, 0}, {2, 0}},                /* threads differ */
+        {{0, 8192}, {0, 0}, {0, 12288}},         /* read sizes differ */
+        {{3, 4096}, {1, 65536}, {8, 0}},         /* both */
+        {{0, 0}, {2, 4096}, {2, 4096}},          /* rank 0 alone differs */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        strata_load_opts lo[3];
+        for (int r = 0; r < 3; r++) {
+            lo[r] = (strata_load_opts)STRATA_LOAD_OPTS_INIT;
+            lo[r].io_threads = cases[k][r][0];
+            lo[r].max_io_bytes = (uint32_t)cases[k][r][1];
+        }
+        /* every rank wants the whole tensor: the ranks share its reads */
+        tu_set d;
+        tu_set_init(&d, 3);
+        for (int r = 0; r < 3; r++)
+            tu_set_shard(&d, r, "big", STRATA_F32, 2, big, NULL, NULL, 0, 0, 0, 0);
+        world w;
+        world_init(&w, 3);
+        load_opts = lo;
+        run_all(&w, 0, ck, NULL, &d, jobs);
+        load_opts = NULL;
+        for (int r = 0; r < 3; r++) {
+            if (jobs[r].rc)
+                fail_msg("case %zu, rank %d: %s: %s", k, r, strata_error_name(jobs[r].rc),
+                         jobs[r].msg);
+            /* rank 0's effective values, on every rank */
+            const char *env = getenv("STRATA_IO_THREADS");
+            int want_threads = cases[k][0][0]   ? cases[k][0][0]
+                               : env && atoi(env) > 0 ? ST_MIN(atoi(env), 64)
+                                                     : 4;
+            uint32_t want_io = cases[k][0][1] ? (uint32_t)cases[k][0][1] : 4u << 20;
+            assert_int_equal(jobs[r].stats.io_threads, want_threads);
+            assert_int_equal(jobs[r].stats.max_io_bytes, want_io);
+        }
+        assert_int_equal(tu_set_check(&d), 0);
+        world_free(&w);
+        tu_set_free(&d);
+    }
+    tu_set_free(&src);
     tu_rmrf(ck);
 }
 
@@ -594,6 +669,7 @@ int main(void)
         cmocka_unit_test(test_async),
         cmocka_unit_test(test_save_faults),
         cmocka_unit_test(test_async_tiers),
+        cmocka_unit_test(test_load_opts_differ),
     };
     return cmocka_run_group_tests(tests, tu_group_setup, tu_group_teardown);
 }

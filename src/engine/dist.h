@@ -76,7 +76,7 @@ typedef struct {
 
 /* Groups the ranks by node (host name and boot id; for tests, STRATA_LOAD_NODES=k makes k
  * groups of consecutive ranks) and, where ranks share a node, maps one segment per node of
- * `slot` bytes per rank, reserved in full. Every rank ends with a segment, or none does.
+ * `slot` bytes per rank, reserved in full (slot must be the same on every rank; 0: none). Every rank ends with a segment, or none does.
  * Errors: only those of the collectives, and STRATA_ENOMEM. */
 int st_node_shm_open(strata_comm *comm, size_t slot, st_node_shm *out);
 void st_node_shm_close(st_node_shm *s);

@@ -15,6 +15,10 @@ typedef struct {
     st_commit commit;
     uint64_t meta_len;
     uint32_t foreign; /* meta is a safetensors source description */
+    /* rank 0's I/O settings, every rank's: they size the reads of the one global plan,
+     * the rounds (reads per rank per round) and each rank's slot in the node's segment,
+     * so ranks that asked for others would go out of step */
+    uint32_t io_threads, max_io, shm;
     st_status st;
 } open_block;
 
@@ -164,12 +168,14 @@ static unsigned char *grow(unsigned char *buf, size_t *cap, size_t n)
     return buf;
 }
 
-/* The reads and exchanges, in rounds of up to `per_round` reads per rank. */
+/* The reads and exchanges, in rounds of up to o->io_threads reads per rank (o holds the
+ * settings every rank agreed on); shm: use a node segment where ranks share a node. */
 static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_io_plan *p,
-                           const strata_load_opts *o, uint64_t max_io, uint64_t *my_bytes)
+                           const strata_load_opts *o, int shm_on, uint64_t *my_bytes)
 {
     const int P = comm->size, me = comm->rank;
-    int per_round = st_io_threads(o->io_threads);
+    const uint64_t max_io = o->max_io_bytes;
+    int per_round = o->io_threads;
     int *reader = malloc((p->nios + 1) * sizeof *reader);
     size_t *mine = malloc((p->nios + 1) * sizeof *mine), nmine = 0;
     size_t *round_of = malloc((p->nios + 1) * sizeof *round_of);
@@ -207,7 +213,7 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_io_plan 
     size_t next = 0; /* reads of earlier rounds in `order` */
     /* ranks of one node share their reads through a segment: each rank's read buffers
      * are its slot there */
-    if ((rc = st_node_shm_open(comm, (size_t)per_round * bufsize, &shm)))
+    if ((rc = st_node_shm_open(comm, shm_on ? (size_t)per_round * bufsize : 0, &shm)))
         goto out;
     /* a local failure (opening the files) still takes part in every round */
     int local_rc = nmine ? st_open_data_files(d, p, o->flags & STRATA_LOAD_NO_DIRECT, &files) : 0;
@@ -224,7 +230,7 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_io_plan 
         while (first + n < nmine && round_of[mine[first + n]] == round)
             n++;
         if (!local_rc && n)
-            local_rc = st_read_some(d, p, files, mine + first, n, bufs, o->io_threads, me);
+            local_rc = st_read_some(d, p, files, mine + first, n, bufs, per_round, me);
         int32_t my_st = local_rc;
         if ((rc = st_allgather(comm, &my_st, sizeof my_st, sts)))
             goto out;
@@ -344,8 +350,8 @@ int st_load_dist(strata_comm *comm, const char *uri, strata_state *local,
 {
     double t0 = st_now();
     const int P = comm->size, me = comm->rank;
-    uint64_t max_io = o->max_io_bytes;
     open_block ob = {0};
+    strata_load_opts eff = *o;
     unsigned char *meta = NULL, *all = NULL;
     size_t mlen = 0, *counts = calloc((size_t)P, sizeof *counts);
     st_dir d = {0};
@@ -362,6 +368,10 @@ int st_load_dist(strata_comm *comm, const char *uri, strata_state *local,
     }
     /* 1. the coordinator reads the commit record and metadata; everyone gets them */
     if (me == ST_ROOT) {
+        const char *shm = getenv("STRATA_LOAD_SHM");
+        ob.io_threads = (uint32_t)st_io_threads(o->io_threads);
+        ob.max_io = o->max_io_bytes;
+        ob.shm = !(shm && strcmp(shm, "0") == 0);
         int orc = st_dir_open_raw(&d, uri, 0, &meta, &mlen);
         if (orc) {
             st_status_set(&ob.st, orc, ST_ROOT);
@@ -378,6 +388,8 @@ int st_load_dist(strata_comm *comm, const char *uri, strata_state *local,
         rc = st_status_raise(&ob.st, me);
         goto out;
     }
+    eff.io_threads = (int)ob.io_threads;
+    eff.max_io_bytes = ob.max_io;
     if (me != ST_ROOT && !(meta = malloc(ob.meta_len + 1))) {
         rc = st_fail(STRATA_ENOMEM, "out of memory"); /* the others time out */
         goto out;
@@ -401,14 +413,15 @@ int st_load_dist(strata_comm *comm, const char *uri, strata_state *local,
     if ((rc = st_decode_all(&arena, all, counts, P, me, &my, views)))
         goto out;
     /* 3. the same global plan everywhere: its errors are everyone's */
-    if ((rc = st_plan_load(&plan, d.meta, views, P, max_io)))
+    if ((rc = st_plan_load(&plan, d.meta, views, P, eff.max_io_bytes)))
         goto out;
     have_plan = 1;
     uint64_t got = 0;
-    if ((rc = exchange_rounds(comm, &d, &plan, o, max_io, &got)))
+    if ((rc = exchange_rounds(comm, &d, &plan, &eff, (int)ob.shm, &got)))
         goto out;
     /* payload bytes read, not alignment padding, as the in-process load counts */
-    *stats = (strata_stats){.data_bytes = d.meta->data_bytes, .bytes = got};
+    *stats = (strata_stats){.data_bytes = d.meta->data_bytes, .bytes = got,
+                            .io_threads = eff.io_threads, .max_io_bytes = eff.max_io_bytes};
     st_over_ranks(comm, got, &stats->all_bytes, NULL, NULL);
     stats->seconds = st_now() - t0;
 out:

@@ -75,9 +75,8 @@ int st_node_shm_open(strata_comm *comm, size_t slot, st_node_shm *out)
     for (int r = 0; r < P; r++)
         nlocal += out->node[r] == out->node[me];
     leader = out->node[me];
-    const char *off = getenv("STRATA_LOAD_SHM");
-    if (!shared || (off && strcmp(off, "0") == 0) || !slot)
-        goto out; /* the same decision on every rank: the keys are the same */
+    if (!shared || !slot)
+        goto out; /* the same decision on every rank: the keys and slot are the same */
     /* 2. each node's lowest rank makes the segment, sized and reserved (a tmpfs that is too
      * small refuses here, instead of killing a process with SIGBUS later) */
     size_t size = (size_t)nlocal * slot;

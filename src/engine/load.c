@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include "../core/error.h"
+#include "../io/pool.h"
 #include "engine.h"
 
 
@@ -30,7 +31,8 @@ int st_load_local(const char *uri, strata_state *const *ranks, int nranks,
                            NULL, &got);
         if (!rc) {
             *stats = (strata_stats){.data_bytes = d.meta->data_bytes, .bytes = got,
-                                    .io_calls = p.nios};
+                                    .io_calls = p.nios, .io_threads = st_io_threads(o->io_threads),
+                                    .max_io_bytes = o->max_io_bytes};
             stats->seconds = st_now() - t0;
         }
         st_io_plan_free(&p);
