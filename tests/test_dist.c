@@ -3,7 +3,11 @@
  * host communicator (strata_comm_host) built on a pthread barrier: resharding across world
  * sizes, read-once loading, plan caching (one saver per rank, kept across saves), and
  * failure on one rank. */
+#include <dirent.h>
 #include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 
 #include "testutil.h"
 #include "threadcomm.h"
@@ -331,6 +335,174 @@ static void test_load_opts_differ(void **state)
         tu_set_free(&d);
     }
     tu_set_free(&src);
+    tu_rmrf(ck);
+}
+
+/* ---- a load killed while it sets up its node's segment ---- */
+
+/* A communicator of two ranks in one thread: rank 1 is rank 0's twin (it sends what rank 0
+ * sends). The process kills itself when the segment's name is sent: the segment is made,
+ * and no other rank has mapped it yet. */
+static int twin_allgather(void *ctx, const void *send, size_t n, void *recv)
+{
+    (void)ctx;
+    if (n >= 13 && memcmp(send, "/strata-load-", 13) == 0)
+        raise(SIGKILL);
+    memcpy(recv, send, n);
+    memcpy((char *)recv + n, send, n);
+    return 0;
+}
+
+static int twin_alltoallv(void *ctx, const void *send, const size_t *sc, void *recv,
+                          const size_t *rc)
+{
+    (void)ctx;
+    for (int s = 0, at = 0; s < 2; at += (int)rc[s], s++)
+        if (rc[s] != sc[0])
+            return STRATA_EINVAL;
+        else
+            memcpy((char *)recv + at, send, rc[s]);
+    return 0;
+}
+
+static int twin_bcast(void *ctx, void *buf, size_t n, int root)
+{
+    (void)ctx, (void)buf, (void)n, (void)root;
+    return 0;
+}
+
+static const strata_comm_ops twin_ops = {STRATA_COMM_OPS_VERSION, twin_allgather,
+                                         twin_alltoallv, twin_bcast, NULL};
+
+/* The name under /dev/shm of a segment whose name holds "-<pid>-", into out (NAME_MAX + 1):
+ * 1 if there is one. */
+static int shm_of(pid_t pid, char *out)
+{
+    char pat[32];
+    snprintf(pat, sizeof pat, "-%d-", (int)pid);
+    DIR *d = opendir("/dev/shm");
+    struct dirent *e;
+    int found = 0;
+    while (d && !found && (e = readdir(d)))
+        if (strncmp(e->d_name, "strata-load-", 12) == 0 && strstr(e->d_name, pat))
+            found = snprintf(out, NAME_MAX + 1, "%s", e->d_name) > 0;
+    if (d)
+        closedir(d);
+    return found;
+}
+
+static void make_shm(const char *name, uid_t owner)
+{
+    char n[NAME_MAX + 2];
+    snprintf(n, sizeof n, "/%s", name);
+    int fd = shm_open(n, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0)
+        fail_msg("shm_open %s: %s", n, strerror(errno));
+    assert_int_equal(ftruncate(fd, 4096), 0);
+    if (owner != geteuid())
+        assert_int_equal(fchown(fd, owner, (gid_t)-1), 0);
+    close(fd);
+}
+
+static int shm_exists(const char *name)
+{
+    char p[NAME_MAX + 16];
+    snprintf(p, sizeof p, "/dev/shm/%s", name);
+    return tu_exists(p);
+}
+
+/* A load killed after making its node's segment, before the other ranks mapped it, left the
+ * segment in /dev/shm for good. Its name now says whose it is, and the next load on the
+ * node removes it; never a live process's segment, nor another user's. */
+static void test_load_segment_reclaim(void **state)
+{
+    (void)state;
+    char ck[600];
+    snprintf(ck, sizeof ck, "%s/segment", base);
+    tu_set src;
+    job jobs[2];
+    save_world(ck, 2, 1, &src, jobs);
+    expect_all_ok(jobs, 2);
+    char *shm_env = getenv("STRATA_LOAD_SHM"), *nodes_env = getenv("STRATA_LOAD_NODES");
+    char saved_shm[32] = "", saved_nodes[32] = "";
+    snprintf(saved_shm, sizeof saved_shm, "%s", shm_env ? shm_env : "");
+    snprintf(saved_nodes, sizeof saved_nodes, "%s", nodes_env ? nodes_env : "");
+    unsetenv("STRATA_LOAD_SHM"); /* both ranks on one node, with a segment */
+    unsetenv("STRATA_LOAD_NODES");
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        tu_set d;
+        layout(&d, 2, 1, 0);
+        strata_comm *c;
+        if (strata_comm_host(&c, &twin_ops, NULL, 0, 2))
+            _exit(2);
+        const char *u = ck;
+        strata_load(NULL, c, &u, 1, &d.st[0], 1, NULL);
+        _exit(3); /* not killed: no segment was made */
+    }
+    int ws;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    assert_true(WIFSIGNALED(ws) && WTERMSIG(ws) == SIGKILL);
+    char left[NAME_MAX + 1];
+    if (!shm_of(pid, left))
+        fail_msg("the killed load left no segment named with its pid %d", (int)pid);
+    /* the name says whose it is: "strata-load-<uid>-<boot>-<pidns>-<pid>-<random>" */
+    char want[64];
+    snprintf(want, sizeof want, "strata-load-%u-", (unsigned)geteuid());
+    if (strncmp(left, want, strlen(want)) != 0) {
+        char n[NAME_MAX + 2];
+        snprintf(n, sizeof n, "/%s", left);
+        shm_unlink(n);
+        fail_msg("segment '%s' does not name its user (%s...)", left, want);
+    }
+    char pidpart[32], prefix[160], live[NAME_MAX + 1], other_uid[NAME_MAX + 1],
+        other_owner[NAME_MAX + 1];
+    snprintf(pidpart, sizeof pidpart, "-%d-", (int)pid);
+    size_t plen = (size_t)(strstr(left, pidpart) - left) + 1; /* up to the pid */
+    assert_true(plen < 100);
+    snprintf(prefix, sizeof prefix, "%.*s", (int)plen, left);
+    /* decoys: a live process's (this one's), another user's name, another user's file */
+    snprintf(live, sizeof live, "%s%d-0000000000000001", prefix, (int)getpid());
+    snprintf(other_uid, sizeof other_uid, "strata-load-%u-%s%d-0000000000000002",
+             (unsigned)geteuid() + 1, prefix + strlen(want), (int)pid);
+    snprintf(other_owner, sizeof other_owner, "%s%d-0000000000000003", prefix, (int)pid);
+    make_shm(live, geteuid());
+    make_shm(other_uid, geteuid());
+    int root = geteuid() == 0; /* only root can give a file to another user */
+    if (root)
+        make_shm(other_owner, 4242);
+    /* the next load on this node reclaims the dead load's segment, and only it */
+    world w;
+    world_init(&w, 2);
+    tu_set d;
+    layout(&d, 2, 1, 0);
+    run_all(&w, 0, ck, NULL, &d, jobs);
+    expect_all_ok(jobs, 2);
+    assert_int_equal(tu_set_check(&d), 0);
+    int gone = !shm_exists(left), live_kept = shm_exists(live),
+        uid_kept = shm_exists(other_uid), owner_kept = !root || shm_exists(other_owner);
+    const char *decoys[] = {live, other_uid, other_owner};
+    for (int i = 0; i < 3; i++) {
+        char n[NAME_MAX + 2];
+        snprintf(n, sizeof n, "/%s", decoys[i]);
+        shm_unlink(n);
+    }
+    if (!gone) {
+        snprintf(want, sizeof want, "/%.60s", left);
+        shm_unlink(want);
+        fail_msg("the dead load's segment %s is still there after a load", left);
+    }
+    assert_true(live_kept);
+    assert_true(uid_kept);
+    assert_true(owner_kept);
+    world_free(&w);
+    tu_set_free(&d);
+    tu_set_free(&src);
+    if (saved_shm[0])
+        setenv("STRATA_LOAD_SHM", saved_shm, 1);
+    if (saved_nodes[0])
+        setenv("STRATA_LOAD_NODES", saved_nodes, 1);
     tu_rmrf(ck);
 }
 
@@ -670,6 +842,7 @@ int main(void)
         cmocka_unit_test(test_save_faults),
         cmocka_unit_test(test_async_tiers),
         cmocka_unit_test(test_load_opts_differ),
+        cmocka_unit_test(test_load_segment_reclaim),
     };
     return cmocka_run_group_tests(tests, tu_group_setup, tu_group_teardown);
 }
