@@ -262,6 +262,7 @@ int strata_save(strata_stats *stats, strata_saver *sv, const char *const *uris, 
  * Errors (of the last source, with the reasons of all): STRATA_EINCOMPLETE,
  * STRATA_EFORMAT, STRATA_ECHECKSUM (naming tensor and file), STRATA_ENOTFOUND,
  * STRATA_EMISMATCH, STRATA_EUNFILLED, STRATA_ENOENT, STRATA_EIO, STRATA_ESCHEME,
+ * STRATA_ECHANGED (a safetensors file replaced or rewritten after its header was read),
  * STRATA_EABORTED (another rank failed). */
 int strata_load(strata_stats *stats, strata_comm *comm, const char *const *uris, int nuris,
                 strata_state *const *states, int nstates, const strata_load_opts *opts);
@@ -335,7 +336,8 @@ void strata_ckpt_file(strata_file_info *out, const strata_ckpt *ck, size_t i);
  * NULL) is called with the tensor (or blob) name, the file and a message; the walk goes on.
  * Returns 0 if everything matched, STRATA_ECHECKSUM if any chunk was bad (or, for a
  * safetensors source, which has no checksums, if a file is shorter than its header says),
- * or the first I/O error (STRATA_ENOENT for a missing file). */
+ * STRATA_ECHANGED if a safetensors file is no longer the one whose header was read, or the
+ * first I/O error (STRATA_ENOENT for a missing file). */
 typedef void (*strata_verify_cb)(void *ctx, const char *object, const char *file,
                                  const char *message);
 int strata_ckpt_verify(const strata_ckpt *ck, strata_verify_cb report, void *ctx);

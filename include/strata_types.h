@@ -36,7 +36,8 @@ extern "C" {
     X(EOVERLAP, -14, "saved shards overlap without being identical replicas")                 \
     X(EABORTED, -15, "operation aborted")                                                     \
     X(EDEVICE, -16, "device memory given but CUDA is not usable")                            \
-    X(EBUSY, -17, "another save or collector owns the checkpoint directory")
+    X(EBUSY, -17, "another save or collector owns the checkpoint directory")                  \
+    X(ECHANGED, -18, "a source file changed while it was being loaded")
 
 typedef enum strata_error_code {
 #define STRATA_X_(name, val, msg) STRATA_##name = (val),

@@ -5,6 +5,7 @@
  * with its exact code and a message naming the file. The files are written here by hand
  * (tests/python/test_stload.py loads files written by the safetensors package). */
 #include <dirent.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "testutil.h"
@@ -397,12 +398,13 @@ static void test_distributed(void **state)
         assert_int_equal(jobs[0].st.all_bytes, model_bytes());
         tu_set_free(&s);
     }
-    /* the node's shared segment was unlinked once mapped: none of this process's is left */
+    /* the node's shared segment was unlinked once mapped: none of this process's is left
+     * (strata-load-<uid>-<boot>-<pidns>-<pid>-<random>) */
     char seg[64];
-    snprintf(seg, sizeof seg, "strata-load-%d-", (int)getpid());
+    snprintf(seg, sizeof seg, "-%d-", (int)getpid());
     DIR *shm = opendir("/dev/shm");
     for (struct dirent *e; shm && (e = readdir(shm));)
-        if (strncmp(e->d_name, seg, strlen(seg)) == 0)
+        if (strncmp(e->d_name, "strata-load-", 12) == 0 && strstr(e->d_name, seg))
             fail_msg("/dev/shm/%s is left behind", e->d_name);
     if (shm)
         closedir(shm);
@@ -536,9 +538,108 @@ static void test_truncated_between(void **state)
     size_t len;
     free(tu_read_file(p, &len));
     tu_truncate(p, len - 100);
-    /* the view was opened before: verify reads and finds the file short */
-    assert_rc(strata_ckpt_verify(ck, NULL, NULL), STRATA_ECHECKSUM);
+    /* the view was opened before: verify finds the file is not the one it described */
+    assert_rc(strata_ckpt_verify(ck, NULL, NULL), STRATA_ECHANGED);
+    assert_msg_has(F1);
     strata_ckpt_free(ck);
+}
+
+/* ---- a file replaced between the header read and the data read ---- */
+
+/* The "swap" wrapper (swap+file://...): POSIX, except that the second open of a path ending
+ * in swap_name (the first is the header read, the second the data read) is preceded by
+ * swap_act: another process replacing the file (rename) or rewriting it in place. */
+static st_vfs swap_vfs;
+static pthread_mutex_t swap_mu = PTHREAD_MUTEX_INITIALIZER;
+static const char *swap_name;
+static char swap_from[900];
+static int swap_opens, swap_in_place;
+
+static int swap_open(const st_vfs *v, const char *path, int flags, st_file **out)
+{
+    (void)v;
+    pthread_mutex_lock(&swap_mu);
+    size_t n = strlen(path), k = swap_name ? strlen(swap_name) : 0;
+    if (k && n >= k && strcmp(path + n - k, swap_name) == 0 && ++swap_opens == 2) {
+        if (swap_in_place) /* a data byte of the first tensor, same size, same inode */
+            tu_flip_byte(path, 8 + 104, 0x10);
+        else if (rename(swap_from, path))
+            fail_msg("rename %s: %s", swap_from, strerror(errno));
+    }
+    pthread_mutex_unlock(&swap_mu);
+    return st_vfs_posix.open(&st_vfs_posix, path, flags, out);
+}
+
+static int swap_make(const st_vfs **out, const st_vfs *inner, const char *query)
+{
+    (void)inner, (void)query;
+    *out = &swap_vfs;
+    return 0;
+}
+
+/* A file of the model replaced (a new file renamed over it, or rewritten in place: same
+ * size, one byte differs) after its header was read: the load loaded the new bytes with
+ * STRATA_OK. Now STRATA_ECHANGED naming the file, in process and on every rank. */
+static void test_replaced_between(void **state)
+{
+    (void)state;
+    swap_vfs = st_vfs_posix;
+    swap_vfs.scheme = "swap";
+    swap_vfs.open = swap_open;
+    assert_ok(st_vfs_register_wrapper("swap", swap_make));
+    for (int mode = 0; mode < 3; mode++) { /* rename, in place, rename with NT ranks */
+        char dir[600], uri[700], p[800];
+        fresh_dir(dir, sizeof dir, "swap");
+        write_model(dir);
+        tu_join(p, dir, F1);
+        size_t len;
+        free(tu_read_file(p, &len));
+        /* the replacement: the same header and size, one data byte differs */
+        snprintf(swap_from, sizeof swap_from, "%s.new", p);
+        unsigned char *b = tu_read_file(p, &len);
+        tu_write_file(swap_from, b, len);
+        free(b);
+        tu_flip_byte(swap_from, len - 1, 0x01);
+        /* an in-place rewrite keeps the inode: the file's times must tell, so the file is
+         * made an hour old first (timestamps are coarse: a rewrite within the same tick as
+         * the write would not show) */
+        struct timeval old[2];
+        gettimeofday(&old[0], NULL);
+        old[0].tv_sec -= 3600;
+        old[1] = old[0];
+        assert_int_equal(utimes(p, old), 0);
+        swap_in_place = mode == 1;
+        swap_opens = 0;
+        swap_name = F1;
+        snprintf(uri, sizeof uri, "swap+file://%s", dir);
+        tu_set s;
+        if (mode < 2) {
+            request(&s, 2, 0);
+            strata_stats st;
+            int rc = load_local(&s, uri, &st);
+            if (rc != STRATA_ECHANGED)
+                fail_msg("mode %d: %s (want STRATA_ECHANGED): %s; the tensors %s", mode,
+                         strata_error_name(rc), strata_error_last(),
+                         tu_set_check(&s) ? "differ from the first file" : "match");
+            assert_msg_has(F1);
+            assert_msg_has(mode ? "modified" : "another file");
+        } else {
+            request(&s, NT, 0);
+            rank_job jobs[NT];
+            dist_load(&s, uri, jobs);
+            int changed = 0;
+            for (int r = 0; r < NT; r++) {
+                if (jobs[r].rc != STRATA_ECHANGED && jobs[r].rc != STRATA_EABORTED)
+                    fail_msg("rank %d: %s: %s", r, strata_error_name(jobs[r].rc), jobs[r].msg);
+                changed += jobs[r].rc == STRATA_ECHANGED && strstr(jobs[r].msg, F1);
+            }
+            assert_true(changed > 0);
+        }
+        assert_int_equal(swap_opens >= 2, 1); /* the swap happened */
+        swap_name = NULL;
+        tu_set_free(&s);
+        unlink(swap_from);
+    }
 }
 
 static int setup(void **state)
@@ -562,6 +663,7 @@ int main(void)
         cmocka_unit_test(test_single_file_and_links), cmocka_unit_test(test_ckpt_view),
         cmocka_unit_test(test_bad_requests),     cmocka_unit_test(test_distributed),
         cmocka_unit_test(test_hostile_dirs),     cmocka_unit_test(test_truncated_between),
+        cmocka_unit_test(test_replaced_between),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -67,7 +67,7 @@ static const struct {
     {"EEXIST", "ExistsError"},          {"ESCHEME", "SchemeError"},
     {"ENOENT", "MissingError"},         {"EOVERLAP", "OverlapError"},
     {"EABORTED", "AbortedError"},       {"EDEVICE", "DeviceError"},
-    {"EBUSY", "BusyError"},
+    {"EBUSY", "BusyError"},             {"ECHANGED", "ChangedError"},
 };
 
 static PyObject *class_for(int code)

@@ -46,16 +46,16 @@ static const char *split(const char *path, char *dir)
     return slash + 1;
 }
 
-/* Opens dir/name for reading (through a link), with its size. */
+/* Opens dir/name for reading (through a link), with its size and identity. */
 static int open_follow(const st_vfs *v, const char *dir, const char *name, const char *what,
-                       st_file **f, uint64_t *size)
+                       st_file **f, st_file_id *id)
 {
     char p[PATH_MAX];
     int rc = st_path_join(p, dir, name);
     if (rc)
         return rc;
     int e = v->open(v, p, ST_O_READ | ST_O_FOLLOW, f);
-    if (!e && (e = v->size(*f, size)) != 0)
+    if (!e && (e = v->ident(*f, id)) != 0)
         v->close(*f);
     if (e)
         return st_fail(e == -ENOENT ? STRATA_ENOENT : st_from_errno(-e), "%s '%s': %s", what, p,
@@ -69,10 +69,13 @@ static int open_follow(const st_vfs *v, const char *dir, const char *name, const
 static int put_header(const st_vfs *v, const char *dir, const char *name, st_buf *b)
 {
     st_file *f;
-    uint64_t size, n;
-    int rc = open_follow(v, dir, name, "safetensors file", &f, &size);
+    st_file_id id;
+    uint64_t n;
+    int rc = open_follow(v, dir, name, "safetensors file", &f, &id);
     if (rc)
         return rc;
+    /* taken before the header is read: a later change shows when the data is opened */
+    const uint64_t size = id.size;
     unsigned char first[8] = {0};
     unsigned char *head = NULL;
     int64_t got = size >= 8 ? st_vfs_read_full(v, f, first, 8, 0) : 0;
@@ -89,7 +92,7 @@ static int put_header(const st_vfs *v, const char *dir, const char *name, st_buf
                      : st_fail(STRATA_EFORMAT, "%s/%s: truncated while its header was read",
                                dir, name);
     else
-        st_st_src_put(b, name, size, head, 8 + n);
+        st_st_src_put(b, name, size, &(st_mident){id.ino, id.mtime_ns, id.ctime_ns}, head, 8 + n);
     free(head);
     v->close(f);
     return rc;

@@ -180,6 +180,29 @@ static int run_read(void *arg, size_t task, int worker)
     return 0;
 }
 
+/* A foreign file opened for its data must be the one its header was read from, unchanged
+ * (nothing else could tell: foreign data has no checksums). The device is not compared: a
+ * network file has another on each node. */
+static int check_same_file(const st_dir *d, const st_mfile *mf, const st_mident *was,
+                           st_file *f)
+{
+    st_file_id id;
+    int e = d->vfs->ident(f, &id);
+    if (e)
+        return st_fail(st_from_errno(-e), "safetensors file '%s' of '%s': %s", mf->name, d->path,
+                       strerror(-e));
+    if (id.ino == was->ino && id.size == mf->bytes && id.mtime_ns == was->mtime_ns &&
+        id.ctime_ns == was->ctime_ns)
+        return 0;
+    return st_fail(STRATA_ECHANGED,
+                   "safetensors file '%s' of '%s' changed after its header was read (%s): load "
+                   "it again",
+                   mf->name, d->path,
+                   id.ino != was->ino     ? "another file is in its place"
+                   : id.size != mf->bytes ? "its size differs"
+                                          : "it was modified");
+}
+
 int st_open_data_files(const st_dir *d, const st_io_plan *p, int no_direct, st_file ***out)
 {
     const st_meta *m = p->meta;
@@ -208,6 +231,8 @@ int st_open_data_files(const st_dir *d, const st_io_plan *p, int no_direct, st_f
                          : e == -ST_ENOTREG ? "is not a regular file (a FIFO, a device or a "
                                               "directory in its place)"
                                             : strerror(-e));
+        } else if (m->idents) {
+            rc = check_same_file(d, &m->files[f], &m->idents[f], files[f]);
         }
     }
     if (rc) {

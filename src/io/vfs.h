@@ -30,6 +30,13 @@ enum {
 };
 
 typedef struct st_vfs st_vfs;
+/* Which version of which file an open file is (st_vfs.ident): equal values on two opens
+ * mean the same file, unchanged in between (up to the timestamps' resolution). dev is a
+ * local number: one network file has other values on other nodes. */
+typedef struct st_file_id {
+    uint64_t dev, ino, size, mtime_ns, ctime_ns;
+} st_file_id;
+
 /* Every backend's open file starts with this header (backends extend it). */
 typedef struct st_file {
     const st_vfs *vfs;
@@ -79,6 +86,8 @@ struct st_vfs {
      * meanwhile is never the one locked. 0, -EBUSY if another holder has it, or -errno
      * (-ENOENT when its directory is gone). */
     int (*lock)(const st_vfs *v, const char *path, st_file **out);
+    /* The identity of an open file (fstat): 0 or -errno. */
+    int (*ident)(st_file *f, st_file_id *out);
 };
 
 extern const st_vfs st_vfs_posix;

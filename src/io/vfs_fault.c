@@ -116,6 +116,7 @@ static int f_sync(st_file *f)
 }
 
 static int f_size(st_file *f, uint64_t *out) { return INNER(f)->vfs->size(INNER(f), out); }
+static int f_ident(st_file *f, st_file_id *out) { return INNER(f)->vfs->ident(INNER(f), out); }
 
 static int f_truncate(st_file *f, uint64_t size)
 {
@@ -239,7 +240,7 @@ static int fault_new(const st_vfs **out, const st_vfs *inner, const char *query)
         .truncate = f_truncate, .close = f_close, .direct = f_direct, .mkdir = f_mkdir,
         .rename = f_rename, .unlink = f_unlink, .rmdir = f_rmdir, .sync_dir = f_sync_dir,
         .list = f_list, .stat = f_stat, .allocate = f_allocate, .release = f_release,
-        .mtime = f_mtime, .lock = f_lock,
+        .mtime = f_mtime, .lock = f_lock, .ident = f_ident,
     };
     v->inner = inner;
     v->op = -1;

@@ -107,6 +107,17 @@ static int px_size(st_file *f, uint64_t *out)
     return 0;
 }
 
+static int px_ident(st_file *f, st_file_id *out)
+{
+    struct stat st;
+    if (fstat(PX(f)->fd, &st))
+        return -errno;
+    *out = (st_file_id){(uint64_t)st.st_dev, (uint64_t)st.st_ino, (uint64_t)st.st_size,
+                        (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec,
+                        (uint64_t)st.st_ctim.tv_sec * 1000000000ull + (uint64_t)st.st_ctim.tv_nsec};
+    return 0;
+}
+
 static int px_truncate(st_file *f, uint64_t size)
 {
     return ftruncate(PX(f)->fd, (off_t)size) ? -errno : 0;
@@ -298,4 +309,5 @@ const st_vfs st_vfs_posix = {
     .allocate = px_allocate,
     .mtime = px_mtime,
     .lock = px_lock,
+    .ident = px_ident,
 };

@@ -61,6 +61,12 @@ typedef struct st_mfile {
     uint64_t bytes;
 } st_mfile;
 
+/* A foreign file's identity when its header was read (inode, modification and change
+ * times): its data must be read from that file, unchanged. */
+typedef struct st_mident {
+    uint64_t ino, mtime_ns, ctime_ns;
+} st_mident;
+
 typedef struct st_meta {
     st_arena arena; /* owns everything below */
     uint64_t step;
@@ -70,6 +76,7 @@ typedef struct st_meta {
     int foreign;
     uint32_t nfiles;
     st_mfile *files;
+    st_mident *idents; /* foreign: per file; NULL otherwise */
     size_t ntensors;
     st_mtensor *tensors;
     size_t nblobs;

@@ -777,7 +777,7 @@ out:
 
 /* ---- a source's headers in one buffer, and the metadata built from them ---- */
 
-#define SRC_MAGIC "STSAFE01"
+#define SRC_MAGIC "STSAFE02"
 
 void st_st_src_begin(st_buf *b, uint32_t nfiles)
 {
@@ -785,11 +785,14 @@ void st_st_src_begin(st_buf *b, uint32_t nfiles)
     st_buf_var(b, nfiles);
 }
 
-void st_st_src_put(st_buf *b, const char *name, uint64_t file_size,
+void st_st_src_put(st_buf *b, const char *name, uint64_t file_size, const st_mident *id,
                    const unsigned char *head, size_t head_len)
 {
     st_buf_str(b, name);
     st_buf_var(b, file_size);
+    st_buf_var(b, id->ino);
+    st_buf_var(b, id->mtime_ns);
+    st_buf_var(b, id->ctime_ns);
     st_buf_var(b, head_len);
     st_buf_put(b, head, head_len);
 }
@@ -881,14 +884,16 @@ int st_st_meta(st_meta **out, const unsigned char *src, size_t len, const st_st_
     m->foreign = 1;
     m->chunk = 1;
     m->nfiles = (uint32_t)nf;
-    if (!(m->files = st_arena_alloc(&m->arena, nf * sizeof *m->files))) {
+    if (!(m->files = st_arena_alloc(&m->arena, nf * sizeof *m->files)) ||
+        !(m->idents = st_arena_alloc(&m->arena, nf * sizeof *m->idents))) {
         rc = st_fail(STRATA_ENOMEM, "out of memory");
         goto out;
     }
     size_t nt = 0;
     for (uint64_t f = 0; f < nf; f++) {
         char *name = st_rd_str(&r, &m->arena, 255);
-        uint64_t size = st_rd_var(&r), hl = st_rd_var(&r);
+        uint64_t size = st_rd_var(&r), ino = st_rd_var(&r), mt = st_rd_var(&r);
+        uint64_t ct = st_rd_var(&r), hl = st_rd_var(&r);
         const unsigned char *head = r.err || hl > st_rd_left(&r) ? NULL : st_rd_take(&r, hl);
         if (r.err || !head || !st_plain_name(name, strlen(name))) {
             rc = st_fail(STRATA_EFORMAT, "%s: bad safetensors source description (%s)", where,
@@ -896,6 +901,7 @@ int st_st_meta(st_meta **out, const unsigned char *src, size_t len, const st_st_
             goto out;
         }
         m->files[f] = (st_mfile){name, size};
+        m->idents[f] = (st_mident){ino, mt, ct};
         char shown[PATH_MAX + 300];
         snprintf(shown, sizeof shown, "%s/%s", where, name);
         if ((rc = st_st_parse(&ix[f], head, hl, size, shown)))

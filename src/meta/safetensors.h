@@ -111,11 +111,12 @@ int st_st_parse_index(st_st_map *out, const unsigned char *json, size_t len,
 void st_st_map_free(st_st_map *m);
 
 /* A source description: the headers of a source's files in one buffer, what the rank that
- * read them sends the others (never stored). "STSAFE01", varint file count, then per file
- * its name (varint length, bytes), varint size, varint header length and the file's first
- * 8 + N bytes. Writers: */
+ * read them sends the others (never stored). "STSAFE02", varint file count, then per file
+ * its name (varint length, bytes), varints size, inode, modification and change time (ns)
+ * of the file the header was read from, varint header length and the file's first 8 + N
+ * bytes. Writers: */
 void st_st_src_begin(st_buf *b, uint32_t nfiles);
-void st_st_src_put(st_buf *b, const char *name, uint64_t file_size,
+void st_st_src_put(st_buf *b, const char *name, uint64_t file_size, const st_mident *id,
                    const unsigned char *head, size_t head_len);
 
 /* Builds the metadata of a source from its description: one tensor per safetensors tensor
