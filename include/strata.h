@@ -368,6 +368,13 @@ int strata_retain(int *removed, const char *dir_uri, int keep);
  * unlinked, and symlinks are never followed. */
 int strata_remove_incomplete(const char *uri);
 
+/* Removes what distributed loads killed on this node left in /dev/shm: the shared memory
+ * segments named by this effective uid, this boot and this pid namespace, owned by this
+ * uid, whose creating process is gone (the next distributed load on the node sharing a
+ * segment does the same first). Never another user's segment, nor a live process's.
+ * *removed (may be NULL) gets the count. Returns 0 (nothing listable: nothing removed). */
+int strata_reclaim_load_segments(int *removed);
+
 /* ---- export to Hugging Face safetensors ---------------------------------------------- */
 
 /* Progress of strata_export_safetensors, called on the caller's thread: once before the

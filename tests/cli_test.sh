@@ -51,6 +51,25 @@ check "ls marks a commit record that does not match as CORRUPT" bash -c "'$S' ls
 check "gc --dry-run removes nothing" bash -c "'$S' gc '$T' --dry-run | grep -q 'would remove $T/ck2' && test -d '$T/ck2'"
 check "gc removes the incomplete one only" bash -c "'$S' gc '$T' && test ! -e '$T/ck2' && test -f '$T/garb/COMMIT' && '$S' verify '$T/ck1'"
 
+# segments of distributed loads killed on this node (/dev/shm/strata-load-<uid>-<boot>-<pidns>-
+# <pid>-<random>): gc removes one whose creator is dead, keeps a live process's and one
+# named by another user
+shm_gc() {
+    local pre dead tag=$$ f
+    pre="strata-load-$(id -u)-$(cut -c1-8 /proc/sys/kernel/random/boot_id)-$(readlink /proc/self/ns/pid | tr -dc 0-9)-"
+    dead=$(sh -c 'echo $$') # a process that has ended
+    kill -0 "$dead" 2>/dev/null && return 1
+    local gone="/dev/shm/$pre$dead-cli$tag" live="/dev/shm/$pre$$-cli$tag"
+    local other="/dev/shm/strata-load-$(($(id -u) + 1))-${pre#strata-load-*-}$dead-cli$tag"
+    for f in "$gone" "$live" "$other"; do head -c 4096 /dev/zero >"$f"; chmod 600 "$f"; done
+    "$S" gc "$T/ret" --dry-run >/dev/null && [ -e "$gone" ] || { rm -f "$gone" "$live" "$other"; return 1; }
+    "$S" gc "$T/ret"; local e=$?
+    local ok=0
+    [ $e = 0 ] && [ ! -e "$gone" ] && [ -e "$live" ] && [ -e "$other" ] && ok=1
+    rm -f "$gone" "$live" "$other"
+    [ $ok = 1 ]
+}
+
 # retention: gc --keep 2 keeps exactly the 2 newest committed checkpoints, removes an
 # abandoned incomplete one, and keeps one a live save owns (its LOCK held, here by a python
 # process: POSIX record locks and strata's OFD locks exclude each other), however old
@@ -72,6 +91,7 @@ retain() {
         "$S" gc "$T/ret" --keep 2 && [ "$(ls "$T/ret" | xargs)" = "s3 s4" ] # let go: removed
 }
 check "gc --keep 2 keeps the 2 newest committed and a save in progress, drops abandoned ones" retain
+check "gc removes a killed load's /dev/shm segment, keeps a live one's and another user's" shm_gc
 
 check "README example (examples/reshard.c) runs" "${S%/strata}/examples/reshard" "$T/example"
 

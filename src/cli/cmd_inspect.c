@@ -344,7 +344,10 @@ static const char GC_HELP[] =
     "time) and removes older committed ones, and the incomplete ones.\n"
     "\n"
     "A save in progress owns its directory (its LOCK file is locked): gc never removes it,\n"
-    "whatever its age, and a save never writes where gc is removing.\n";
+    "whatever its age, and a save never writes where gc is removing.\n"
+    "\n"
+    "gc also removes the shared memory segments (/dev/shm/strata-load-*) that distributed\n"
+    "loads of this user killed on this node left, never a live process's.\n";
 
 typedef struct {
     int dry, removed, failed;
@@ -402,6 +405,9 @@ int cmd_gc(int argc, char **argv)
         fputs(GC_HELP, stderr);
         return EXIT_USAGE;
     }
+    int segs = 0;
+    if (!g.dry && strata_reclaim_load_segments(&segs) == 0 && segs)
+        printf("removed %d shared memory segment(s) left by killed loads\n", segs);
     if (keep >= 0) {
         int removed = 0, rc = strata_retain(&removed, dir, (int)keep);
         if (rc)

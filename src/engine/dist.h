@@ -80,11 +80,6 @@ typedef struct {
  * Errors: only those of the collectives, and STRATA_ENOMEM. */
 int st_node_shm_open(strata_comm *comm, size_t slot, st_node_shm *out);
 void st_node_shm_close(st_node_shm *s);
-/* Unlinks the segments of this user's loads on this node whose creating process is dead
- * (named by this effective uid, boot and pid namespace, owned by this uid): left by a load
- * killed while it set one up. Never another user's, nor a live process's. *removed (may be
- * NULL): how many. Returns 0 (a /dev/shm that cannot be listed has nothing to reclaim). */
-int st_node_shm_reclaim(int *removed);
 static inline unsigned char *st_node_slot(const st_node_shm *s, int rank)
 {
     return s->base + (size_t)s->lidx[rank] * s->slot;

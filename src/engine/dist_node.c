@@ -6,9 +6,9 @@
  * A segment's name says whose it is: /strata-load-<uid>-<boot>-<pidns>-<pid>-<random>
  * (the creator's user, the first 8 characters of the boot id, its pid namespace and pid).
  * The name is unlinked as soon as every rank of the node has mapped it; a creator killed
- * before that leaves it in /dev/shm, and the next load on the node removes it
- * (st_node_shm_reclaim): this user's, this boot's, this pid namespace's, and its creator
- * gone. */
+ * before that leaves it in /dev/shm, and the next load on the node (or `strata gc`) removes
+ * it (strata_reclaim_load_segments): this user's, this boot's, this pid namespace's, and its
+ * creator gone. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -61,8 +61,9 @@ static void name_prefix(char *out, size_t cap)
     snprintf(out, cap, "strata-load-%u-%s-%llu-", (unsigned)geteuid(), id[0] ? id : "x", nsid);
 }
 
-int st_node_shm_reclaim(int *removed)
+int strata_reclaim_load_segments(int *removed)
 {
+    st_clear_error();
     char prefix[NAME_BYTES];
     name_prefix(prefix, sizeof prefix);
     size_t plen = strlen(prefix);
@@ -145,7 +146,7 @@ int st_node_shm_open(strata_comm *comm, size_t slot, st_node_shm *out)
     int fd = -1;
     char name[NAME_BYTES] = {0}; /* sent from its own buffer: MPI refuses aliased ones */
     if (leader == me) {
-        st_node_shm_reclaim(NULL); /* what loads killed on this node left */
+        strata_reclaim_load_segments(NULL); /* what loads killed on this node left */
         uint64_t r = st_mix64((uint64_t)getpid() ^ (uint64_t)time(NULL) << 20 ^
                               (uint64_t)(uintptr_t)&r ^ st_mix64((uint64_t)clock()));
         char prefix[NAME_BYTES - 40];
