@@ -380,8 +380,9 @@ int strata_reclaim_load_segments(int *removed);
 /* Progress of strata_export_safetensors, called on the caller's thread: once before the
  * first write (bytes_done 0), then after each window written. Bytes count tensor data as
  * written (after a conversion). Return 0 to go on; anything else stops the export, which
- * then fails with STRATA_EABORTED and leaves no file (the callback may set the message
- * with strata_error_set). */
+ * then fails with STRATA_EABORTED, leaves out_dir as it was and removes its staging
+ * directory (the callback may set the message with strata_error_set). A signal handler
+ * that sets a flag which the callback returns is how a command stops on Ctrl-C. */
 typedef int (*strata_export_progress_cb)(void *ctx, uint64_t bytes_done, uint64_t bytes_total);
 
 /* Convert f64, f32 and f16 tensors to bf16 (rounding once, to nearest even; NaN stays a
@@ -415,15 +416,28 @@ typedef struct strata_export_opts {
  * exported. Memory stays bounded whatever the model: each tensor is loaded with strata_load
  * (every checksum verified) in windows of at most 64 MiB, flat element ranges, into one
  * reused buffer, and the files' bytes are written in order through an 8 MiB staging buffer
- * (peak RSS: `make bench`). The files are written as NAME.partial, fsynced
- * and renamed once all are complete; on failure this export's files are removed (and
- * out_dir, if this call made it). Other files in out_dir are left alone; files of the same
- * names are replaced. opts may be NULL. stats (may be NULL) gets data_bytes (tensor bytes
- * read), bytes and all_bytes (tensor bytes written: total_size), io_calls, seconds.
+ * (peak RSS: `make bench`).
+ * All or nothing: out_dir belongs to the export and is replaced as a whole. The files are
+ * written into a new staging directory beside it (out_dir.strata-export-<id>/, on the same
+ * filesystem; every file created new, never through a link), fsynced, and when all are
+ * complete the staging set takes out_dir's place in one step (renameat2 RENAME_EXCHANGE, or
+ * a rename when out_dir is missing), out_dir's parent is fsynced, and the previous files are
+ * removed. A reader of out_dir sees the previous complete set or the new one, never a mix;
+ * on failure (or a stop by the progress callback) out_dir is as it was and the staging
+ * directory is removed. An export killed midway leaves only its staging directory, which the
+ * next export to out_dir removes (never one whose export is alive: it holds a lock). So
+ * out_dir must be missing (its parent existing: made, not its parents), an empty directory,
+ * or a directory holding only files an export writes (an earlier export's output); anything
+ * else there, and a symlink as out_dir, is refused with STRATA_EEXIST before anything is
+ * written. opts may be NULL. stats (may be NULL) gets data_bytes (tensor bytes read), bytes
+ * and all_bytes (tensor bytes written: total_size), io_calls, seconds.
  * Errors: those of strata_ckpt_open and strata_load (STRATA_ENOENT, STRATA_EINCOMPLETE,
  * STRATA_ECHECKSUM, ...), STRATA_EINVAL (bad options; a name that is not UTF-8; two names
- * equal once the prefix is stripped; a name "__metadata__"), STRATA_ESCHEME, STRATA_EIO,
- * STRATA_ENOSPC, STRATA_ENOMEM, STRATA_EABORTED (the progress callback stopped it). */
+ * equal once the prefix is stripped, or one that the prefix makes "__metadata__"),
+ * STRATA_EMISMATCH (a tensor named "__metadata__": safetensors keeps that key for the file's
+ * metadata, so it cannot be exported), STRATA_EEXIST (out_dir as above), STRATA_ENOENT (its
+ * parent is missing), STRATA_ESCHEME, STRATA_EIO, STRATA_ENOSPC, STRATA_ENOMEM,
+ * STRATA_EABORTED (the progress callback stopped it). */
 int strata_export_safetensors(strata_stats *stats, const char *ckpt_uri, const char *out_dir,
                               const strata_export_opts *opts);
 

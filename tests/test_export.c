@@ -2,8 +2,14 @@
  * padded to 8, each tensor's data at its data_offsets, merged from row blocks, flat pieces
  * and replicas), the index, stats; bf16 rounding on bits; O_DIRECT and buffered writes give
  * the same bytes; the options' checks, each with its code and nothing written; a progress
- * callback that stops the export; names refused before anything is written. The Python
- * tests (tests/python/test_export.py) read the output back with the safetensors package. */
+ * callback that stops the export; names refused before anything is written. The output
+ * directory is replaced all at once: links planted in it are never written through, what is
+ * not an export's is refused, staging directories of killed exports are removed, and every
+ * storage call of an export, failed in turn (fault+file://), leaves the previous set whole.
+ * The Python tests (tests/python/test_export.py) read the output back with the safetensors
+ * package; tests/kill_export_test.sh SIGKILLs exports. With --make-names DIR NAME... this
+ * program writes a checkpoint of those names (for tests/cli_test.sh). */
+#include <dirent.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 
@@ -88,6 +94,68 @@ static unsigned char *read_out(const char *out, const char *name, size_t *len)
     char p[1024];
     snprintf(p, sizeof p, "%s/%s", out, name);
     return tu_read_file(p, len);
+}
+
+/* The names in directory d, sorted, each followed by '\n' (malloc'd). */
+static char *entries(const char *d)
+{
+    char cmd[1100];
+    snprintf(cmd, sizeof cmd, "ls -A '%s' | LC_ALL=C sort", d);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    char *out = calloc(1, 65536);
+    assert_non_null(out);
+    size_t n = fread(out, 1, 65535, f);
+    out[n] = 0;
+    pclose(f);
+    return out;
+}
+
+/* Directory d holds exactly the regular files of ref, byte for byte. */
+static void assert_same_dir(const char *d, const char *ref)
+{
+    char *a = entries(d), *b = entries(ref);
+    if (strcmp(a, b) != 0)
+        fail_msg("%s holds\n%s\nbut %s holds\n%s", d, a, ref, b);
+    for (char *name = b, *nl; *name; name = nl + 1) {
+        nl = strchr(name, '\n');
+        *nl = 0;
+        char pa[1200], pb[1200];
+        tu_join(pa, d, name);
+        tu_join(pb, ref, name);
+        struct stat st;
+        assert_int_equal(lstat(pa, &st), 0);
+        if (!S_ISREG(st.st_mode))
+            fail_msg("%s is not a regular file", pa);
+        size_t la, lb;
+        unsigned char *x = tu_read_file(pa, &la), *y = tu_read_file(pb, &lb);
+        if (la != lb || memcmp(x, y, la) != 0)
+            fail_msg("%s differs from %s", pa, pb);
+        free(x);
+        free(y);
+    }
+    free(a);
+    free(b);
+}
+
+/* The entries beside out named out.strata-export-* (staging directories). */
+static int staged(const char *out)
+{
+    char parent[600];
+    snprintf(parent, sizeof parent, "%s", out);
+    char *slash = strrchr(parent, '/');
+    assert_non_null(slash);
+    *slash = 0;
+    size_t bl = strlen(slash + 1);
+    DIR *d = opendir(parent);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += strncmp(e->d_name, slash + 1, bl) == 0 &&
+             strncmp(e->d_name + bl, ".strata-export-", 15) == 0;
+    closedir(d);
+    return n;
 }
 
 static int count_entries(const char *d)
@@ -218,23 +286,25 @@ static void test_progress(void **state)
     assert_int_equal(last_done, 166);
     assert_int_equal(last_total, 166);
     /* stopped at the 2nd or 4th call (after the last file, before the index): nothing
-     * of this export is left, and a directory it made is removed */
+     * of this export is left; an earlier export's files in OUT stay, byte for byte */
+    char ref[700];
+    snprintf(ref, sizeof ref, "%s/stopref", dir);
+    strata_export_opts earlier = STRATA_EXPORT_OPTS_INIT;
+    earlier.flags = STRATA_EXPORT_BF16;
+    assert_ok(strata_export_safetensors(NULL, ck, ref, &earlier));
     for (int k = 0; k < 4; k++) {
         char o2[700];
         snprintf(o2, sizeof o2, "%s/stop%d", dir, k);
         calls = 0, last_done = 0, stop_at = k < 2 ? 2 : 4, custom = k % 2;
-        if (k >= 2) { /* an existing directory: its files are kept */
-            assert_int_equal(mkdir(o2, 0755), 0);
-            char keep[800];
-            tu_join(keep, o2, "keep");
-            tu_write_file(keep, "x", 1);
-        }
+        if (k >= 2) /* an earlier export there */
+            assert_ok(strata_export_safetensors(NULL, ck, o2, &earlier));
         assert_rc(strata_export_safetensors(NULL, ck, o2, &o), STRATA_EABORTED);
         assert_msg_has(custom ? "the user said stop" : "stopped by the progress callback");
         if (k < 2)
             assert_false(tu_exists(o2));
         else
-            assert_int_equal(count_entries(o2), 1);
+            assert_same_dir(o2, ref);
+        assert_int_equal(staged(o2), 0);
     }
 }
 
@@ -269,11 +339,12 @@ static void test_bad_options(void **state)
     assert_rc(strata_export_safetensors(NULL, ck, "s3://bucket/x", NULL), STRATA_ESCHEME);
     snprintf(file, sizeof file, "%s/a-file", dir);
     tu_write_file(file, "x", 1);
-    assert_rc(strata_export_safetensors(NULL, ck, file, NULL), STRATA_EIO);
+    assert_rc(strata_export_safetensors(NULL, ck, file, NULL), STRATA_EEXIST);
     assert_msg_has("not a directory");
     char deep[700];
     snprintf(deep, sizeof deep, "%s/no/such/parent", dir);
-    assert_rc(strata_export_safetensors(NULL, ck, deep, NULL), STRATA_EIO);
+    assert_rc(strata_export_safetensors(NULL, ck, deep, NULL), STRATA_ENOENT);
+    assert_msg_has("does not exist (export makes its output directory, not its parents)");
     char missing[700];
     snprintf(missing, sizeof missing, "%s/absent", dir);
     assert_rc(strata_export_safetensors(NULL, missing, out, NULL), STRATA_ENOENT);
@@ -295,12 +366,15 @@ static void test_names(void **state)
 {
     (void)state;
     char ck[600], out[600];
-    /* "__metadata__" is the key of the file's metadata: refused, also once stripped */
+    /* "__metadata__" is the key of the file's metadata: a checkpoint's tensor of that name
+     * is data safetensors cannot hold (STRATA_EMISMATCH, not a bad request); one the
+     * prefix makes is a bad prefix (STRATA_EINVAL) */
     save_small(ck, sizeof ck, "ckm", "__metadata__");
     snprintf(out, sizeof out, "%s/outm", dir);
-    assert_rc(strata_export_safetensors(NULL, ck, out, NULL), STRATA_EINVAL);
-    assert_msg_has("__metadata__");
+    assert_rc(strata_export_safetensors(NULL, ck, out, NULL), STRATA_EMISMATCH);
+    assert_msg_has("tensor '__metadata__' cannot be exported: safetensors keeps that key");
     assert_false(tu_exists(out));
+    assert_int_equal(staged(out), 0);
     save_small(ck, sizeof ck, "ckm2", "x.__metadata__");
     strata_export_opts o = STRATA_EXPORT_OPTS_INIT;
     assert_ok(strata_export_safetensors(NULL, ck, out, &o));
@@ -308,6 +382,7 @@ static void test_names(void **state)
     char out2[700];
     snprintf(out2, sizeof out2, "%s/outm2", dir);
     assert_rc(strata_export_safetensors(NULL, ck, out2, &o), STRATA_EINVAL);
+    assert_msg_has("would be named __metadata__ once the prefix is stripped");
     assert_false(tu_exists(out2));
     /* two names equal once the prefix is stripped */
     save_small(ck, sizeof ck, "ckd", "v");
@@ -383,13 +458,281 @@ static void test_bounded_memory(void **state)
     tu_rmrf(out);
 }
 
-int main(void)
+/* Links planted in the output directory are never written through: a hard link into a
+ * committed checkpoint's data file, under a name an export writes, is replaced (the
+ * checkpoint still verifies, byte for byte); a symlink there is refused, naming it, and its
+ * target is left alone. */
+static void test_planted_links(void **state)
 {
+    (void)state;
+    char ck[600], victim_ck[600], out[600], ref[600], p[800], victim[600];
+    save_small(ck, sizeof ck, "ckl", "model.w");
+    save_small(victim_ck, sizeof victim_ck, "ckvictim", "model.w");
+    snprintf(out, sizeof out, "%s/outl", dir);
+    snprintf(ref, sizeof ref, "%s/outl-ref", dir);
+    strata_export_opts o = STRATA_EXPORT_OPTS_INIT;
+    o.max_file_bytes = 1; /* three files and the index */
+    assert_ok(strata_export_safetensors(NULL, ck, ref, &o));
+    strata_ckpt *c;
+    assert_ok(strata_ckpt_open(&c, victim_ck, 0));
+    strata_file_info fi;
+    strata_ckpt_file(&fi, c, 0);
+    char data[800];
+    tu_join(data, victim_ck, fi.name);
+    strata_ckpt_free(c);
+    size_t dlen, dlen2;
+    unsigned char *before = tu_read_file(data, &dlen);
+    assert_int_equal(mkdir(out, 0755), 0);
+    static const char *const names[] = {"model-00001-of-00003.safetensors.partial",
+                                        "model-00002-of-00003.safetensors",
+                                        "model.safetensors.index.json.partial"};
+    for (int i = 0; i < 3; i++) {
+        tu_join(p, out, names[i]);
+        assert_int_equal(link(data, p), 0);
+    }
+    assert_ok(strata_export_safetensors(NULL, ck, out, &o));
+    unsigned char *after = tu_read_file(data, &dlen2);
+    assert_int_equal(dlen, dlen2);
+    assert_memory_equal(before, after, dlen);
+    free(after);
+    assert_ok(strata_ckpt_open(&c, victim_ck, 0));
+    assert_ok(strata_ckpt_verify(c, NULL, NULL));
+    strata_ckpt_free(c);
+    assert_same_dir(out, ref);
+    assert_int_equal(staged(out), 0);
+
+    /* a symlink under an export's name, to a file the user can write */
+    snprintf(victim, sizeof victim, "%s/precious", dir);
+    tu_write_file(victim, "precious", 8);
+    tu_join(p, out, "model-00001-of-00003.safetensors.partial");
+    assert_int_equal(symlink(victim, p), 0);
+    assert_rc(strata_export_safetensors(NULL, ck, out, &o), STRATA_EEXIST);
+    assert_msg_has("holds 'model-00001-of-00003.safetensors.partial', which is not a file an "
+                   "export writes");
+    size_t vl;
+    unsigned char *v8 = tu_read_file(victim, &vl);
+    assert_int_equal(vl, 8);
+    assert_memory_equal(v8, "precious", 8);
+    free(v8);
+    assert_true(tu_exists(p)); /* left for a person to see */
+    assert_int_equal(staged(out), 0);
+    free(before);
+}
+
+/* What OUT may be: missing (under an existing parent), empty, or an earlier export's
+ * output; everything else is refused with its own message and nothing is touched. */
+static void test_out_dir(void **state)
+{
+    (void)state;
+    char ck[600], out[600], p[800];
+    save_small(ck, sizeof ck, "ckd2", "model.w");
+    /* a dangling symlink: named as such, not "File exists" */
+    snprintf(out, sizeof out, "%s/dangling", dir);
+    assert_int_equal(symlink("/nonexistent/strata-target", out), 0);
+    assert_rc(strata_export_safetensors(NULL, ck, out, NULL), STRATA_EEXIST);
+    assert_msg_has("is a symbolic link (dangling or not)");
+    assert_false(tu_exists("/nonexistent/strata-target"));
+    assert_int_equal(staged(out), 0);
+    /* a symlink to a directory */
+    char real[600];
+    snprintf(real, sizeof real, "%s/realdir", dir);
+    assert_int_equal(mkdir(real, 0755), 0);
+    snprintf(out, sizeof out, "%s/dirlink", dir);
+    assert_int_equal(symlink(real, out), 0);
+    assert_rc(strata_export_safetensors(NULL, ck, out, NULL), STRATA_EEXIST);
+    assert_int_equal(count_entries(real), 0);
+    /* a directory with a file no export writes, and with a subdirectory */
+    snprintf(out, sizeof out, "%s/shared", dir);
+    assert_int_equal(mkdir(out, 0755), 0);
+    tu_join(p, out, "config.json");
+    tu_write_file(p, "{}", 2);
+    assert_rc(strata_export_safetensors(NULL, ck, out, NULL), STRATA_EEXIST);
+    assert_msg_has("holds 'config.json', which is not a file an export writes");
+    assert_int_equal(count_entries(out), 1);
+    assert_int_equal(unlink(p), 0);
+    tu_join(p, out, "sub");
+    assert_int_equal(mkdir(p, 0755), 0);
+    assert_rc(strata_export_safetensors(NULL, ck, out, NULL), STRATA_EEXIST);
+    assert_msg_has("holds 'sub/'");
+    assert_int_equal(rmdir(p), 0);
+    /* empty: filled */
+    assert_ok(strata_export_safetensors(NULL, ck, out, NULL));
+    assert_int_equal(count_entries(out), 2);
+    assert_int_equal(staged(out), 0);
+    /* "." names no directory of its own */
+    assert_rc(strata_export_safetensors(NULL, ck, ".", NULL), STRATA_EINVAL);
+}
+
+/* Staging directories of killed exports beside OUT are removed by the next export to OUT,
+ * unless their export is alive (its lock held); a decoy of another OUT stays. An export
+ * killed between the two renames of a filesystem without exchange (OUT moved to old/, the
+ * new set not yet in place) is undone: old/ goes back to OUT. */
+static void test_stale_staging(void **state)
+{
+    (void)state;
+    char ck[600], out[600], ref[600], p[900], stale[700], live[700], decoy[700], q[1000];
+    save_small(ck, sizeof ck, "cks", "model.w");
+    snprintf(out, sizeof out, "%s/outs", dir);
+    snprintf(ref, sizeof ref, "%s/outs-ref", dir);
+    assert_ok(strata_export_safetensors(NULL, ck, ref, NULL));
+    snprintf(stale, sizeof stale, "%s.strata-export-1-0000dead", out);
+    snprintf(live, sizeof live, "%s.strata-export-2-0000beef", out);
+    snprintf(decoy, sizeof decoy, "%s2.strata-export-3-00000bad", out);
+    const char *dirs[] = {stale, live, decoy};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(mkdir(dirs[i], 0755), 0);
+        tu_join(p, dirs[i], "set");
+        assert_int_equal(mkdir(p, 0755), 0);
+        tu_join(q, p, "model-00001-of-00001.safetensors");
+        tu_write_file(q, "partial", 7);
+        tu_join(p, dirs[i], "EXPORT.LOCK");
+        tu_write_file(p, "", 0);
+    }
+    tu_join(p, live, "EXPORT.LOCK");
+    int fd = open(p, O_RDWR);
+    assert_true(fd >= 0);
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    assert_int_equal(fcntl(fd, F_OFD_SETLK, &fl), 0);
+    assert_int_equal(staged(out), 2);
+    assert_ok(strata_export_safetensors(NULL, ck, out, NULL));
+    assert_same_dir(out, ref);
+    assert_false(tu_exists(stale));
+    assert_true(tu_exists(live));
+    assert_true(tu_exists(decoy));
+    close(fd); /* its export ended: the next one removes it */
+    assert_ok(strata_export_safetensors(NULL, ck, out, NULL));
+    assert_false(tu_exists(live));
+    assert_true(tu_exists(decoy));
+    tu_rmrf(decoy);
+
+    /* killed between the two renames: OUT missing, the previous set in old/ */
+    assert_int_equal(mkdir(stale, 0755), 0);
+    tu_join(p, stale, "old");
+    assert_int_equal(rename(out, p), 0);
+    tu_join(p, stale, "EXPORT.LOCK");
+    tu_write_file(p, "", 0);
+    strata_export_opts o = STRATA_EXPORT_OPTS_INIT;
+    o.progress = on_progress;
+    o.progress_ctx = &calls;
+    calls = 0, last_done = 0, stop_at = 1, custom = 0;
+    assert_rc(strata_export_safetensors(NULL, ck, out, &o), STRATA_EABORTED);
+    assert_same_dir(out, ref);
+    assert_int_equal(staged(out), 0);
+}
+
+/* Every storage call of an export, failed in turn through fault+file://OUT for each op and
+ * errno: a failed export returns the mapped code and leaves OUT as it was (an earlier
+ * export's files byte for byte, or no OUT) with no staging directory; a fault after the
+ * swap (removing the previous files) leaves the new set in OUT and a staging directory that
+ * the next export removes. The number of calls of each op is that of the protocol: open and
+ * write once per file (3 and the index), fsync per file, the set's directory and OUT's
+ * parent, one exchange (or rename), two mkdirs, one lock, and unlinks of the previous 4
+ * files and the lock after the swap. */
+static void test_export_faults(void **state)
+{
+    (void)state;
+    char cka[600], ckb[600], out[600], refa[600], refb[600];
+    save_small(cka, sizeof cka, "ckfa", "model.w");
+    save_small(ckb, sizeof ckb, "ckfb", "model.w2");
+    snprintf(out, sizeof out, "%s/outf", dir);
+    snprintf(refa, sizeof refa, "%s/outf-a", dir);
+    snprintf(refb, sizeof refb, "%s/outf-b", dir);
+    strata_export_opts o = STRATA_EXPORT_OPTS_INIT;
+    o.max_file_bytes = 1;
+    assert_ok(strata_export_safetensors(NULL, cka, refa, &o));
+    assert_ok(strata_export_safetensors(NULL, ckb, refb, &o));
+    static const struct {
+        const char *op;
+        int calls, calls_fresh; /* OUT holding an earlier export / missing */
+    } ops[] = {{"open", 4, 4},  {"write", 4, 4}, {"fsync", 6, 6}, {"rename", 1, 1},
+               {"mkdir", 2, 2}, {"lock", 1, 1},  {"unlink", 5, 1}};
+    static const char *const errs[] = {"EIO", "ENOSPC"};
+    int points = 0;
+    for (int fresh = 0; fresh < 2; fresh++)
+        for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++)
+            for (int e = 0; e < 2; e++) {
+                int n = 1;
+                for (;; n++) {
+                    tu_rmrf(out);
+                    if (!fresh)
+                        assert_ok(strata_export_safetensors(NULL, cka, out, &o));
+                    char uri[900];
+                    snprintf(uri, sizeof uri, "fault+file://%s?op=%s&n=%d&errno=%s", out,
+                             ops[k].op, n, errs[e]);
+                    int rc = strata_export_safetensors(NULL, ckb, uri, &o);
+                    int left = staged(out);
+                    if (rc == 0) {
+                        assert_same_dir(out, refb);
+                        if (!left)
+                            break; /* past the last call */
+                        /* failed while removing what the swap replaced: the next export
+                         * removes it */
+                        if (strcmp(ops[k].op, "unlink") != 0)
+                            fail_msg("%s: succeeded but left a staging directory", uri);
+                        assert_ok(strata_export_safetensors(NULL, ckb, out, &o));
+                        assert_int_equal(staged(out), 0);
+                        assert_same_dir(out, refb);
+                    } else {
+                        int want = strcmp(errs[e], "ENOSPC") == 0 ? STRATA_ENOSPC : STRATA_EIO;
+                        if (rc != want)
+                            fail_msg("%s: %s (%s), want %s", uri, strata_error_name(rc),
+                                     strata_error_last(), strata_error_name(want));
+                        if (left)
+                            fail_msg("%s failed (%s) and left a staging directory", uri,
+                                     strata_error_last());
+                        if (fresh)
+                            assert_false(tu_exists(out));
+                        else
+                            assert_same_dir(out, refa);
+                    }
+                    points++;
+                    if (n > 100)
+                        fail_msg("%s: the export never stops failing", uri);
+                }
+                int want = fresh ? ops[k].calls_fresh : ops[k].calls;
+                if (n - 1 != want)
+                    fail_msg("op %s (OUT %s): %d calls, want %d", ops[k].op,
+                             fresh ? "missing" : "an earlier export", n - 1, want);
+            }
+    print_message("export fault points tried: %d\n", points);
+}
+
+/* --make-names DIR NAME...: a checkpoint with one f32 [4] tensor per NAME and a blob named
+ * after the first (for tests/cli_test.sh: names holding terminal control sequences, which
+ * are valid UTF-8 and so taken by strata; a tensor named __metadata__). */
+static int make_names(const char *ck, int n, char **names)
+{
+    static float x[4] = {1, 2, 3, 4};
+    static char blob[3] = "abc";
+    uint64_t len = 4;
+    strata_state *st;
+    int rc = strata_state_new(&st);
+    for (int i = 0; i < n && !rc; i++)
+        rc = strata_state_add_shard(st, &(strata_shard){names[i], STRATA_F32, 1, &len, .data = x});
+    if (!rc)
+        rc = strata_state_add_blob(st, names[0], 0, -1, blob, 3);
+    const char *u = ck;
+    if (!rc)
+        rc = strata_save(NULL, NULL, &u, 1, &st, 1, NULL);
+    if (rc)
+        fprintf(stderr, "%s\n", strata_error_last());
+    strata_state_free(st);
+    return rc ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc >= 4 && strcmp(argv[1], "--make-names") == 0)
+        return make_names(argv[2], argc - 3, argv + 3);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_progress),
         cmocka_unit_test(test_bad_options),
         cmocka_unit_test(test_names),
+        cmocka_unit_test(test_planted_links),
+        cmocka_unit_test(test_out_dir),
+        cmocka_unit_test(test_stale_staging),
+        cmocka_unit_test(test_export_faults),
         cmocka_unit_test(test_bounded_memory),
     };
     return cmocka_run_group_tests(tests, tu_group_setup, tu_group_teardown);

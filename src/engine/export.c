@@ -11,22 +11,23 @@
  * EXPORT_STAGE bytes written with O_DIRECT at aligned offsets (the page cache is left
  * alone; buffered writes where O_DIRECT is refused or STRATA_EXPORT_NO_DIRECT asks); the
  * last partial block is padded and the file truncated to its size. The files are written
- * under temporary names (NAME.partial), fsynced, and renamed when all of them are
- * complete; on any failure they are removed. No libm: the bf16 conversion works on bits. */
+ * into a staging directory beside the output directory and fsynced; when all are complete
+ * the staging set takes the output directory's place in one step (export_dir.c), so its
+ * readers see the previous set or the new one, never a mix; on any failure the staging
+ * directory is removed. Every file call goes through the storage layer (vfs.h), the fault
+ * injector's included. No libm: the bf16 conversion works on bits. */
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "../core/error.h"
 #include "../core/utf8.h"
 #include "../io/vfs.h"
 #include "../meta/safetensors.h"
 #include "engine.h"
+#include "export_dir.h"
 
 #define EXPORT_BUF (64u << 20)         /* the one window buffer */
 #define EXPORT_ALIGN 64                /* pieces packed in the buffer start at multiples of this */
@@ -63,15 +64,16 @@ typedef struct {
     ex_tensor *ts;
     size_t nts;
     int nfiles;
-    char **paths;     /* final file paths (nfiles + 1: the index last) */
-    char **tmp_paths; /* NAME.partial */
+    char **names; /* the files' names (nfiles + 1: the index last) */
+    st_exdir dir; /* where they are written, and made visible at once */
     unsigned char *buf;
     ex_piece *pieces;
     int npieces;
     size_t used;
     /* the file being written: bytes in order through the staging buffer */
-    int fd, direct;
-    const char *path;
+    st_file *f;
+    int direct;
+    char path[PATH_MAX];
     unsigned char *stage; /* EXPORT_STAGE bytes, aligned to EXPORT_BLOCK */
     size_t fill;          /* bytes in stage */
     uint64_t stage_off;   /* the file offset of stage[0] */
@@ -157,22 +159,17 @@ static int out_err(int e)
 
 static int pwrite_all(ex_ctx *c, const void *p, size_t n, uint64_t off)
 {
+    const st_vfs *v = c->dir.v;
     const unsigned char *b = p;
     while (n) {
-        ssize_t w = pwrite(c->fd, b, n, (off_t)off);
+        int64_t w = v->pwrite(c->f, b, n, off);
         c->io_calls++;
-        if (w < 0 && errno == EINTR)
+        if (w == -EINVAL && c->direct && v->undirect(c->f) == 0) { /* O_DIRECT refused */
+            c->direct = 0;
             continue;
-        if (w < 0 && errno == EINVAL && c->direct) { /* O_DIRECT refused here: buffered */
-            int fl = fcntl(c->fd, F_GETFL);
-            if (fl != -1 && fcntl(c->fd, F_SETFL, fl & ~O_DIRECT) == 0) {
-                c->direct = 0;
-                continue;
-            }
-            errno = EINVAL;
         }
         if (w <= 0) {
-            int e = w < 0 ? errno : ENOSPC;
+            int e = w < 0 ? (int)-w : ENOSPC;
             return st_fail(out_err(e), "writing %s: %s", c->path, strerror(e));
         }
         b += w, n -= (size_t)w, off += (uint64_t)w;
@@ -194,8 +191,9 @@ static int stage_write(ex_ctx *c, int last)
     int rc = pwrite_all(c, c->stage, wn, c->stage_off);
     c->stage_off += n;
     c->fill = 0;
-    if (!rc && wn != n && ftruncate(c->fd, (off_t)c->stage_off) != 0)
-        rc = st_fail(out_err(errno), "truncating %s: %s", c->path, strerror(errno));
+    int e;
+    if (!rc && wn != n && (e = c->dir.v->truncate(c->f, c->stage_off)) != 0)
+        rc = st_fail(out_err(-e), "truncating %s: %s", c->path, strerror(-e));
     return rc;
 }
 
@@ -321,7 +319,36 @@ static void json_str(FILE *f, const char *s)
     fputc('"', f);
 }
 
-/* Writes file f (tensors ts[lo..hi)) under its temporary name. */
+/* Creates the file `name` in the staging set (a new inode, never through a link). */
+static int out_open(ex_ctx *c, const char *name, int direct)
+{
+    const st_vfs *v = c->dir.v;
+    int rc = st_exdir_path(&c->dir, c->path, name);
+    if (rc)
+        return rc;
+    int e = v->open(v, c->path, ST_O_WRITE | (direct ? ST_O_DIRECT : 0), &c->f);
+    if (e) {
+        c->f = NULL;
+        return st_fail(out_err(-e), "creating %s: %s", c->path, strerror(-e));
+    }
+    c->direct = v->direct(c->f); /* no O_DIRECT on this file system (tmpfs): buffered */
+    return 0;
+}
+
+/* fsyncs (unless rc) and closes the file being written. */
+static int out_close(ex_ctx *c, int rc)
+{
+    const st_vfs *v = c->dir.v;
+    int e;
+    if (!rc && (e = v->sync(c->f)) != 0)
+        rc = st_fail(out_err(-e), "fsync %s: %s", c->path, strerror(-e));
+    if ((e = v->close(c->f)) != 0 && !rc)
+        rc = st_fail(out_err(-e), "closing %s: %s", c->path, strerror(-e));
+    c->f = NULL;
+    return rc;
+}
+
+/* Writes file f (tensors ts[lo..hi)) into the staging set. */
 static int write_file(ex_ctx *c, int f, size_t lo, size_t hi)
 {
     char *hdr = NULL;
@@ -347,25 +374,17 @@ static int write_file(ex_ctx *c, int f, size_t lo, size_t hi)
         free(hdr);
         return st_fail(STRATA_ENOMEM, "out of memory for a header");
     }
-    const char *path = c->path = c->tmp_paths[f];
-    int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
-    c->direct = !(c->o->flags & STRATA_EXPORT_NO_DIRECT);
-    c->fd = c->direct ? open(path, flags | O_DIRECT, 0644) : -1;
-    if (c->fd < 0) { /* no O_DIRECT on this file system (tmpfs): buffered */
-        c->direct = 0;
-        c->fd = open(path, flags, 0644);
-    }
-    if (c->fd < 0) {
-        int e = errno;
+    int rc = out_open(c, c->names[f], !(c->o->flags & STRATA_EXPORT_NO_DIRECT));
+    if (rc) {
         free(hdr);
-        return st_fail(out_err(e), "creating %s: %s", path, strerror(e));
+        return rc;
     }
     c->fill = 0;
     c->stage_off = 0;
     unsigned char len8[8];
     for (int i = 0; i < 8; i++)
         len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
-    int rc = out_put(c, len8, 8);
+    rc = out_put(c, len8, 8);
     if (!rc)
         rc = out_put(c, hdr, hlen);
     free(hdr);
@@ -378,35 +397,36 @@ static int write_file(ex_ctx *c, int f, size_t lo, size_t hi)
         rc = stage_write(c, 1);
     c->npieces = 0;
     c->used = 0;
-    if (!rc && fsync(c->fd))
-        rc = st_fail(out_err(errno), "fsync %s: %s", path, strerror(errno));
-    if (close(c->fd) && !rc)
-        rc = st_fail(out_err(errno), "closing %s: %s", path, strerror(errno));
-    c->fd = -1;
-    return rc;
+    return out_close(c, rc);
 }
 
 static int write_index(ex_ctx *c)
 {
-    const char *path = c->tmp_paths[c->nfiles];
-    FILE *f = fopen(path, "we");
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
     if (!f)
-        return st_fail(out_err(errno), "creating %s: %s", path, strerror(errno));
+        return st_fail(STRATA_ENOMEM, "out of memory for the index");
     fprintf(f, "{\n  \"metadata\": {\"total_size\": %llu},\n  \"weight_map\": {",
             (unsigned long long)c->total_bytes);
     for (size_t i = 0; i < c->nts; i++) {
         fputs(i ? ",\n    " : "\n    ", f);
         json_str(f, c->ts[i].out_name);
         fputs(": ", f);
-        const char *base = strrchr(c->paths[c->ts[i].file], '/');
-        json_str(f, base ? base + 1 : c->paths[c->ts[i].file]);
+        json_str(f, c->names[c->ts[i].file]);
     }
     fputs("\n  }\n}\n", f);
-    int bad = ferror(f) | fflush(f) | fsync(fileno(f));
-    int e = errno;
-    if (fclose(f) || bad)
-        return st_fail(out_err(e), "writing %s: %s", path, strerror(e));
-    return 0;
+    if (fclose(f)) {
+        free(buf);
+        return st_fail(STRATA_ENOMEM, "out of memory for the index");
+    }
+    int rc = out_open(c, c->names[c->nfiles], 0), e;
+    if (!rc && (e = st_vfs_write_full(c->dir.v, c->f, buf, len, 0)) != 0)
+        rc = st_fail(out_err(-e), "writing %s: %s", c->path, strerror(-e));
+    if (c->f)
+        rc = out_close(c, rc);
+    free(buf);
+    return rc;
 }
 
 static int cmp_out_name(const void *a, const void *b)
@@ -466,10 +486,18 @@ static int layout(ex_ctx *c, strata_ckpt *ck)
         t->out_name = ti.name;
         if (plen && strncmp(ti.name, o->prefix, plen) == 0 && ti.name[plen])
             t->out_name = ti.name + plen;
+        /* the key safetensors keeps for the file's metadata: a checkpoint's own name is
+         * refused as data that safetensors cannot hold (not a bad request); one that the
+         * prefix makes is the caller's choice of prefix */
+        if (strcmp(t->out_name, "__metadata__") == 0 && t->out_name == ti.name)
+            return st_fail(STRATA_EMISMATCH,
+                           "tensor '__metadata__' cannot be exported: safetensors keeps that "
+                           "key for the file's metadata (a checkpoint saved with another name "
+                           "for it exports)");
         if (strcmp(t->out_name, "__metadata__") == 0)
             return st_fail(STRATA_EINVAL,
-                           "tensor '%s' would be named __metadata__, the key safetensors "
-                           "keeps for the file's metadata", ti.name);
+                           "tensor '%s' would be named __metadata__ once the prefix is stripped, "
+                           "the key safetensors keeps for the file's metadata", ti.name);
         t->src = t->dst = ti.dtype;
         if ((o->flags & STRATA_EXPORT_BF16) &&
             (ti.dtype == STRATA_F32 || ti.dtype == STRATA_F64 || ti.dtype == STRATA_F16))
@@ -518,52 +546,26 @@ static int layout(ex_ctx *c, strata_ckpt *ck)
     return rc;
 }
 
-/* The output directory: made if missing (*made = 1); a path or file:// / mem:// URI. */
-static int out_dir_prepare(const char *uri, char *dir, size_t cap, int *made)
+/* The files' names: model-0000i-of-0000N.safetensors, then the index. */
+static int out_names(ex_ctx *c)
 {
-    const st_vfs *v;
-    int rc = st_vfs_resolve(uri, &v, dir, cap);
-    if (rc)
-        return rc;
-    int posix = v == &st_vfs_posix;
-    st_vfs_release(v);
-    if (!posix)
-        return st_fail(STRATA_ESCHEME, "export writes local files: '%s' is not a path, file:// "
-                       "or mem:// URI", uri);
-    struct stat sb;
-    if (stat(dir, &sb) != 0) {
-        if (mkdir(dir, 0755) != 0)
-            return st_fail(out_err(errno), "creating %s: %s", dir, strerror(errno));
-        *made = 1;
-    } else if (!S_ISDIR(sb.st_mode)) {
-        return st_fail(STRATA_EIO, "%s exists and is not a directory", dir);
-    }
-    return 0;
-}
-
-static int out_paths(ex_ctx *c, const char *dir)
-{
-    c->paths = calloc((size_t)c->nfiles + 1, sizeof *c->paths);
-    c->tmp_paths = calloc((size_t)c->nfiles + 1, sizeof *c->tmp_paths);
-    if (!c->paths || !c->tmp_paths)
+    c->names = calloc((size_t)c->nfiles + 1, sizeof *c->names);
+    if (!c->names)
         return st_fail(STRATA_ENOMEM, "out of memory");
     for (int f = 0; f <= c->nfiles; f++) {
-        char *p, *tp;
         int ok = f < c->nfiles
-                     ? asprintf(&p, "%s/model-%05d-of-%05d.safetensors", dir, f + 1, c->nfiles)
-                     : asprintf(&p, "%s/model.safetensors.index.json", dir);
-        if (ok < 0)
+                     ? asprintf(&c->names[f], "model-%05d-of-%05d.safetensors", f + 1, c->nfiles)
+                     : asprintf(&c->names[f], "%s", EXPORT_INDEX);
+        if (ok < 0) {
+            c->names[f] = NULL;
             return st_fail(STRATA_ENOMEM, "out of memory");
-        c->paths[f] = p;
-        if (asprintf(&tp, "%s.partial", p) < 0)
-            return st_fail(STRATA_ENOMEM, "out of memory");
-        c->tmp_paths[f] = tp;
+        }
     }
     return 0;
 }
 
-/* Writes every file under its temporary name, then renames them all (the index last). */
-static int write_all(ex_ctx *c, const char *dir)
+/* Writes every file into the staging set, the index last, then puts the set in place. */
+static int write_all(ex_ctx *c)
 {
     int rc = report(c);
     size_t lo = 0;
@@ -576,26 +578,7 @@ static int write_all(ex_ctx *c, const char *dir)
     }
     if (!rc)
         rc = write_index(c);
-    int renamed = 0;
-    for (; renamed <= c->nfiles && !rc; renamed++)
-        if (rename(c->tmp_paths[renamed], c->paths[renamed]) != 0)
-            rc = st_fail(out_err(errno), "renaming %s: %s", c->tmp_paths[renamed],
-                         strerror(errno));
-    if (rc) { /* undo the renames that were done */
-        for (int f = 0; f < renamed - 1; f++)
-            unlink(c->paths[f]);
-        return rc;
-    }
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        if (fsync(dfd) != 0) { /* the names may not last: take the files back */
-            rc = st_fail(out_err(errno), "fsync %s: %s", dir, strerror(errno));
-            for (int f = 0; f <= c->nfiles; f++)
-                unlink(c->paths[f]);
-        }
-        close(dfd);
-    }
-    return rc;
+    return rc ? rc : st_exdir_commit(&c->dir);
 }
 
 int strata_export_safetensors(strata_stats *stats, const char *ckpt_uri, const char *out_dir,
@@ -614,8 +597,6 @@ int strata_export_safetensors(strata_stats *stats, const char *ckpt_uri, const c
     strata_ckpt *ck;
     if ((rc = strata_ckpt_open(&ck, ckpt_uri, 0)))
         return rc;
-    char dir[PATH_MAX];
-    int made_dir = 0;
     ex_ctx *c = calloc(1, sizeof *c);
     size_t nt = strata_ckpt_ntensors(ck);
     if (!c || !(c->ts = calloc(nt ? nt : 1, sizeof *c->ts)) ||
@@ -626,9 +607,7 @@ int strata_export_safetensors(strata_stats *stats, const char *ckpt_uri, const c
     c->ckpt = ckpt_uri;
     c->o = &o;
     c->nts = nt;
-    c->fd = -1;
-    if ((rc = layout(c, ck)) || (rc = out_dir_prepare(out_dir, dir, sizeof dir, &made_dir)) ||
-        (rc = out_paths(c, dir)))
+    if ((rc = layout(c, ck)) || (rc = out_names(c)))
         goto done;
     if (!(c->buf = malloc(EXPORT_BUF)) ||
         posix_memalign((void **)&c->stage, EXPORT_BLOCK, EXPORT_STAGE) != 0) {
@@ -637,20 +616,15 @@ int strata_export_safetensors(strata_stats *stats, const char *ckpt_uri, const c
                      EXPORT_BUF, EXPORT_STAGE);
         goto done;
     }
-    rc = write_all(c, dir);
+    if ((rc = st_exdir_begin(&c->dir, out_dir)))
+        goto done;
+    rc = write_all(c);
+    if (c->f) /* a failure while a file was open */
+        c->dir.v->close(c->f);
+    /* after a failure: this export's files; after the swap: OUT's previous ones */
+    st_exdir_end(&c->dir);
 
 done:
-    if (c && c->paths) {
-        for (int f = 0; f <= c->nfiles; f++) {
-            if (rc && c->tmp_paths && c->tmp_paths[f]) /* remove everything this export wrote */
-                unlink(c->tmp_paths[f]);
-            free(c->paths[f]);
-            if (c->tmp_paths)
-                free(c->tmp_paths[f]);
-        }
-    }
-    if (rc && made_dir)
-        rmdir(dir);
     if (!rc && stats) {
         strata_stats full = STRATA_STATS_INIT;
         full.data_bytes = 0;
@@ -663,8 +637,9 @@ done:
         st_stats_put(stats, &full);
     }
     if (c) {
-        free(c->paths);
-        free(c->tmp_paths);
+        for (int f = 0; c->names && f <= c->nfiles; f++)
+            free(c->names[f]);
+        free(c->names);
         free(c->buf);
         free(c->stage);
         free(c->pieces);

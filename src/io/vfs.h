@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define ST_VFS_VERSION 1
+#define ST_VFS_VERSION 2 /* 2: exchange, undirect */
 
 /* open refuses anything but a regular file - a FIFO, a device, a socket, a directory - with
  * -ST_ENOTREG, without opening it or blocking on it (a symlink: -ELOOP). Linux has no
@@ -88,6 +88,14 @@ struct st_vfs {
     int (*lock)(const st_vfs *v, const char *path, st_file **out);
     /* The identity of an open file (fstat): 0 or -errno. */
     int (*ident)(st_file *f, st_file_id *out);
+    /* ---- version 2 ---- */
+    /* Swaps the entries a and b (both must exist; directories included) in one atomic step:
+     * each name then leads to what the other did. -EINVAL, -ENOSYS or -EOPNOTSUPP where the
+     * filesystem cannot (NFS); the caller falls back to two renames. */
+    int (*exchange)(const st_vfs *v, const char *a, const char *b);
+    /* Drops O_DIRECT on an open file (a filesystem that accepted the flag at open but refuses
+     * the first aligned write with EINVAL): later writes are buffered. 0 or -errno. */
+    int (*undirect)(st_file *f);
 };
 
 extern const st_vfs st_vfs_posix;

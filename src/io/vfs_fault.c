@@ -160,6 +160,15 @@ static int f_rename(const st_vfs *v, const char *from, const char *to)
     return e ? -e : FV(v)->inner->rename(FV(v)->inner, from, to);
 }
 
+/* an exchange is a rename (it replaces a name) */
+static int f_exchange(const st_vfs *v, const char *a, const char *b)
+{
+    int e = hit(FV(v), OP_RENAME);
+    return e ? -e : FV(v)->inner->exchange(FV(v)->inner, a, b);
+}
+
+static int f_undirect(st_file *f) { return INNER(f)->vfs->undirect(INNER(f)); }
+
 static int f_unlink(const st_vfs *v, const char *path)
 {
     int e = hit(FV(v), OP_UNLINK);
@@ -240,7 +249,8 @@ static int fault_new(const st_vfs **out, const st_vfs *inner, const char *query)
         .truncate = f_truncate, .close = f_close, .direct = f_direct, .mkdir = f_mkdir,
         .rename = f_rename, .unlink = f_unlink, .rmdir = f_rmdir, .sync_dir = f_sync_dir,
         .list = f_list, .stat = f_stat, .allocate = f_allocate, .release = f_release,
-        .mtime = f_mtime, .lock = f_lock, .ident = f_ident,
+        .mtime = f_mtime, .lock = f_lock, .ident = f_ident, .exchange = f_exchange,
+        .undirect = f_undirect,
     };
     v->inner = inner;
     v->op = -1;

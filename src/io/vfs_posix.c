@@ -153,9 +153,16 @@ static int px_rename(const st_vfs *v, const char *from, const char *to)
     if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP)
         return -errno;
     /* filesystems without RENAME_NOREPLACE (NFS): link fails if `to` exists, atomically */
-    if (link(from, to))
+    if (link(from, to) == 0)
+        return unlink(from) ? -errno : 0;
+    if (errno != EPERM)
         return -errno;
-    return unlink(from) ? -errno : 0;
+    /* a directory cannot be linked: rename(2) never replaces a directory that holds
+     * anything (ENOTEMPTY), so at worst an empty one made meanwhile is replaced */
+    struct stat st;
+    if (lstat(to, &st) == 0)
+        return -EEXIST;
+    return rename(from, to) ? -errno : 0;
 }
 
 static int px_lock(const st_vfs *v, const char *path, st_file **out)
@@ -287,6 +294,21 @@ static int px_mtime(const st_vfs *v, const char *path, uint64_t *ns)
     return 0;
 }
 
+static int px_exchange(const st_vfs *v, const char *a, const char *b)
+{
+    (void)v;
+    return renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE) ? -errno : 0;
+}
+
+static int px_undirect(st_file *f)
+{
+    int fl = fcntl(PX(f)->fd, F_GETFL);
+    if (fl < 0 || fcntl(PX(f)->fd, F_SETFL, fl & ~O_DIRECT))
+        return -errno;
+    PX(f)->direct = 0;
+    return 0;
+}
+
 const st_vfs st_vfs_posix = {
     .version = ST_VFS_VERSION,
     .scheme = "file",
@@ -310,4 +332,6 @@ const st_vfs st_vfs_posix = {
     .mtime = px_mtime,
     .lock = px_lock,
     .ident = px_ident,
+    .exchange = px_exchange,
+    .undirect = px_undirect,
 };
