@@ -149,7 +149,28 @@ check "export: headers, offsets, dtypes and index follow the format" bash -c "'$
 check "export --max-file-gb 0.001: several files, every tensor once" bash -c "'$S' export '$T/ck1' '$T/st2' --max-file-gb 0.001 --quiet && python3 '$T/st_check.py' '$T/st2' '$T/ck1.json' many"
 check "export --prefix strips it; --dtype bf16 writes BF16" bash -c "'$S' export '$T/ck1' '$T/st3' --prefix model. --dtype bf16 --quiet && python3 '$T/st_check.py' '$T/st3' <(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); [t.update(name=t[\"name\"][6:]) for t in j[\"tensors\"] if t[\"name\"].startswith(\"model.\")]; print(json.dumps(j))' '$T/ck1.json') 1"
 check "export of a corrupt checkpoint: exit 3, no output left" bash -c "'$S' export '$T/flip' '$T/st4' --quiet; test \$? = 3 && test ! -e '$T/st4'"
-check "export into an existing directory, corrupt: exit 3, its files kept, none added" bash -c "mkdir '$T/st5' && touch '$T/st5/keep' && { '$S' export '$T/flip' '$T/st5' --quiet; test \$? = 3; } && test \"\$(ls -A '$T/st5')\" = keep"
+check "export over an earlier export, corrupt: exit 3, the earlier files kept byte for byte" bash -c "cp -r '$T/st2' '$T/st5' && { '$S' export '$T/flip' '$T/st5' --quiet; test \$? = 3; } && diff -r '$T/st2' '$T/st5' && test -z \"\$(ls -d '$T'/st5.strata-export-* 2>/dev/null)\""
+check "export into a directory holding other files: exit 1, the file named, nothing touched" bash -c "mkdir '$T/st5b' && touch '$T/st5b/config.json' && '$S' export '$T/ck1' '$T/st5b' --quiet 2>&1 | grep -q \"holds 'config.json', which is not a file an export writes.*STRATA_EEXIST\" && test \${PIPESTATUS[0]} = 1 && test \"\$(ls -A '$T/st5b')\" = config.json"
+check "export to a dangling symlink: exit 1, named a symbolic link (not 'File exists')" bash -c "ln -s '$T/nowhere' '$T/st5c' && '$S' export '$T/ck1' '$T/st5c' --quiet 2>&1 | grep -q 'st5c. is a symbolic link (dangling or not)' && test \${PIPESTATUS[0]} = 1 && test ! -e '$T/nowhere'"
+# Ctrl-C: the export stops at its next window and leaves OUT as it was (an earlier export
+# of another checkpoint, byte for byte) and no staging directory; SIGINT is sent once the
+# staging directory exists, so it lands inside the export
+sigint() {
+    "$S" demo --size-mb 160 --dir "$T/big" >/dev/null 2>&1 || return 1
+    cp -r "$T/st2" "$T/st_int"
+    "$S" export "$T/big" "$T/st_int" --quiet 2>"$T/int.err" &
+    local pid=$! k
+    for k in $(seq 2000); do compgen -G "$T/st_int.strata-export-*" >/dev/null && break; sleep 0.005; done
+    kill -INT $pid
+    wait $pid; local st=$?
+    cat "$T/int.err"
+    rm -rf "$T/big"
+    [ $st = 1 ] && grep -q 'interrupted by Interrupt: the export stopped.*STRATA_EABORTED' "$T/int.err" &&
+        diff -r "$T/st2" "$T/st_int" && ! compgen -G "$T/st_int.strata-export-*" >/dev/null
+}
+check "export stopped by SIGINT: exit 1, OUT as it was, no staging directory left" sigint
+X=${BUILD:-build}/tests/test_export
+check "export of a tensor named __metadata__: exit 1 (STRATA_EMISMATCH), not a usage error" bash -c "'$X' --make-names '$T/meta' __metadata__ w && '$S' export '$T/meta' '$T/stmeta' --quiet 2>&1 | grep -q \"tensor '__metadata__' cannot be exported.*STRATA_EMISMATCH\" && test \${PIPESTATUS[0]} = 1 && test ! -e '$T/stmeta'"
 check "export: unknown --dtype or --format is a usage error (exit 2)" bash -c "'$S' export '$T/ck1' '$T/st6' --dtype f8 2>/dev/null; test \$? = 2 && { '$S' export '$T/ck1' '$T/st6' --format gguf 2>/dev/null; test \$? = 2; } && test ! -e '$T/st6'"
 check "export of an incomplete checkpoint: exit 3" bash -c "cp -r '$T/ck1' '$T/inc1' && rm '$T/inc1/COMMIT' && { '$S' export '$T/inc1' '$T/st7' --quiet; test \$? = 3; } && test ! -e '$T/st7'"
 
@@ -228,6 +249,40 @@ check "inspect --json escapes names that are not UTF-8 (strict JSON, U+FFFD)" ba
 # names that are not UTF-8 cannot be loaded (strata_load refuses them), so cannot be exported:
 # a clear error naming the byte, and no output
 check "export of names that are not UTF-8 fails clearly, leaves nothing" bash -c "'$S' export '$T/badname' '$T/stbad' --quiet 2>&1 | grep -q 'is not valid UTF-8'; test \${PIPESTATUS[0]} != 0 && test ! -e '$T/stbad'"
+
+# names, paths and messages that hold terminal control sequences (a checkpoint can carry
+# them: they are valid UTF-8) reach the terminal escaped in inspect, ls, verify, gc and error
+# messages: no ESC, BEL, backspace, DEL or C1 control, no byte that is not UTF-8
+ctl_clean() { # FILE: none of those bytes
+    python3 - "$1" <<'PY'
+import sys
+b = open(sys.argv[1], 'rb').read()
+bad = [c for c in b if (c < 0x20 and c not in (9, 10)) or c == 0x7f]
+t = b.decode('utf-8')  # strict: a stray byte fails here
+bad += [c for c in t if 0x80 <= ord(c) <= 0x9f]
+assert not bad, bad[:5]
+PY
+}
+ctl() {
+    local D="$T/ctl"$'\e[2J'
+    "$X" --make-names "$D" $'title\e]0;owned\a' $'clear\e[2J\e[31mred' $'c1\xc2\x9b31mcsi' $'del\x7fbs\b' || return 1
+    "$S" inspect "$D" --shards >"$T/ctl.out" 2>&1 || return 1
+    "$S" ls "$T" >>"$T/ctl.out" 2>&1 || return 1
+    "$S" verify "$D" >>"$T/ctl.out" 2>&1 || return 1
+    local f=$(ls "$D" | grep '^data-')
+    printf 'x' | dd of="$D/$f" bs=1 seek=3 conv=notrunc 2>/dev/null
+    "$S" verify "$D" >>"$T/ctl.out" 2>&1; [ $? = 3 ] || return 1
+    rm "$D/COMMIT"
+    "$S" gc "$T" --dry-run >>"$T/ctl.out" 2>&1 || return 1
+    "$S" export "$D" "$T/stctl" >>"$T/ctl.out" 2>&1; [ $? = 3 ] || return 1
+    cat -v "$T/ctl.out"
+    ctl_clean "$T/ctl.out" &&
+        grep -qF 'title\x1b]0;owned\x07' "$T/ctl.out" && grep -qF 'c1\u009b31mcsi' "$T/ctl.out" &&
+        grep -qF 'del\x7fbs\x08' "$T/ctl.out" && grep -qE "^CORRUPT: tensor '[^']*\\\\(x1b|u009b|x7f)" "$T/ctl.out" &&
+        grep -qF 'ctl\x1b[2J' "$T/ctl.out" && grep -qF 'would remove' "$T/ctl.out"
+}
+check "inspect, ls, verify, gc and errors escape terminal control sequences" ctl
+rm -rf "$T/ctl"$'\e[2J'
 
 # a safetensors directory (the export above, st1) as a source: inspect, ls, verify say it
 # has no checksums; export reads it again; gc never touches it; a truncated file is refused

@@ -22,6 +22,12 @@ double cli_now(void);
 /* Writes str as a JSON string that parses whatever its bytes: invalid UTF-8 becomes U+FFFD;
  * '"', '\\', control characters and DEL are escaped. */
 void cli_json_str(FILE *f, const char *str);
+/* str made safe for a terminal, for text output of names, paths and messages that may come
+ * from a checkpoint: C0 controls and DEL as \xNN, C1 and bidirectional controls as \uNNNN,
+ * bytes that are not UTF-8 as \xNN, and a backslash doubled (so no escape can be forged);
+ * everything else as is. The result lives until the 4th next call (a ring of buffers: up
+ * to four in one printf). Not thread-safe. */
+const char *cli_esc(const char *str);
 
 int cmd_demo(int argc, char **argv);
 /* `demo save` / `demo load` under MPI (demo_mpi.c); argv[1] is "save" or "load". */

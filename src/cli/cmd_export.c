@@ -1,6 +1,8 @@
 /* cmd_export.c - `strata export`: a checkpoint to Hugging Face safetensors files, with
  * bounded memory. A thin wrapper of strata_export_safetensors (src/engine/export.c): the
- * arguments, --help, and the progress line on a terminal (through its callback). */
+ * arguments, --help, the progress line on a terminal, and SIGINT / SIGTERM / SIGHUP, which
+ * stop the export through its progress callback (OUT is left as it was). */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,14 +33,28 @@ static const char EXPORT_HELP[] =
     "\n"
     "Memory stays bounded whatever the model size: tensors are loaded in windows of at\n"
     "most 64 MiB (flat element ranges of the tensor) into one reused buffer. Every\n"
-    "checksum is verified while reading: a corrupt or incomplete checkpoint exits 3 and\n"
-    "leaves no output file (files are written as NAME.partial and renamed at the end).\n";
+    "checksum is verified while reading: a corrupt or incomplete checkpoint exits 3.\n"
+    "\n"
+    "All or nothing: OUT is replaced as a whole. The files are written into a staging\n"
+    "directory beside it (OUT.strata-export-<id>), and when all are complete and on disk\n"
+    "they take OUT's place in one step; readers of OUT see its previous files or the new\n"
+    "ones, never a mix. On any failure, or Ctrl-C (exit 1), OUT is left as it was; an export\n"
+    "killed outright leaves only its staging directory, which the next export to OUT\n"
+    "removes. So OUT must be missing, empty, or hold only an earlier export's files: any\n"
+    "other file there (a config.json) is refused (exit 1), nothing touched; put such files\n"
+    "beside the export, or copy them in after it. A tensor named __metadata__ (the key\n"
+    "safetensors keeps for the file's metadata) cannot be exported (exit 1).\n";
 
 typedef struct {
     double t0, last_print;
     uint64_t done, total;
+    int show;  /* print a progress line (stderr is a terminal, no --quiet) */
     int shown; /* a progress line is on the terminal */
 } progress_state;
+
+static volatile sig_atomic_t stop_signal; /* the signal that asks the export to stop */
+
+static void on_stop_signal(int sig) { stop_signal = sig; }
 
 static void fmt_bytes(char *out, size_t n, double b)
 {
@@ -72,9 +88,14 @@ static void print_progress(progress_state *p, int final)
 static int on_progress(void *ctx, uint64_t done, uint64_t total)
 {
     progress_state *p = ctx;
+    if (stop_signal) {
+        strata_error_set(STRATA_EABORTED, "interrupted by %s: the export stopped and its "
+                         "output directory is as it was", strsignal(stop_signal));
+        return 1;
+    }
     p->done = done;
     p->total = total;
-    if (done) /* not the call before the first write */
+    if (done && p->show) /* not the call before the first write */
         print_progress(p, 0);
     return 0;
 }
@@ -133,11 +154,18 @@ int cmd_export(int argc, char **argv)
     if (o.max_file_bytes == 0)
         o.max_file_bytes = 1;
     progress_state p = {0};
-    if (!quiet && isatty(2)) {
-        p.t0 = p.last_print = cli_now();
-        o.progress = on_progress;
-        o.progress_ctx = &p;
-    }
+    p.show = !quiet && isatty(2);
+    p.t0 = p.last_print = cli_now();
+    o.progress = on_progress;
+    o.progress_ctx = &p;
+    /* the first signal stops the export at its next window; a second one kills */
+    struct sigaction sa = {0};
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESTART | SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
     strata_stats st = STRATA_STATS_INIT;
     int rc = strata_export_safetensors(&st, ckpt, out, &o);
     if (rc) {
@@ -145,10 +173,11 @@ int cmd_export(int argc, char **argv)
             fputc('\n', stderr);
         return cli_fail("export", rc);
     }
-    if (o.progress)
+    if (p.show)
         print_progress(&p, 1);
     if (!quiet)
         printf("exported %llu tensor bytes (%llu read) to %s in %.2f s\n",
-               (unsigned long long)st.bytes, (unsigned long long)st.data_bytes, out, st.seconds);
+               (unsigned long long)st.bytes, (unsigned long long)st.data_bytes, cli_esc(out),
+               st.seconds);
     return 0;
 }

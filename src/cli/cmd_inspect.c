@@ -1,5 +1,7 @@
-/* cmd_inspect.c - `strata inspect`, `strata ls`, `strata verify`, `strata gc`. */
+/* cmd_inspect.c - `strata inspect`, `strata ls`, `strata verify`, `strata gc`. Names, paths
+ * and messages in text output go through cli_esc: a checkpoint cannot drive the terminal. */
 #include <dirent.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,17 +117,18 @@ int cmd_inspect(int argc, char **argv)
     if (strata_ckpt_format(ck) == STRATA_FORMAT_SAFETENSORS)
         printf("safetensors %s: %zu tensors, %llu data bytes in %zu files; NO CHECKSUMS "
                "(safetensors has none: corrupted bytes cannot be detected)\n",
-               path, nt, (unsigned long long)strata_ckpt_data_bytes(ck), nf);
+               cli_esc(path), nt, (unsigned long long)strata_ckpt_data_bytes(ck), nf);
     else
     printf("checkpoint %s: %s, step %llu, %zu tensors, %zu blobs, %llu data bytes in %zu files, "
            "checksum chunk %u bytes\n",
-           path, strata_ckpt_committed(ck) ? "committed" : "INCOMPLETE (no valid commit record)",
+           cli_esc(path),
+           strata_ckpt_committed(ck) ? "committed" : "INCOMPLETE (no valid commit record)",
            (unsigned long long)strata_ckpt_step(ck), nt, nb,
            (unsigned long long)strata_ckpt_data_bytes(ck), nf, strata_ckpt_chunk_bytes(ck));
     for (size_t i = 0; i < nf; i++) {
         strata_file_info fi;
         strata_ckpt_file(&fi, ck, i);
-        printf("  file %-20s %14llu bytes\n", fi.name, (unsigned long long)fi.bytes);
+        printf("  file %-20s %14llu bytes\n", cli_esc(fi.name), (unsigned long long)fi.bytes);
     }
     printf("\n  %-48s %-9s %-18s %7s %14s\n", "tensor", "dtype", "shape", "shards", "bytes");
     for (size_t i = 0; i < nt; i++) {
@@ -135,7 +138,7 @@ int cmd_inspect(int argc, char **argv)
         FILE *m = fmemopen(shape, sizeof shape, "w");
         print_shape(m, t.ndim, t.shape);
         fclose(m);
-        printf("  %-48s %-9s %-18s %7zu %14llu\n", t.name, strata_dtype_name(t.dtype), shape,
+        printf("  %-48s %-9s %-18s %7zu %14llu\n", cli_esc(t.name), strata_dtype_name(t.dtype), shape,
                t.nshards, (unsigned long long)t.bytes);
         for (size_t s = 0; shards && s < t.nshards; s++) {
             strata_shard_info si;
@@ -147,7 +150,7 @@ int cmd_inspect(int argc, char **argv)
             if (si.flat)
                 printf(" flat [%llu,%llu)", (unsigned long long)si.flat_start,
                        (unsigned long long)si.flat_end);
-            printf(" -> %s @%llu (%llu bytes)\n", si.file, (unsigned long long)si.file_offset,
+            printf(" -> %s @%llu (%llu bytes)\n", cli_esc(si.file), (unsigned long long)si.file_offset,
                    (unsigned long long)si.bytes);
         }
     }
@@ -158,7 +161,7 @@ int cmd_inspect(int argc, char **argv)
         strata_ckpt_blob(&b, ck, i);
         char owner[16];
         snprintf(owner, sizeof owner, b.owner < 0 ? "global" : "rank %d", b.owner);
-        printf("  %-48s %-9s %-18s %7s %14llu\n", b.name, owner, b.file, "",
+        printf("  %-48s %-9s %-18s %7s %14llu\n", cli_esc(b.name), owner, cli_esc(b.file), "",
                (unsigned long long)b.bytes);
     }
     strata_ckpt_free(ck);
@@ -205,7 +208,7 @@ static int for_each_ckpt(const char *cmd, const char *dir, ckpt_fn fn, void *ctx
     visit(dir, &pi, fn, ctx, foreign);
     DIR *d = opendir(dir);
     if (!d) {
-        perror(dir);
+        fprintf(stderr, "strata %s: %s: %s\n", cmd, cli_esc(dir), strerror(errno));
         return EXIT_OPFAIL;
     }
     char **names = NULL;
@@ -258,14 +261,14 @@ static void ls_one(void *ctx, const char *path, const strata_probe_info *pi)
             strata_ckpt_free(ck);
         }
         printf("%-11s %14llu %10s  %s (no checksums)\n", "safetensors",
-               (unsigned long long)bytes, step, path);
+               (unsigned long long)bytes, step, cli_esc(path));
         return;
     }
     if (pi->committed || pi->has_metadata)
         snprintf(step, sizeof step, "%llu", (unsigned long long)pi->step);
     printf("%-11s %14llu %10s  %s\n",
            pi->committed ? "committed" : pi->has_commit ? "CORRUPT" : "incomplete",
-           (unsigned long long)pi->disk_bytes, step, path);
+           (unsigned long long)pi->disk_bytes, step, cli_esc(path));
 }
 
 /* For commands that take exactly one operand: -1 to go on, else the exit status. */
@@ -290,7 +293,7 @@ int cmd_ls(int argc, char **argv)
     int count = 0;
     int rc = for_each_ckpt("ls", argv[1], ls_one, &count, 1);
     if (!rc && !count)
-        printf("no checkpoints under %s\n", argv[1]);
+        printf("no checkpoints under %s\n", cli_esc(argv[1]));
     return rc;
 }
 
@@ -306,7 +309,8 @@ static const char VERIFY_HELP[] =
 static void report_bad(void *ctx, const char *object, const char *file, const char *msg)
 {
     (void)ctx;
-    fprintf(stderr, "CORRUPT: tensor '%s' in file '%s': %s\n", object, file, msg);
+    fprintf(stderr, "CORRUPT: tensor '%s' in file '%s': %s\n", cli_esc(object), cli_esc(file),
+            cli_esc(msg));
 }
 
 int cmd_verify(int argc, char **argv)
@@ -321,10 +325,10 @@ int cmd_verify(int argc, char **argv)
     rc = strata_ckpt_verify(ck, report_bad, NULL);
     if (!rc && !strata_ckpt_chunk_bytes(ck))
         printf("read: %s: %zu tensors, %llu data bytes read; safetensors has no checksums, so "
-               "they could not be verified\n", argv[1], strata_ckpt_ntensors(ck),
+               "they could not be verified\n", cli_esc(argv[1]), strata_ckpt_ntensors(ck),
                (unsigned long long)strata_ckpt_data_bytes(ck));
     else if (!rc)
-        printf("ok: %s: %zu tensors, %zu blobs, %llu data bytes verified\n", argv[1],
+        printf("ok: %s: %zu tensors, %zu blobs, %llu data bytes verified\n", cli_esc(argv[1]),
                strata_ckpt_ntensors(ck), strata_ckpt_nblobs(ck),
                (unsigned long long)strata_ckpt_data_bytes(ck));
     strata_ckpt_free(ck);
@@ -360,23 +364,23 @@ static void gc_one(void *ctx, const char *path, const strata_probe_info *pi)
         return;
     if (pi->has_commit) {
         printf("kept %s: it has a commit record but does not verify; check it with strata "
-               "verify\n", path);
+               "verify\n", cli_esc(path));
         return;
     }
     if (g->dry) {
-        printf("would remove %s (%llu bytes)\n", path, (unsigned long long)pi->disk_bytes);
+        printf("would remove %s (%llu bytes)\n", cli_esc(path), (unsigned long long)pi->disk_bytes);
         return;
     }
     int rc = strata_remove_incomplete(path);
     if (rc == STRATA_EBUSY) { /* a save in progress (or another gc) owns it */
-        printf("kept %s: a live save or collector owns it\n", path);
+        printf("kept %s: a live save or collector owns it\n", cli_esc(path));
         return;
     }
     if (rc) {
         g->failed = cli_fail("gc", rc);
         return;
     }
-    printf("removed %s (%llu bytes)\n", path, (unsigned long long)pi->disk_bytes);
+    printf("removed %s (%llu bytes)\n", cli_esc(path), (unsigned long long)pi->disk_bytes);
     g->removed++;
 }
 
@@ -412,8 +416,8 @@ int cmd_gc(int argc, char **argv)
         int removed = 0, rc = strata_retain(&removed, dir, (int)keep);
         if (rc)
             return cli_fail("gc", rc);
-        printf("kept the %lld newest committed checkpoints under %s; removed %d\n", keep, dir,
-               removed);
+        printf("kept the %lld newest committed checkpoints under %s; removed %d\n", keep,
+               cli_esc(dir), removed);
         return 0;
     }
     int rc = for_each_ckpt("gc", dir, gc_one, &g, 0);

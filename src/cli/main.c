@@ -27,8 +27,8 @@ int cli_exit_code(int rc)
 
 int cli_fail(const char *cmd, int rc)
 {
-    const char *msg = strata_error_last();
-    fprintf(stderr, "strata %s: %s (%s)\n", cmd, msg && *msg ? msg : strata_error_str(rc),
+    const char *msg = strata_error_last(); /* it names tensors and paths: escaped */
+    fprintf(stderr, "strata %s: %s (%s)\n", cmd, msg && *msg ? cli_esc(msg) : strata_error_str(rc),
             strata_error_name(rc));
     return cli_exit_code(rc);
 }
@@ -170,4 +170,61 @@ void cli_json_str(FILE *f, const char *str)
         s += n;
     }
     fputc('"', f);
+}
+
+/* Is code point c one a terminal acts on or that reorders what it shows: C0 and C1
+ * controls, DEL, and the bidirectional marks, embeddings, overrides and isolates? */
+static int unprintable(unsigned c)
+{
+    return c < 0x20 || (c >= 0x7f && c <= 0x9f) || c == 0x200e || c == 0x200f ||
+           (c >= 0x202a && c <= 0x202e) || (c >= 0x2066 && c <= 0x2069);
+}
+
+/* The code point of the valid UTF-8 sequence s of n bytes. */
+static unsigned utf8_cp(const unsigned char *s, size_t n)
+{
+    static const unsigned lead_mask[] = {0, 0x7f, 0x1f, 0x0f, 0x07};
+    unsigned c = s[0] & lead_mask[n];
+    for (size_t i = 1; i < n; i++)
+        c = (c << 6) | (s[i] & 0x3f);
+    return c;
+}
+
+const char *cli_esc(const char *str)
+{
+    static char *ring[4];
+    static size_t cap[4];
+    static int next;
+    const unsigned char *s = (const unsigned char *)str;
+    size_t need = strlen(str) * 4 + 1; /* the longest escape per byte: \xNN */
+    int k = next;
+    next = (next + 1) % 4;
+    if (cap[k] < need) {
+        char *b = realloc(ring[k], need);
+        if (!b)
+            return "(out of memory)";
+        ring[k] = b, cap[k] = need;
+    }
+    char *o = ring[k];
+    while (*s) {
+        int ok;
+        size_t n = utf8_seq(s, &ok);
+        unsigned c = ok ? utf8_cp(s, n) : 0;
+        if (!ok) { /* a byte of no character: 0x9b alone is a CSI to some terminals */
+            o += sprintf(o, "\\x%02x", *s);
+            n = 1;
+        } else if (c == '\\') {
+            o += sprintf(o, "\\\\");
+        } else if (c < 0x80 && unprintable(c)) {
+            o += sprintf(o, "\\x%02x", c);
+        } else if (unprintable(c)) { /* 2 or 3 bytes: at most 6 characters */
+            o += sprintf(o, "\\u%04x", c);
+        } else {
+            memcpy(o, s, n);
+            o += n;
+        }
+        s += n;
+    }
+    *o = 0;
+    return ring[k];
 }
