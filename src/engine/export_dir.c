@@ -143,7 +143,6 @@ static int clear_stale(st_exdir *d, const char *base)
     for (size_t i = 0; i < c.n; i++)
         free(c.names[i]);
     free(c.names);
-    st_clear_error();
     return rc;
 }
 

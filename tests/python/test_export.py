@@ -291,9 +291,16 @@ def test_api_errors(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         strata.export_safetensors(ck, out, max_file_bytes=5000, progress=interrupt)
     assert not os.path.exists(out)
-    # incomplete: IncompleteError; corrupt: ChecksumError, the directory's own files kept
+    # a directory holding files no export writes: ExistsError, nothing touched
     os.makedirs(out)
     open(os.path.join(out, "keep"), "w").close()
+    with pytest.raises(strata.ExistsError, match="holds 'keep'"):
+        strata.export_safetensors(ck, out)
+    assert os.listdir(out) == ["keep"]
+    os.unlink(os.path.join(out, "keep"))
+    # incomplete: IncompleteError; corrupt: ChecksumError; an earlier export in out is kept
+    strata.export_safetensors(ck, out)
+    earlier = {f: open(os.path.join(out, f), "rb").read() for f in os.listdir(out)}
     info = strata.Checkpoint(ck)
     shard = info.tensors[0]["shards"][0]
     with open(os.path.join(ck, shard["file"]), "r+b") as f:
@@ -304,11 +311,12 @@ def test_api_errors(tmp_path):
     with pytest.raises(strata.ChecksumError) as ei:
         strata.export_safetensors(ck, out)
     assert info.tensors[0]["name"] in str(ei.value)
-    assert os.listdir(out) == ["keep"]
+    assert {f: open(os.path.join(out, f), "rb").read() for f in os.listdir(out)} == earlier
     os.unlink(os.path.join(ck, "COMMIT"))
     with pytest.raises(strata.IncompleteError):
         strata.export_safetensors(ck, out)
-    assert os.listdir(out) == ["keep"]
+    assert {f: open(os.path.join(out, f), "rb").read() for f in os.listdir(out)} == earlier
+    assert not [f for f in os.listdir(tmp_path) if ".strata-export-" in f]
 
 
 # ---- the test: Megatron tp=2, pp=2, dp=2, zero=1 ----------------------------------
