@@ -5,7 +5,8 @@
  * callback that stops the export; names refused before anything is written. The output
  * directory is replaced all at once: links planted in it are never written through, what is
  * not an export's is refused, staging directories of killed exports are removed, and every
- * storage call of an export, failed in turn (fault+file://), leaves the previous set whole.
+ * storage call of an export, failed in turn (fault+file://), leaves the previous set whole;
+ * a filesystem that refuses O_DIRECT writes, or cannot exchange, still gets the same bytes.
  * The Python tests (tests/python/test_export.py) read the output back with the safetensors
  * package; tests/kill_export_test.sh SIGKILLs exports. With --make-names DIR NAME... this
  * program writes a checkpoint of those names (for tests/cli_test.sh). */
@@ -697,6 +698,62 @@ static void test_export_faults(void **state)
     print_message("export fault points tried: %d\n", points);
 }
 
+/* A filesystem that grants O_DIRECT at open but refuses the writes (EINVAL, as some FUSE and
+ * network filesystems do): the export drops O_DIRECT on the file (the storage layer's
+ * undirect) and writes it buffered, to the same bytes. Without O_DIRECT the same EINVAL is
+ * an I/O error. */
+static void test_direct_refused(void **state)
+{
+    (void)state;
+    char ck[600], out[600], ref[600], probe[700], uri[900];
+    save_small(ck, sizeof ck, "ckdr", "model.w");
+    snprintf(out, sizeof out, "%s/outdr", dir);
+    snprintf(ref, sizeof ref, "%s/outdr-ref", dir);
+    assert_ok(strata_export_safetensors(NULL, ck, ref, NULL));
+    snprintf(probe, sizeof probe, "%s/direct-probe", dir);
+    int fd = open(probe, O_WRONLY | O_CREAT | O_DIRECT, 0644);
+    if (fd < 0) { /* tmpfs: nothing here is written with O_DIRECT */
+        unlink(probe);
+        skip();
+    }
+    close(fd);
+    unlink(probe);
+    snprintf(uri, sizeof uri, "fault+file://%s?op=write&n=1&errno=EINVAL", out);
+    assert_ok(strata_export_safetensors(NULL, ck, uri, NULL));
+    assert_same_dir(out, ref);
+    tu_rmrf(out);
+    strata_export_opts o = STRATA_EXPORT_OPTS_INIT;
+    o.flags = STRATA_EXPORT_NO_DIRECT;
+    assert_rc(strata_export_safetensors(NULL, ck, uri, &o), STRATA_EIO);
+    assert_false(tu_exists(out));
+    assert_int_equal(staged(out), 0);
+}
+
+/* A filesystem without RENAME_EXCHANGE (NFS: EINVAL): OUT is moved to the staging
+ * directory's old/ and the new set renamed to OUT, and the export ends as usual; when those
+ * renames fail too, OUT is put back and the export fails. */
+static void test_no_exchange(void **state)
+{
+    (void)state;
+    char cka[600], ckb[600], out[600], refa[600], refb[600], uri[900];
+    save_small(cka, sizeof cka, "ckna", "model.w");
+    save_small(ckb, sizeof ckb, "cknb", "model.w2");
+    snprintf(out, sizeof out, "%s/outn", dir);
+    snprintf(refa, sizeof refa, "%s/outn-a", dir);
+    snprintf(refb, sizeof refb, "%s/outn-b", dir);
+    assert_ok(strata_export_safetensors(NULL, cka, refa, NULL));
+    assert_ok(strata_export_safetensors(NULL, ckb, refb, NULL));
+    assert_ok(strata_export_safetensors(NULL, cka, out, NULL));
+    snprintf(uri, sizeof uri, "fault+file://%s?op=rename&n=1&errno=EINVAL", out);
+    assert_ok(strata_export_safetensors(NULL, ckb, uri, NULL));
+    assert_same_dir(out, refb);
+    assert_int_equal(staged(out), 0);
+    snprintf(uri, sizeof uri, "fault+file://%s?op=rename&n=1&errno=EINVAL&sticky=1", out);
+    assert_rc(strata_export_safetensors(NULL, cka, uri, NULL), STRATA_EIO);
+    assert_same_dir(out, refb);
+    assert_int_equal(staged(out), 0);
+}
+
 /* --make-names DIR NAME...: a checkpoint with one f32 [4] tensor per NAME and a blob named
  * after the first (for tests/cli_test.sh: names holding terminal control sequences, which
  * are valid UTF-8 and so taken by strata; a tensor named __metadata__). */
@@ -733,6 +790,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_out_dir),
         cmocka_unit_test(test_stale_staging),
         cmocka_unit_test(test_export_faults),
+        cmocka_unit_test(test_direct_refused),
+        cmocka_unit_test(test_no_exchange),
         cmocka_unit_test(test_bounded_memory),
     };
     return cmocka_run_group_tests(tests, tu_group_setup, tu_group_teardown);
