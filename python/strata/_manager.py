@@ -1,0 +1,173 @@
+"""CheckpointManager: the checkpoints of a training loop, on tiers, with retention."""
+
+import os
+import re
+import warnings
+
+import strata as _S
+from strata import _values
+from strata.torch import AsyncSave, _error, _group, _prepare_save, load
+
+_STEP_DIR = re.compile(r"step-(\d+)")
+
+
+def _local_dir(uri):
+    if uri.startswith("file://"):
+        return uri[len("file://"):]
+    if "://" in uri:
+        return None
+    return uri
+
+
+class CheckpointManager:
+    """Checkpoints of a training loop: root is one directory, or tiers fastest first (e.g.
+    ["/dev/shm/run", "/local/run", "/shared/run"]); every save writes <tier>/step-NNNNNNNN
+    on every tier, and after it commits keeps the `keep` newest committed checkpoints of each
+    tier (strata.retain). It holds the buffer pool (pool_bytes, allocated at the first save)
+    and the saver, whose cached plan makes repeated saves of one layout cheap.
+
+        mgr = CheckpointManager(root, keep=3)
+        start = mgr.load(state) + 1 if mgr.latest() is not None else 0
+        for step in range(start, n):
+            ...
+            h = mgr.save(step, state)     # async: h.wait_snapshot() before optimizer.step()
+        mgr.close()
+
+    With a process group every rank makes the same calls; rank 0 chooses the step and
+    applies retention."""
+
+    def __init__(self, root, *, keep=3, pool_bytes=1 << 30, process_group=None,
+                 async_save=True, pickle=False):
+        if isinstance(root, (list, tuple)):
+            self.tiers = [os.fspath(r) for r in root]
+        else:
+            self.tiers = [os.fspath(root)]
+        if not self.tiers:
+            raise ValueError("CheckpointManager: no root")
+        self.keep = int(keep)
+        self.pool_bytes = int(pool_bytes)
+        self.process_group = process_group
+        self.async_save = bool(async_save)
+        self.pickle = pickle
+        self._pool = None
+        self._saver = None
+        self._pending = None
+        self._closed = False
+
+    def _group(self):
+        return _group(self.process_group)
+
+    def path(self, step, tier=0):
+        return self.tiers[tier].rstrip("/") + "/step-%08d" % int(step)
+
+    @property
+    def pool(self):
+        """The manager's strata.Pool: None until prepare() or the first save made it."""
+        return self._pool
+
+    def prepare(self):
+        """Allocates the pool (pool_bytes, pre-faulted) and the saver now, at setup, instead
+        of in the first save, which would then wait for that allocation. With a process
+        group every rank calls it. Returns self."""
+        if self._closed:
+            raise ValueError("strata CheckpointManager: closed")
+        self._get_saver(self._group())
+        return self
+
+    def _get_saver(self, group):
+        if self._saver is None:
+            self._pool = _S.Pool(self.pool_bytes) if self.pool_bytes else None
+            comm = group.comm if group is not None else None
+            self._saver = _S.Saver(comm, self._pool) if self._pool is not None else _S.Saver(comm)
+        return self._saver
+
+    def _retain(self, group):
+        if self.keep <= 0 or (group is not None and group.rank != 0):
+            return
+        for t in self.tiers:
+            try:
+                _S.retain(t, self.keep)
+            except _S.Error as e:
+                warnings.warn("strata CheckpointManager: retention in %s: %s" % (t, e))
+
+    def save(self, step, state_dict):
+        """Waits for the previous save (raising its error), then saves state_dict as step on
+        every tier: returns the AsyncSave (async_save=True) or the stats."""
+        if self._closed:
+            raise ValueError("CheckpointManager: closed")
+        self.wait()
+        group = self._group()
+        uris = [self.path(step, i) for i in range(len(self.tiers))]
+        prep = _prepare_save(state_dict, group, self.pickle)
+        saver = self._get_saver(group)
+        if self.async_save:
+            h = saver.start(uris, [prep.state], step=int(step))
+            self._pending = AsyncSave(h, prep, on_done=lambda: self._retain(group))
+            return self._pending
+        stats = saver.save(uris, [prep.state], step=int(step))
+        self._retain(group)
+        return stats
+
+    def wait(self):
+        """Waits for the save in flight (if any) to commit; raises its error."""
+        p, self._pending = self._pending, None
+        if p is not None:
+            p.wait()
+
+    def _scan(self):
+        best = None
+        for t in self.tiers:
+            d = _local_dir(t)
+            if d is None or not os.path.isdir(d):
+                continue
+            steps = sorted((int(m.group(1)) for m in map(_STEP_DIR.fullmatch, os.listdir(d))
+                            if m), reverse=True)
+            for s in steps:
+                if best is not None and s <= best:
+                    break
+                try:
+                    committed = _S.probe(os.path.join(d, "step-%08d" % s))["committed"]
+                except _S.Error:
+                    committed = False
+                if committed:
+                    best = s
+                    break
+        return best
+
+    def latest(self):
+        """The newest step with a committed checkpoint on any tier, or None."""
+        group = self._group()
+        if group is None or group.size == 1:
+            return self._scan()
+        best = self._scan() if group.rank == 0 else None
+        return _values.decode(group.bcast_bytes(_values.encode(best)))[1]
+
+    def load(self, state_dict, step=None):
+        """Loads step (default: latest()) into state_dict from the fastest tier holding a
+        committed copy (falling back through the others); returns the step."""
+        self.wait()
+        if step is None:
+            step = self.latest()
+            if step is None:
+                raise _error("NotFoundError", "no committed checkpoint under %s"
+                             % ", ".join(self.tiers))
+        uris = [self.path(step, i) for i in range(len(self.tiers))]
+        load(state_dict, uris, self.process_group, pickle=self.pickle)
+        return int(step)
+
+    def close(self):
+        """Waits for the save in flight, then lets go of the saver and the pool."""
+        if self._closed:
+            return
+        try:
+            self.wait()
+        finally:
+            self._closed = True
+            self._saver = None
+            self._pool = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,466 @@
+"""State dicts as strata sees them: flattening to dotted keys, per-rank values, and the
+strata.State a rank registers to save a state dict (_SavePrep) or to load into one
+(_LoadPrep, with _Meta: what the checkpoint holds). No collective here: strata.torch runs
+them around its own (_agree) and strata's."""
+
+import bisect
+import collections.abc
+import ctypes
+import hashlib
+import random as _pyrandom
+import re
+
+import torch
+
+import strata as _S
+from strata import _values
+from strata._dtensor import _dtensor_boxes, _is_dtensor
+from strata._tensor import (_FROM_STRATA, _TO_STRATA, _check_tensor, _error, _hash_tensor,
+                            _nbytes, _readable, _sdtype, _with_key, _writable)
+
+# ---- per-rank values --------------------------------------------------------------------
+
+class PerRank:
+    """A value each rank saves for itself and gets back for itself (see per_rank)."""
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __repr__(self):
+        return "per_rank(%r)" % (self.value,)
+
+
+def per_rank(value):
+    """Marks value (a tensor, a value, or a nested state of them) as this rank's own: every
+    rank saves its own (under the same key) and load gives each rank its own back. Without
+    the marker, a value must be the same on every rank (else save fails naming the key).
+    Per-rank values are not resharded: a load on more ranks than saved finds no value for
+    the new ranks (NotFoundError naming the key)."""
+    return value if isinstance(value, PerRank) else PerRank(value)
+
+
+def _pr_name(key, rank):
+    return "%s@rank%d" % (key, rank)
+
+
+def rng_state():
+    """This rank's random number generator states, marked per rank: torch's CPU generator,
+    every CUDA device's (where CUDA is available) and Python's random module. Save it in a
+    state dict; load into a fresh rng_state() and pass the result to set_rng_state()."""
+    st = {"cpu": torch.get_rng_state(), "python": _pyrandom.getstate()}
+    if torch.cuda.is_available():
+        st["cuda"] = list(torch.cuda.get_rng_state_all())
+    return PerRank(st)
+
+
+def set_rng_state(state):
+    """Restores what rng_state() returned (or its loaded copy)."""
+    v = state.value if isinstance(state, PerRank) else state
+    if not isinstance(v, collections.abc.Mapping):
+        raise TypeError("set_rng_state: expected what rng_state() returns, got %r" % type(v))
+    if "cpu" in v:
+        torch.set_rng_state(v["cpu"])
+    if "cuda" in v and torch.cuda.is_available():
+        cuda = list(v["cuda"])
+        n = torch.cuda.device_count()
+        for i, s in enumerate(cuda[:n]):
+            torch.cuda.set_rng_state(s, i)
+    if "python" in v:
+        p = v["python"]
+        if isinstance(p, list):
+            p = tuple(p)
+        _pyrandom.setstate(p)
+
+
+# ---- walking state dicts ----------------------------------------------------------------
+
+def _is_stateful(v):
+    return (not isinstance(v, (torch.Tensor, type))
+            and callable(getattr(v, "state_dict", None))
+            and callable(getattr(v, "load_state_dict", None)))
+
+
+def _is_container(v):
+    return isinstance(v, (collections.abc.Mapping, list, tuple))
+
+
+def _items(v):
+    if isinstance(v, collections.abc.Mapping):
+        return list(v.items())
+    return list(enumerate(v))
+
+
+def _join(key, k):
+    if isinstance(k, str):
+        part = k
+    elif isinstance(k, int):
+        part = str(int(k))
+    else:
+        raise _error("InvalidArgumentError",
+                     "%s: a state dict key of type %s (%r): keys are str or int"
+                     % (key or "<root>", type(k).__name__, k))
+    return part if not key else key + "." + part
+
+
+def _plain(v, depth=0):
+    """True if v holds no tensor, no Stateful and no per_rank (it is one value)."""
+    if isinstance(v, (torch.Tensor, PerRank)) or _is_stateful(v):
+        return False
+    if _is_container(v) and depth < 1000:
+        return all(_plain(c, depth + 1) for _, c in _items(v))
+    return True
+
+
+def _rebuild(orig, items):
+    t = type(orig)
+    if t is tuple:
+        return tuple(items)
+    if hasattr(t, "_make"):   # namedtuple
+        return t._make(items)
+    return t(items)
+
+
+def _flatten(state_dict):
+    """[(kind, key, value, per_rank)]: kind "tensor" or "value"."""
+    if not isinstance(state_dict, collections.abc.Mapping):
+        raise TypeError("strata.torch: a state dict is a dict (of tensors, Stateful objects, "
+                        "values); got %s" % type(state_dict).__name__)
+    out = []
+
+    def walk(v, key, pr, out):
+        if isinstance(v, PerRank):
+            if walk(v.value, key, True, out):
+                out.append(("value", key, v.value, True))
+            return False
+        if isinstance(v, torch.Tensor):
+            out.append(("tensor", key, v, pr))
+            return False
+        if _is_stateful(v):
+            sd = v.state_dict()
+            if not isinstance(sd, collections.abc.Mapping):
+                raise _error("InvalidArgumentError", "%s: state_dict() returned a %s, not a dict"
+                             % (key, type(sd).__name__))
+            container(sd, key, pr, out, True)
+            return False
+        if _is_container(v):
+            return container(v, key, pr, out, False)
+        return True
+
+    def container(v, key, pr, out, force):
+        sub, plain, allplain = [], [], True
+        for k, c in _items(v):
+            ck = _join(key, k)
+            if walk(c, ck, pr, sub):
+                plain.append((ck, c))
+            else:
+                allplain = False
+        if allplain and not force:
+            return True
+        for ck, c in plain:
+            sub.append(("value", ck, c, pr))
+        out.extend(sub)
+        return False
+
+    container(state_dict, "", False, out, True)
+    seen = set()
+    for e in out:
+        if e[1] in seen:
+            raise _error("InvalidArgumentError",
+                         "two entries of the state dict flatten to the same key %r" % e[1])
+        seen.add(e[1])
+    return out
+
+
+# ---- save -------------------------------------------------------------------------------
+
+class _SavePrep:
+    """One rank's strata.State for a state dict, and its replica hashes (only with other
+    ranks to compare with: alone, hashing every plain tensor would only add to the stall)."""
+
+    def __init__(self, state_dict, rank, pickle, replicas=True):
+        self.rank = rank
+        self.pickle = pickle
+        self.replicas = replicas
+        self.state = _S.State()
+        self.checks = []
+        self.cuda = set()
+        for kind, key, v, pr in _flatten(state_dict):
+            try:
+                if kind == "tensor":
+                    self._tensor(key, v, pr)
+                else:
+                    self._value(key, v, pr)
+            except _S.Error as e:
+                raise _with_key(e, key) from None
+
+    def _blob(self, key, data, pr, check=True):
+        buf = ctypes.create_string_buffer(max(len(data), 1))
+        ctypes.memmove(buf, data, len(data))
+        self.state.add_blob(key, data_ptr=ctypes.addressof(buf), nbytes=len(data),
+                            rank_local=pr, keep=buf)
+        if check and not pr and self.replicas:
+            self.checks.append((key, int.from_bytes(
+                hashlib.blake2b(data, digest_size=8).digest(), "little")))
+
+    def _value(self, key, v, pr):
+        try:
+            data = _values.encode(v)
+        except _values.NeedsPickle as e:
+            if not self.pickle:
+                raise _error("InvalidArgumentError",
+                             "%s%s: %s cannot be saved without pickle: pass pickle=True to "
+                             "both save and load (loading then unpickles it, which can run "
+                             "code), or store it as None/bool/int/float/str/bytes/list/tuple/"
+                             "dict" % (key, e.path, e)) from None
+            data = _values.encode_pickle(v)
+        self._blob(key, data, pr)
+
+    def _tensor(self, key, t, pr):
+        _check_tensor(key, t)
+        sdt = _sdtype(key, t)
+        if _is_dtensor(t):
+            if pr:
+                raise _error("InvalidArgumentError",
+                             "%s: per_rank() of a DTensor: a DTensor is already split over "
+                             "the ranks; save it without the marker" % key)
+            gshape = tuple(t.shape)
+            if t.numel() == 0:
+                self._blob(key, _values.encode_empty_tensor(sdt, gshape), False)
+                return
+            for offs, lens, view in _dtensor_boxes(key, t):
+                src = _readable(view)
+                self._shard(key, sdt, gshape, offs, lens, src)
+            return
+        if t.numel() == 0:
+            self._blob(key, _values.encode_empty_tensor(sdt, tuple(t.shape)), pr)
+            return
+        src = _readable(t)
+        name = _pr_name(key, self.rank) if pr else key
+        self._shard(name, sdt, tuple(src.shape), None, None, src)
+        if not pr and self.replicas:
+            self.checks.append((key, _hash_tensor(src)))
+
+    def _shard(self, name, sdt, gshape, offs, lens, src):
+        if src.is_cuda:
+            self.cuda.add(src.device)
+        self.state.add_shard(name, sdt, gshape, offs, lens, data_ptr=src.data_ptr(),
+                             nbytes=_nbytes(src), device=src.is_cuda, keep=src)
+
+
+# ---- load -------------------------------------------------------------------------------
+
+class _Meta:
+    """What load needs to know of the checkpoint: tensor dtypes and shapes, blob sizes."""
+
+    def __init__(self, d):
+        self.step = d["step"]
+        self.uri = d["uri"]
+        self.tensors = {n: (dt, tuple(shape)) for n, dt, shape in d["t"]}
+        self.blobs = {(n, o): b for n, o, b in d["b"]}
+        self.names = sorted(set(self.tensors) | set(n for n, _ in self.blobs))
+        self.owners = sorted(set(o for _, o in self.blobs if o >= 0)
+                             | set(int(m.group(1)) for m in
+                                   (re.search(r"@rank(\d+)$", n) for n in self.tensors) if m))
+
+    @staticmethod
+    def read(uris):
+        last = None
+        for i, u in enumerate(uris):
+            try:
+                ck = _S.Checkpoint(u)
+            except _S.Error as e:
+                last = e
+                continue
+            return {"step": ck.step, "uri": i,
+                    "t": [[t["name"], t["dtype"], list(t["shape"])] for t in ck.tensors],
+                    "b": [[b["name"], b["owner"], b["bytes"]] for b in ck.blobs]}
+        if len(uris) > 1:
+            raise _error(type(last).__name__, "no tier holds a readable checkpoint (%s); "
+                         "the last: %s" % (", ".join(uris), last))
+        raise last
+
+    def value_src(self, key, rank):
+        if (key, -1) in self.blobs:
+            return -1, self.blobs[(key, -1)]
+        if (key, rank) in self.blobs:
+            return rank, self.blobs[(key, rank)]
+        return None
+
+    def tensor_name(self, key, rank):
+        if key in self.tensors:
+            return key
+        n = _pr_name(key, rank)
+        return n if n in self.tensors else None
+
+    def has_prefix(self, key):
+        p = key + "."
+        i = bisect.bisect_left(self.names, p)
+        return i < len(self.names) and self.names[i].startswith(p)
+
+    def missing(self, key, rank, pr):
+        if any((key, o) in self.blobs for o in self.owners) or any(
+                _pr_name(key, o) in self.tensors for o in self.owners):
+            return _error("NotFoundError",
+                          "%s: the checkpoint holds it per rank, but not for rank %d (saved by "
+                          "ranks %s): per-rank values are not resharded"
+                          % (key, rank, _ranges(self.owners)))
+        return _error("NotFoundError", "%s: not in the checkpoint" % key)
+
+
+def _ranges(xs):
+    xs = sorted(xs)
+    if xs and xs == list(range(xs[0], xs[-1] + 1)) and len(xs) > 2:
+        return "%d-%d" % (xs[0], xs[-1])
+    return ",".join(str(x) for x in xs[:16]) + (",..." if len(xs) > 16 else "")
+
+
+class _LoadPrep:
+    """One rank's strata.State for loading into a state dict, and what to do after."""
+
+    def __init__(self, state_dict, meta, rank, pickle):
+        if not isinstance(state_dict, collections.abc.Mapping):
+            raise TypeError("strata.torch.load: a state dict is a dict; got %s"
+                            % type(state_dict).__name__)
+        self.meta = meta
+        self.rank = rank
+        self.pickle = pickle
+        self.state = _S.State()
+        self.copies = []    # (target, buffer): copy after the load
+        self.blobs = []     # (key, buffer, size, setter, tensor target or None)
+        self.new = []       # (setter, tensor): values saved as tensors
+        self.finals = []    # post-order: tuple rebuilds, load_state_dict
+        self.cuda = set()
+        self._container(state_dict, "", False, None)
+
+    def _walk(self, v, key, pr, setter):
+        if isinstance(v, PerRank):
+            def set_pr(x, h=v):
+                h.value = x
+            self._walk(v.value, key, True, set_pr)
+            return
+        if isinstance(v, torch.Tensor):
+            try:
+                self._tensor(key, v)
+            except _S.Error as e:
+                raise _with_key(e, key) from None
+            return
+        if _is_stateful(v):
+            sd = v.state_dict()
+            if not isinstance(sd, collections.abc.Mapping):
+                raise _error("InvalidArgumentError", "%s: state_dict() returned a %s, not a dict"
+                             % (key, type(sd).__name__))
+            self._container(sd, key, pr, None)
+            self.finals.append(lambda obj=v, sd=sd: obj.load_state_dict(sd))
+            return
+        if _is_container(v):
+            m = self.meta
+            if not _plain(v) or (m.value_src(key, self.rank) is None
+                                 and m.tensor_name(key, self.rank) is None
+                                 and m.has_prefix(key)):
+                self._container(v, key, pr, setter)
+                return
+        self._value(key, pr, setter)
+
+    def _container(self, v, key, pr, setter):
+        items = _items(v)
+        if not items and key and self.meta.has_prefix(key):
+            raise _error("NotFoundError",
+                         "%s: the checkpoint holds entries under %r but the target's %r is "
+                         "empty (an optimizer whose state is not initialised yet? create it "
+                         "first, e.g. with torch.distributed.checkpoint.state_dict."
+                         "get_state_dict)" % (key, key + ".", key))
+        if isinstance(v, tuple):
+            tmp = list(v)
+            for i, c in items:
+                self._walk(c, _join(key, i), pr, lambda x, l=tmp, i=i: l.__setitem__(i, x))
+            if setter is not None:
+                self.finals.append(lambda: setter(_rebuild(v, tmp)))
+            return
+        for k, c in items:
+            self._walk(c, _join(key, k), pr, lambda x, d=v, k=k: d.__setitem__(k, x))
+
+    def _value(self, key, pr, setter):
+        m = self.meta
+        src = m.value_src(key, self.rank)
+        if src is None:
+            name = m.tensor_name(key, self.rank)
+            if name is None:
+                raise m.missing(key, self.rank, pr)
+            dt, shape = m.tensors[name]
+            t = torch.empty(shape, dtype=_FROM_STRATA[dt])
+            self.state.add_shard(name, dt, shape, data_ptr=t.data_ptr(), nbytes=_nbytes(t),
+                                 keep=t)
+            self.new.append((setter, t))
+            return
+        self._blob(key, src, setter, None)
+
+    def _blob(self, key, src, setter, target):
+        owner, size = src
+        buf = ctypes.create_string_buffer(max(size, 1))
+        self.state.add_blob(key, data_ptr=ctypes.addressof(buf), nbytes=size, owner=owner,
+                            keep=buf)
+        self.blobs.append((key, buf, size, setter, target))
+
+    def _tensor(self, key, t):
+        _check_tensor(key, t)
+        sdt = _sdtype(key, t)
+        gshape = tuple(t.shape)
+        m = self.meta
+        name = m.tensor_name(key, self.rank)
+        if name is None:
+            src = m.value_src(key, self.rank)
+            if src is None:
+                raise m.missing(key, self.rank, False)
+            self._blob(key, src, None, t)   # an empty tensor (or a value: a mismatch)
+            return
+        dt, shape = m.tensors[name]
+        if dt != sdt or shape != gshape:
+            raise _error("MismatchError",
+                         "%s: the checkpoint holds %s%s, the target is %s%s"
+                         % (key, dt, list(shape), sdt, list(gshape)))
+        if _is_dtensor(t):
+            pieces = [(offs, lens, view) for offs, lens, view in _dtensor_boxes(key, t)]
+        else:
+            pieces = [(None, None, t)]
+        for offs, lens, view in pieces:
+            buf, fix = _writable(view)
+            if fix is not None:
+                self.copies.append(fix)
+            if buf.is_cuda:
+                self.cuda.add(buf.device)
+            self.state.add_shard(name, sdt, gshape, offs, lens, data_ptr=buf.data_ptr(),
+                                 nbytes=_nbytes(buf), device=buf.is_cuda, keep=buf)
+
+    def finish(self):
+        with torch.no_grad():
+            for target, buf in self.copies:
+                target.copy_(buf)
+        for key, buf, size, setter, target in self.blobs:
+            data = ctypes.string_at(ctypes.addressof(buf), size)
+            try:
+                kind, v = _values.decode(data, pickle=self.pickle)
+            except PermissionError as e:
+                raise _error("InvalidArgumentError", "%s: %s" % (key, e)) from None
+            except ValueError as e:
+                raise _error("FormatError", "%s: a malformed value: %s" % (key, e)) from None
+            if kind == "empty":
+                dt, shape = v
+                if dt not in _FROM_STRATA:
+                    raise _error("FormatError", "%s: unknown dtype %r" % (key, dt))
+                if target is not None:
+                    sdt = _TO_STRATA.get(target.dtype)
+                    if sdt != dt or tuple(target.shape) != tuple(shape):
+                        raise _error("MismatchError", "%s: the checkpoint holds %s%s, the "
+                                     "target is %s%s" % (key, dt, list(shape), sdt,
+                                                         list(target.shape)))
+                    continue
+                v = torch.empty(shape, dtype=_FROM_STRATA[dt])
+            elif target is not None:
+                raise _error("MismatchError", "%s: the checkpoint holds a value (%s), the "
+                             "target is a tensor" % (key, type(v).__name__))
+            setter(v)
+        for setter, t in self.new:
+            setter(t)
+        for f in self.finals:
+            f()
