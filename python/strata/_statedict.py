@@ -412,7 +412,14 @@ class _LoadPrep:
             src = m.value_src(key, self.rank)
             if src is None:
                 raise m.missing(key, self.rank, False)
-            self._blob(key, src, None, t)   # an empty tensor (or a value: a mismatch)
+            # a blob: an empty tensor, or a value (a mismatch). Refused here, before the load
+            # writes anything, wherever its size tells: a target with elements can hold no
+            # empty tensor, and the target's own would be exactly this many bytes
+            if t.numel() or src[1] != len(_values.encode_empty_tensor(sdt, gshape)):
+                raise _error("MismatchError",
+                             "%s: the checkpoint holds a value or an empty tensor (a %d-byte "
+                             "blob), the target is %s%s" % (key, src[1], sdt, list(gshape)))
+            self._blob(key, src, None, t)
             return
         dt, shape = m.tensors[name]
         if dt != sdt or shape != gshape:
@@ -433,34 +440,47 @@ class _LoadPrep:
                                  nbytes=_nbytes(buf), device=buf.is_cuda, keep=buf)
 
     def finish(self):
+        """After the load: every blob decoded and checked, then the targets changed."""
+        values = []
+        for key, buf, size, setter, target in self.blobs:
+            v = self._decode(key, ctypes.string_at(ctypes.addressof(buf), size), target)
+            if target is None:
+                values.append((setter, v))
         with torch.no_grad():
             for target, buf in self.copies:
                 target.copy_(buf)
-        for key, buf, size, setter, target in self.blobs:
-            data = ctypes.string_at(ctypes.addressof(buf), size)
-            try:
-                kind, v = _values.decode(data, pickle=self.pickle)
-            except PermissionError as e:
-                raise _error("InvalidArgumentError", "%s: %s" % (key, e)) from None
-            except ValueError as e:
-                raise _error("FormatError", "%s: a malformed value: %s" % (key, e)) from None
-            if kind == "empty":
-                dt, shape = v
-                if dt not in _FROM_STRATA:
-                    raise _error("FormatError", "%s: unknown dtype %r" % (key, dt))
-                if target is not None:
-                    sdt = _TO_STRATA.get(target.dtype)
-                    if sdt != dt or tuple(target.shape) != tuple(shape):
-                        raise _error("MismatchError", "%s: the checkpoint holds %s%s, the "
-                                     "target is %s%s" % (key, dt, list(shape), sdt,
-                                                         list(target.shape)))
-                    continue
-                v = torch.empty(shape, dtype=_FROM_STRATA[dt])
-            elif target is not None:
-                raise _error("MismatchError", "%s: the checkpoint holds a value (%s), the "
-                             "target is a tensor" % (key, type(v).__name__))
+        for setter, v in values:
             setter(v)
         for setter, t in self.new:
             setter(t)
         for f in self.finals:
             f()
+
+    def _decode(self, key, data, target):
+        """The value of a blob (a new empty tensor for one), checked against target (a
+        tensor the blob must describe exactly, or None)."""
+        try:
+            kind, v = _values.decode(data, pickle=self.pickle)
+        except PermissionError as e:
+            raise _error("InvalidArgumentError", "%s: %s" % (key, e)) from None
+        except ValueError as e:
+            raise _error("FormatError", "%s: a malformed value: %s" % (key, e)) from None
+        if kind != "empty":
+            if target is not None:
+                raise _error("MismatchError", "%s: the checkpoint holds a value (%s), the "
+                             "target is a tensor" % (key, type(v).__name__))
+            return v
+        dt, shape = v
+        if dt not in _FROM_STRATA:
+            raise _error("FormatError", "%s: unknown dtype %r" % (key, dt))
+        if target is not None:
+            sdt = _TO_STRATA.get(target.dtype)
+            if sdt != dt or tuple(target.shape) != tuple(shape):
+                raise _error("MismatchError", "%s: the checkpoint holds %s%s, the target is "
+                             "%s%s" % (key, dt, list(shape), sdt, list(target.shape)))
+            return None
+        try:
+            return torch.empty(shape, dtype=_FROM_STRATA[dt])
+        except RuntimeError as e:   # a shape whose other dims overflow
+            raise _error("FormatError", "%s: an empty tensor of shape %s: %s"
+                         % (key, list(shape), e)) from None

@@ -24,6 +24,9 @@ MAGIC_PICKLE = b"STP1"
 MAGIC_EMPTY = b"STE1"
 
 MAX_DEPTH = 200          # nesting of lists/tuples/dicts, on both sides
+MAX_SAME_HASH = 16       # keys of one dict with one hash value (ints, floats and tuples
+                         # hash alike across processes, so colliding keys can be crafted,
+                         # and a dict of n such keys takes n^2 comparisons to build)
 
 _F64 = struct.Struct("<d")
 _I64_MIN = -(1 << 63)
@@ -106,13 +109,28 @@ def _enc(out, v, depth, path):
         else:
             out += b"D"
             _varint(out, len(v))
+            same = {}
             for k, x in v.items():
                 if type(k) not in _KEY_TYPES:
                     raise NeedsPickle("a dict key of type %s" % _tname(k), path)
+                if _count_hash(same, k) is None:
+                    raise NeedsPickle("a dict with more than %d keys of one hash value (a "
+                                      "reader refuses it)" % MAX_SAME_HASH, path)
                 _enc(out, k, depth + 1, "%s<key %r>" % (path, k))
                 _enc(out, x, depth + 1, "%s[%r]" % (path, k))
     else:
         raise NeedsPickle("a value of type %s" % _tname(v), path)
+
+
+def _count_hash(same, k):
+    """Counts k's hash in same ({hash: keys}); None past MAX_SAME_HASH keys of one hash.
+    same holds hash values, which hash to themselves and so never collide there."""
+    h = hash(k)
+    c = same.get(h, 0) + 1
+    if c > MAX_SAME_HASH:
+        return None
+    same[h] = c
+    return c
 
 
 def _tname(v):
@@ -237,6 +255,7 @@ def _dec(r, depth):
                 items.append(_dec(r, depth + 1))
             return items if tag == 0x6C else tuple(items)
         d = {}
+        same = {}
         for _ in range(n):
             at = r.i
             if tag == 0x64:
@@ -244,10 +263,13 @@ def _dec(r, depth):
             else:
                 k = _dec(r, depth + 1)
                 try:
-                    hash(k)
+                    c = _count_hash(same, k)
                 except TypeError:
                     r.i = at
                     r.fail("unhashable dict key")
+                if c is None:
+                    r.i = at
+                    r.fail("more than %d dict keys of one hash value" % MAX_SAME_HASH)
             if k in d:
                 r.i = at
                 r.fail("duplicate dict key %r" % (k,))
@@ -277,7 +299,12 @@ def decode(data, pickle=False):
     if k == "empty":
         dtype = r.text()
         nd = r.count()
+        at = r.i
         shape = tuple(r.varint() for _ in range(nd))
+        if 0 not in shape or max(shape) > _I64_MAX:
+            r.i = at
+            r.fail("an empty tensor of shape %s: %s" % (
+                list(shape), "it has elements" if 0 not in shape else "a dim beyond 2^63 - 1"))
         v = ("empty", (dtype, shape))
     else:
         v = ("value", _dec(r, 0))
