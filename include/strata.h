@@ -353,6 +353,14 @@ typedef struct strata_probe_info {
 } strata_probe_info;
 int strata_probe(strata_probe_info *out, const char *uri);
 
+/* The local path that uri names, into out (cap bytes): a plain path or file:// URI as
+ * given, without trailing slashes; mem://name under the mem:// root ($STRATA_MEM_ROOT,
+ * default /dev/shm/strata-<euid>: made 0700 when missing, refused as a save refuses it
+ * when not this user's own). For callers that list a tier's checkpoints (strata_probe
+ * each). STRATA_EINVAL (an empty, malformed or too long URI; a root not this user's;
+ * out too small), STRATA_ESCHEME. */
+int strata_uri_path(char *out, size_t cap, const char *uri);
+
 /* Retention in a directory of checkpoints (one tier): keeps the `keep` newest committed
  * checkpoints directly under dir_uri (by commit time) and removes the older ones (commit
  * record first, so a crash midway leaves an incomplete checkpoint, never a broken

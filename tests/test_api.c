@@ -606,6 +606,34 @@ static void test_sync_tier_fails(void **state)
     expect_loads(uris, 1, NPROC, 0);
 }
 
+/* strata_uri_path: the path a save of that URI writes (mem:// under $STRATA_MEM_ROOT). */
+static void test_uri_path(void **state)
+{
+    (void)state;
+    char p[4096], want[4096 + 32];
+    assert_ok(strata_uri_path(p, sizeof p, "mem://run/step-00000004"));
+    snprintf(want, sizeof want, "%s/run/step-00000004", memroot);
+    assert_string_equal(p, want);
+    const char *uris[1] = {"mem://run/step-00000004"};
+    tu_set s;
+    save_layout(&s, NPROC);
+    strata_save_opts o = save_opts();
+    assert_ok(strata_save(NULL, NULL, uris, 1, s.st, NPROC, &o));
+    tu_set_free(&s);
+    strata_probe_info pi;
+    assert_ok(strata_probe(&pi, p)); /* the same checkpoint, by its path */
+    assert_true(pi.committed);
+    assert_ok(strata_uri_path(p, sizeof p, "file:///a/b//"));
+    assert_string_equal(p, "/a/b");
+    assert_ok(strata_uri_path(p, sizeof p, "rel/dir/"));
+    assert_string_equal(p, "rel/dir");
+    assert_rc(strata_uri_path(p, sizeof p, "s4://x"), STRATA_ESCHEME);
+    assert_msg_has("s4://x");
+    assert_rc(strata_uri_path(p, sizeof p, "mem://../x"), STRATA_EINVAL);
+    assert_rc(strata_uri_path(p, 8, "/a/long/path"), STRATA_EINVAL);
+    assert_msg_has("does not fit in 8");
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -635,6 +663,7 @@ int main(void)
         cmocka_unit_test(test_free_without_wait),
         cmocka_unit_test(test_own_pool),
         cmocka_unit_test(test_sync_tier_fails),
+        cmocka_unit_test(test_uri_path),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -27,6 +27,7 @@ from ._strata import (  # noqa: F401
     probe,
     remove_incomplete,
     retain,
+    uri_path,
 )
 from . import _strata
 
@@ -41,5 +42,5 @@ __all__ = [
     "DEFAULT_CHUNK", "DTYPES", "ERRORS", "MAX_DIMS", "MAX_NAME", "MAX_TIERS", "VERSION",
     "Checkpoint", "Comm", "Error", "Handle", "Pool", "Saver", "State",
     "dtype_size", "export_safetensors", "hash_bytes", "load", "probe", "remove_incomplete",
-    "retain",
+    "retain", "uri_path",
 ] + sorted(c.__name__ for c in ERRORS.values())

@@ -11,12 +11,41 @@ from strata.torch import AsyncSave, _error, _group, _prepare_save, load
 _STEP_DIR = re.compile(r"step-(\d+)")
 
 
-def _local_dir(uri):
-    if uri.startswith("file://"):
-        return uri[len("file://"):]
-    if "://" in uri:
-        return None
-    return uri
+def _committed(uri):
+    try:
+        return _S.probe(uri)["committed"]
+    except _S.Error:
+        return False
+
+
+class _TierSave(AsyncSave):
+    """A save of the manager's (its AsyncSave): when it ends, wait() has the manager run
+    retention on the tiers that committed it, and reports its error once: a warning where
+    some tier committed it, else raised with its step."""
+
+    def __init__(self, handle, prep, ended):
+        super().__init__(handle, prep)
+        self._ended = ended
+
+    def wait_snapshot(self):
+        """Returns once the state's bytes are copied out (strata's wait_snapshot returns
+        then too, with the error of a tier that failed so far: wait() reports it)."""
+        try:
+            super().wait_snapshot()
+        except _S.Error:
+            pass
+
+    def wait(self):
+        if not self._finished:
+            try:
+                super().wait()
+            except Exception:
+                pass
+            self._exc = self._ended(self._exc)
+        if self._exc is not None:
+            e, self._exc = self._exc, None
+            raise e
+        return self._result
 
 
 class CheckpointManager:
@@ -81,55 +110,98 @@ class CheckpointManager:
             self._saver = _S.Saver(comm, self._pool) if self._pool is not None else _S.Saver(comm)
         return self._saver
 
-    def _retain(self, group):
+    def _retain(self, group, tiers):
         if self.keep <= 0 or (group is not None and group.rank != 0):
             return
-        for t in self.tiers:
+        for i in tiers:
             try:
-                _S.retain(t, self.keep)
+                _S.retain(self.tiers[i], self.keep)
             except _S.Error as e:
-                warnings.warn("strata CheckpointManager: retention in %s: %s" % (t, e))
+                warnings.warn("strata CheckpointManager: retention in %s: %s"
+                              % (self.tiers[i], e))
+
+    def _ended(self, group, step, exc):
+        """After the save of step (exc: its error, or None): retention on the tiers that
+        committed it (rank 0 looks, and tells the others); an error is warned of here where
+        some tier committed the step, else returned, naming the step, to be raised."""
+        if exc is None:
+            self._retain(group, range(len(self.tiers)))
+            return None
+        ok = None
+        if group is None or group.rank == 0:
+            ok = [i for i in range(len(self.tiers)) if _committed(self.path(step, i))]
+        if group is not None and group.size > 1:
+            ok = _values.decode(group.bcast_bytes(_values.encode(ok)))[1]
+        self._retain(group, ok)
+        if ok:
+            warnings.warn("strata CheckpointManager: step %d is committed on %s only: %s"
+                          % (step, ", ".join(self.tiers[i] for i in ok), exc))
+            return None
+        e = _error(type(exc).__name__, "step %d was saved on no tier: %s" % (step, exc))
+        e.__cause__ = exc
+        return e
 
     def save(self, step, state_dict):
-        """Waits for the previous save (raising its error), then saves state_dict as step on
-        every tier: returns the AsyncSave (async_save=True) or the stats."""
+        """Saves state_dict as step on every tier: returns the AsyncSave (async_save=True;
+        its wait() returns the stats, or None where a tier failed) or the stats. The save in
+        flight is waited for first; where it failed, its error is reported once, naming its
+        step: a warning if some tier committed it (the others are retained as usual), else
+        raised by the wait() made first - the AsyncSave's, the manager's, or close() - or,
+        if none was, a warning here. A failing tier never stops the saves to the others."""
         if self._closed:
             raise ValueError("CheckpointManager: closed")
-        self.wait()
+        self._wait(False)
         group = self._group()
+        step = int(step)
         uris = [self.path(step, i) for i in range(len(self.tiers))]
         prep = _prepare_save(state_dict, group, self.pickle)
         saver = self._get_saver(group)
         if self.async_save:
-            h = saver.start(uris, [prep.state], step=int(step))
-            self._pending = AsyncSave(h, prep, on_done=lambda: self._retain(group))
+            h = saver.start(uris, [prep.state], step=step)
+            self._pending = _TierSave(h, prep, lambda exc: self._ended(group, step, exc))
             return self._pending
-        stats = saver.save(uris, [prep.state], step=int(step))
-        self._retain(group)
+        try:
+            stats = saver.save(uris, [prep.state], step=step)
+        except _S.Error as e:
+            err = self._ended(group, step, e)
+            if err is not None:
+                raise err from e
+            return None
+        self._ended(group, step, None)
         return stats
 
-    def wait(self):
-        """Waits for the save in flight (if any) to commit; raises its error."""
+    def _wait(self, raise_error):
         p, self._pending = self._pending, None
-        if p is not None:
-            p.wait()
+        if p is None:
+            return None
+        try:
+            return p.wait()
+        except _S.Error as e:
+            if raise_error:
+                raise
+            warnings.warn("strata CheckpointManager: %s" % e)
+            return None
+
+    def wait(self):
+        """Waits for the save in flight (if any) to end: returns its stats (None where a
+        tier failed: warned of), and raises its error if it committed on no tier."""
+        return self._wait(True)
 
     def _scan(self):
         best = None
         for t in self.tiers:
-            d = _local_dir(t)
-            if d is None or not os.path.isdir(d):
+            try:
+                d = _S.uri_path(t)   # mem:// included
+            except _S.SchemeError:   # no local directory to list
+                continue
+            if not os.path.isdir(d):
                 continue
             steps = sorted((int(m.group(1)) for m in map(_STEP_DIR.fullmatch, os.listdir(d))
                             if m), reverse=True)
             for s in steps:
                 if best is not None and s <= best:
                     break
-                try:
-                    committed = _S.probe(os.path.join(d, "step-%08d" % s))["committed"]
-                except _S.Error:
-                    committed = False
-                if committed:
+                if _committed(os.path.join(d, "step-%08d" % s)):
                     best = s
                     break
         return best
@@ -145,7 +217,7 @@ class CheckpointManager:
     def load(self, state_dict, step=None):
         """Loads step (default: latest()) into state_dict from the fastest tier holding a
         committed copy (falling back through the others); returns the step."""
-        self.wait()
+        self._wait(False)
         if step is None:
             step = self.latest()
             if step is None:

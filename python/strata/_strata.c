@@ -2008,6 +2008,21 @@ static PyObject *mod_hash_bytes(PyObject *m, PyObject *args, PyObject *kw)
     return PyLong_FromUnsignedLongLong(h);
 }
 
+static PyObject *mod_uri_path(PyObject *m, PyObject *arg)
+{
+    (void)m;
+    PyObject *keep;
+    const char *uri = get_path(arg, &keep);
+    if (!uri)
+        return NULL;
+    char path[4096];
+    int rc = strata_uri_path(path, sizeof path, uri); /* at most a mkdir: the GIL stays held */
+    Py_DECREF(keep);
+    if (rc)
+        return raise_last(rc);
+    return PyUnicode_DecodeFSDefault(path);
+}
+
 static PyObject *mod_probe(PyObject *m, PyObject *arg)
 {
     (void)m;
@@ -2220,6 +2235,8 @@ static PyMethodDef module_methods[] = {
     {"dtype_size", (PyCFunction)mod_dtype_size, METH_O, "dtype_size(name) -> bytes per element"},
     {"hash_bytes", (PyCFunction)(void (*)(void))mod_hash_bytes, METH_VARARGS | METH_KEYWORDS,
      "hash_bytes(data_ptr, nbytes) -> int: XXH3-64 of the bytes (GIL released)."},
+    {"uri_path", (PyCFunction)mod_uri_path, METH_O,
+     "uri_path(uri) -> str: the local path a URI names (mem://name under $STRATA_MEM_ROOT)"},
     {"probe", (PyCFunction)mod_probe, METH_O,
      "probe(uri) -> {is_ckpt, has_commit, committed, has_metadata, step, disk_bytes}"},
     {"retain", (PyCFunction)(void (*)(void))mod_retain, METH_VARARGS | METH_KEYWORDS,

@@ -338,6 +338,21 @@ static int probe_uri(const char *uri, strata_probe_info *out, uint64_t *commit_t
 
 int strata_probe(strata_probe_info *out, const char *uri) { return probe_uri(uri, out, NULL); }
 
+int strata_uri_path(char *out, size_t cap, const char *uri)
+{
+    const st_vfs *v;
+    char path[PATH_MAX];
+    int rc = st_vfs_resolve(uri, &v, path, sizeof path);
+    if (rc)
+        return rc;
+    st_vfs_release(v);
+    size_t n = strlen(path);
+    if (!out || n >= cap)
+        return st_fail(STRATA_EINVAL, "%s: its path (%zu bytes) does not fit in %zu", uri, n, cap);
+    memcpy(out, path, n + 1);
+    return 0;
+}
+
 static int probe(const st_vfs *v, const char *uri, const char *path, strata_probe_info *out,
                  uint64_t *commit_time)
 {

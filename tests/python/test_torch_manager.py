@@ -3,6 +3,7 @@
 fastest tier holding it; async saves wait for the previous one. One process, and 2 ranks."""
 
 import os
+import shutil
 
 import pytest
 import torch
@@ -127,3 +128,111 @@ def test_manager_two_ranks(tmp_path):
         assert latest == 4 and got == 4 and step == 4, (rank, latest, got, step)
         assert ok, "rank %d: the loaded tensor differs" % rank
         assert listing == [["step-00000003", "step-00000004"]] * 2, listing
+
+
+def failing_tiers(tmp_path):
+    """[a tier that always fails (its root is a file), a disk tier]."""
+    bad = tmp_path / "not-a-dir"
+    bad.write_bytes(b"")
+    return [str(bad), str(tmp_path / "disk")]
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_manager_failing_tier_does_not_stop_the_others(tmp_path, async_save):
+    tiers = failing_tiers(tmp_path)
+    mgr = st.CheckpointManager(tiers, keep=2, pool_bytes=8 << 20, async_save=async_save)
+    with pytest.warns(UserWarning) as caught:
+        for step in range(1, 11):
+            h = mgr.save(step, {"w": torch.full((1000,), float(step)), "step": step})
+            if isinstance(h, st.AsyncSave):
+                h.wait_snapshot()
+        assert mgr.wait() is None
+        mgr.close()
+    msgs = [str(w.message) for w in caught]
+    # every step saved on the disk tier, each failure reported once, naming its step
+    for step in range(1, 11):
+        mine = [m for m in msgs if ("step %d is committed on %s only" % (step, tiers[1])) in m]
+        assert len(mine) == 1, (step, msgs)
+        assert "not-a-dir" in mine[0] and "Not a directory" in mine[0], mine[0]
+    assert len(msgs) == 10, msgs
+    # retention ran on the tier that committed
+    assert steps_in(tiers[1]) == ["step-00000009", "step-00000010"]
+    assert mgr.latest() == 10
+    back = {"w": torch.zeros(1000), "step": 0}
+    assert st.CheckpointManager(tiers).load(back) == 10
+    assert back["step"] == 10 and torch.equal(back["w"], torch.full((1000,), 10.0))
+
+
+def test_manager_no_tier_commits_raises_once_with_the_step(tmp_path):
+    bad = tmp_path / "not-a-dir"
+    bad.write_bytes(b"")
+    mgr = st.CheckpointManager([str(bad)], keep=2, pool_bytes=8 << 20)
+    h = mgr.save(1, {"w": torch.ones(10)})
+    with pytest.raises(strata.MissingError, match=r"^step 1 was saved on no tier: .*not-a-dir"):
+        h.wait()
+    mgr.save(2, {"w": torch.ones(10)})     # step 1's error is not reported again
+    with pytest.raises(strata.MissingError, match=r"^step 2 was saved on no tier"):
+        mgr.close()
+    mgr = st.CheckpointManager([str(bad)], keep=2, pool_bytes=8 << 20)
+    mgr.save(3, {"w": torch.ones(10)})
+    with pytest.warns(UserWarning, match=r"step 3 was saved on no tier"):
+        mgr.save(4, {"w": torch.ones(10)})   # not waited for: warned of by the next save
+    with pytest.raises(strata.MissingError, match=r"^step 4 "):
+        mgr.wait()
+    mgr.close()
+
+
+def test_manager_latest_and_load_from_mem_tiers(tmp_path, monkeypatch):
+    monkeypatch.setenv("STRATA_MEM_ROOT", str(tmp_path / "shm"))
+    mgr = st.CheckpointManager("mem://run", keep=3, pool_bytes=8 << 20)
+    for step in (1, 2):
+        mgr.save(step, {"w": torch.full((5,), float(step))}).wait_snapshot()
+    mgr.close()
+    assert steps_in(str(tmp_path / "shm" / "run")) == ["step-00000001", "step-00000002"]
+    mgr = st.CheckpointManager("mem://run")
+    assert mgr.latest() == 2
+    back = {"w": torch.zeros(5)}
+    assert mgr.load(back) == 2 and torch.equal(back["w"], torch.full((5,), 2.0))
+
+    tiers = ["mem://both", str(tmp_path / "disk")]
+    with st.CheckpointManager(tiers, keep=3, pool_bytes=8 << 20) as mgr:
+        for step in (3, 4):
+            mgr.save(step, {"w": torch.full((5,), float(step))}).wait_snapshot()
+    for d in steps_in(tiers[1]):
+        shutil.rmtree(os.path.join(tiers[1], d))   # the disk copies are gone
+    mgr = st.CheckpointManager(tiers)
+    assert mgr.latest() == 4
+    back = {"w": torch.zeros(5)}
+    assert mgr.load(back) == 4 and torch.equal(back["w"], torch.full((5,), 4.0))
+    assert strata.uri_path("mem://both/x") == str(tmp_path / "shm" / "both" / "x")
+
+
+def dist_failing_tier(root):
+    import warnings
+    import torch.distributed as dist
+    tiers = [os.path.join(root, "foreign"), os.path.join(root, "disk")]
+    mgr = st.CheckpointManager(tiers, keep=2, pool_bytes=8 << 20)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(1, 5):
+            mgr.save(step, {"w": torch.full((64,), float(step)),
+                            "r": st.per_rank(dist.get_rank())}).wait_snapshot()
+        mgr.close()
+    latest = mgr.latest()
+    return ([str(w.message) for w in caught if "CheckpointManager" in str(w.message)],
+            steps_in(tiers[1]), latest)
+
+
+@pytest.mark.slow
+def test_manager_failing_tier_two_ranks(tmp_path):
+    for step in range(1, 5):   # a file not strata's in each step's directory of tier 0
+        d = tmp_path / "foreign" / ("step-%08d" % step)
+        d.mkdir(parents=True)
+        (d / "notes.txt").write_bytes(b"mine")
+    res = _dist.run(dist_failing_tier, 2, str(tmp_path), timeout=120)
+    for rank, (msgs, listing, latest) in enumerate(res):
+        assert len(msgs) == 4, (rank, msgs)
+        for step, m in zip(range(1, 5), msgs):
+            assert "step %d is committed on %s only" % (step, tmp_path / "disk") in m, (rank, m)
+            assert "not strata's" in m, m
+        assert listing == ["step-00000003", "step-00000004"] and latest == 4, (rank, listing)
