@@ -254,6 +254,14 @@ def _prepare_save(state_dict, group, pickle):
     return prep
 
 
+def _save_saver(group, pool=None):
+    """The saver of one save: the group's (_saver: its cached plan); without a group a new
+    one, freed with the save's handle, and with it the pool it made for the save (without
+    a communicator a saver caches no plan, so one kept would only keep its pool, up to
+    1 GiB, for the life of the process)."""
+    return _saver(group, pool) if group is not None else _S.Saver(None, pool)
+
+
 def save(state_dict, path, process_group=None, *, step=0, pickle=False, **options):
     """Saves state_dict to path (a directory: a plain path, "file:///abs" or "mem://name";
     or a list of them, tiers fastest first) and returns once it is committed, with the
@@ -262,7 +270,7 @@ def save(state_dict, path, process_group=None, *, step=0, pickle=False, **option
     group = _group(process_group)
     uris = _uris(path)
     prep = _prepare_save(state_dict, group, pickle)
-    return _saver(group).save(uris, [prep.state], step=step, **options)
+    return _save_saver(group).save(uris, [prep.state], step=step, **options)
 
 
 class AsyncSave:
@@ -321,12 +329,13 @@ def async_save(state_dict, path, process_group=None, *, step=0, pool=None, pickl
                **options):
     """Starts saving state_dict to path and returns an AsyncSave once the plan is made: no
     tensor is copied on this thread (strata snapshots them in the background, into the
-    pool: a strata.Pool, or the saver's own). Do not change the tensors before
-    wait_snapshot(); call wait() (every rank) to commit."""
+    pool: a strata.Pool, else the saver's own - with a process group kept with the group's
+    saver, without one made for this save, up to 1 GiB, and freed once it is waited for).
+    Do not change the tensors before wait_snapshot(); call wait() (every rank) to commit."""
     group = _group(process_group)
     uris = _uris(path)
     prep = _prepare_save(state_dict, group, pickle)
-    h = _saver(group, pool).start(uris, [prep.state], step=step, **options)
+    h = _save_saver(group, pool).start(uris, [prep.state], step=step, **options)
     return AsyncSave(h, prep)
 
 

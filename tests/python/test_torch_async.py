@@ -116,6 +116,23 @@ def test_a_pool_given_is_freed_with_the_callers_last_reference(tmp_path):
     assert torch.equal(back["a"], torch.arange(1000.0))
 
 
+def test_no_saver_outlives_its_save_without_a_group(tmp_path):
+    """Without pool= and a process group, the saver a save makes (and the pool it makes,
+    up to 1 GiB) is freed once the save is waited for: none is kept for the process."""
+    import gc
+
+    import strata
+    t = {"a": torch.arange(1000.0)}
+    st.save(t, [str(tmp_path / "s0"), str(tmp_path / "s1")])      # tiers: through a pool
+    h = st.async_save(t, str(tmp_path / "a0"))
+    h.wait()
+    gc.collect()
+    assert [o for o in gc.get_objects() if type(o) is strata.Saver] == []
+    back = {"a": torch.zeros(1000)}
+    st.load(back, str(tmp_path / "a0"))
+    assert torch.equal(back["a"], torch.arange(1000.0))
+
+
 def test_async_save_error_arrives_at_wait(tmp_path):
     import strata
     path = str(tmp_path / "ck")
