@@ -654,7 +654,8 @@ static int states_get(state_list *l, PyObject *arg)
 
 typedef struct {
     PyObject_HEAD
-    strata_pool *pool;
+    strata_pool *pool; /* NULL once closed */
+    int savers;        /* Savers holding it: close() refuses while any does */
     PyObject *weakrefs;
 } PoolObject;
 
@@ -701,8 +702,48 @@ static void Pool_dealloc(PoolObject *self)
 static PyObject *Pool_nbytes(PoolObject *self, void *closure)
 {
     (void)closure;
-    return PyLong_FromUnsignedLongLong(strata_pool_bytes(self->pool));
+    return PyLong_FromUnsignedLongLong(self->pool ? strata_pool_bytes(self->pool) : 0);
 }
+
+static PyObject *Pool_close(PoolObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->savers)
+        return raise_fmt(STRATA_EBUSY,
+                         "strata.Pool.close: %d strata.Saver(s) hold this pool (a saver is "
+                         "freed after its last save's handle): drop them first",
+                         self->savers);
+    strata_pool *p = self->pool;
+    self->pool = NULL;
+    if (p) {
+        Py_BEGIN_ALLOW_THREADS
+        strata_pool_free(p);
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Pool_enter(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    Py_INCREF(self);
+    return self;
+}
+
+static PyObject *Pool_exit(PoolObject *self, PyObject *args)
+{
+    (void)args;
+    return Pool_close(self, NULL);
+}
+
+static PyMethodDef Pool_methods[] = {
+    {"close", (PyCFunction)Pool_close, METH_NOARGS,
+     "close(): frees the pool's memory now (else it goes with the last reference); "
+     "BusyError while a Saver holds it. nbytes is 0 after, and no Saver takes it."},
+    {"__enter__", (PyCFunction)Pool_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)Pool_exit, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
 
 static PyGetSetDef Pool_getset[] = {
     {"nbytes", (getter)Pool_nbytes, NULL, "the pool's size in bytes", NULL},
@@ -718,6 +759,7 @@ static PyTypeObject PoolType = {
               "(strata_pool); allocated and pre-faulted here.",
     .tp_new = Pool_new,
     .tp_dealloc = (destructor)Pool_dealloc,
+    .tp_methods = Pool_methods,
     .tp_getset = Pool_getset,
 };
 
@@ -1099,6 +1141,8 @@ static PyObject *Saver_new(PyTypeObject *type, PyObject *args, PyObject *kw)
         return PyErr_Format(PyExc_TypeError, "comm must be a strata.Comm or None");
     if (pool != Py_None && !PyObject_TypeCheck(pool, &PoolType))
         return PyErr_Format(PyExc_TypeError, "pool must be a strata.Pool or None");
+    if (pool != Py_None && !((PoolObject *)pool)->pool)
+        return raise_fmt(STRATA_EINVAL, "strata.Saver: the pool is closed");
     SaverObject *self = (SaverObject *)type->tp_alloc(type, 0);
     if (!self)
         return NULL;
@@ -1109,6 +1153,7 @@ static PyObject *Saver_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     if (pool != Py_None) {
         Py_INCREF(pool);
         self->pool = (PoolObject *)pool;
+        self->pool->savers++;
     }
     int rc = strata_saver_new(&self->sv, self->comm ? self->comm->c : NULL,
                               self->pool ? self->pool->pool : NULL);
@@ -1134,6 +1179,8 @@ static void Saver_dealloc(SaverObject *self)
     /* every handle holds the saver: none is left when this runs */
     strata_saver_free(self->sv);
     Py_CLEAR(self->comm);
+    if (self->pool)
+        self->pool->savers--;
     Py_CLEAR(self->pool);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }

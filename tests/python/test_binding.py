@@ -224,6 +224,32 @@ def test_async_snapshot_then_durable(tmp_path):
     assert strata.Checkpoint(uri(tmp_path)).step == 3
 
 
+def test_pool_close_frees_it_once_no_saver_holds_it(tmp_path):
+    pool = strata.Pool(8 << 20)
+    assert pool.nbytes == 8 << 20
+    saver = strata.Saver(pool=pool)
+    s = strata.State()
+    add(s, "w", matrix(64, 64), (64, 64))
+    h = saver.start([uri(tmp_path, "a"), uri(tmp_path, "b")], [s])
+    with pytest.raises(strata.BusyError, match=r"1 strata.Saver\(s\) hold this pool"):
+        pool.close()   # the save in flight still copies into it
+    h.close()
+    with pytest.raises(strata.BusyError):
+        pool.close()   # the saver still holds it
+    del h, saver
+    gc.collect()
+    pool.close()
+    pool.close()   # idempotent
+    assert pool.nbytes == 0
+    with pytest.raises(strata.InvalidArgumentError, match="the pool is closed"):
+        strata.Saver(pool=pool)
+    with strata.Pool(4 << 20) as p2:
+        assert p2.nbytes == 4 << 20
+    assert p2.nbytes == 0
+    out, _ = load_matrix(uri(tmp_path, "b"), (64, 64))
+    assert torch.equal(out, matrix(64, 64))
+
+
 def test_handle_keeps_states_alive(tmp_path):
     saver = strata.Saver()
     refs = []
