@@ -259,9 +259,13 @@ class _Meta:
         self.tensors = {n: (dt, tuple(shape)) for n, dt, shape in d["t"]}
         self.blobs = {(n, o): b for n, o, b in d["b"]}
         self.names = sorted(set(self.tensors) | set(n for n, _ in self.blobs))
-        self.owners = sorted(set(o for _, o in self.blobs if o >= 0)
-                             | set(int(m.group(1)) for m in
-                                   (re.search(r"@rank(\d+)$", n) for n in self.tensors) if m))
+
+    @property
+    def owners(self):
+        """The ranks that saved per-rank entries (only an error message needs them)."""
+        return sorted(set(o for _, o in self.blobs if o >= 0)
+                      | set(int(m.group(1)) for m in
+                            (re.search(r"@rank(\d+)$", n) for n in self.tensors) if m))
 
     @staticmethod
     def read(uris):
@@ -299,12 +303,13 @@ class _Meta:
         return i < len(self.names) and self.names[i].startswith(p)
 
     def missing(self, key, rank, pr):
-        if any((key, o) in self.blobs for o in self.owners) or any(
-                _pr_name(key, o) in self.tensors for o in self.owners):
+        owners = self.owners
+        if any((key, o) in self.blobs for o in owners) or any(
+                _pr_name(key, o) in self.tensors for o in owners):
             return _error("NotFoundError",
                           "%s: the checkpoint holds it per rank, but not for rank %d (saved by "
                           "ranks %s): per-rank values are not resharded"
-                          % (key, rank, _ranges(self.owners)))
+                          % (key, rank, _ranges(owners)))
         return _error("NotFoundError", "%s: not in the checkpoint" % key)
 
 
