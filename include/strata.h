@@ -110,6 +110,23 @@ typedef struct strata_save_opts {
 #define STRATA_SAVE_OPTS_INIT {STRATA_SAVE_OPTS_VERSION, 0, 0, 0, 0, 0}
 
 #define STRATA_LOAD_NO_DIRECT (1u << 0) /* never use O_DIRECT */
+/* Load a shard registered with another dtype than the saved tensor's by converting it
+ * (without this flag that is STRATA_EMISMATCH). Each element is converted once, as it is
+ * scattered from the reader's buffer into the shard (into device memory through a 1 MiB
+ * host buffer), after the stored bytes' checksums were verified; no full-size temporary.
+ * With a communicator each rank's own flag holds for its shards (bytes travel between
+ * ranks as stored and are converted by the receiver). The pairs converted:
+ *  - f64, f32, f16, bf16 to one another: round to nearest, ties to even, once (f64 to bf16
+ *    too: not through f32); a value beyond the target's largest finite becomes an
+ *    infinity of its sign, one below half its least subnormal a zero of its sign (IEEE
+ *    754); infinities stay infinities; a NaN stays a NaN of its sign, quiet, keeping the
+ *    high bits of its payload;
+ *  - integers and bool where every value is exact: bool to every integer (a nonzero byte
+ *    is 1); u8, i8 to i16, i32, i64; i16 to i32, i64; i32 to i64; bool, u8, i8 to every
+ *    float; i16 to f32, f64; i32 to f64.
+ * Any other pair (narrowing integers, float to integer, i64 to float, fp8) is
+ * STRATA_EMISMATCH naming the tensor and both dtypes. Shapes must still match. */
+#define STRATA_LOAD_CAST (1u << 1)
 
 #define STRATA_LOAD_OPTS_VERSION 1
 typedef struct strata_load_opts {

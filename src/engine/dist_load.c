@@ -403,6 +403,7 @@ int st_load_dist(strata_comm *comm, const char *uri, strata_state *local,
     }
     /* 2. every rank's requests, to every rank */
     st_rank_view my = st_state_view(local);
+    my.cast = (o->flags & STRATA_LOAD_CAST) != 0; /* each rank's own: it travels in its request */
     st_encode_state(&req, &my);
     if (req.oom) {
         rc = st_fail(STRATA_ENOMEM, "out of memory");

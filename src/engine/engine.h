@@ -20,7 +20,7 @@ struct strata_state {
 
 static inline st_rank_view st_state_view(const strata_state *s)
 {
-    return (st_rank_view){s->sh, s->nsh, s->bl, s->nbl};
+    return (st_rank_view){s->sh, s->nsh, s->bl, s->nbl, 0};
 }
 
 /* ---- options (opts.c): the one place for defaults and version checks ---- */
@@ -248,8 +248,10 @@ int st_read_some(const st_dir *d, const st_io_plan *p, st_file **files, const si
  * the read, `at` its offset in the read's buffer. */
 typedef void (*st_walk_fn)(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, uint64_t at);
 void st_walk_read(const st_io_plan *p, size_t i, st_walk_fn fn, void *ctx);
-/* Copies the bytes [x0, x1) of a run (offsets in its extent) from src to the run's
- * destination, host or device memory. 0 or STRATA_EDEVICE. */
+/* Copies the bytes [x0, x1) of a run (offsets in its extent, whole saved elements) from
+ * src to the run's destination, host or device memory, converting them to its dtype where
+ * that differs from the saved one (into device memory through a small host buffer).
+ * 0 or STRATA_EDEVICE, STRATA_ENOMEM. */
 int st_deliver(const st_io_plan *p, const st_run *run, uint64_t x0, uint64_t x1,
                const void *src);
 static inline size_t st_read_buf_bytes(const st_meta *m, uint64_t max_io)

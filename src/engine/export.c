@@ -15,13 +15,15 @@
  * the staging set takes the output directory's place in one step (export_dir.c), so its
  * readers see the previous set or the new one, never a mix; on any failure the staging
  * directory is removed. Every file call goes through the storage layer (vfs.h), the fault
- * injector's included. No libm: the bf16 conversion works on bits. */
+ * injector's included. The bf16 conversion is st_convert's (on bits, no libm; in place:
+ * the output is never larger). */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/convert.h"
 #include "../core/error.h"
 #include "../core/utf8.h"
 #include "../io/vfs.h"
@@ -80,73 +82,6 @@ typedef struct {
     uint64_t data_start;  /* where the data section begins in the current file */
     uint64_t total_bytes, done_bytes, io_calls;
 } ex_ctx;
-
-/* ---- bf16 conversion (round to nearest even; NaN stays a quiet NaN of the same sign) ---- */
-
-static uint16_t f32_bits_to_bf16(uint32_t u)
-{
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
-
-static uint32_t f32_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-/* f16 bits to f32 bits (exact). */
-static uint32_t f16_to_f32_bits(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-    if (exp == 0x1f)
-        return sign | 0x7f800000u | (man << 13);
-    if (exp)
-        return sign | ((exp + 112) << 23) | (man << 13);
-    if (!man)
-        return sign;
-    uint32_t e = 113; /* a subnormal f16 is a normal f32: shift the leading bit up to 0x400 */
-    while (!(man & 0x400))
-        man <<= 1, e--;
-    return sign | (e << 23) | ((man & 0x3ff) << 13);
-}
-
-/* double -> float bits rounding to odd (exact for the later rounding to bf16, which has far
- * fewer bits), so that f64 -> bf16 rounds once, to nearest even. */
-static uint32_t f64_to_f32_odd_bits(double d)
-{
-    float f = (float)d; /* to nearest; +-inf beyond the float range */
-    uint32_t u = f32_bits(f);
-    if (d != d || (double)f == d) /* NaN, or exact */
-        return u;
-    double af = f < 0 ? -(double)f : (double)f, ad = d < 0 ? -d : d;
-    if (af > ad)
-        u -= 1; /* rounded away from zero: the float below in magnitude (inf -> FLT_MAX) */
-    return u | 1;
-}
-
-/* Converts n elements of src dtype at p to bf16, in place (the output is never larger). */
-static void to_bf16(unsigned char *p, strata_dtype src, uint64_t n)
-{
-    for (uint64_t i = 0; i < n; i++) {
-        uint32_t u;
-        if (src == STRATA_F32) {
-            memcpy(&u, p + 4 * i, 4);
-        } else if (src == STRATA_F64) {
-            double d;
-            memcpy(&d, p + 8 * i, 8);
-            u = f64_to_f32_odd_bits(d);
-        } else { /* F16 */
-            uint16_t h;
-            memcpy(&h, p + 2 * i, 2);
-            u = f16_to_f32_bits(h);
-        }
-        uint16_t b = f32_bits_to_bf16(u);
-        memcpy(p + 2 * i, &b, 2);
-    }
-}
 
 /* ---- writing --------------------------------------------------------------------------- */
 
@@ -266,7 +201,7 @@ static int flush(ex_ctx *c)
     for (int i = 0; i < c->npieces && !rc; i++) {
         ex_piece *p = &c->pieces[i];
         if (p->t->dst != p->t->src)
-            to_bf16(c->buf + p->off, p->t->src, p->count);
+            st_convert(c->buf + p->off, p->t->dst, c->buf + p->off, p->t->src, p->count);
         uint64_t n = p->count * p->t->dst_sz;
         /* the pieces come in file order, back to back */
         if (c->stage_off + c->fill != c->data_start + p->t->begin + p->start * p->t->dst_sz)

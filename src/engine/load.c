@@ -15,8 +15,10 @@ int st_load_local(const char *uri, strata_state *const *ranks, int nranks,
     st_rank_view *rv = calloc((size_t)nranks, sizeof *rv);
     if (!rv)
         return st_fail(STRATA_ENOMEM, "out of memory");
-    for (int r = 0; r < nranks; r++)
+    for (int r = 0; r < nranks; r++) {
         rv[r] = st_state_view(ranks[r]);
+        rv[r].cast = (o->flags & STRATA_LOAD_CAST) != 0;
+    }
     st_dir d;
     int rc = st_dir_open(&d, uri, 0);
     if (rc) {

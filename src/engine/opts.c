@@ -47,7 +47,7 @@ int st_load_opts_get(strata_load_opts *out, const strata_load_opts *in)
         memcpy(out, in, load_opts_size[in->version]);
         out->version = STRATA_LOAD_OPTS_VERSION;
     }
-    if (out->flags & ~(unsigned)STRATA_LOAD_NO_DIRECT)
+    if (out->flags & ~(unsigned)(STRATA_LOAD_NO_DIRECT | STRATA_LOAD_CAST))
         return st_fail(STRATA_EINVAL, "strata_load_opts.flags 0x%x has unknown bits", out->flags);
     if (!out->max_io_bytes)
         out->max_io_bytes = ST_DEFAULT_MAX_IO;

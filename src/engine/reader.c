@@ -2,6 +2,7 @@
  * verify each checksum chunk, scatter the runs it holds. Threading: one read per task;
  * tasks write disjoint destination bytes (or the same bytes with the same values, for
  * overlapping requests). */
+#include <assert.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -9,6 +10,7 @@
 #include <stdlib.h>
 
 #include "../core/checksum.h"
+#include "../core/convert.h"
 #include "../core/error.h"
 #include "../io/cuda.h"
 #include "../io/pool.h"
@@ -80,14 +82,42 @@ typedef struct {
     int rc;
 } scatter_ctx;
 
+/* The most host memory a conversion into device memory stages at a time. */
+#define CAST_STAGE ((size_t)1 << 20)
+
 int st_deliver(const st_io_plan *p, const st_run *run, uint64_t x0, uint64_t x1,
                const void *src)
 {
-    char *dst = st_run_dst(run, p->ranks) + (x0 - run->src);
-    if (st_run_device(run, p->ranks))
-        return st_cuda_copy(dst, src, x1 - x0, 0);
-    memcpy(dst, src, x1 - x0);
-    return 0;
+    strata_dtype from = p->dtype[run->piece], to = st_run_dtype(run, p->ranks);
+    int device = st_run_device(run, p->ranks);
+    if (from == to) {
+        char *dst = st_run_dst(run, p->ranks) + (x0 - run->src);
+        if (device)
+            return st_cuda_copy(dst, src, x1 - x0, 0);
+        memcpy(dst, src, x1 - x0);
+        return 0;
+    }
+    size_t ss = strata_dtype_size(from), ds = strata_dtype_size(to);
+    assert((x0 - run->src) % ss == 0 && (x1 - x0) % ss == 0);
+    char *dst = st_run_dst(run, p->ranks) + (x0 - run->src) / ss * ds;
+    uint64_t n = (x1 - x0) / ss;
+    if (!device) {
+        st_convert(dst, to, src, from, n);
+        return 0;
+    }
+    /* device memory: convert in host memory, a bounded piece at a time */
+    uint64_t per = CAST_STAGE / ds, k = ST_MIN(n, per);
+    void *stage = malloc(k * ds);
+    if (!stage)
+        return st_fail(STRATA_ENOMEM, "out of memory for a conversion buffer");
+    int rc = 0;
+    for (uint64_t i = 0; i < n && !rc; i += k) {
+        k = ST_MIN(n - i, per);
+        st_convert(stage, to, (const char *)src + i * ss, from, k);
+        rc = st_cuda_copy(dst + i * ds, stage, k * ds, 0);
+    }
+    free(stage);
+    return rc;
 }
 
 static void scatter_run(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, uint64_t at)

@@ -33,6 +33,7 @@ typedef struct st_rank_view {
     size_t nsh;
     const st_blobent *bl;
     size_t nbl;
+    int cast; /* load: a shard of another dtype than saved is converted (STRATA_LOAD_CAST) */
 } st_rank_view;
 
 /* ---- save ---- */
@@ -82,7 +83,8 @@ void st_save_plan_free(st_save_plan *p);
 
 /* A byte run to copy from a saved extent to a destination: registration `local` of rank
  * `rank` (shards first, then blobs: nsh + i), `dst` bytes into its data. rank -1: no
- * destination (verify only). */
+ * destination (verify only). src and n count bytes of the saved dtype, dst bytes of the
+ * destination's: they differ where the load converts (st_io_plan.dtype). */
 typedef struct st_run {
     uint32_t piece; /* index into st_io_plan.ext */
     int32_t rank;
@@ -97,6 +99,13 @@ static inline int st_run_device(const st_run *r, const st_rank_view *ranks)
 {
     const st_rank_view *v = &ranks[r->rank];
     return r->local < v->nsh && v->sh[r->local].device;
+}
+
+/* The dtype of a run's destination (a blob's bytes are u8). */
+static inline strata_dtype st_run_dtype(const st_run *r, const st_rank_view *ranks)
+{
+    const st_rank_view *v = &ranks[r->rank];
+    return r->local < v->nsh ? v->sh[r->local].dtype : STRATA_U8;
 }
 
 /* The destination address of a run, given the rank views the plan was made from. */
@@ -131,6 +140,7 @@ typedef struct st_io_plan {
     size_t npieces;
     const st_extent **ext;   /* per piece */
     const char **object;     /* per piece: tensor or blob name */
+    strata_dtype *dtype;     /* per piece: the saved dtype (a blob's: u8) */
     uint64_t *maxrun;        /* per piece: longest run, for run look-up */
     size_t *run0;            /* per piece: first run index; run0[npieces] = nruns */
     st_run *runs;            /* sorted by (piece, src) */
@@ -144,8 +154,11 @@ typedef struct st_io_plan {
 } st_io_plan;
 
 /* Plans a load of the requests of nranks ranks from meta. max_io bounds one read (it is
- * rounded to whole chunks and at least one chunk). Errors: STRATA_ENOTFOUND,
- * STRATA_EMISMATCH, STRATA_EUNFILLED (messages name tensor and rank), STRATA_ENOMEM. */
+ * rounded to whole chunks and at least one chunk; with chunks under 8 bytes, to a multiple
+ * of 8, so that no read splits an element). A request of another dtype than saved is
+ * STRATA_EMISMATCH unless its rank's view has `cast` and st_convert_ok allows the pair.
+ * Errors: STRATA_ENOTFOUND, STRATA_EMISMATCH, STRATA_EUNFILLED (messages name tensor and
+ * rank), STRATA_ENOMEM. */
 int st_plan_load(st_io_plan *out, const st_meta *meta, const st_rank_view *ranks,
                  int nranks, uint64_t max_io);
 /* A plan that reads every chunk of every extent once (runs with rank -1): for verify. */

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "../core/convert.h"
 #include "../core/error.h"
 #include "../core/geom.h"
 #include "../core/util.h"
@@ -19,7 +20,7 @@ typedef struct {
     st_io_plan *p;
     size_t cap;
     uint32_t piece;
-    size_t esz;
+    size_t esz, dsz; /* element sizes: saved, requested */
     int32_t rank;
     uint32_t local;
     int oom;
@@ -33,7 +34,7 @@ static int add_run(void *ctx, uint64_t a, uint64_t b, uint64_t n)
         return 1;
     }
     o->p->runs[o->p->nruns++] =
-        (st_run){o->piece, o->rank, o->local, a * o->esz, n * o->esz, b * o->esz};
+        (st_run){o->piece, o->rank, o->local, a * o->esz, n * o->esz, b * o->dsz};
     return 0;
 }
 
@@ -117,6 +118,7 @@ void st_io_plan_free(st_io_plan *p)
     free((void *)p->ranks);
     free(p->ext);
     free(p->object);
+    free(p->dtype);
     free(p->maxrun);
     free(p->run0);
     free(p->runs);
@@ -136,19 +138,22 @@ static int number_pieces(st_io_plan *out, const st_meta *m)
     out->npieces = np;
     out->ext = malloc((np + 1) * sizeof *out->ext);
     out->object = malloc((np + 1) * sizeof *out->object);
+    out->dtype = malloc((np + 1) * sizeof *out->dtype);
     out->maxrun = calloc(np + 1, sizeof *out->maxrun);
     out->run0 = calloc(np + 2, sizeof *out->run0);
-    if (!out->ext || !out->object || !out->maxrun || !out->run0)
+    if (!out->ext || !out->object || !out->dtype || !out->maxrun || !out->run0)
         return st_fail(STRATA_ENOMEM, "out of memory planning the load");
     size_t k = 0;
     for (size_t t = 0; t < m->ntensors; t++)
         for (size_t s = 0; s < m->tensors[t].nshards; s++, k++) {
             out->ext[k] = &m->tensors[t].shards[s].ext;
             out->object[k] = m->tensors[t].name;
+            out->dtype[k] = m->tensors[t].dtype;
         }
     for (size_t b = 0; b < m->nblobs; b++, k++) {
         out->ext[k] = &m->blobs[b].ext;
         out->object[k] = m->blobs[b].name;
+        out->dtype[k] = STRATA_U8;
     }
     return 0;
 }
@@ -181,6 +186,8 @@ int st_plan_reads(st_io_plan *out, uint64_t max_io)
     size_t np = out->npieces;
     int rc = 0;
     max_io = max_io < C ? C : max_io / C * C;
+    if (C < 8) /* a foreign source's chunk is a byte: no segment may split an element */
+        max_io = max_io < 8 ? 8 : max_io / 8 * 8;
     /* runs by piece; the chunks they need, as segments (runs and segs are NULL when
      * empty, which qsort must not be given) */
     if (out->nruns > 1)
@@ -322,15 +329,23 @@ int st_plan_load(st_io_plan *out, const st_meta *m, const st_rank_view *ranks, i
                 break;
             }
             const st_mtensor *mt = &m->tensors[t];
-            int same = mt->dtype == e->dtype && mt->ndim == e->ndim;
+            int same = mt->ndim == e->ndim;
             for (int d = 0; same && d < e->ndim; d++)
                 same = mt->shape[d] == e->shape[d];
-            if (!same) {
-                char a[256], b[256];
+            int cast = mt->dtype != e->dtype && ranks[r].cast;
+            if (!same || (mt->dtype != e->dtype && (!cast || !st_convert_ok(mt->dtype, e->dtype)))) {
+                char a[256], b[256], why[160] = "";
                 describe(a, sizeof a, e->dtype, e->ndim, e->shape);
                 describe(b, sizeof b, mt->dtype, mt->ndim, mt->shape);
-                rc = st_fail(STRATA_EMISMATCH, "tensor '%s': rank %d requests %s but %s was saved",
-                             e->name, r, a, b);
+                if (same && cast)
+                    snprintf(why, sizeof why,
+                             " (STRATA_LOAD_CAST converts floats to floats and integers only "
+                             "where exact, not %s to %s)",
+                             strata_dtype_name(mt->dtype), strata_dtype_name(e->dtype));
+                else if (same && st_convert_ok(mt->dtype, e->dtype))
+                    snprintf(why, sizeof why, " (STRATA_LOAD_CAST would convert it)");
+                rc = st_fail(STRATA_EMISMATCH, "tensor '%s': rank %d requests %s but %s was saved%s",
+                             e->name, r, a, b, why);
                 break;
             }
             if (e->fe == e->fs)
@@ -351,7 +366,8 @@ int st_plan_load(st_io_plan *out, const st_meta *m, const st_rank_view *ranks, i
                 else
                     hi = mid;
             }
-            ro.esz = strata_dtype_size(e->dtype);
+            ro.esz = strata_dtype_size(mt->dtype);
+            ro.dsz = strata_dtype_size(e->dtype);
             ro.rank = r;
             ro.local = (uint32_t)i;
             out->request_bytes += e->bytes;
@@ -396,7 +412,7 @@ int st_plan_load(st_io_plan *out, const st_meta *m, const st_rank_view *ranks, i
             out->request_bytes += e->size;
             if (e->size) {
                 ro.piece = (uint32_t)(blob_base + b);
-                ro.esz = 1;
+                ro.esz = ro.dsz = 1;
                 ro.rank = r;
                 ro.local = (uint32_t)(ranks[r].nsh + i);
                 add_run(&ro, 0, 0, e->size);
