@@ -323,13 +323,14 @@ def _ranges(xs):
 class _LoadPrep:
     """One rank's strata.State for loading into a state dict, and what to do after."""
 
-    def __init__(self, state_dict, meta, rank, pickle):
+    def __init__(self, state_dict, meta, rank, pickle, cast=False):
         if not isinstance(state_dict, collections.abc.Mapping):
             raise TypeError("strata.torch.load: a state dict is a dict; got %s"
                             % type(state_dict).__name__)
         self.meta = meta
         self.rank = rank
         self.pickle = pickle
+        self.cast = cast    # a dtype that differs is left to strata to convert
         self.state = _S.State()
         self.copies = []    # (target, buffer): copy after the load
         self.blobs = []     # (key, buffer, size, setter, tensor target or None)
@@ -427,7 +428,7 @@ class _LoadPrep:
             self._blob(key, src, None, t)
             return
         dt, shape = m.tensors[name]
-        if dt != sdt or shape != gshape:
+        if (dt != sdt and not self.cast) or shape != gshape:
             raise _error("MismatchError",
                          "%s: the checkpoint holds %s%s, the target is %s%s"
                          % (key, dt, list(shape), sdt, list(gshape)))
@@ -480,7 +481,7 @@ class _LoadPrep:
             raise _error("FormatError", "%s: unknown dtype %r" % (key, dt))
         if target is not None:
             sdt = _TO_STRATA.get(target.dtype)
-            if sdt != dt or tuple(target.shape) != tuple(shape):
+            if (sdt != dt and not self.cast) or tuple(target.shape) != tuple(shape):
                 raise _error("MismatchError", "%s: the checkpoint holds %s%s, the target is "
                              "%s%s" % (key, dt, list(shape), sdt, list(target.shape)))
             return None

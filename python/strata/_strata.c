@@ -1644,11 +1644,11 @@ static PyObject *mod_load(PyObject *m, PyObject *args, PyObject *kw)
 {
     (void)m;
     static char *kwlist[] = {"uris", "states", "comm", "io_threads", "max_io_bytes", "direct",
-                             NULL};
+                             "cast", NULL};
     PyObject *ouris, *ostates, *ocomm = Py_None, *othreads = NULL, *omax = NULL;
-    int direct = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O$OOp:load", kwlist, &ouris, &ostates, &ocomm,
-                                     &othreads, &omax, &direct))
+    int direct = 1, cast = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O$OOpp:load", kwlist, &ouris, &ostates, &ocomm,
+                                     &othreads, &omax, &direct, &cast))
         return NULL;
     if (ocomm != Py_None && !PyObject_TypeCheck(ocomm, &CommType))
         return PyErr_Format(PyExc_TypeError, "comm must be a strata.Comm or None");
@@ -1671,6 +1671,8 @@ static PyObject *mod_load(PyObject *m, PyObject *args, PyObject *kw)
     }
     if (!direct)
         o.flags |= STRATA_LOAD_NO_DIRECT;
+    if (cast)
+        o.flags |= STRATA_LOAD_CAST;
     uri_list u;
     state_list sl;
     if (uris_get(&u, ouris) < 0)
@@ -2277,8 +2279,11 @@ static PyObject *mod_export_safetensors(PyObject *m, PyObject *args, PyObject *k
 
 static PyMethodDef module_methods[] = {
     {"load", (PyCFunction)(void (*)(void))mod_load, METH_VARARGS | METH_KEYWORDS,
-     "load(uris, states, comm=None, *, io_threads=0, max_io_bytes=0, direct=True) -> dict\n\n"
-     "strata_load: from the first source that loads (stats['tier'] says which)."},
+     "load(uris, states, comm=None, *, io_threads=0, max_io_bytes=0, direct=True, cast=False)"
+     " -> dict\n\n"
+     "strata_load: from the first source that loads (stats['tier'] says which). cast: a shard\n"
+     "of another dtype than saved is converted (STRATA_LOAD_CAST: floats rounded once to\n"
+     "nearest even; integers only where exact)."},
     {"dtype_size", (PyCFunction)mod_dtype_size, METH_O, "dtype_size(name) -> bytes per element"},
     {"hash_bytes", (PyCFunction)(void (*)(void))mod_hash_bytes, METH_VARARGS | METH_KEYWORDS,
      "hash_bytes(data_ptr, nbytes) -> int: XXH3-64 of the bytes (GIL released)."},

@@ -359,13 +359,16 @@ def _read_meta(uris, group):
     return _Meta(got["ok"])
 
 
-def load(state_dict, path, process_group=None, *, pickle=False, **options):
+def load(state_dict, path, process_group=None, *, pickle=False, cast=False, **options):
     """Loads the checkpoint at path (or the first of several tiers, fastest first, that is
     committed and reads back intact) into state_dict, in place: tensors (and DTensors, in
     whatever layout they have now) are filled, values replaced, Stateful objects restored
     with load_state_dict. Keys of the checkpoint that the state dict lacks are ignored; a
     key of the state dict the checkpoint lacks is NotFoundError naming it, a dtype or shape
-    that differs MismatchError. Returns the load's stats. options: io_threads, max_io_bytes,
+    that differs MismatchError - unless cast=True, which converts a tensor saved in another
+    dtype into the target's as it is read (floats to floats rounded once to nearest even,
+    as Tensor.to does from float32; integers only where every value is exact; any other
+    pair is MismatchError). Returns the load's stats. options: io_threads, max_io_bytes,
     direct."""
     group = _group(process_group)
     uris = _uris(path)
@@ -373,12 +376,13 @@ def load(state_dict, path, process_group=None, *, pickle=False, **options):
     rank = group.rank if group is not None else 0
     prep, err = None, None
     try:
-        prep = _LoadPrep(state_dict, meta, rank, pickle)
+        prep = _LoadPrep(state_dict, meta, rank, pickle, cast)
     except Exception as e:
         err = e
     _agree(group, "strata.torch.load", err)
     _sync_cuda(prep.cuda)
-    stats = _S.load(uris, [prep.state], group.comm if group is not None else None, **options)
+    stats = _S.load(uris, [prep.state], group.comm if group is not None else None, cast=cast,
+                    **options)
     _sync_loaded(prep.cuda)
     prep.finish()
     return stats
