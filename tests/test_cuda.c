@@ -100,6 +100,65 @@ static void load_and_compare(const char *ck, const float *want)
     rt.free(d);
 }
 
+/* STRATA_LOAD_CAST into device memory: an f32 tensor of 6 MiB (reads of up to 4 MiB, so
+ * runs whose converted bytes exceed the 1 MiB host stage) loaded as bf16 and as f64 into
+ * device buffers equals the same cast into host memory (test_cast checks that one against
+ * a reference), bitwise. */
+static void test_cast_to_device(void **state)
+{
+    (void)state;
+    if (st_cuda_check() != 0)
+        skip();
+    open_runtime();
+    enum { M = 3 << 19 }; /* elements */
+    static const uint64_t vshape[] = {M / 512, 512};
+    float *src = malloc((size_t)M * 4);
+    tu_rng rng = {11};
+    for (size_t i = 0; i < M; i++) {
+        uint32_t u = (uint32_t)tu_next(&rng);
+        memcpy(&src[i], &u, 4);
+    }
+    char ck[700];
+    snprintf(ck, sizeof ck, "%s/cast", base_dir);
+    strata_state *s;
+    assert_ok(strata_state_new(&s));
+    strata_shard sh = {.name = "v", .dtype = STRATA_F32, .ndim = 2, .global_shape = vshape,
+                       .data = src};
+    assert_ok(strata_state_add_shard(s, &sh));
+    const char *u = ck;
+    assert_ok(strata_save(NULL, NULL, &u, 1, &s, 1, NULL));
+    strata_state_free(s);
+    strata_load_opts lo = STRATA_LOAD_OPTS_INIT;
+    lo.flags = STRATA_LOAD_CAST;
+    static const strata_dtype to[] = {STRATA_BF16, STRATA_F64};
+    for (int k = 0; k < 2; k++) {
+        size_t bytes = (size_t)M * strata_dtype_size(to[k]);
+        void *host = malloc(bytes), *back = malloc(bytes), *dev;
+        assert_int_equal(rt.malloc(&dev, bytes), 0);
+        strata_state *sd[2];
+        for (int r = 0; r < 2; r++) {
+            assert_ok(strata_state_new(&sd[r]));
+            sh = (strata_shard){.name = "v", .dtype = to[k], .ndim = 2, .global_shape = vshape,
+                                .data = r ? dev : host, .device = r};
+            assert_ok(strata_state_add_shard(sd[r], &sh));
+        }
+        fake_counters a, b;
+        counters(&a);
+        assert_ok(strata_load(NULL, NULL, &u, 1, sd, 2, &lo));
+        counters(&b);
+        assert_ok(st_cuda_copy(back, dev, bytes, 1));
+        assert_memory_equal(host, back, bytes);
+        if (rt.counters) /* staged 1 MiB at a time: at least that many copies */
+            assert_true(b.sync_copies - a.sync_copies >= bytes >> 20);
+        for (int r = 0; r < 2; r++)
+            strata_state_free(sd[r]);
+        rt.free(dev);
+        free(host);
+        free(back);
+    }
+    free(src);
+}
+
 static void test_no_device(void **state)
 {
     (void)state;
@@ -257,6 +316,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_no_device),
         cmocka_unit_test(test_sync_roundtrip),
+        cmocka_unit_test(test_cast_to_device),
         cmocka_unit_test(test_async_pinned),
         cmocka_unit_test(test_async_copy_fails),
     };
