@@ -93,6 +93,23 @@ int strata_state_add_blob(strata_state *st, const char *name, unsigned flags, in
 
 #define STRATA_SAVE_NO_SYNC (1u << 0)   /* skip fsync (tests only: NOT crash safe) */
 #define STRATA_SAVE_NO_DIRECT (1u << 1) /* never use O_DIRECT */
+/* Replace the checkpoint at each destination atomically (DCP / torch.save users writing a
+ * fixed path such as "latest"): the new checkpoint is written into ".<name>"
+ * STRATA_REPLACE_SUFFIX beside it (same parent directory), committed there, and then the
+ * two directories are exchanged (renameat2 RENAME_EXCHANGE), so that at every instant the
+ * path holds a complete committed checkpoint - the previous one, then the new one; the
+ * previous one is then removed. The save owns both the path and the directory beside it
+ * (STRATA_EBUSY if another save or a collector holds either). A path with no committed
+ * checkpoint (missing, or incomplete) gets the new one the same way. Readers that opened
+ * the previous one's files keep reading them (POSIX); a load that read its metadata before
+ * the exchange and opens data files after it fails (STRATA_ECHECKSUM or STRATA_EFORMAT),
+ * never loads a mix. A file system that cannot exchange directories (NFS, older FUSE) is
+ * refused before anything is written: STRATA_ENOTSUP. A crash leaves the path holding the
+ * previous or the new checkpoint, and the directory beside it for strata_retain /
+ * strata_remove_incomplete (`strata gc`) to remove. With a communicator, rank 0 swaps after
+ * the commit. */
+#define STRATA_SAVE_REPLACE (1u << 2)
+#define STRATA_REPLACE_SUFFIX ".strata-replace"
 
 #define STRATA_SAVE_OPTS_VERSION 2
 typedef struct strata_save_opts {
@@ -387,10 +404,23 @@ int strata_uri_path(char *out, size_t cap, const char *uri);
  * Corrupt ones are kept for a person to look at. *removed (may be NULL) gets the count
  * removed. */
 int strata_retain(int *removed, const char *dir_uri, int keep);
+/* strata_retain that tells, for each checkpoint it would remove but leaves, why: skipped
+ * (may be NULL) gets its path, the code (STRATA_EBUSY: a live save or collector owns it;
+ * STRATA_EINVAL: its LOCK is a symlink, FIFO, socket or directory, not a lock file strata
+ * made; STRATA_ENOENT: removed or committed anew meanwhile, so no longer the one probed;
+ * STRATA_EEXIST: committed meanwhile) and the message. Directories a replacing save left
+ * (".<name>" STRATA_REPLACE_SUFFIX, STRATA_SAVE_REPLACE) are removed whatever they hold
+ * once no save owns them; they never count as checkpoints kept. Where the storage's locks
+ * do not exclude, nothing is removed: STRATA_ENOTSUP. */
+typedef void (*strata_skip_cb)(void *ctx, const char *path, int code, const char *message);
+int strata_retain_report(int *removed, const char *dir_uri, int keep, strata_skip_cb skipped,
+                         void *ctx);
 
 /* Removes a checkpoint directory that has no valid commit record (never a committed one:
- * STRATA_EEXIST; never one a live save owns: STRATA_EBUSY). Only strata's own files are
- * unlinked, and symlinks are never followed. */
+ * STRATA_EEXIST; never one a live save owns: STRATA_EBUSY; STRATA_EINVAL if its LOCK is not
+ * a lock file). Only strata's own files are unlinked, and symlinks are never followed. A
+ * directory a replacing save left beside its target (".<name>" STRATA_REPLACE_SUFFIX) is
+ * removed whatever it holds, once no save owns it. */
 int strata_remove_incomplete(const char *uri);
 
 /* Removes what distributed loads killed on this node left in /dev/shm: the shared memory

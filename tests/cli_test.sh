@@ -200,6 +200,29 @@ check "FIFO as a data file: verify is STRATA_EIO naming the file" bash -c "timeo
 check "FIFOs: ls of the parent does not block, marks CORRUPT" bash -c "out=\$(timeout 20 '$S' ls '$T/fifo') || exit 1; echo \"\$out\"; echo \"\$out\" | grep -q '^CORRUPT .*$T/fifo/COMMIT\$' && echo \"\$out\" | grep -q '^CORRUPT .*$T/fifo/metadata.bin\$' && echo \"\$out\" | grep -q '^committed .*$T/fifo/data-000000.bin\$'"
 check "FIFOs: gc and gc --keep do not block and keep all three" bash -c "timeout 20 '$S' gc '$T/fifo' && timeout 20 '$S' gc '$T/fifo' --keep 1 && test -p '$T/fifo/COMMIT/COMMIT' && test -p '$T/fifo/metadata.bin/metadata.bin' && test -p '$T/fifo/data-000000.bin/data-000000.bin'"
 
+# a LOCK that is a symlink, FIFO, directory or socket spares that checkpoint only: gc and
+# gc --keep warn naming it, remove the others and exit 0 (they stopped with exit 1, "Wrong
+# medium type" / "No such device or address", at the first)
+badlock() {
+    local d=$T/badlock k
+    for mode in plain --keep; do
+        rm -rf "$d" && mkdir -p "$d"
+        for k in symlink fifo dir socket plain; do
+            cp -r "$T/ck1" "$d/$k" && rm "$d/$k/COMMIT"
+        done
+        ln -s /dev/null "$d/symlink/LOCK" && mkfifo "$d/fifo/LOCK" && mkdir "$d/dir/LOCK" &&
+            python3 -c "import socket,sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])" "$d/socket/LOCK" || return 1
+        if [ $mode = plain ]; then timeout 20 "$S" gc "$d" >"$T/gc.out" 2>"$T/gc.err" || return 1
+        else timeout 20 "$S" gc "$d" --keep 0 >"$T/gc.out" 2>"$T/gc.err" || return 1; fi
+        cat "$T/gc.out" "$T/gc.err"
+        [ ! -e "$d/plain" ] || return 1
+        for k in symlink fifo dir socket; do
+            [ -d "$d/$k" ] && grep -q "warning: kept $d/$k: '$d/$k/LOCK' is not a lock file" "$T/gc.err" || return 1
+        done
+    done
+}
+check "a LOCK that is a symlink, FIFO, directory or socket: gc warns, keeps it, collects the rest" badlock
+
 # a sparse 4 GiB metadata.bin (a few KiB on disk) is refused before it is read: inspect,
 # verify, ls and gc of the parent each peak under 64 MiB of memory (they took 4.1 GB)
 cp -r "$T/ck1" "$T/sparse" && truncate -s 4G "$T/sparse/metadata.bin"

@@ -123,6 +123,8 @@ static int overlap_save(job *j)
 }
 
 static int sync_saves; /* run_all's saves fsync (for the fault walk) */
+static unsigned more_flags; /* run_all's saves: these flags too */
+static uint64_t save_step = 9; /* run_all's saves: the step */
 
 /* A lazy save to two destinations: j->uri (tier 0) and j->uri2 (tier 1). */
 static int tiers_save(job *j)
@@ -178,7 +180,8 @@ static void run_all(world *w, int save, const char *uri, const char **uris, tu_s
         if (!sync_saves)
             jobs[r].so.flags |= STRATA_SAVE_NO_SYNC;
         jobs[r].so.chunk_bytes = 4096;
-        jobs[r].so.step = 9;
+        jobs[r].so.step = save_step;
+        jobs[r].so.flags |= more_flags;
         assert_int_equal(pthread_create(&th[r], NULL, run_job, &jobs[r]), 0);
     }
     for (int r = 0; r < n; r++)
@@ -761,8 +764,8 @@ static void test_async_tiers(void **state)
  * fails on rank 0 (which also commits) or rank 1, for n = 1, 2, ... until the save
  * succeeds. Every rank must return the same error, nothing may be committed or left
  * behind, and the counts must be the protocol's: a rank opens, reserves and fsyncs its
- * data file and writes its tasks; rank 0 also writes metadata.bin and COMMIT.tmp, renames,
- * and fsyncs the directory and its parent. */
+ * data file and writes its tasks; rank 0 also writes metadata.bin.tmp and COMMIT.tmp,
+ * renames both, and fsyncs the directory and its parent. */
 static void fault_walk(int mode)
 {
     world w;
@@ -784,7 +787,7 @@ static void fault_walk(int mode)
         for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
             /* the synchronous save: rank 0 alone prepares the directory */
             int mkdirs = mode == SAVE_ASYNC || who == 0;
-            int want[] = {who ? 1 : 3, tasks[who] + (who ? 0 : 2), 1, who ? 1 : 5, who ? 0 : 1,
+            int want[] = {who ? 1 : 3, tasks[who] + (who ? 0 : 2), 1, who ? 1 : 5, who ? 0 : 2,
                           mkdirs};
             for (int n = 1;; n++) {
                 snprintf(bad, sizeof bad, "fault+file://%s?op=%s&n=%d&errno=EIO", ck, ops[k], n);
@@ -831,6 +834,57 @@ static void test_save_faults(void **state)
 
 TU_TMPDIR_GROUP(base, "dist")
 
+
+/* STRATA_SAVE_REPLACE with a communicator, synchronous and asynchronous: every rank writes
+ * into the directory beside the checkpoint, rank 0 swaps it in after the commit; the path
+ * holds each new step in turn and nothing is left beside it. A rank that fails leaves the
+ * previous checkpoint in place. */
+static void test_replace(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 3);
+    job jobs[3];
+    char ck[600], sib[700], bad[800];
+    snprintf(ck, sizeof ck, "%s/latest", base);
+    snprintf(sib, sizeof sib, "%s/.latest%s", base, STRATA_REPLACE_SUFFIX);
+    tu_set a;
+    for (int i = 0; i < 5; i++) {
+        more_flags = i ? STRATA_SAVE_REPLACE : 0;
+        save_step = 100 + (uint64_t)i;
+        layout(&a, 3, 1, 1);
+        run_all(&w, i % 2 ? SAVE_ASYNC : 1, ck, NULL, &a, jobs);
+        tu_set_free(&a);
+        expect_all_ok(jobs, 3);
+        expect_loads(ck);
+        strata_probe_info pi;
+        assert_ok(strata_probe(&pi, ck));
+        assert_int_equal(pi.step, 100 + i);
+        assert_false(tu_exists(sib));
+    }
+    /* rank 1 cannot write (its data file's open fails): every rank fails, step 104 stays */
+    snprintf(bad, sizeof bad, "fault+file://%s?op=open&n=1&errno=EIO", ck);
+    for (int async = 0; async < 2; async++) {
+        const char *uris[3] = {ck, bad, ck};
+        more_flags = STRATA_SAVE_REPLACE;
+        save_step = 200;
+        layout(&a, 3, 1, 1);
+        run_all(&w, async ? SAVE_ASYNC : 1, NULL, uris, &a, jobs);
+        tu_set_free(&a);
+        for (int r = 0; r < 3; r++)
+            assert_int_equal(jobs[r].rc, STRATA_EIO);
+        strata_probe_info pi;
+        assert_ok(strata_probe(&pi, ck));
+        assert_int_equal(pi.committed, 1);
+        assert_int_equal(pi.step, 104);
+        assert_false(tu_exists(sib));
+    }
+    more_flags = 0;
+    save_step = 9;
+    tu_rmrf(ck);
+    world_free(&w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -843,6 +897,7 @@ int main(void)
         cmocka_unit_test(test_async_tiers),
         cmocka_unit_test(test_load_opts_differ),
         cmocka_unit_test(test_load_segment_reclaim),
+        cmocka_unit_test(test_replace),
     };
     return cmocka_run_group_tests(tests, tu_group_setup, tu_group_teardown);
 }

@@ -694,6 +694,20 @@ static void test_commit(void **state)
     tu_write_file(cp, longer, sizeof longer);
     assert_rc(load_all(f.ck), STRATA_EINCOMPLETE);
 
+    /* a version 1 record (64 bytes, no save id), as strata wrote before: still committed */
+    st_commit c1;
+    assert_ok(st_commit_decode(&c1, rec, clen));
+    assert_int_equal(c1.version, ST_COMMIT_VERSION);
+    assert_true(c1.save_id != 0);
+    c1.version = 1;
+    unsigned char v1[ST_COMMIT_SIZE];
+    assert_int_equal(st_commit_encode(&c1, v1), ST_COMMIT_V1_SIZE);
+    tu_write_file(cp, v1, ST_COMMIT_V1_SIZE);
+    assert_ok(load_all(f.ck));
+    assert_ok(open_rc(f.ck, 0));
+    tu_write_file(cp, v1, ST_COMMIT_SIZE); /* a version 1 record of version 2's size */
+    assert_rc(load_all(f.ck), STRATA_EINCOMPLETE);
+
     tu_write_file(cp, rec, clen);
     assert_ok(load_all(f.ck));
     assert_ok(strata_probe(&pi, f.ck));

@@ -270,7 +270,7 @@ static void test_save_faults(void **state)
         {"write", 0, 0, write_tasks + 2},
         {"write", 0, 1, write_tasks + 2}, /* short writes: the retry fails */
         {"fsync", 1, 0, nfiles + 4},
-        {"rename", 0, 0, 1},
+        {"rename", 0, 0, 2}, /* metadata.bin.tmp, COMMIT.tmp */
         {"mkdir", 0, 0, 1},
         {"allocate", 0, 0, nfiles},
     };
@@ -323,7 +323,7 @@ static void test_save_faults_async(void **state)
         int sync, shortw, want;
     } ops[] = {
         {"open", 0, 0, nfiles + 2},  {"write", 0, 0, tasks + 2}, {"write", 0, 1, tasks + 2},
-        {"fsync", 1, 0, nfiles + 4}, {"rename", 0, 0, 1},        {"mkdir", 0, 0, 1},
+        {"fsync", 1, 0, nfiles + 4}, {"rename", 0, 0, 2},        {"mkdir", 0, 0, 1},
         {"allocate", 0, 0, nfiles},
     };
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {

@@ -3,13 +3,20 @@
  * saves, a save in progress that retention must leave alone, and writes that must not go
  * through hard links into another checkpoint. Every save that returns success must load
  * bitwise afterwards; the loser must fail with STRATA_EBUSY or STRATA_EEXIST and touch
- * nothing. STRATA_OWN_TRIALS scales the trial counts (make stress raises it). */
+ * nothing. Where locks do not exclude (emulated by the fault wrapper's lock=none / local),
+ * a save never removes a commit record it did not write, and refuses where it can see it;
+ * retention removes only the very checkpoint it probed; a LOCK that is not a lock file
+ * spares that checkpoint only; directories a save makes are fsynced into their parents.
+ * STRATA_OWN_TRIALS scales the trial counts (make stress raises it). */
 #include <pthread.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "engine/engine.h"
 #include "meta/meta.h"
 #include "testutil.h"
 
@@ -63,12 +70,12 @@ static int winner(const char *ck, int nwriters)
     return found;
 }
 
-static int save_as(const char *ck, int w, int async)
+static int save_flags(const char *ck, int w, int async, unsigned flags)
 {
     tu_set s;
     writer_set(&s, w, 1);
     strata_save_opts o = STRATA_SAVE_OPTS_INIT;
-    o.flags = STRATA_SAVE_NO_SYNC;
+    o.flags = flags;
     o.chunk_bytes = 8192;
     int rc;
     if (async) {
@@ -84,6 +91,11 @@ static int save_as(const char *ck, int w, int async)
     }
     tu_set_free(&s);
     return rc;
+}
+
+static int save_as(const char *ck, int w, int async)
+{
+    return save_flags(ck, w, async, STRATA_SAVE_NO_SYNC);
 }
 
 typedef struct {
@@ -365,6 +377,288 @@ static void test_no_write_through_links(void **state)
     }
 }
 
+
+/* Locks that do not exclude (NFS mounted nolock, seen from two clients: lock=local makes
+ * each resolved URI a client). Save B owns the directory and writes its data; save A, on
+ * the other "client", takes it too, clears B's files as an abandoned save's and commits.
+ * B's commit then finds A's files in place: it must fail and leave A's checkpoint whole
+ * (before: B's metadata replaced A's, and B's cleanup unlinked A's commit record and
+ * every file). The steps are the engine's own (st_save_local's), run in this order. */
+static void test_nolock_loser_keeps_winner(void **state)
+{
+    (void)state;
+    char ck[600], ua[700], ub[700];
+    snprintf(ck, sizeof ck, "%s/nolock", base_dir);
+    snprintf(ua, sizeof ua, "fault+file://%s?lock=local", ck);
+    snprintf(ub, sizeof ub, "fault+file://%s?lock=local", ck);
+    const st_vfs *vb;
+    char dir[PATH_MAX];
+    assert_ok(st_vfs_resolve(ub, &vb, dir, sizeof dir));
+    st_file *lock_b;
+    assert_ok(st_prepare_dir(vb, dir, &lock_b));
+    tu_set sb;
+    writer_set(&sb, 1, 1);
+    strata_save_opts o;
+    strata_save_opts in = STRATA_SAVE_OPTS_INIT;
+    in.flags = STRATA_SAVE_NO_SYNC;
+    in.chunk_bytes = 8192;
+    assert_ok(st_save_opts_get(&o, &in));
+    st_save_plan sp;
+    assert_ok(st_plan_states(&sp, sb.st, 2, &o));
+    assert_ok(st_write_data(vb, dir, &sp, &o, NULL));
+    /* A, with a lock B's "client" does not see: it wins */
+    assert_int_equal(save_as(ua, 0, 0), 0);
+    assert_int_equal(winner(ck, 2), 0);
+    uint64_t id = st_save_id_new();
+    assert_rc(st_commit_dir(vb, dir, sp.meta, 0, id), STRATA_EEXIST);
+    assert_msg_has("locks did not keep it out");
+    st_remove_failed(vb, dir, 1, id);
+    st_own_release(vb, lock_b);
+    assert_int_equal(winner(ck, 2), 0); /* whole: commit record, metadata, data */
+    /* a save that failed for any reason never removes a commit record it did not write */
+    st_remove_failed(vb, dir, 1, id);
+    assert_int_equal(winner(ck, 2), 0);
+    st_save_plan_free(&sp);
+    tu_set_free(&sb);
+    st_vfs_release(vb);
+    tu_rmrf(ck);
+}
+
+/* A second lock granted while one is held (lock=none: the lock call succeeds for both):
+ * saves and collectors refuse with STRATA_ENOTSUP and touch nothing. */
+static void test_nolock_refused(void **state)
+{
+    (void)state;
+    char dir[600], ck[700], old[700], u[800];
+    snprintf(dir, sizeof dir, "%s/nolock-none", base_dir);
+    snprintf(ck, sizeof ck, "%s/step-2", dir);
+    snprintf(old, sizeof old, "%s/step-1", dir);
+    assert_int_equal(save_as(old, 0, 0), 0);
+    for (int async = 0; async < 2; async++) {
+        snprintf(u, sizeof u, "fault+file://%s?lock=none", ck);
+        assert_rc(save_as(u, 1, async), STRATA_ENOTSUP);
+        assert_msg_has("do not exclude");
+        strata_probe_info pi;
+        assert_ok(strata_probe(&pi, ck));
+        assert_false(pi.has_commit);
+        char data[800];
+        tu_join(data, ck, "data-000000.bin");
+        assert_false(tu_exists(data));
+    }
+    /* retention keeping nothing removes nothing there */
+    int removed = -1;
+    snprintf(u, sizeof u, "fault+file://%s?lock=none", dir);
+    assert_rc(strata_retain(&removed, u, 0), STRATA_ENOTSUP);
+    assert_int_equal(removed, 0);
+    assert_int_equal(winner(old, 2), 0);
+    tu_rmrf(dir);
+}
+
+/* Retention's time of check: it probes step-1 (committed, older than step-2); meanwhile
+ * another collector removes step-1 and a save commits a new step-1, now the newest. The
+ * first collector must leave the new one (before: it checked only that a commit record
+ * existed, and removed the newest checkpoint). */
+static char toctou_dir[700];
+static void toctou_hook(const char *dir)
+{
+    (void)dir;
+    st_retain_test_hook = NULL;
+    char s1[800];
+    snprintf(s1, sizeof s1, "%s/step-1", toctou_dir);
+    int removed = -1;
+    assert_ok(strata_retain(&removed, toctou_dir, 1)); /* the other collector */
+    assert_int_equal(removed, 1);
+    assert_false(tu_exists(s1));
+    assert_int_equal(save_as(s1, 1, 0), 0); /* a new step-1, the newest now */
+}
+
+typedef struct {
+    int n, code[8];
+    char path[8][800], msg[8][1024];
+} skips;
+
+static void note_skip(void *ctx, const char *path, int code, const char *message)
+{
+    skips *k = ctx;
+    if (k->n < 8) {
+        k->code[k->n] = code;
+        snprintf(k->path[k->n], sizeof k->path[0], "%s", path);
+        snprintf(k->msg[k->n], sizeof k->msg[0], "%s", message);
+    }
+    k->n++;
+}
+
+static void test_retain_rechecks_under_lock(void **state)
+{
+    (void)state;
+    char s1[800], s2[800];
+    snprintf(toctou_dir, sizeof toctou_dir, "%s/toctou", base_dir);
+    snprintf(s1, sizeof s1, "%s/step-1", toctou_dir);
+    snprintf(s2, sizeof s2, "%s/step-2", toctou_dir);
+    assert_int_equal(save_as(s1, 0, 0), 0);
+    assert_int_equal(save_as(s2, 0, 0), 0);
+    st_retain_test_hook = toctou_hook;
+    int removed = -1;
+    skips k = {0};
+    assert_ok(strata_retain_report(&removed, toctou_dir, 1, note_skip, &k));
+    assert_null(st_retain_test_hook); /* the hook ran */
+    assert_int_equal(removed, 0);
+    assert_int_equal(k.n, 1);
+    assert_int_equal(k.code[0], STRATA_ENOENT);
+    assert_string_equal(k.path[0], s1);
+    assert_int_equal(winner(s1, 2), 1); /* the new step-1 */
+    assert_int_equal(winner(s2, 2), 0);
+    tu_rmrf(toctou_dir);
+}
+
+/* A LOCK that is a symlink, FIFO, directory or socket spares that checkpoint only: the
+ * collector reports it (STRATA_EINVAL, naming it) and collects the others (before: the
+ * sweep stopped at the first with "Wrong medium type" or "No such device or address"). */
+static void test_bad_lock_kinds(void **state)
+{
+    (void)state;
+    char dir[600], ck[5][700], lk[4096];
+    snprintf(dir, sizeof dir, "%s/badlock", base_dir);
+    static const char *const kinds[5] = {"a-symlink", "b-fifo", "c-dir", "d-socket", "e-plain"};
+    for (int i = 0; i < 5; i++) {
+        snprintf(ck[i], sizeof ck[i], "%s/%s", dir, kinds[i]);
+        assert_int_equal(save_as(ck[i], 0, 0), 0);
+        tu_join(lk, ck[i], ST_COMMIT_FILE);
+        assert_int_equal(unlink(lk), 0); /* incomplete, as a killed save leaves it */
+        tu_join(lk, ck[i], ST_LOCK_FILE);
+        if (i == 0)
+            assert_int_equal(symlink("/dev/null", lk), 0);
+        else if (i == 1)
+            assert_int_equal(mkfifo(lk, 0644), 0);
+        else if (i == 2)
+            assert_int_equal(mkdir(lk, 0755), 0);
+        else if (i == 3) {
+            int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+            struct sockaddr_un a = {.sun_family = AF_UNIX};
+            assert_true(strlen(lk) < sizeof a.sun_path);
+            snprintf(a.sun_path, sizeof a.sun_path, "%s", lk);
+            assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+            close(fd);
+        }
+    }
+    for (int i = 0; i < 4; i++) {
+        assert_rc(strata_remove_incomplete(ck[i]), STRATA_EINVAL);
+        assert_msg_has("not a lock file strata made");
+        assert_rc(save_as(ck[i], 1, i % 2), STRATA_EINVAL);
+    }
+    int removed = -1;
+    skips k = {0};
+    assert_ok(strata_retain_report(&removed, dir, 1 << 30, note_skip, &k));
+    assert_int_equal(removed, 1);
+    assert_false(tu_exists(ck[4]));
+    assert_int_equal(k.n, 4);
+    for (int i = 0; i < 4; i++) { /* each reported once, naming its LOCK */
+        tu_join(lk, ck[i], ST_LOCK_FILE);
+        int seen = 0;
+        for (int j = 0; j < 4; j++)
+            if (strcmp(k.path[j], ck[i]) == 0) {
+                seen++;
+                assert_int_equal(k.code[j], STRATA_EINVAL);
+                assert_non_null(strstr(k.msg[j], lk));
+            }
+        assert_int_equal(seen, 1);
+        assert_true(tu_exists(ck[i]));
+    }
+    tu_rmrf(dir);
+}
+
+/* A recording wrapper: logs mkdir and directory fsync calls in order. */
+typedef struct {
+    st_vfs base;
+    const st_vfs *inner;
+} rec_vfs;
+static pthread_mutex_t rec_mu = PTHREAD_MUTEX_INITIALIZER;
+static char rec_log[64][PATH_MAX + 8];
+static int rec_n;
+
+static void rec_note(const char *what, const char *path)
+{
+    pthread_mutex_lock(&rec_mu);
+    if (rec_n < 64)
+        snprintf(rec_log[rec_n++], sizeof rec_log[0], "%s %s", what, path);
+    pthread_mutex_unlock(&rec_mu);
+}
+
+static int rec_mkdir(const st_vfs *v, const char *path)
+{
+    const st_vfs *in = ((const rec_vfs *)v)->inner;
+    int e = in->mkdir(in, path);
+    if (e == 0)
+        rec_note("mkdir", path);
+    return e;
+}
+
+static int rec_sync_dir(const st_vfs *v, const char *path)
+{
+    const st_vfs *in = ((const rec_vfs *)v)->inner;
+    rec_note("sync", path);
+    return in->sync_dir(in, path);
+}
+
+static void rec_release(const st_vfs *v)
+{
+    st_vfs_release(((const rec_vfs *)v)->inner);
+    free((void *)v);
+}
+
+static int rec_make(const st_vfs **out, const st_vfs *inner, const char *query)
+{
+    (void)query;
+    rec_vfs *r = calloc(1, sizeof *r);
+    r->base = *inner;
+    r->base.mkdir = rec_mkdir;
+    r->base.sync_dir = rec_sync_dir;
+    r->base.release = rec_release;
+    r->inner = inner;
+    *out = &r->base;
+    return 0;
+}
+
+/* Index of the first log line equal to "what path" at or after from, or -1. */
+static int rec_find(const char *what, const char *path, int from)
+{
+    char want[PATH_MAX + 8];
+    snprintf(want, sizeof want, "%s %s", what, path);
+    for (int i = from; i < rec_n; i++)
+        if (strcmp(rec_log[i], want) == 0)
+            return i;
+    return -1;
+}
+
+/* Every directory a save creates is fsynced into its parent after it is made (before: the
+ * parents made by mkdir -p never were, so a power loss could take them and the checkpoint
+ * committed below them); the checkpoint directory's entry at its commit. */
+static void test_created_dirs_synced(void **state)
+{
+    (void)state;
+    assert_ok(st_vfs_register_wrapper("rec", rec_make));
+    for (int async = 0; async < 2; async++) {
+        char top[600], x[700], y[800], ck[900], u[1000];
+        snprintf(top, sizeof top, "%s/synced-%d", base_dir, async);
+        snprintf(x, sizeof x, "%s/x", top);
+        snprintf(y, sizeof y, "%s/y", x);
+        snprintf(ck, sizeof ck, "%s/ck", y);
+        snprintf(u, sizeof u, "rec+file://%s", ck);
+        assert_int_equal(mkdir(top, 0755), 0);
+        rec_n = 0;
+        assert_int_equal(save_flags(u, 0, async, 0), 0);
+        const char *made[3][2] = {{x, top}, {y, x}, {ck, y}};
+        for (int i = 0; i < 3; i++) {
+            int m = rec_find("mkdir", made[i][0], 0);
+            if (m < 0 || rec_find("sync", made[i][1], m + 1) < 0)
+                fail_msg("'%s' was made (log line %d) but '%s' was not fsynced after it", made[i][0],
+                         m, made[i][1]);
+        }
+        assert_int_equal(winner(ck, 2), 0);
+        tu_rmrf(top);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -374,6 +668,11 @@ int main(void)
         cmocka_unit_test(test_no_write_through_links),
         cmocka_unit_test(test_retain_spares_live_save),
         cmocka_unit_test(test_gc_beside_saves),
+        cmocka_unit_test(test_nolock_loser_keeps_winner),
+        cmocka_unit_test(test_nolock_refused),
+        cmocka_unit_test(test_retain_rechecks_under_lock),
+        cmocka_unit_test(test_bad_lock_kinds),
+        cmocka_unit_test(test_created_dirs_synced),
     };
     return cmocka_run_group_tests(tests, tu_group_setup, tu_group_teardown);
 }

@@ -215,7 +215,9 @@ static int for_each_ckpt(const char *cmd, const char *dir, ckpt_fn fn, void *ctx
     size_t n = 0, cap = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
-        if (e->d_name[0] == '.')
+        size_t len = strlen(e->d_name), k = strlen(STRATA_REPLACE_SUFFIX);
+        if (e->d_name[0] == '.' && /* hidden, but for what a replacing save left */
+            (len <= k || strcmp(e->d_name + len - k, STRATA_REPLACE_SUFFIX) != 0))
             continue;
         if (n == cap) {
             char **more = realloc(names, (cap ? 2 * cap : 64) * sizeof *names);
@@ -348,7 +350,10 @@ static const char GC_HELP[] =
     "time) and removes older committed ones, and the incomplete ones.\n"
     "\n"
     "A save in progress owns its directory (its LOCK file is locked): gc never removes it,\n"
-    "whatever its age, and a save never writes where gc is removing.\n"
+    "whatever its age, and a save never writes where gc is removing. A checkpoint whose LOCK\n"
+    "is not a lock file (a symlink, FIFO, socket or directory) is kept with a warning. What a\n"
+    "replacing save left beside its target (." "<name>" STRATA_REPLACE_SUFFIX ") is removed\n"
+    "once no save owns it.\n"
     "\n"
     "gc also removes the shared memory segments (/dev/shm/strata-load-*) that distributed\n"
     "loads of this user killed on this node left, never a live process's.\n";
@@ -357,12 +362,20 @@ typedef struct {
     int dry, removed, failed;
 } gc_ctx;
 
+/* Is path a directory a replacing save left (".<name>" STRATA_REPLACE_SUFFIX)? */
+static int replace_leftover(const char *path)
+{
+    const char *slash = strrchr(path, '/'), *name = slash ? slash + 1 : path;
+    size_t len = strlen(name), k = strlen(STRATA_REPLACE_SUFFIX);
+    return name[0] == '.' && len > k && strcmp(name + len - k, STRATA_REPLACE_SUFFIX) == 0;
+}
+
 static void gc_one(void *ctx, const char *path, const strata_probe_info *pi)
 {
     gc_ctx *g = ctx;
-    if (pi->committed)
+    if (pi->committed && !replace_leftover(path))
         return;
-    if (pi->has_commit) {
+    if (pi->has_commit && !replace_leftover(path)) {
         printf("kept %s: it has a commit record but does not verify; check it with strata "
                "verify\n", cli_esc(path));
         return;
@@ -376,12 +389,25 @@ static void gc_one(void *ctx, const char *path, const strata_probe_info *pi)
         printf("kept %s: a live save or collector owns it\n", cli_esc(path));
         return;
     }
+    if (rc == STRATA_EINVAL) { /* its LOCK is not a lock file: that one only is left */
+        fprintf(stderr, "strata gc: warning: kept %s: %s\n", path, strata_error_last());
+        return;
+    }
     if (rc) {
         g->failed = cli_fail("gc", rc);
         return;
     }
     printf("removed %s (%llu bytes)\n", cli_esc(path), (unsigned long long)pi->disk_bytes);
     g->removed++;
+}
+
+static void gc_skipped(void *ctx, const char *path, int code, const char *message)
+{
+    (void)ctx;
+    if (code == STRATA_EINVAL)
+        fprintf(stderr, "strata gc: warning: kept %s: %s\n", path, message);
+    else
+        printf("kept %s: %s\n", path, message);
 }
 
 int cmd_gc(int argc, char **argv)
@@ -413,7 +439,7 @@ int cmd_gc(int argc, char **argv)
     if (!g.dry && strata_reclaim_load_segments(&segs) == 0 && segs)
         printf("removed %d shared memory segment(s) left by killed loads\n", segs);
     if (keep >= 0) {
-        int removed = 0, rc = strata_retain(&removed, dir, (int)keep);
+        int removed = 0, rc = strata_retain_report(&removed, dir, (int)keep, gc_skipped, NULL);
         if (rc)
             return cli_fail("gc", rc);
         printf("kept the %lld newest committed checkpoints under %s; removed %d\n", keep,

@@ -24,6 +24,7 @@ typedef struct st_async_dist {
     strata_save_opts o;
     double t0;
     int all_cached;
+    uint64_t save_id; /* rank 0's, in the commit records it writes */
     st_file *lock[ST_MAX_TIERS]; /* rank 0: ownership of each destination, to the end */
     st_plan_cache *cache;  /* the plan (referenced) */
     st_plan_cache **slot;  /* where the saver keeps its last plan */
@@ -69,7 +70,7 @@ static int dist_begin(st_async_dist *d, const char *const *uris, strata_state *l
     /* a local error must still take part in the collectives: it travels as a status */
     int lrc = rc;
     if (!lrc)
-        lrc = st_dests_resolve(&d->dst, uris, d->ntiers);
+        lrc = st_dests_resolve(&d->dst, uris, d->ntiers, o->flags);
     snprintf(local_msg, ST_MSG_BYTES, "%s", lrc ? strata_error_last() : "");
     uint64_t h = st_plan_hash(lp.p, lp.n, P, chunk);
     st_plan_cache *cache = *d->slot;
@@ -87,7 +88,7 @@ static int dist_begin(st_async_dist *d, const char *const *uris, strata_state *l
      * there (the synchronous one prepares in step 3, before the ranks write) */
     int own_rc = 0;
     for (int t = 0; me == ST_ROOT && !prepare_root && !lrc && !own_rc && t < d->ntiers; t++)
-        own_rc = st_own(d->dst.vfs[t], d->dst.dir[t], 1, &d->lock[t]);
+        own_rc = st_dest_own(&d->dst, t, 0, &d->lock[t]);
     /* 1. one collective: is every rank's layout what it was at the last save? (and does
      * rank 0 own the destinations?) */
     signed char flags[2] = {!lrc && cache && cache->hash == h && cache->size == P,
@@ -131,7 +132,7 @@ static int dist_begin(st_async_dist *d, const char *const *uris, strata_state *l
     /* 3. the coordinator prepares the directory; everyone learns the outcome */
     if (me == ST_ROOT && !st.rc && prepare_root) {
         int prc = lrc ? (st_fail(lrc, "%s", local_msg), lrc)
-                      : st_prepare_dir(d->dst.vfs[0], d->dst.dir[0], &d->lock[0]);
+                      : st_dest_own(&d->dst, 0, 1, &d->lock[0]);
         if (prc)
             st_status_set(&st, prc, ST_ROOT);
     }
@@ -282,14 +283,11 @@ static int dist_finish(void *ctx, const int *local_rc, const char *const *local_
             const st_vfs *v = d->dst.vfs[t];
             const char *dir = d->dst.dir[t];
             int crc = st_clear_stale(v, dir, &cache->sp);
-            if (!crc && (crc = st_commit_dir(v, dir, cache->sp.meta, ST_SYNC(&d->o))))
-                st_uncommit(v, dir); /* this save's record, if it got that far */
-            if (crc) {
+            if (!crc && (crc = st_dest_commit(&d->dst, t, cache->sp.meta, ST_SYNC(&d->o),
+                                              d->save_id, &d->lock[t])) && d->lock[t])
+                st_uncommit(v, dir, d->save_id); /* this save's record, if it got that far */
+            if (crc)
                 st_status_set(&st[t], crc, ST_ROOT);
-            } else {
-                st_own_committed(v, dir, d->lock[t]);
-                d->lock[t] = NULL;
-            }
         }
     }
     if ((rc = st_bcast(comm, st, (size_t)T * sizeof st[0], ST_ROOT)))
@@ -308,13 +306,8 @@ static int dist_finish(void *ctx, const int *local_rc, const char *const *local_
     int ignored;
     if (failed && st_all_true(comm, 1, &ignored) == 0 && me == ST_ROOT)
         for (int t = 0; t < T; t++)
-            if (st[t].rc && d->lock[t]) {
-                char lp[PATH_MAX];
-                if (st_path_join(lp, d->dst.dir[t], ST_LOCK_FILE) == 0)
-                    d->dst.vfs[t]->unlink(d->dst.vfs[t], lp);
-                st_own_release(d->dst.vfs[t], d->lock[t]);
-                d->lock[t] = NULL;
-            }
+            if (st[t].rc)
+                st_dest_abandon(&d->dst, t, &d->lock[t]);
     for (int t = 0; t < T && !rc; t++)
         if (st[t].rc)
             rc = T > 1 ? st_wrap(st_status_raise(&st[t], me), "destination %d (%s)", t,
@@ -352,6 +345,7 @@ static int dist_new(st_async_dist **out, strata_comm *comm, st_plan_cache **slot
     d->o = *o;
     d->t0 = st_now();
     d->ntiers = ntiers;
+    d->save_id = st_save_id_new();
     *out = d;
     return 0;
 }

@@ -71,12 +71,22 @@ int st_plan_states(st_save_plan *sp, strata_state *const *ranks, int nranks,
                    const strata_save_opts *o);
 /* The stats of a finished single-process save (started at t0). */
 void st_save_stats(strata_stats *stats, const st_save_plan *sp, uint64_t io_calls, double t0);
+/* ---- ownership (own.c) ---- */
+
+/* A new random save id (never 0), written into the save's commit record. */
+uint64_t st_save_id_new(void);
+/* The parent directory of path ("." for a bare name) into out (PATH_MAX). */
+void st_parent_of(char *out, const char *path);
 /* Ownership of a checkpoint directory: its lock file (ST_LOCK_FILE) locked by a save from
  * before its first write until after its commit or cleanup, or by a collector while it
- * removes it. Takes it without waiting: with create, making dir (and parents) if missing;
- * STRATA_EBUSY if another save or collector holds it, STRATA_EEXIST if dir is committed
- * (a collector's `create` = 0 skips that check). Release with st_own_release. */
-int st_own(const st_vfs *v, const char *dir, int create, st_file **lock);
+ * removes it. Takes it without waiting. mode 0 (a collector): dir must exist; ST_OWN_NEW:
+ * makes dir (and parents, each fsynced into its parent) if missing and refuses a
+ * committed one (STRATA_EEXIST); ST_OWN_REPLACE: the same, a committed one allowed.
+ * STRATA_EBUSY if another save or collector holds it; STRATA_EINVAL if the lock file is not
+ * a regular file; STRATA_ENOTSUP if a second lock is granted while ours is held (the
+ * file system's locks do not exclude). Release with st_own_release. */
+enum { ST_OWN_NEW = 1, ST_OWN_REPLACE = 2 };
+int st_own(const st_vfs *v, const char *dir, int mode, st_file **lock);
 void st_own_release(const st_vfs *v, st_file *lock);
 /* After a commit: removes the lock file (a committed checkpoint has none), then lets go. */
 void st_own_committed(const st_vfs *v, const char *dir, st_file *lock);
@@ -84,6 +94,28 @@ void st_own_committed(const st_vfs *v, const char *dir, st_file *lock);
  * clears an incomplete checkpoint there; refuses a committed one or foreign files
  * (STRATA_EEXIST). *lock is held on success only. */
 int st_prepare_dir(const st_vfs *v, const char *dir, st_file **lock);
+/* After a commit that failed late (an fsync after the rename), or any failure: removes
+ * the commit record in dir, durably, if it is this save's (save_id). Returns 0 if dir has
+ * no commit record now, 1 if it holds one this save did not write (left alone). */
+int st_uncommit(const st_vfs *v, const char *dir, uint64_t save_id);
+/* After a failure, as dir's owner: st_uncommit, then removes strata's files in dir (with
+ * rmdir: the lock file and dir too), keeping the error - unless dir holds a commit record
+ * of another save: then nothing is touched. */
+void st_remove_failed(const st_vfs *v, const char *dir, int rmdir, uint64_t save_id);
+/* Removes a checkpoint directory as its owner (the caller holds its lock): the commit
+ * record first (committed = 1; with 0 a commit record there is STRATA_EEXIST), made
+ * durable, then strata's files, the lock file, and dir if nothing foreign is left. */
+int st_remove_owned(const st_vfs *v, const char *path, int committed);
+
+/* The directory a replacing save of path writes beside it (".<name>.strata-replace" in
+ * the same parent) into out; STRATA_EINVAL if the name is too long. */
+int st_replace_sibling(char *out, const char *path);
+/* Is name (a plain name) such a directory's? */
+int st_is_replace_sibling(const char *name);
+/* Tests only: when set, strata_retain calls it between probing the checkpoints of dir and
+ * removing those it chose. */
+extern void (*st_retain_test_hook)(const char *dir);
+
 /* Writes the data files of sp (every file of sp->meta, from sp->pieces, filling the
  * extents' checksums): reserve, write on the I/O threads, fsync, close. */
 int st_write_data(const st_vfs *v, const char *dir, const st_save_plan *sp,
@@ -110,14 +142,11 @@ int st_create_data_files(const st_vfs *v, const char *dir, const st_save_plan *s
 /* fsyncs (unless no_sync) and closes the data files; the first error wins. */
 int st_finish_data_files(const st_vfs *v, const char *dir, const st_save_plan *sp,
                          st_file **files, int sync, int rc);
-/* Writes metadata.bin, then the commit record (temp, fsync, rename, fsync dir + parent). */
-int st_commit_dir(const st_vfs *v, const char *dir, const st_meta *m, int sync);
-/* After a commit that failed late (an fsync after the rename): removes the commit record
- * of this save, durably, before anything else is removed. */
-void st_uncommit(const st_vfs *v, const char *dir);
-/* After a failure, as dir's owner: removes strata's files in dir (with rmdir: the lock
- * file and dir too), keeping the error. */
-void st_remove_failed(const st_vfs *v, const char *dir, int rmdir);
+/* Writes metadata.bin, then the commit record with save_id (each as a temporary file,
+ * fsynced, renamed into place without replacing an existing one: STRATA_EEXIST when
+ * another save wrote there; then fsync of dir + parent). */
+int st_commit_dir(const st_vfs *v, const char *dir, const st_meta *m, int sync,
+                  uint64_t save_id);
 
 /* Before the commit of a distributed asynchronous save (every rank has written its data
  * file into dir): STRATA_EEXIST if dir holds a commit record or foreign files; removes
@@ -132,16 +161,37 @@ int st_prepare_shared(const st_vfs *v, const char *dir);
 
 #define ST_MAX_TIERS STRATA_MAX_TIERS
 
-/* The destinations of a save: each one's URI, backend and directory. */
+/* The destinations of a save: each one's URI, backend and the directory written. With
+ * STRATA_SAVE_REPLACE (replace = 1) that is the directory beside final[t], the path named,
+ * which the save owns too (final_lock, rank 0 only) and into which the written directory
+ * is swapped after its commit. */
 typedef struct st_dests {
-    int n;
+    int n, replace;
     char uri[ST_MAX_TIERS][PATH_MAX], dir[ST_MAX_TIERS][PATH_MAX];
+    char final[ST_MAX_TIERS][PATH_MAX];
     const st_vfs *vfs[ST_MAX_TIERS];
+    st_file *final_lock[ST_MAX_TIERS];
 } st_dests;
-/* Copies the URIs (1..ST_MAX_TIERS, checked by the caller) and resolves their backends;
- * on failure what was resolved stays for st_dests_close. */
-int st_dests_resolve(st_dests *d, const char *const *uris, int n);
+/* Copies the URIs (1..ST_MAX_TIERS, checked by the caller) and resolves their backends
+ * (flags: the save's, STRATA_SAVE_REPLACE); on failure what was resolved stays for
+ * st_dests_close, which also lets go of the targets of an unfinished replace. */
+int st_dests_resolve(st_dests *d, const char *const *uris, int n, unsigned flags);
 void st_dests_close(st_dests *d);
+/* Owns destination t before anything is written there: st_prepare_dir (prepare) or
+ * st_own (ST_OWN_NEW) of dir[t]; with replace, first the target (made if missing) and
+ * the directory beside it cleared of what a dead replace left, and a check that the file
+ * system can exchange directories (STRATA_ENOTSUP). *lock: dir[t]'s lock. */
+int st_dest_own(st_dests *d, int t, int prepare, st_file **lock);
+/* Commits destination t (st_commit_dir) and lets go of it (*lock = NULL); with replace,
+ * exchanges dir[t] with the target, then removes the previous checkpoint. On failure
+ * *lock is still held if what was written is the caller's to remove (st_remove_failed). */
+int st_dest_commit(st_dests *d, int t, const st_meta *m, int sync, uint64_t save_id,
+                   st_file **lock);
+/* A failed destination whose files are removed: removes dir[t]'s lock file (and with
+ * replace, dir[t] when empty) and lets go of it and of the target. */
+void st_dest_abandon(st_dests *d, int t, st_file **lock);
+/* Lets go of the targets of replaces that did not finish (st_dests_close does). */
+void st_dests_release_final(st_dests *d);
 
 /* How an asynchronous save's destinations are made ready and committed: async.c takes the
  * snapshot and writes, these hooks own the directories and the commit record. A save in

@@ -30,7 +30,8 @@ int st_save_opts_get(strata_save_opts *out, const strata_save_opts *in)
         memcpy(out, in, save_opts_size[in->version]);
         out->version = STRATA_SAVE_OPTS_VERSION;
     }
-    if (out->flags & ~(unsigned)(STRATA_SAVE_NO_SYNC | STRATA_SAVE_NO_DIRECT))
+    const unsigned known = STRATA_SAVE_NO_SYNC | STRATA_SAVE_NO_DIRECT | STRATA_SAVE_REPLACE;
+    if (out->flags & ~known)
         return st_fail(STRATA_EINVAL, "strata_save_opts.flags 0x%x has unknown bits", out->flags);
     if (!out->chunk_bytes)
         out->chunk_bytes = STRATA_DEFAULT_CHUNK;

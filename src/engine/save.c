@@ -110,145 +110,21 @@ static int run_write(void *arg, size_t task, int worker)
                          x->buf[worker]);
 }
 
-/* The parent directory of path ("." for a bare name). */
-static void parent_of(char *out, const char *path)
+/* Writes name into dir as a new file: "<name>.tmp", fsynced (with sync), renamed to name
+ * without replacing one that is there (another save's, where locks do not exclude:
+ * STRATA_EEXIST, and its file is left alone). */
+static int write_new(const st_vfs *v, const char *dir, const char *name, const void *buf,
+                     size_t n, int sync)
 {
-    strcpy(out, path);
-    char *slash = strrchr(out, '/');
-    if (!slash)
-        strcpy(out, ".");
-    else if (slash == out)
-        out[1] = 0;
-    else
-        *slash = 0;
-}
-
-/* mkdir -p of dir's parents. */
-static int make_parents(const st_vfs *v, const char *dir)
-{
-    char p[PATH_MAX];
-    parent_of(p, dir);
-    int kind;
-    if (strcmp(p, dir) == 0 || v->stat(v, p, NULL, &kind) == 0)
-        return 0;
-    int rc = make_parents(v, p);
-    if (rc)
-        return rc;
-    int e = v->mkdir(v, p);
-    if (e && e != -EEXIST)
-        return st_fail(st_from_errno(-e), "cannot create directory '%s': %s", p, strerror(-e));
-    return 0;
-}
-
-/* Creates dir (and its parents) if missing (*created = 1); refuses a non-directory or a
- * committed checkpoint there (STRATA_EEXIST). */
-static int make_dir(const st_vfs *v, const char *dir, int *created)
-{
-    *created = 0;
-    int rc = make_parents(v, dir);
-    if (rc)
-        return rc;
-    int e = v->mkdir(v, dir), kind;
-    if (e == 0)
-        return *created = 1, 0;
-    if (e != -EEXIST)
-        return st_fail(st_from_errno(-e), "cannot create checkpoint directory '%s': %s", dir,
-                       strerror(-e));
-    if ((e = v->stat(v, dir, NULL, &kind)) != 0 || kind != 1)
-        return st_fail(STRATA_EEXIST, "'%s' exists and is not a directory", dir);
-    char p[PATH_MAX];
-    if ((rc = st_path_join(p, dir, ST_COMMIT_FILE)))
-        return rc;
-    if (v->stat(v, p, NULL, NULL) == 0)
-        return st_fail(STRATA_EEXIST,
-                       "'%s' already holds a committed checkpoint; it is never overwritten", dir);
-    return 0;
-}
-
-int st_prepare_shared(const st_vfs *v, const char *dir)
-{
-    int created;
-    return make_dir(v, dir, &created);
-}
-
-int st_own(const st_vfs *v, const char *dir, int create, st_file **lock)
-{
-    *lock = NULL;
-    char p[PATH_MAX];
-    int rc = st_path_join(p, dir, ST_LOCK_FILE);
-    for (int tries = 0; !rc; tries++) {
-        int created;
-        if (create && (rc = make_dir(v, dir, &created)))
-            return rc;
-        int e = v->lock(v, p, lock);
-        if (e == -ENOENT && create && tries < 8)
-            continue; /* a collector removed the directory meanwhile: make it again */
-        if (e == -EBUSY)
-            return st_fail(STRATA_EBUSY, "'%s' is owned by another save or collector (%s is "
-                           "locked); nothing was touched", dir, ST_LOCK_FILE);
-        if (e)
-            return st_fail(st_from_errno(-e), "cannot lock '%s': %s", p, strerror(-e));
-        break;
-    }
-    if (rc || !create)
-        return rc;
-    /* committed between make_dir's look and the lock: the committing save has let go */
-    if ((rc = st_path_join(p, dir, ST_COMMIT_FILE)) == 0 && v->stat(v, p, NULL, NULL) == 0)
-        rc = st_fail(STRATA_EEXIST,
-                     "'%s' already holds a committed checkpoint; it is never overwritten", dir);
-    if (rc) {
-        st_own_release(v, *lock);
-        *lock = NULL;
-    }
-    return rc;
-}
-
-void st_own_release(const st_vfs *v, st_file *lock)
-{
-    if (lock)
-        v->close(lock);
-}
-
-void st_own_committed(const st_vfs *v, const char *dir, st_file *lock)
-{
-    char p[PATH_MAX];
-    if (lock && st_path_join(p, dir, ST_LOCK_FILE) == 0)
-        v->unlink(v, p); /* a save that opened it meanwhile finds it gone, then the commit */
-    st_own_release(v, lock);
-}
-
-/* Makes dir an empty directory for a new checkpoint, as its owner: creates it (and its
- * parents), or clears an incomplete checkpoint there. Refuses a committed checkpoint and a
- * directory with foreign files. */
-int st_prepare_dir(const st_vfs *v, const char *dir, st_file **lock)
-{
-    int rc = st_own(v, dir, 1, lock);
-    if (rc)
-        return rc;
-    int foreign = 0, ours = 0;
-    if (!(rc = st_scan_dir(v, dir, 0, &ours, &foreign, NULL)) && foreign)
-        rc = st_fail(STRATA_EEXIST,
-                     "'%s' is not empty and holds files that are not strata's; refusing to "
-                     "save there",
-                     dir);
-    if (!rc) /* an incomplete save: replace it (the lock file stays) */
-        rc = st_scan_dir(v, dir, 1, NULL, NULL, NULL);
-    if (rc) {
-        st_own_release(v, *lock);
-        *lock = NULL;
-    }
-    return rc;
-}
-
-static int write_small(const st_vfs *v, const char *dir, const char *name, const void *buf,
-                       size_t n, int sync)
-{
-    char p[PATH_MAX];
-    int rc = st_path_join(p, dir, name);
+    char tmp[PATH_MAX], to[PATH_MAX], tname[64];
+    snprintf(tname, sizeof tname, "%s.tmp", name);
+    int rc = st_path_join(tmp, dir, tname);
+    if (!rc)
+        rc = st_path_join(to, dir, name);
     if (rc)
         return rc;
     st_file *f;
-    int e = v->open(v, p, ST_O_WRITE, &f);
+    int e = v->open(v, tmp, ST_O_WRITE, &f);
     if (e == 0) {
         e = st_vfs_write_full(v, f, buf, n, 0);
         if (e == 0 && sync)
@@ -257,21 +133,35 @@ static int write_small(const st_vfs *v, const char *dir, const char *name, const
         if (e == 0)
             e = ce;
     }
-    if (e)
-        return st_fail(st_from_errno(-e), "writing '%s': %s", p, strerror(-e));
-    return 0;
+    if (e) {
+        int rc2 = st_fail(st_from_errno(-e), "writing '%s': %s", tmp, strerror(-e));
+        v->unlink(v, tmp);
+        return rc2;
+    }
+    if ((e = v->rename(v, tmp, to)) == 0)
+        return 0;
+    v->unlink(v, tmp);
+    if (e == -EEXIST)
+        return st_fail(STRATA_EEXIST, "committing '%s': %s appeared meanwhile: another save "
+                       "wrote there at the same time (the file system's locks did not keep "
+                       "it out); its files are left alone",
+                       dir, name);
+    return st_fail(st_from_errno(-e), "committing '%s': renaming %s: %s", dir, tname,
+                   strerror(-e));
 }
 
-int st_commit_dir(const st_vfs *v, const char *dir, const st_meta *m, int sync)
+int st_commit_dir(const st_vfs *v, const char *dir, const st_meta *m, int sync,
+                  uint64_t save_id)
 {
     unsigned char *mbuf;
     size_t mlen;
     int rc = st_meta_encode(m, &mbuf, &mlen);
     if (rc)
         return rc;
-    rc = write_small(v, dir, ST_META_FILE, mbuf, mlen, sync);
-    st_commit c = {.step = m->step, .meta_size = mlen, .meta_hash = st_hash(mbuf, mlen),
-                   .data_bytes = m->data_bytes};
+    rc = write_new(v, dir, ST_META_FILE, mbuf, mlen, sync);
+    st_commit c = {.version = ST_COMMIT_VERSION, .step = m->step, .meta_size = mlen,
+                   .meta_hash = st_hash(mbuf, mlen), .data_bytes = m->data_bytes,
+                   .save_id = save_id};
     free(mbuf);
     if (rc)
         return rc;
@@ -279,19 +169,13 @@ int st_commit_dir(const st_vfs *v, const char *dir, const st_meta *m, int sync)
     clock_gettime(CLOCK_REALTIME, &ts);
     c.time_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
     unsigned char rec[ST_COMMIT_SIZE];
-    st_commit_encode(&c, rec);
-    if ((rc = write_small(v, dir, ST_COMMIT_FILE ".tmp", rec, sizeof rec, sync)))
+    size_t rlen = st_commit_encode(&c, rec);
+    if ((rc = write_new(v, dir, ST_COMMIT_FILE, rec, rlen, sync)))
         return rc;
-    char from[PATH_MAX], to[PATH_MAX];
-    if ((rc = st_path_join(from, dir, ST_COMMIT_FILE ".tmp")) ||
-        (rc = st_path_join(to, dir, ST_COMMIT_FILE)))
-        return rc;
-    int e = v->rename(v, from, to);
-    if (e == 0 && sync)
-        e = v->sync_dir(v, dir);
+    int e = sync ? v->sync_dir(v, dir) : 0;
     if (e == 0 && sync) { /* the checkpoint directory's own entry */
         char parent[PATH_MAX];
-        parent_of(parent, dir);
+        st_parent_of(parent, dir);
         e = v->sync_dir(v, parent);
     }
     if (e)
@@ -426,30 +310,6 @@ int st_write_data(const st_vfs *v, const char *dir, const st_save_plan *sp,
     return rc;
 }
 
-void st_uncommit(const st_vfs *v, const char *dir)
-{
-    /* the commit record goes first (and durably), so that a crash during the cleanup
-     * leaves an incomplete checkpoint, never a "committed" one with files missing */
-    char p[PATH_MAX];
-    if (st_path_join(p, dir, ST_COMMIT_FILE) == 0 && v->stat(v, p, NULL, NULL) == 0 &&
-        v->unlink(v, p) == 0)
-        v->sync_dir(v, dir);
-}
-
-void st_remove_failed(const st_vfs *v, const char *dir, int rmdir)
-{
-    /* the error message is kept: cleanup failures are not the story */
-    char msg[1024], p[PATH_MAX];
-    snprintf(msg, sizeof msg, "%s", strata_error_last());
-    st_uncommit(v, dir);
-    st_scan_dir(v, dir, 1, NULL, NULL, NULL);
-    if (rmdir && st_path_join(p, dir, ST_LOCK_FILE) == 0) {
-        v->unlink(v, p); /* still held by us: a save waiting on it finds it gone, retries */
-        v->rmdir(v, dir);
-    }
-    st_fail(0, "%s", msg);
-}
-
 int st_check_chunk(uint32_t chunk)
 {
     if (chunk < 4096 || chunk > (64u << 20) || (chunk & (chunk - 1)))
@@ -491,49 +351,55 @@ int st_save_local(const char *uri, strata_state *const *ranks, int nranks,
     int rc = st_plan_states(&sp, ranks, nranks, o);
     if (rc)
         return rc;
-    const st_vfs *v;
-    char dir[PATH_MAX];
-    if ((rc = st_vfs_resolve(uri, &v, dir, sizeof dir))) {
-        st_save_plan_free(&sp);
-        return rc;
-    }
-    uint64_t calls = 0;
-    st_file *lock;
-    if ((rc = st_prepare_dir(v, dir, &lock)) == 0) {
-        rc = st_write_data(v, dir, &sp, o, &calls);
+    st_dests *d = calloc(1, sizeof *d); /* 8 tiers' paths: not on the caller's stack */
+    uint64_t calls = 0, id = st_save_id_new();
+    st_file *lock = NULL;
+    if (!d)
+        rc = st_fail(STRATA_ENOMEM, "out of memory");
+    else if ((rc = st_dests_resolve(d, &uri, 1, o->flags)) == 0 &&
+             (rc = st_dest_own(d, 0, 1, &lock)) == 0) {
+        rc = st_write_data(d->vfs[0], d->dir[0], &sp, o, &calls);
         if (!rc)
-            rc = st_commit_dir(v, dir, sp.meta, ST_SYNC(o));
-        if (rc) { /* a failed save leaves no half-written files behind */
-            st_remove_failed(v, dir, 1);
-            st_own_release(v, lock);
-        } else {
-            st_own_committed(v, dir, lock);
-        }
+            rc = st_dest_commit(d, 0, sp.meta, ST_SYNC(o), id, &lock);
+        if (rc && lock) /* a failed save leaves no half-written files behind */
+            st_remove_failed(d->vfs[0], d->dir[0], 1, id);
+        st_dest_abandon(d, 0, &lock);
     }
     if (!rc)
         st_save_stats(stats, &sp, calls, t0);
     st_save_plan_free(&sp);
-    st_vfs_release(v);
+    if (d)
+        st_dests_close(d);
+    free(d);
     return rc;
 }
 
 /* ---- destinations, and the commit of a save in this process ---- */
 
-int st_dests_resolve(st_dests *d, const char *const *uris, int n)
+int st_dests_resolve(st_dests *d, const char *const *uris, int n, unsigned flags)
 {
     memset(d, 0, sizeof *d);
+    d->replace = (flags & STRATA_SAVE_REPLACE) != 0;
     for (int t = 0; t < n; t++)
         snprintf(d->uri[t], sizeof d->uri[t], "%s", uris[t]);
     for (d->n = 0; d->n < n; d->n++) {
-        int rc = st_vfs_resolve(d->uri[d->n], &d->vfs[d->n], d->dir[d->n], sizeof d->dir[0]);
-        if (rc)
+        int t = d->n;
+        int rc = st_vfs_resolve(d->uri[t], &d->vfs[t], d->final[t], sizeof d->final[0]);
+        if (!rc && d->replace)
+            rc = st_replace_sibling(d->dir[t], d->final[t]);
+        else if (!rc)
+            memcpy(d->dir[t], d->final[t], sizeof d->dir[t]);
+        if (rc) {
+            d->n += d->vfs[t] != NULL; /* resolved: released by st_dests_close */
             return rc;
+        }
     }
     return 0;
 }
 
 void st_dests_close(st_dests *d)
 {
+    st_dests_release_final(d);
     for (int t = 0; t < d->n; t++)
         st_vfs_release(d->vfs[t]);
     d->n = 0;
@@ -542,6 +408,7 @@ void st_dests_close(st_dests *d)
 typedef struct {
     st_dests dst;
     int sync;
+    uint64_t save_id;
     st_file *lock[ST_MAX_TIERS]; /* held from prepare to the end of tier_done */
 } local_commit;
 
@@ -550,21 +417,17 @@ static const st_dests *lc_dests(void *ctx) { return &((local_commit *)ctx)->dst;
 static int lc_prepare(void *ctx, int t)
 {
     local_commit *c = ctx;
-    return st_prepare_dir(c->dst.vfs[t], c->dst.dir[t], &c->lock[t]);
+    return st_dest_own(&c->dst, t, 1, &c->lock[t]);
 }
 
 static int lc_tier_done(void *ctx, int t, int rc, const st_save_plan *sp)
 {
     local_commit *c = ctx;
     if (!rc)
-        rc = st_commit_dir(c->dst.vfs[t], c->dst.dir[t], sp->meta, c->sync);
-    if (rc && c->lock[t]) { /* nothing half-written stays behind */
-        st_remove_failed(c->dst.vfs[t], c->dst.dir[t], 1);
-        st_own_release(c->dst.vfs[t], c->lock[t]);
-    } else if (!rc) {
-        st_own_committed(c->dst.vfs[t], c->dst.dir[t], c->lock[t]);
-    }
-    c->lock[t] = NULL;
+        rc = st_dest_commit(&c->dst, t, sp->meta, c->sync, c->save_id, &c->lock[t]);
+    if (rc && c->lock[t]) /* nothing half-written stays behind */
+        st_remove_failed(c->dst.vfs[t], c->dst.dir[t], 1, c->save_id);
+    st_dest_abandon(&c->dst, t, &c->lock[t]);
     return rc;
 }
 
@@ -587,7 +450,8 @@ int st_local_commit_new(void **ctx, const char *const *uris, int n, const strata
     if (!c)
         return st_fail(STRATA_ENOMEM, "out of memory");
     c->sync = ST_SYNC(o);
-    int rc = st_dests_resolve(&c->dst, uris, n);
+    c->save_id = st_save_id_new();
+    int rc = st_dests_resolve(&c->dst, uris, n, o->flags);
     if (rc) {
         lc_release(c);
         return rc;

@@ -4,12 +4,14 @@
  * Thread-safe: the call counter is atomic, so "the N-th call" is well defined even when
  * the I/O threads race (which call is N-th may then differ from run to run). */
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../core/error.h"
+#include "../core/util.h"
 #include "vfs_fault.h"
 
 enum {
@@ -22,23 +24,31 @@ enum {
     OP_ALLOCATE,
     OP_UNLINK,
     OP_LOCK,
+    OP_EXCHANGE,
     OP_COUNT
 };
-static const char *const op_names[OP_COUNT] = {"open",  "write",    "fsync",  "rename", "read",
-                                               "mkdir", "allocate", "unlink", "lock"};
+static const char *const op_names[OP_COUNT] = {"open",   "write",  "fsync", "rename",
+                                               "read",   "mkdir",  "allocate", "unlink",
+                                               "lock",   "exchange"};
+
+enum { LOCK_REAL, LOCK_NONE, LOCK_LOCAL };
 
 typedef struct {
     st_vfs base;
     const st_vfs *inner;
-    int op, err, short_write, sticky;
+    int op, err, short_write, sticky, lockmode;
     uint64_t n;
     atomic_uint_fast64_t calls;
     atomic_int shorted; /* a short write happened: the next write fails */
+    pthread_mutex_t mu; /* lock=local: the paths locked through this instance */
+    char **held;
+    size_t nheld, capheld;
 } fault_vfs;
 
 typedef struct {
     st_file base;
-    st_file *inner;
+    st_file *inner;    /* NULL: an emulated lock (lock=none / local) */
+    char *lockpath;    /* lock=local: the path held */
 } fault_file;
 
 #define FV(v) ((fault_vfs *)(v))
@@ -72,7 +82,7 @@ static int wrap_file(const st_vfs *v, int rc, fault_file *f, st_file **out)
 static int f_open(const st_vfs *v, const char *path, int flags, st_file **out)
 {
     int e = hit(FV(v), OP_OPEN);
-    fault_file *f = e ? NULL : malloc(sizeof *f);
+    fault_file *f = e ? NULL : calloc(1, sizeof *f);
     if (e || !f)
         return e ? -e : -ENOMEM;
     const st_vfs *in = FV(v)->inner;
@@ -131,7 +141,18 @@ static int f_allocate(st_file *f, uint64_t size)
 
 static int f_close(st_file *f)
 {
-    int rc = INNER(f)->vfs->close(INNER(f));
+    fault_vfs *v = FVF(f);
+    int rc = INNER(f) ? INNER(f)->vfs->close(INNER(f)) : 0;
+    if (FF(f)->lockpath) {
+        pthread_mutex_lock(&v->mu);
+        for (size_t i = 0; i < v->nheld; i++)
+            if (v->held[i] == FF(f)->lockpath) {
+                v->held[i] = v->held[--v->nheld];
+                break;
+            }
+        pthread_mutex_unlock(&v->mu);
+        free(FF(f)->lockpath);
+    }
     free(FF(f));
     return rc;
 }
@@ -144,12 +165,40 @@ static int f_mkdir(const st_vfs *v, const char *path)
     return e ? -e : FV(v)->inner->mkdir(FV(v)->inner, path);
 }
 
+/* lock=none / local: makes the lock file as the inner lock does (a regular file, not
+ * through a link) but holds no lock on it; with local, refuses a path this instance holds. */
+static int emulated_lock(fault_vfs *v, const char *path, fault_file *f)
+{
+    const st_vfs *in = v->inner;
+    int rc = 0;
+    pthread_mutex_lock(&v->mu);
+    for (size_t i = 0; v->lockmode == LOCK_LOCAL && i < v->nheld && !rc; i++)
+        if (strcmp(v->held[i], path) == 0)
+            rc = -EBUSY;
+    st_file *real;
+    if (!rc && (rc = in->lock(in, path, &real)) == 0)
+        in->close(real);
+    if (rc == -EBUSY && v->lockmode == LOCK_NONE)
+        rc = 0; /* held elsewhere: granted anyway */
+    if (!rc && v->lockmode == LOCK_LOCAL) {
+        if (st_grow(&v->held, &v->capheld, v->nheld + 1, sizeof *v->held) ||
+            !(f->lockpath = strdup(path)))
+            rc = -ENOMEM;
+        else
+            v->held[v->nheld++] = f->lockpath;
+    }
+    pthread_mutex_unlock(&v->mu);
+    return rc;
+}
+
 static int f_lock(const st_vfs *v, const char *path, st_file **out)
 {
     int e = hit(FV(v), OP_LOCK);
-    fault_file *f = e ? NULL : malloc(sizeof *f);
+    fault_file *f = e ? NULL : calloc(1, sizeof *f);
     if (e || !f)
         return e ? -e : -ENOMEM;
+    if (FV(v)->lockmode != LOCK_REAL)
+        return wrap_file(v, emulated_lock(FV(v), path, f), f, out);
     const st_vfs *in = FV(v)->inner;
     return wrap_file(v, in->lock(in, path, &f->inner), f, out);
 }
@@ -160,10 +209,12 @@ static int f_rename(const st_vfs *v, const char *from, const char *to)
     return e ? -e : FV(v)->inner->rename(FV(v)->inner, from, to);
 }
 
-/* an exchange is a rename (it replaces a name) */
+/* an exchange is a rename (it replaces a name), and op=exchange counts exchanges alone */
 static int f_exchange(const st_vfs *v, const char *a, const char *b)
 {
     int e = hit(FV(v), OP_RENAME);
+    if (!e)
+        e = hit(FV(v), OP_EXCHANGE);
     return e ? -e : FV(v)->inner->exchange(FV(v)->inner, a, b);
 }
 
@@ -229,6 +280,8 @@ static int f_mtime(const st_vfs *v, const char *path, uint64_t *ns)
 static void f_release(const st_vfs *v)
 {
     st_vfs_release(FV(v)->inner);
+    pthread_mutex_destroy(&FV(v)->mu);
+    free(FV(v)->held);
     free(FV(v));
 }
 
@@ -257,6 +310,7 @@ static int fault_new(const st_vfs **out, const st_vfs *inner, const char *query)
     v->err = EIO;
     atomic_init(&v->calls, 0);
     atomic_init(&v->shorted, 0);
+    pthread_mutex_init(&v->mu, NULL);
     char key[16], val[32];
     const char *p = query ? query : "";
     int rc = 0;
@@ -276,7 +330,7 @@ static int fault_new(const st_vfs **out, const st_vfs *inner, const char *query)
                     op = i;
             if (op < 0)
                 rc = st_fail(STRATA_EINVAL, "fault URI: unknown op '%s' (open, write, fsync, "
-                             "rename, read, mkdir, allocate, unlink)", val);
+                             "rename, read, mkdir, allocate, unlink, lock, exchange)", val);
             v->op = op;
         } else if (strcmp(key, "n") == 0) {
             char *end;
@@ -296,15 +350,20 @@ static int fault_new(const st_vfs **out, const st_vfs *inner, const char *query)
             if (strcmp(val, "0") != 0 && strcmp(val, "1") != 0)
                 rc = st_fail(STRATA_EINVAL, "fault URI: %s must be 0 or 1, not '%s'", key, val);
             *(strcmp(key, "short") == 0 ? &v->short_write : &v->sticky) = strcmp(val, "1") == 0;
+        } else if (strcmp(key, "lock") == 0) {
+            v->lockmode = strcmp(val, "none") == 0 ? LOCK_NONE : strcmp(val, "local") == 0 ? LOCK_LOCAL : -1;
+            if (v->lockmode < 0)
+                rc = st_fail(STRATA_EINVAL, "fault URI: lock must be none or local, not '%s'", val);
         } else {
             rc = st_fail(STRATA_EINVAL, "fault URI: unknown key '%s'", key);
         }
     }
-    if (!rc && (v->op < 0 || v->n == 0))
-        rc = st_fail(STRATA_EINVAL, "fault URI needs op=OP and n=N");
+    if (!rc && (v->op < 0 || v->n == 0) && (v->lockmode == LOCK_REAL || v->op >= 0 || v->n))
+        rc = st_fail(STRATA_EINVAL, "fault URI needs op=OP and n=N (or only lock=none/local)");
     if (!rc && v->short_write && v->op != OP_WRITE)
         rc = st_fail(STRATA_EINVAL, "fault URI: short=1 needs op=write");
     if (rc) {
+        pthread_mutex_destroy(&v->mu);
         free(v);
         return rc;
     }

@@ -953,38 +953,56 @@ void st_meta_free(st_meta *m)
 
 /* ---- commit record ---- */
 
-void st_commit_encode(const st_commit *c, unsigned char out[ST_COMMIT_SIZE])
+static void put_le(unsigned char *p, uint64_t v, int n)
 {
-    st_buf b = {.p = out, .cap = ST_COMMIT_SIZE};
-    st_buf_put(&b, ST_COMMIT_MAGIC, 8);
-    st_buf_u32(&b, ST_COMMIT_VERSION);
-    st_buf_u32(&b, 0);
-    st_buf_u64(&b, c->step);
-    st_buf_u64(&b, c->meta_size);
-    st_buf_u64(&b, c->meta_hash);
-    st_buf_u64(&b, c->time_ns);
-    st_buf_u64(&b, c->data_bytes);
-    st_buf_u64(&b, st_hash(out, ST_COMMIT_SIZE - 8));
+    for (int i = 0; i < n; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+size_t st_commit_encode(const st_commit *c, unsigned char out[ST_COMMIT_SIZE])
+{
+    const int v1 = c->version == 1;
+    const size_t size = v1 ? ST_COMMIT_V1_SIZE : ST_COMMIT_SIZE;
+    memcpy(out, ST_COMMIT_MAGIC, 8);
+    put_le(out + 8, v1 ? 1 : ST_COMMIT_VERSION, 4);
+    put_le(out + 12, 0, 4);
+    const uint64_t f[6] = {c->step, c->meta_size, c->meta_hash, c->time_ns, c->data_bytes,
+                           c->save_id};
+    for (int i = 0; i < (v1 ? 5 : 6); i++)
+        put_le(out + 16 + 8 * i, f[i], 8);
+    put_le(out + size - 8, st_hash(out, size - 8), 8);
+    return size;
 }
 
 int st_commit_decode(st_commit *c, const unsigned char *buf, size_t len)
 {
-    if (len != ST_COMMIT_SIZE)
-        return st_fail(STRATA_EFORMAT, "commit record has %zu bytes, want %u", len,
-                       ST_COMMIT_SIZE);
-    if (memcmp(buf, ST_COMMIT_MAGIC, 8) != 0)
-        return st_fail(STRATA_EFORMAT, "commit record has a bad magic number");
-    if (st_get_u32(buf + 8) != ST_COMMIT_VERSION || st_get_u32(buf + 12) != 0)
-        return st_fail(STRATA_EFORMAT, "commit record version %u is not supported",
-                       st_get_u32(buf + 8));
-    if (st_hash(buf, ST_COMMIT_SIZE - 8) != st_get_u64(buf + ST_COMMIT_SIZE - 8))
+    if (len < 16 || memcmp(buf, ST_COMMIT_MAGIC, 8) != 0)
+        return st_fail(STRATA_EFORMAT, "commit record %s",
+                       len < 16 ? "is too short" : "has a bad magic number");
+    uint32_t version = st_get_u32(buf + 8);
+    if ((version != 1 && version != ST_COMMIT_VERSION) || st_get_u32(buf + 12) != 0)
+        return st_fail(STRATA_EFORMAT, "commit record version %u is not supported", version);
+    size_t size = version == 1 ? ST_COMMIT_V1_SIZE : ST_COMMIT_SIZE;
+    if (len != size)
+        return st_fail(STRATA_EFORMAT, "commit record version %u has %zu bytes, want %zu",
+                       version, len, size);
+    if (st_hash(buf, size - 8) != st_get_u64(buf + size - 8))
         return st_fail(STRATA_EFORMAT, "commit record checksum mismatch");
+    c->version = version;
     c->step = st_get_u64(buf + 16);
     c->meta_size = st_get_u64(buf + 24);
     c->meta_hash = st_get_u64(buf + 32);
     c->time_ns = st_get_u64(buf + 40);
     c->data_bytes = st_get_u64(buf + 48);
+    c->save_id = version == 1 ? 0 : st_get_u64(buf + 56);
     return 0;
+}
+
+int st_commit_same(const st_commit *a, const st_commit *b)
+{
+    return a->version == b->version && a->step == b->step && a->meta_size == b->meta_size &&
+           a->meta_hash == b->meta_hash && a->time_ns == b->time_ns &&
+           a->data_bytes == b->data_bytes && a->save_id == b->save_id;
 }
 
 void st_data_file_name(char out[ST_DATA_FILE_BYTES], int rank)

@@ -13,12 +13,16 @@
 #define ST_META_HEADER 32u
 #define ST_META_TRAILER 8u
 #define ST_COMMIT_MAGIC "STRATACR"
-#define ST_COMMIT_VERSION 1u
-#define ST_COMMIT_SIZE 64u
+#define ST_COMMIT_VERSION 2u
+#define ST_COMMIT_SIZE 72u    /* version 2 (written); version 1 records have 64 bytes */
+#define ST_COMMIT_V1_SIZE 64u
 #define ST_ALIGN 4096u            /* extents in data files start at multiples of this */
 #define ST_META_FILE "metadata.bin"
 #define ST_COMMIT_FILE "COMMIT"
 #define ST_LOCK_FILE "LOCK" /* held by the directory's owner: a save, or a collector */
+/* A replacing save writes into ".<name>" ST_REPLACE_SUFFIX beside <name> (strata.h's
+ * STRATA_REPLACE_SUFFIX). */
+#define ST_REPLACE_SUFFIX ".strata-replace"
 /* A data file's name: data-<writing rank, six or more digits>.bin. */
 #define ST_DATA_FILE_BYTES 32
 void st_data_file_name(char out[ST_DATA_FILE_BYTES], int rank);
@@ -114,12 +118,20 @@ uint64_t st_meta_overlap_work(void);
 /* Is `name` a plain file name (no '/', not "." or "..", no control characters)? */
 int st_plain_name(const char *name, size_t len);
 
+/* A commit record. save_id names the save that wrote it (random, never 0; 0 in a version 1
+ * record, which has none): a save removes a commit record only if it holds its own id. */
 typedef struct st_commit {
-    uint64_t step, meta_size, meta_hash, time_ns, data_bytes;
+    uint32_t version; /* 1 or 2 (ST_COMMIT_VERSION) */
+    uint64_t step, meta_size, meta_hash, time_ns, data_bytes, save_id;
 } st_commit;
 
-void st_commit_encode(const st_commit *c, unsigned char out[ST_COMMIT_SIZE]);
-/* STRATA_EFORMAT unless buf is a well-formed commit record of exactly ST_COMMIT_SIZE. */
+/* Encodes c as a record of its version (1: 64 bytes without save_id; otherwise version 2,
+ * ST_COMMIT_SIZE bytes); returns its size. */
+size_t st_commit_encode(const st_commit *c, unsigned char out[ST_COMMIT_SIZE]);
+/* STRATA_EFORMAT unless buf is exactly one well-formed commit record: version 2 of
+ * ST_COMMIT_SIZE bytes or version 1 of ST_COMMIT_V1_SIZE. */
 int st_commit_decode(st_commit *c, const unsigned char *buf, size_t len);
+/* Do two commit records say the same (every field)? */
+int st_commit_same(const st_commit *a, const st_commit *b);
 
 #endif
