@@ -68,6 +68,7 @@ static const struct {
     {"ENOENT", "MissingError"},         {"EOVERLAP", "OverlapError"},
     {"EABORTED", "AbortedError"},       {"EDEVICE", "DeviceError"},
     {"EBUSY", "BusyError"},             {"ECHANGED", "ChangedError"},
+    {"ENOTSUP", "UnsupportedError"},
 };
 
 static PyObject *class_for(int code)
@@ -1219,21 +1220,24 @@ static int save_opts_get(strata_save_opts *o, PyObject *step, PyObject *chunk, P
     return 0;
 }
 
-/* Parses (uris, states, *, step, chunk_bytes, io_threads, sync, direct, bg_nice). */
+/* Parses (uris, states, *, step, chunk_bytes, io_threads, sync, direct, bg_nice,
+ * replace). */
 static int save_args(PyObject *args, PyObject *kw, const char *fname, uri_list *u, state_list *l,
                      strata_save_opts *o)
 {
     static char *kwlist[] = {"uris",   "states", "step",    "chunk_bytes", "io_threads",
-                             "sync",   "direct", "bg_nice", NULL};
+                             "sync",   "direct", "bg_nice", "replace",     NULL};
     PyObject *ouris, *ostates, *step = NULL, *chunk = NULL, *threads = NULL, *nice = NULL;
-    int sync = 1, direct = 1;
+    int sync = 1, direct = 1, replace = 0;
     char fmt[64];
-    snprintf(fmt, sizeof fmt, "OO|$OOOppO:%s", fname);
+    snprintf(fmt, sizeof fmt, "OO|$OOOppOp:%s", fname);
     if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwlist, &ouris, &ostates, &step, &chunk,
-                                     &threads, &sync, &direct, &nice))
+                                     &threads, &sync, &direct, &nice, &replace))
         return -1;
     if (save_opts_get(o, step, chunk, threads, sync, direct, nice) < 0)
         return -1;
+    if (replace) /* STRATA_SAVE_REPLACE: swap the new checkpoint in atomically */
+        o->flags |= STRATA_SAVE_REPLACE;
     if (uris_get(u, ouris) < 0)
         return -1;
     if (states_get(l, ostates) < 0) {
@@ -1377,7 +1381,9 @@ static PyObject *Saver_start(SaverObject *self, PyObject *args, PyObject *kw)
 static PyMethodDef Saver_methods[] = {
     {"save", (PyCFunction)(void (*)(void))Saver_save, METH_VARARGS | METH_KEYWORDS,
      "save(uris, states, *, step=0, chunk_bytes=0, io_threads=0, sync=True, direct=True, "
-     "bg_nice=0) -> dict\n\nstrata_save: returns once committed (the stats) or raises."},
+     "bg_nice=0, replace=False) -> dict\n\nstrata_save: returns once committed (the stats) "
+     "or raises. replace=True: STRATA_SAVE_REPLACE, an existing checkpoint at each path is "
+     "swapped for the new one atomically (else it is never overwritten: ExistsError)."},
     {"start", (PyCFunction)(void (*)(void))Saver_start, METH_VARARGS | METH_KEYWORDS,
      "start(uris, states, *, same options as save) -> Handle\n\nstrata_save_start: returns "
      "once the plan is made. The states (and what they keep) are held until Handle.close()."},

@@ -262,15 +262,19 @@ def _save_saver(group, pool=None):
     return _saver(group, pool) if group is not None else _S.Saver(None, pool)
 
 
-def save(state_dict, path, process_group=None, *, step=0, pickle=False, **options):
+def save(state_dict, path, process_group=None, *, step=0, pickle=False, replace=False,
+         **options):
     """Saves state_dict to path (a directory: a plain path, "file:///abs" or "mem://name";
     or a list of them, tiers fastest first) and returns once it is committed, with the
     save's stats. With a process group (the default one if initialised), every rank calls
-    it. options: chunk_bytes, io_threads, sync, direct, bg_nice (strata.Saver.save)."""
+    it. A committed checkpoint at path is never overwritten (ExistsError) unless
+    replace=True: then the new one is written beside it and swapped in atomically after its
+    commit, so path always holds a complete checkpoint (a fixed path such as "latest").
+    options: chunk_bytes, io_threads, sync, direct, bg_nice (strata.Saver.save)."""
     group = _group(process_group)
     uris = _uris(path)
     prep = _prepare_save(state_dict, group, pickle)
-    return _save_saver(group).save(uris, [prep.state], step=step, **options)
+    return _save_saver(group).save(uris, [prep.state], step=step, replace=replace, **options)
 
 
 class AsyncSave:
@@ -326,16 +330,18 @@ class AsyncSave:
 
 
 def async_save(state_dict, path, process_group=None, *, step=0, pool=None, pickle=False,
-               **options):
+               replace=False, **options):
     """Starts saving state_dict to path and returns an AsyncSave once the plan is made: no
     tensor is copied on this thread (strata snapshots them in the background, into the
     pool: a strata.Pool, else the saver's own - with a process group kept with the group's
     saver, without one made for this save, up to 1 GiB, and freed once it is waited for).
-    Do not change the tensors before wait_snapshot(); call wait() (every rank) to commit."""
+    Do not change the tensors before wait_snapshot(); call wait() (every rank) to commit.
+    replace=True as in save()."""
     group = _group(process_group)
     uris = _uris(path)
     prep = _prepare_save(state_dict, group, pickle)
-    h = _save_saver(group, pool).start(uris, [prep.state], step=step, **options)
+    h = _save_saver(group, pool).start(uris, [prep.state], step=step, replace=replace,
+                                       **options)
     return AsyncSave(h, prep)
 
 

@@ -214,3 +214,26 @@ def test_a_committed_checkpoint_is_never_replaced(tmp_path):
     back = {"a": torch.zeros(2)}
     st.load(back, path)
     assert torch.equal(back["a"], torch.ones(2))
+
+
+def test_replace_a_fixed_path(tmp_path):
+    """DCP and torch.save users write to one path ("latest"): a committed checkpoint there is
+    never overwritten, unless replace=True swaps the new one in atomically (save and
+    async_save); nothing is left beside it."""
+    path = str(tmp_path / "latest")
+    a = {"w": torch.arange(1000, dtype=torch.float32), "step": 1}
+    st.save(a, path, step=1)
+    b = {"w": torch.arange(1000, dtype=torch.float32) * 2, "step": 2}
+    with pytest.raises(strata.ExistsError):
+        st.save(b, path, step=2)
+    st.save(b, path, step=2, replace=True)
+    back = {"w": torch.zeros(1000), "step": 0}
+    st.load(back, path)
+    assert same(back["w"], b["w"]) and back["step"] == 2
+    c = {"w": torch.arange(1000, dtype=torch.float32) * 3, "step": 3}
+    with st.async_save(c, path, step=3, replace=True) as h:
+        h.wait_snapshot()
+    st.load(back, path)
+    assert same(back["w"], c["w"]) and back["step"] == 3
+    assert strata.Checkpoint(path).step == 3
+    assert sorted(os.listdir(tmp_path)) == ["latest"]
