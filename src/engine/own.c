@@ -317,7 +317,7 @@ int st_dest_own(st_dests *d, int t, int prepare, st_file **lock)
 
 /* After the commit of the directory beside the target: exchanges the two, makes that
  * durable, then removes the previous checkpoint (now beside) as its owner. */
-static int replace_swap(st_dests *d, int t, st_file *lock)
+static int replace_swap(st_dests *d, int t, st_file *lock, int sync)
 {
     const st_vfs *v = d->vfs[t];
     const char *sib = d->dir[t], *final = d->final[t];
@@ -329,7 +329,7 @@ static int replace_swap(st_dests *d, int t, st_file *lock)
                        "exchanging '%s' with '%s': %s; '%s' still holds the previous "
                        "checkpoint", sib, final, strerror(-e), final);
     st_parent_of(parent, final);
-    e = v->sync_dir(v, parent);
+    e = sync ? v->sync_dir(v, parent) : 0;
     /* the previous checkpoint (or the empty directory made for the replace) is now beside
      * the target, locked by final_lock; the new one at the target, locked by lock */
     st_remove_owned(v, sib, has_commit(v, sib));
@@ -349,7 +349,7 @@ int st_dest_commit(st_dests *d, int t, const st_meta *m, int sync, uint64_t save
     if (rc)
         return rc;
     if (d->replace) {
-        rc = replace_swap(d, t, *lock);
+        rc = replace_swap(d, t, *lock, sync);
         if (rc && d->final_lock[t]) /* not exchanged: the caller removes what it wrote */
             return rc;
     } else {
