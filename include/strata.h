@@ -102,12 +102,12 @@ int strata_state_add_blob(strata_state *st, const char *name, unsigned flags, in
  * (STRATA_EBUSY if another save or a collector holds either). A path with no committed
  * checkpoint (missing, or incomplete) gets the new one the same way. Readers that opened
  * the previous one's files keep reading them (POSIX); a load that read its metadata before
- * the exchange and opens data files after it fails (STRATA_ECHECKSUM or STRATA_EFORMAT),
- * never loads a mix. A file system that cannot exchange directories (NFS, older FUSE) is
- * refused before anything is written: STRATA_ENOTSUP. A crash leaves the path holding the
- * previous or the new checkpoint, and the directory beside it for strata_retain /
- * strata_remove_incomplete (`strata gc`) to remove. With a communicator, rank 0 swaps after
- * the commit. */
+ * the exchange and opens data files after it fails (the new files' checksums or sizes do
+ * not match), never loads a mix. A file system that cannot exchange directories (NFS,
+ * older FUSE) is refused before anything is written: STRATA_ENOTSUP. A crash leaves the
+ * path holding the previous or the new checkpoint, and the directory beside it for
+ * strata_retain / strata_remove_incomplete (`strata gc`) to remove. With a communicator,
+ * rank 0 swaps after the commit. */
 #define STRATA_SAVE_REPLACE (1u << 2)
 #define STRATA_REPLACE_SUFFIX ".strata-replace"
 

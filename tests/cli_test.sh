@@ -223,6 +223,21 @@ badlock() {
 }
 check "a LOCK that is a symlink, FIFO, directory or socket: gc warns, keeps it, collects the rest" badlock
 
+# what a replacing save (STRATA_SAVE_REPLACE) killed after its commit leaves beside its
+# target, a committed checkpoint in a hidden directory, is removed by gc (and gc --keep
+# never counts it as one kept)
+leftover() {
+    local d=$T/rep
+    rm -rf "$d" && mkdir -p "$d"
+    "$S" demo --size-mb 2 --dir "$d/latest" >/dev/null 2>&1 &&
+        "$S" demo --size-mb 2 --dir "$d/.latest.strata-replace" >/dev/null 2>&1 || return 1
+    "$S" gc "$d" || return 1
+    [ ! -e "$d/.latest.strata-replace" ] && "$S" verify "$d/latest" || return 1
+    "$S" demo --size-mb 2 --dir "$d/.latest.strata-replace" >/dev/null 2>&1 &&
+        "$S" gc "$d" --keep 1 && [ ! -e "$d/.latest.strata-replace" ] && "$S" verify "$d/latest"
+}
+check "gc removes what a replacing save left beside its target, keeps the target" leftover
+
 # a sparse 4 GiB metadata.bin (a few KiB on disk) is refused before it is read: inspect,
 # verify, ls and gc of the parent each peak under 64 MiB of memory (they took 4.1 GB)
 cp -r "$T/ck1" "$T/sparse" && truncate -s 4G "$T/sparse/metadata.bin"

@@ -536,7 +536,7 @@ static void test_bad_lock_kinds(void **state)
             int fd = socket(AF_UNIX, SOCK_STREAM, 0);
             struct sockaddr_un a = {.sun_family = AF_UNIX};
             assert_true(strlen(lk) < sizeof a.sun_path);
-            snprintf(a.sun_path, sizeof a.sun_path, "%s", lk);
+            memcpy(a.sun_path, lk, strlen(lk) + 1);
             assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
             close(fd);
         }
