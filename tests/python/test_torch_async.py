@@ -206,3 +206,36 @@ def test_async_save_snapshot_then_step_fsdp_two_ranks(tmp_path):
         assert changed > total // 2, "the step changed too little to show anything"
         assert not leaked, "rank %d: the checkpoint does not hold the pre-step values of %s" % (
             rank, leaked)
+
+
+def replace_two_ranks(path):
+    import os
+    import torch.distributed as dist
+    r = dist.get_rank()
+    out = []
+    for v in (1, 2, 3):
+        sd = {"w": torch.arange(4099, dtype=torch.float32) * v,
+              "mine": st.per_rank(torch.full((7,), float(10 * v + r)))}
+        if v == 1:
+            st.save(sd, path, step=v)
+        elif v == 2:
+            st.save(sd, path, step=v, replace=True)
+        else:
+            h = st.async_save(sd, path, step=v, replace=True)
+            h.wait_snapshot()
+            h.wait()
+        back = {"w": torch.zeros(4099), "mine": st.per_rank(torch.zeros(7))}
+        st.load(back, path)
+        out.append(bool(torch.equal(back["w"], sd["w"].detach()))
+                   and bool(torch.equal(back["mine"].value, torch.full((7,), float(10 * v + r)))))
+    dist.barrier()
+    return out, sorted(os.listdir(os.path.dirname(path)))
+
+
+def test_replace_two_ranks(tmp_path):
+    """replace=True on 2 ranks (save and async_save): rank 0 swaps the new checkpoint in
+    after the commit; every rank loads each version in turn; nothing is left beside it."""
+    path = str(tmp_path / "latest")
+    for out, names in _dist.run(replace_two_ranks, 2, path):
+        assert out == [True, True, True]
+        assert names == ["latest"]
