@@ -556,7 +556,8 @@ int strata_retain_report(int *removed, const char *dir_uri, int keep, strata_ski
             es.e[i].time = UINT64_MAX; /* unknown: treat as new, keep */
         }
     }
-    qsort(es.e, es.n, sizeof *es.e, cmp_newest_first);
+    if (es.n) /* qsort of NULL is undefined, even of 0 entries */
+        qsort(es.e, es.n, sizeof *es.e, cmp_newest_first);
     if (st_retain_test_hook && !rc)
         st_retain_test_hook(dir);
     int kept = 0, count = 0;
