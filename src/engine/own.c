@@ -1,7 +1,8 @@
 /* own.c - one owner per checkpoint directory (docs/FORMAT.md, Ownership): making it, its
  * LOCK, letting go after a commit or a failure (never removing a commit record another
  * save wrote), and the atomic replace of a committed checkpoint (STRATA_SAVE_REPLACE: the
- * new one is written beside it, then the two directories are exchanged). */
+ * new one is written beside it, then the two directories are exchanged). Threading: called
+ * on a save's or collector's own thread; no state is shared but the file system's. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
