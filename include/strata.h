@@ -209,11 +209,30 @@ uint64_t strata_pool_bytes(const strata_pool *p);
  * using it, else gets a pool of its own for that save), and the last save plan (with a
  * communicator: when every rank's layout is unchanged, the next save skips the plan
  * exchange). One thread at a time; with a communicator, every rank makes the same calls
- * on its saver. */
+ * on its saver.
+ * With a communicator, the saver's asynchronous saves commit in the background: a thread
+ * of the saver's own runs each save's commit collective as soon as this rank's part is
+ * written, on a duplicate of the communicator (strata_comm.h, "Background commits"),
+ * one save at a time in the order they were started (on every rank the same order).
+ * strata_handle_done then turns 1 with no call from the caller, and strata_wait_durable
+ * and strata_handle_free return at once with the outcome. Where the communicator cannot
+ * be duplicated, the commit is strata_wait_durable's collective on the caller's thread
+ * (strata_saver_background). */
 typedef struct strata_saver strata_saver;
 int strata_saver_new(strata_saver **out, strata_comm *comm, strata_pool *pool);
-/* Frees the saver. Saves started with it must have been freed first. */
+/* Frees the saver, first waiting for the saves started with it that are still in flight
+ * to end (committed or failed; with background commits, their commits included). Their
+ * handles stay valid: strata_wait_durable gives each one's outcome, strata_handle_free
+ * frees it (with commits on the caller's thread, their commit collectives run there, on
+ * the communicator, which must outlive them). The communicator (borrowed) outlives the
+ * saver; a pool given outlives it too. */
 void strata_saver_free(strata_saver *sv);
+/* Where the saver's asynchronous saves commit: 1 in the background (also every saver
+ * without a communicator: each save commits on its own thread), 0 on the caller's thread,
+ * in strata_wait_durable (the communicator has no dup op, or it failed on some rank: MPI
+ * without MPI_THREAD_MULTIPLE), -1 not known before the saver's first asynchronous save.
+ * *why (may be NULL) gets the reason for 0 (a message of the saver's, "" for 1). */
+int strata_saver_background(const char **why, const strata_saver *sv);
 
 /* A save in flight. */
 typedef struct strata_handle strata_handle;
@@ -259,17 +278,21 @@ int strata_save_start(strata_handle **out, strata_saver *sv, const char *const *
 int strata_wait_snapshot(strata_handle *h);
 /* Returns once every destination is committed (0) or the save failed (its code, with its
  * message in strata_error_last()); stats (may be NULL) gets what the save did. With a
- * communicator this is the collective that commits: every rank calls it, and all return
- * the same result. Calling it again returns the same result. */
+ * communicator, every rank returns the same result; with background commits (the
+ * saver's) it waits for the saver's thread, else it is the collective that commits and
+ * every rank calls it. Calling it again returns the same result. */
 int strata_wait_durable(strata_stats *stats, strata_handle *h);
 /* The save's error so far (0 if none), without waiting; *msg (may be NULL) its message. */
 int strata_handle_status(const char **msg, strata_handle *h);
-/* 1 once the save's background work has ended, without waiting: without a communicator
- * the save is then committed or failed (strata_wait_durable returns at once); with one,
- * this rank's part has ended and the commit is strata_wait_durable's collective. */
+/* 1 once the save's background work has ended, without waiting: the save is then
+ * committed or failed, and strata_wait_durable returns at once (with a communicator and
+ * background commits: once the saver's thread has run the commit; with a communicator and
+ * commits on the caller's thread: once this rank's part has ended, and the commit is
+ * strata_wait_durable's collective). */
 int strata_handle_done(strata_handle *h);
-/* Waits for the save to end - with a communicator, strata_wait_durable's collective
- * included, so that no rank is left waiting - then frees the handle. */
+/* Waits for the save to end - its commit included (with a communicator and commits on
+ * the caller's thread, strata_wait_durable's collective runs here, so that no rank is left
+ * waiting) - then frees the handle. May come after strata_saver_free. */
 void strata_handle_free(strata_handle *h);
 
 /* strata_save_start, strata_wait_durable and strata_handle_free in one call: returns when

@@ -13,14 +13,25 @@ extern "C" {
 #endif
 
 /* A communicator is used by one thread at a time, and every rank makes the same sequence
- * of strata calls on it. It holds no engine state: plans are cached by a strata_saver. */
+ * of strata calls on it. It holds no engine state: plans are cached by a strata_saver.
+ *
+ * Background commits. A saver's asynchronous saves commit on a thread of the saver's own
+ * (so that a save is committed as soon as every rank has written it, with no call from the
+ * caller), over a second communicator made by the dup op below at the saver's first
+ * asynchronous save. That thread calls the duplicate's ops while the caller's thread may
+ * call the original's (a new save's plan exchange, a load): the duplicate's collectives
+ * must be independent of the original's (MPI: MPI_Comm_dup, and MPI_THREAD_MULTIPLE;
+ * torch.distributed: a process group of its own) and callable from a thread strata
+ * started. Without dup (ops version 1 or 2, or dup NULL), or where it fails on any rank,
+ * the commit stays on the caller's thread, in strata_wait_durable (strata_saver_background
+ * says which, and why). */
 typedef struct strata_comm strata_comm;
 
-#define STRATA_COMM_OPS_VERSION 2
+#define STRATA_COMM_OPS_VERSION 3
 /* Collectives a host provides. Every call is made by all ranks together. Each returns 0,
  * or a negative STRATA_E* code (STRATA_EABORTED when a peer is gone or a time limit
  * passed; strata_error_set gives it a message); after an error the communicator is not
- * used again. Version 1 had the first four fields. */
+ * used again. Version 1 had the first four fields, version 2 the first five. */
 typedef struct strata_comm_ops {
     int version;
     /* Every rank sends n bytes; recv gets size * n bytes, in rank order. */
@@ -33,13 +44,22 @@ typedef struct strata_comm_ops {
     int (*bcast)(void *ctx, void *buf, size_t n, int root);
     /* version 2: called once by strata_comm_free (may be NULL): releases ctx. */
     void (*destroy)(void *ctx);
+    /* version 3 (may be NULL): makes *out, a communicator over the same ranks (same rank
+     * and size; strata_comm_host with ops of the host's choice) whose collectives never
+     * mix with this one's and may run on another thread at the same time as this one's.
+     * A collective: strata calls it on every rank at the same point (a saver's first
+     * strata_save_start), on the caller's thread. strata owns *out (strata_comm_free) and
+     * uses it from the saver's commit thread only. Returns 0, or a negative code with a
+     * message (strata_error_set): the commits then stay on the caller's thread. */
+    int (*dup)(void *ctx, strata_comm **out);
 } strata_comm_ops;
 
 /* The single-process communicator (rank 0 of 1). */
 int strata_comm_self(strata_comm **out);
 /* A communicator over the host's own collectives; ops is copied, ctx must outlive the
  * communicator (or is released by ops->destroy). Errors: STRATA_EINVAL, STRATA_ENOMEM; on
- * failure ops->destroy is not called (ctx stays the caller's). */
+ * failure ops->destroy is not called (ctx stays the caller's). The single-process
+ * communicator's dup makes another single-process one. */
 int strata_comm_host(strata_comm **out, const strata_comm_ops *ops, void *ctx, int rank,
                      int size);
 void strata_comm_free(strata_comm *c);

@@ -64,6 +64,32 @@ async_saves() {
 check "async save on 4 processes (pool of 8 MiB per rank: 2 chunks), plan cached, loads on 3" \
     bash -c "$(declare -f async_saves load last_ok); MPIEXEC='$MPIEXEC' S='$S' T='$T'; async_saves"
 
+# background commits (the saver's commit thread, on a duplicate communicator: MPICH gives
+# MPI_THREAD_MULTIPLE): every rank SIGKILLed as soon as strata_handle_done says the save is
+# over, with no strata_wait_durable anywhere: the checkpoint is committed and loads
+# bitwise on 3 processes. Without MPI_THREAD_MULTIPLE the commit stays in
+# strata_wait_durable, and the demo says why.
+killed_when_done() { # (each rank leaves a file once done: a dying job's output may be cut)
+    mkdir -p "$T/kdflags"
+    STRATA_DEMO_DONE_DIR="$T/kdflags" $MPIEXEC -disable-auto-cleanup -n 4 "$S" demo save --async \
+        --die-when-done --dir "$T/kd" --layout tp=2,pp=1,dp=2,zero=1 --size-mb 12 --pool-mb 8 \
+        >"$T/kd.out" 2>&1
+    grep -v '^\[\(proxy\|mpiexec\)' "$T/kd.out" | grep -v '^$'
+    ls "$T/kdflags"
+    [ "$(ls "$T/kdflags" | grep -c '^done-[0-3]$')" = 4 ] &&
+        "$S" ls "$T" | grep -q "^committed .* $T/kd\$" && load 3 "$T/kd" tp=1,pp=1,dp=3
+}
+check "async save: all 4 ranks killed once done, no wait: committed, loads on 3" \
+    bash -c "$(declare -f killed_when_done load last_ok); MPIEXEC='$MPIEXEC' S='$S' T='$T'; killed_when_done"
+funneled() {
+    STRATA_DEMO_MPI_FUNNELED=1 $MPIEXEC -n 2 "$S" demo save --async --dir "$T/fu" --layout tp=2,pp=1,dp=1 \
+        --size-mb 6 --pool-mb 8 >"$T/run" 2>&1; cat "$T/run"; last_ok &&
+        grep -q 'in strata_wait_durable: .*MPI_THREAD_FUNNELED, not MPI_THREAD_MULTIPLE' "$T/run" &&
+        load 2 "$T/fu" tp=1,pp=1,dp=2 6
+}
+check "async save under MPI_THREAD_FUNNELED: commits in strata_wait_durable, says why, loads" \
+    bash -c "$(declare -f funneled load last_ok); MPIEXEC='$MPIEXEC' S='$S' T='$T'; funneled"
+
 # two tiers: shared memory (mem://, under $T/shm) and disk; both load on 3 processes
 tiers() {
     export STRATA_MEM_ROOT="$T/shm"
@@ -77,10 +103,10 @@ check "async save to two tiers (mem:// and disk) on 4 processes, each loads on 3
 # a rank killed during a save: no hang (every process ends within the time limit and a
 # bound), the new checkpoint is either committed and verifies (the kill came after the
 # commit) or not committed, the old checkpoint is intact, gc cleans up
-killed() { # rank, ms, dir
+killed() { # rank, ms, dir[, --async: the commit runs on the savers' commit threads]
     local t0=$SECONDS
     STRATA_DEMO_DIE_RANK=$1 STRATA_DEMO_DIE_MS=$2 $MPIEXEC -disable-auto-cleanup -n 4 "$S" demo save \
-        --dir "$3" --layout tp=2,pp=1,dp=2,zero=1 --size-mb 24 --timeout-ms 3000 >"$T/kill.out" 2>&1
+        ${4:-} --dir "$3" --layout tp=2,pp=1,dp=2,zero=1 --size-mb 24 --timeout-ms 3000 >"$T/kill.out" 2>&1
     local st=$? took=$((SECONDS - t0))
     grep -v '^\[\(proxy\|mpiexec\)' "$T/kill.out"
     echo "exit $st after ${took}s"
@@ -111,10 +137,11 @@ stopped() {
 }
 check "a rank that stops answering: the other 3 return STRATA_EABORTED within the time limit" \
     bash -c "$(declare -f stopped); S='$S' T='$T'; stopped"
-for k in 1 2 3 4 5 6; do
-    r=$((RANDOM % 4)) ms=$((RANDOM % 100))
-    check "rank $r killed ${ms} ms into a save: no hang, old checkpoint intact, nothing half-committed" \
-        bash -c "$(declare -f killed); MPIEXEC='$MPIEXEC' S='$S' T='$T'; killed $r $ms '$T/k$k'"
+for k in 1 2 3 4 5 6 7 8 9; do
+    r=$((RANDOM % 4)) ms=$((RANDOM % 100)) mode=
+    [ "$k" -gt 6 ] && mode=--async
+    check "rank $r killed ${ms} ms into a ${mode:+background-committed }save: no hang, old checkpoint intact, nothing half-committed" \
+        bash -c "$(declare -f killed); MPIEXEC='$MPIEXEC' S='$S' T='$T'; killed $r $ms '$T/k$k' $mode"
 done
 
 # one owner per directory: two MPI jobs (2 processes each, models of different sizes) save

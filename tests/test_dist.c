@@ -9,22 +9,45 @@
 #include <sys/mman.h>
 #include <sys/wait.h>
 
+#include "engine/engine.h" /* st_async_test_hook */
 #include "testutil.h"
 #include "threadcomm.h"
 
 typedef struct {
-    hub h;
-    tcomm *tc;
+    hub h, twin; /* twin: the communicators' duplicates (the savers' commit threads) */
+    tcomm *tc, *twin_tc;
     strata_comm **comm;
     strata_saver **sv; /* per rank, on its communicator: the plan cache lives here */
 } world;
 
+/* 1: the worlds' communicators cannot be duplicated, so that their asynchronous saves
+ * commit on the caller's thread (strata_wait_durable), as before background commits */
+static int plain_comms;
+
+static void hub_init(hub *h, int n)
+{
+    h->size = n;
+    pthread_barrier_init(&h->bar, NULL, (unsigned)n);
+    h->send = calloc((size_t)n, sizeof *h->send);
+    h->scounts = calloc((size_t)n, sizeof *h->scounts);
+}
+
+static void hub_free(hub *h)
+{
+    pthread_barrier_destroy(&h->bar);
+    free(h->send);
+    free(h->scounts);
+}
+
 static void world_init(world *w, int n)
 {
-    w->h.size = n;
-    pthread_barrier_init(&w->h.bar, NULL, (unsigned)n);
-    w->h.send = calloc((size_t)n, sizeof *w->h.send);
-    w->h.scounts = calloc((size_t)n, sizeof *w->h.scounts);
+    hub_init(&w->h, n);
+    hub_init(&w->twin, n);
+    w->twin_tc = calloc((size_t)n, sizeof *w->twin_tc);
+    for (int r = 0; r < n; r++)
+        w->twin_tc[r] = (tcomm){&w->twin, r};
+    if (!plain_comms)
+        tc_set_twin(&w->h, w->twin_tc);
     w->tc = calloc((size_t)n, sizeof *w->tc);
     w->comm = calloc((size_t)n, sizeof *w->comm);
     w->sv = calloc((size_t)n, sizeof *w->sv);
@@ -41,9 +64,10 @@ static void world_free(world *w)
         strata_saver_free(w->sv[r]);
         strata_comm_free(w->comm[r]);
     }
-    pthread_barrier_destroy(&w->h.bar);
-    free(w->h.send);
-    free(w->h.scounts);
+    tc_set_twin(&w->h, NULL);
+    hub_free(&w->h);
+    hub_free(&w->twin);
+    free(w->twin_tc);
     free(w->tc);
     free(w->comm);
     free(w->sv);
@@ -64,7 +88,7 @@ typedef struct {
     strata_stats stats;
 } job;
 
-enum { SAVE_ASYNC = 2, SAVE_OVERLAP = 3, SAVE_TIERS = 4 };
+enum { SAVE_ASYNC = 2, SAVE_OVERLAP = 3, SAVE_TIERS = 4, SAVE_DONE = 5, SAVE_ORDER = 6 };
 
 /* Overwrites rank r's buffers (the optimizer step after the snapshot). */
 static void poison_rank(tu_set *s, int r)
@@ -126,6 +150,79 @@ static int sync_saves; /* run_all's saves fsync (for the fault walk) */
 static unsigned more_flags; /* run_all's saves: these flags too */
 static uint64_t save_step = 9; /* run_all's saves: the step */
 
+/* Start, snapshot, then no call at all until strata_handle_done says the save is over:
+ * with background commits it is then committed (probe), with no strata_wait_durable. The
+ * commit thread of the twin communicator did it. stats.tier gets 1 if the probe found it
+ * committed before strata_wait_durable (which must then return at once, with 0). */
+static int done_save(job *j)
+{
+    strata_handle *h;
+    int rc = strata_save_start(&h, j->w->sv[j->rank], &j->uri, 1, &j->set->st[j->rank], 1,
+                               &j->so);
+    if (rc)
+        return rc;
+    rc = strata_wait_snapshot(h);
+    for (int i = 0; i < 30000 && !strata_handle_done(h); i++) /* a hang guard: 30 s */
+        usleep(1000);
+    strata_probe_info pi = {0};
+    int prc = strata_probe(&pi, j->uri);
+    int done = strata_handle_done(h);
+    int drc = strata_wait_durable(&j->stats, h);
+    j->stats.tier = done && prc == 0 && pi.committed;
+    strata_handle_free(h);
+    return drc ? drc : rc;
+}
+
+/* Three saves in flight on one saver (to uri-0, uri-1, uri-2), all started before any is
+ * waited for, and waited for last first; the first one's writes are held back on one rank
+ * (commit_gate) so that the later ones are written first. */
+static int order_save(job *j)
+{
+    strata_handle *h[3] = {NULL, NULL, NULL};
+    int rc = 0;
+    for (int i = 0; i < 3 && !rc; i++) {
+        char u[700];
+        snprintf(u, sizeof u, "%s-%d", j->uri, i);
+        const char *up = u;
+        rc = strata_save_start(&h[i], j->w->sv[j->rank], &up, 1, &j->set->st[j->rank], 1,
+                               &j->so);
+    }
+    for (int i = 2; i >= 0; i--) {
+        if (!h[i])
+            continue;
+        int drc = strata_wait_durable(NULL, h[i]);
+        rc = rc ? rc : drc;
+        strata_handle_free(h[i]);
+    }
+    return rc;
+}
+
+/* The first coordinator to start (a save's first, on one rank) waits for the gate. */
+static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
+static int gate_calls, gate_open;
+
+static void commit_gate(strata_pool *pool)
+{
+    (void)pool;
+    pthread_mutex_lock(&gate_mu);
+    if (gate_calls++ == 0)
+        while (!gate_open)
+            pthread_cond_wait(&gate_cv, &gate_mu);
+    pthread_mutex_unlock(&gate_mu);
+}
+
+static void *open_gate_later(void *arg)
+{
+    (void)arg;
+    usleep(300000); /* the later saves' writes end meanwhile */
+    pthread_mutex_lock(&gate_mu);
+    gate_open = 1;
+    pthread_cond_broadcast(&gate_cv);
+    pthread_mutex_unlock(&gate_mu);
+    return NULL;
+}
+
 /* A lazy save to two destinations: j->uri (tier 0) and j->uri2 (tier 1). */
 static int tiers_save(job *j)
 {
@@ -145,7 +242,11 @@ static int tiers_save(job *j)
 static void *run_job(void *p)
 {
     job *j = p;
-    if (j->save == SAVE_TIERS)
+    if (j->save == SAVE_DONE)
+        j->rc = done_save(j);
+    else if (j->save == SAVE_ORDER)
+        j->rc = order_save(j);
+    else if (j->save == SAVE_TIERS)
         j->rc = tiers_save(j);
     else if (j->save == SAVE_OVERLAP)
         j->rc = overlap_save(j);
@@ -375,7 +476,7 @@ static int twin_bcast(void *ctx, void *buf, size_t n, int root)
 }
 
 static const strata_comm_ops twin_ops = {STRATA_COMM_OPS_VERSION, twin_allgather,
-                                         twin_alltoallv, twin_bcast, NULL};
+                                         twin_alltoallv, twin_bcast, NULL, NULL};
 
 /* The name under /dev/shm of a segment whose name holds "-<pid>-", into out (NAME_MAX + 1):
  * 1 if there is one. */
@@ -832,6 +933,140 @@ static void test_save_faults(void **state)
     fault_walk(SAVE_ASYNC);
 }
 
+/* Background commits (issue 17): with a communicator that has a duplicate, a save is
+ * committed with no call from the caller once every rank has written it - strata_handle_done
+ * turns 1 and the checkpoint probes committed before strata_wait_durable, which then
+ * returns at once; without one (plain_comms), the commit waits for strata_wait_durable,
+ * and strata_saver_background says so. */
+static void test_background_commit(void **state)
+{
+    (void)state;
+    for (int plain = 0; plain < 2; plain++) {
+        plain_comms = plain;
+        world w;
+        world_init(&w, 4);
+        const char *why = NULL;
+        assert_int_equal(strata_saver_background(&why, w.sv[0]), -1); /* not known yet */
+        job jobs[4];
+        for (int i = 0; i < 2; i++) {
+            tu_set a;
+            layout(&a, 2, 2, 1);
+            char ck[600];
+            snprintf(ck, sizeof ck, "%s/bg%d-%d", base, plain, i);
+            run_all(&w, SAVE_DONE, ck, NULL, &a, jobs);
+            expect_all_ok(jobs, 4);
+            for (int r = 0; r < 4; r++) {
+                assert_int_equal(strata_saver_background(&why, w.sv[r]), !plain);
+                if (jobs[r].stats.tier != !plain)
+                    fail_msg("%s commits, rank %d: committed before strata_wait_durable: %d",
+                             plain ? "caller's thread" : "background", r, jobs[r].stats.tier);
+                assert_int_equal(jobs[r].stats.plan_cached, i > 0);
+            }
+            if (plain)
+                if (!strstr(why, "no twin"))
+                    fail_msg("strata_saver_background gives no reason: %s", why);
+            expect_loads(ck);
+            tu_set_free(&a);
+        }
+        world_free(&w);
+    }
+    plain_comms = 0;
+}
+
+/* Saves in flight on one saver commit in the order they were started, on every rank,
+ * whatever order they are waited for in (the commits on the caller's thread followed the
+ * waits): the first save's writes are held back on one rank, the two after it are written
+ * first and waited for first, and still each commit record is no older than the one
+ * before. */
+static void test_commit_order(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 3);
+    tu_set a;
+    layout(&a, 3, 1, 1);
+    job jobs[3];
+    char ck[600];
+    snprintf(ck, sizeof ck, "%s/order", base);
+    gate_calls = gate_open = 0;
+    st_async_test_hook = commit_gate;
+    pthread_t opener;
+    assert_int_equal(pthread_create(&opener, NULL, open_gate_later, NULL), 0);
+    run_all(&w, SAVE_ORDER, ck, NULL, &a, jobs);
+    pthread_join(opener, NULL);
+    st_async_test_hook = NULL;
+    expect_all_ok(jobs, 3);
+    struct timespec prev = {0, 0};
+    for (int i = 0; i < 3; i++) {
+        char p[700], c[800];
+        snprintf(p, sizeof p, "%s-%d", ck, i);
+        expect_loads(p);
+        tu_join(c, p, "COMMIT");
+        struct stat sb;
+        assert_int_equal(stat(c, &sb), 0);
+        if (sb.st_mtim.tv_sec < prev.tv_sec ||
+            (sb.st_mtim.tv_sec == prev.tv_sec && sb.st_mtim.tv_nsec < prev.tv_nsec))
+            fail_msg("save %d was committed before save %d, which started first", i, i - 1);
+        prev = sb.st_mtim;
+    }
+    tu_set_free(&a);
+    world_free(&w);
+}
+
+/* A saver freed with saves in flight: the free waits for their commits (on the commit
+ * thread), and their handles still give the outcome afterwards. */
+typedef struct {
+    world *w;
+    int rank;
+    const char *uri;
+    tu_set *set;
+    int rc, committed;
+} free_job;
+
+static void *free_saver_first(void *p)
+{
+    free_job *j = p;
+    strata_save_opts o = STRATA_SAVE_OPTS_INIT;
+    o.flags = STRATA_SAVE_NO_SYNC;
+    o.chunk_bytes = 4096;
+    strata_handle *h;
+    j->rc = strata_save_start(&h, j->w->sv[j->rank], &j->uri, 1, &j->set->st[j->rank], 1, &o);
+    if (j->rc)
+        return NULL;
+    strata_saver_free(j->w->sv[j->rank]);
+    j->w->sv[j->rank] = NULL;
+    strata_probe_info pi = {0};
+    j->committed = strata_probe(&pi, j->uri) == 0 && pi.committed && strata_handle_done(h);
+    j->rc = strata_wait_durable(NULL, h);
+    strata_handle_free(h);
+    return NULL;
+}
+
+static void test_saver_freed_in_flight(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 3);
+    tu_set a;
+    layout(&a, 3, 1, 1);
+    char ck[600];
+    snprintf(ck, sizeof ck, "%s/freed", base);
+    free_job jobs[3];
+    pthread_t th[3];
+    for (int r = 0; r < 3; r++) {
+        jobs[r] = (free_job){&w, r, ck, &a, 0, 0};
+        assert_int_equal(pthread_create(&th[r], NULL, free_saver_first, &jobs[r]), 0);
+    }
+    for (int r = 0; r < 3; r++) {
+        pthread_join(th[r], NULL);
+        assert_int_equal(jobs[r].rc, 0);
+        assert_true(jobs[r].committed);
+    }
+    expect_loads(ck);
+    tu_set_free(&a);
+    world_free(&w);
+}
+
 TU_TMPDIR_GROUP(base, "dist")
 
 
@@ -898,6 +1133,9 @@ int main(void)
         cmocka_unit_test(test_load_opts_differ),
         cmocka_unit_test(test_load_segment_reclaim),
         cmocka_unit_test(test_replace),
+        cmocka_unit_test(test_background_commit),
+        cmocka_unit_test(test_commit_order),
+        cmocka_unit_test(test_saver_freed_in_flight),
     };
     return cmocka_run_group_tests(tests, tu_group_setup, tu_group_teardown);
 }

@@ -71,7 +71,40 @@ static int t_bcast(void *ctx, void *buf, size_t n, int root)
     return 0;
 }
 
+/* Version 2 ops: no dup (the twins' own). */
+static const strata_comm_ops tops_v2 = {2, t_allgather, t_alltoallv, t_bcast, NULL, NULL};
+
+/* dup: a hub may have a twin (another hub of as many ranks, with its own tcomm per rank),
+ * registered with tc_set_twin; the duplicate of rank r is the twin's rank r. Without one,
+ * dup fails (the saver then commits on the caller's thread). Set before the ranks start,
+ * unset (twin NULL) before the hub goes. */
+#define TC_MAX_TWINS 8
+static struct {
+    const hub *h;
+    tcomm *tc;
+} tc_twins[TC_MAX_TWINS];
+
+static inline void tc_set_twin(const hub *h, tcomm *twin_tc)
+{
+    for (int i = 0; i < TC_MAX_TWINS; i++)
+        if (tc_twins[i].h == h || (!tc_twins[i].h && twin_tc)) {
+            tc_twins[i].h = twin_tc ? h : NULL;
+            tc_twins[i].tc = twin_tc;
+            return;
+        }
+}
+
+static int t_dup(void *ctx, strata_comm **out)
+{
+    tcomm *c = ctx;
+    for (int i = 0; i < TC_MAX_TWINS; i++)
+        if (tc_twins[i].h == c->h)
+            return strata_comm_host(out, &tops_v2, &tc_twins[i].tc[c->rank], c->rank,
+                                    c->h->size);
+    return strata_error_set(STRATA_EINVAL, "this thread communicator has no twin");
+}
+
 static const strata_comm_ops tops = {STRATA_COMM_OPS_VERSION, t_allgather, t_alltoallv, t_bcast,
-                                     NULL};
+                                     NULL, t_dup};
 
 #endif

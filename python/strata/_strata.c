@@ -5,10 +5,11 @@
  * Rules kept throughout:
  *  - the GIL is released around every call that may block (save, start, the waits, close,
  *    load, open, verify, probe, retain, hash_bytes, export_safetensors, pool allocation);
- *    strata's own threads never touch a Python object: the only C code that does is the
- *    host communicator's callbacks and the export's progress callback, which run on the
- *    thread that called into strata and take the GIL back (PyGILState_Ensure) for the time
- *    of the call;
+ *    strata's own threads touch Python objects only through the host communicator's
+ *    callbacks and the export's progress callback, which take the GIL (PyGILState_Ensure)
+ *    for the time of the call: they run on the thread that called into strata, except the
+ *    callbacks of a communicator's duplicate (Comm.host's dup), which a saver's commit
+ *    thread calls;
  *  - every C error is raised as the class of its code (one per STRATA_ERRNO_MAP entry, all
  *    under strata.Error) with strata_error_last() as its text and attributes code / name;
  *  - lifetimes: a State holds the objects given as `keep` (the tensors owning the memory it
@@ -769,8 +770,8 @@ static PyTypeObject PoolType = {
 /* The context of a host communicator: the Python callables, and the exception the last
  * failing one raised (becomes the __cause__ of the AbortedError the caller sees). */
 typedef struct {
-    PyObject *fn[3]; /* allgather, alltoallv, bcast; NULL once cleared */
-    int size;
+    PyObject *fn[4]; /* allgather, alltoallv, bcast, dup (or NULL); NULL once cleared */
+    int rank, size;
     PyObject *pending;
 } host_ctx;
 
@@ -918,15 +919,79 @@ static void host_destroy(void *ctx)
 {
     host_ctx *x = ctx;
     PyGILState_STATE g = PyGILState_Ensure();
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         Py_CLEAR(x->fn[i]);
     Py_CLEAR(x->pending);
     PyGILState_Release(g);
     PyMem_RawFree(x);
 }
 
+static int host_dup(void *ctx, strata_comm **out);
+
 static const strata_comm_ops host_ops = {STRATA_COMM_OPS_VERSION, host_allgather, host_alltoallv,
-                                         host_bcast, host_destroy};
+                                         host_bcast, host_destroy, host_dup};
+
+/* A communicator over the callables fn[0..3) (new references taken); *xout (may be NULL)
+ * its context. GIL held. */
+static int host_make(strata_comm **out, PyObject *const *fn, int rank, int size,
+                     host_ctx **xout)
+{
+    host_ctx *x = PyMem_RawCalloc(1, sizeof *x);
+    if (!x)
+        return strata_error_set(STRATA_ENOMEM, "out of memory");
+    x->rank = rank;
+    x->size = size;
+    int rc = strata_comm_host(out, &host_ops, x, rank, size);
+    if (rc) {
+        PyMem_RawFree(x); /* not taken: destroy is not called */
+        return rc;
+    }
+    for (int i = 0; i < 3; i++) {
+        Py_INCREF(fn[i]);
+        x->fn[i] = fn[i];
+    }
+    if (xout)
+        *xout = x;
+    return 0;
+}
+
+/* The duplicate a saver asks for its commit thread: dup() returns the callables
+ * (allgather, alltoallv, bcast) of a channel of their own (DESIGN.md). A failure is
+ * strata's to report (the commits then stay on the caller's thread): the exception's text
+ * goes into the message, and the exception is dropped. */
+static int host_dup(void *ctx, strata_comm **out)
+{
+    host_ctx *x = ctx;
+    *out = NULL;
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *saved = err_take(); /* none expected: kept as it was */
+    int rc;
+    PyObject *r = NULL;
+    if (!x->fn[3]) {
+        rc = strata_error_set(STRATA_EINVAL, "Comm.host was given no dup callable");
+    } else if (!(r = PyObject_CallNoArgs(x->fn[3]))) {
+        PyObject *v = err_take();
+        char text[768];
+        exc_text(v, text, sizeof text);
+        rc = strata_error_set(STRATA_EINVAL, "the dup callback raised %s%s%s",
+                              v ? Py_TYPE(v)->tp_name : "an error", text[0] ? ": " : "", text);
+        Py_XDECREF(v);
+    } else if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 3 ||
+               !PyCallable_Check(PyTuple_GET_ITEM(r, 0)) ||
+               !PyCallable_Check(PyTuple_GET_ITEM(r, 1)) ||
+               !PyCallable_Check(PyTuple_GET_ITEM(r, 2))) {
+        rc = strata_error_set(STRATA_EINVAL, "the dup callback must return a tuple of three "
+                              "callables (allgather, alltoallv, bcast)");
+    } else {
+        PyObject *fn[3] = {PyTuple_GET_ITEM(r, 0), PyTuple_GET_ITEM(r, 1),
+                           PyTuple_GET_ITEM(r, 2)};
+        rc = host_make(out, fn, x->rank, x->size, NULL);
+    }
+    Py_XDECREF(r);
+    err_give(saved);
+    PyGILState_Release(g);
+    return rc;
+}
 
 typedef struct {
     PyObject_HEAD
@@ -957,36 +1022,28 @@ static PyObject *comm_take_pending(CommObject *c)
 static PyObject *Comm_host(PyObject *unused, PyObject *args, PyObject *kw)
 {
     (void)unused;
-    static char *kwlist[] = {"rank", "size", "allgather", "alltoallv", "bcast", NULL};
+    static char *kwlist[] = {"rank", "size", "allgather", "alltoallv", "bcast", "dup", NULL};
     int rank, size;
-    PyObject *fn[3];
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiOOO:host", kwlist, &rank, &size, &fn[0],
-                                     &fn[1], &fn[2]))
+    PyObject *fn[4] = {NULL, NULL, NULL, Py_None};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiOOO|$O:host", kwlist, &rank, &size, &fn[0],
+                                     &fn[1], &fn[2], &fn[3]))
         return NULL;
-    static const char *names[3] = {"allgather", "alltoallv", "bcast"};
-    for (int i = 0; i < 3; i++)
-        if (!PyCallable_Check(fn[i]))
+    static const char *names[4] = {"allgather", "alltoallv", "bcast", "dup"};
+    for (int i = 0; i < 4; i++)
+        if (!PyCallable_Check(fn[i]) && !(i == 3 && fn[i] == Py_None))
             return PyErr_Format(PyExc_TypeError, "Comm.host: %s must be callable", names[i]);
-    host_ctx *x = PyMem_RawCalloc(1, sizeof *x);
-    if (!x)
-        return PyErr_NoMemory();
     CommObject *self = (CommObject *)CommType.tp_alloc(&CommType, 0);
-    if (!self) {
-        PyMem_RawFree(x);
+    if (!self)
         return NULL;
-    }
-    x->size = size;
-    int rc = strata_comm_host(&self->c, &host_ops, x, rank, size);
+    int rc = host_make(&self->c, fn, rank, size, &self->ctx);
     if (rc) {
-        PyMem_RawFree(x); /* not taken: destroy is not called */
         Py_DECREF(self);
         return raise_last(rc);
     }
-    for (int i = 0; i < 3; i++) {
-        Py_INCREF(fn[i]);
-        x->fn[i] = fn[i];
+    if (fn[3] != Py_None) {
+        Py_INCREF(fn[3]);
+        self->ctx->fn[3] = fn[3];
     }
-    self->ctx = x;
     return (PyObject *)self;
 }
 
@@ -1007,7 +1064,7 @@ static PyObject *Comm_self(PyObject *unused, PyObject *noargs)
 static int Comm_traverse(CommObject *self, visitproc visit, void *arg)
 {
     if (self->ctx) {
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < 4; i++)
             Py_VISIT(self->ctx->fn[i]);
         Py_VISIT(self->ctx->pending);
     }
@@ -1017,7 +1074,7 @@ static int Comm_traverse(CommObject *self, visitproc visit, void *arg)
 static int Comm_clear_refs(CommObject *self)
 {
     if (self->ctx) {
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < 4; i++)
             Py_CLEAR(self->ctx->fn[i]);
         Py_CLEAR(self->ctx->pending);
     }
@@ -1068,11 +1125,15 @@ static PyObject *Comm_repr(CommObject *self)
 
 static PyMethodDef Comm_methods[] = {
     {"host", (PyCFunction)(void (*)(void))Comm_host, METH_VARARGS | METH_KEYWORDS | METH_STATIC,
-     "host(rank, size, allgather, alltoallv, bcast) -> Comm\n\n"
+     "host(rank, size, allgather, alltoallv, bcast, *, dup=None) -> Comm\n\n"
      "A communicator over Python collectives, called on the thread that called save/load:\n"
      "  allgather(send, recv): send a read-only memoryview of n bytes, recv writable, size*n\n"
      "  alltoallv(send, scounts, recv, rcounts): counts are lists of size ints\n"
      "  bcast(buf, root): buf writable\n"
+     "  dup(): the (allgather, alltoallv, bcast) of a channel of their own (e.g. another\n"
+     "    process group), for a Saver's commit thread, which calls them while this\n"
+     "    thread may call the others. Called on every rank at a Saver's first start().\n"
+     "    Without dup, a Saver's asynchronous saves commit in wait_durable().\n"
      "The memoryviews are valid only during the call. A callback that raises makes the "
      "collective fail with AbortedError carrying its text (the exception as __cause__); the "
      "communicator is not usable after that."},
@@ -1314,7 +1375,8 @@ static PyObject *Saver_save(SaverObject *self, PyObject *args, PyObject *kw)
 typedef struct {
     PyObject_HEAD
     strata_handle *h;        /* NULL once closed */
-    int collective;          /* the saver has a communicator: the commit is wait_durable's */
+    int collective;          /* the commit is wait_durable's collective (a communicator
+                                without background commits) */
     SaverObject *saver;      /* held until close */
     PyObject *states;        /* tuple of State, marked in use until close */
     PyThread_type_lock lock; /* wait_durable and close, one at a time */
@@ -1370,6 +1432,7 @@ static PyObject *Saver_start(SaverObject *self, PyObject *args, PyObject *kw)
         return raise_comm(rc, msg, self->comm);
     }
     ho->h = h;
+    ho->collective = self->comm && strata_saver_background(NULL, sv) != 1;
     Py_INCREF(self);
     ho->saver = self;
     ho->states = l.tuple; /* the states stay marked in use until close */
@@ -1406,8 +1469,20 @@ static PyObject *Saver_get_pool(SaverObject *self, void *c)
     return r;
 }
 
+static PyObject *Saver_get_background(SaverObject *self, void *c)
+{
+    (void)c;
+    const char *why = NULL;
+    int b = strata_saver_background(&why, self->sv);
+    return Py_BuildValue("(Os)", b < 0 ? Py_None : b ? Py_True : Py_False, why ? why : "");
+}
+
 static PyGetSetDef Saver_getset[] = {
     {"comm", (getter)Saver_get_comm, NULL, "the communicator, or None", NULL},
+    {"background", (getter)Saver_get_background, NULL,
+     "(committed in the background, why not): True (also without a communicator), False "
+     "(commits in wait_durable: the Comm has no dup, or it failed on some rank), or None "
+     "before the first start() decides (strata_saver_background)", NULL},
     {"pool", (getter)Saver_get_pool, NULL, "the pool given, or None", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
@@ -1574,8 +1649,8 @@ static PyObject *Handle_done(HandleObject *self, PyObject *unused)
     (void)unused;
     if (!self->h || self->finished)
         Py_RETURN_TRUE;
-    /* without a communicator the save's end is its outcome; with one the commit is
-     * still wait_durable's collective, so only a failure is an end */
+    /* the save's end is its outcome, except where the commit is still wait_durable's
+     * collective (a communicator without background commits): then only a failure is */
     int d = (!self->collective && strata_handle_done(self->h)) ||
             strata_handle_status(NULL, self->h) != 0;
     return PyBool_FromLong(d);
@@ -1618,8 +1693,9 @@ static PyMethodDef Handle_methods[] = {
     {"status", (PyCFunction)Handle_status, METH_NOARGS,
      "(code, message) of the save's error so far; (0, '') if none. Does not wait."},
     {"done", (PyCFunction)Handle_done, METH_NOARGS,
-     "True once the save is durable or failed, without waiting. With a communicator: True "
-     "once it failed or wait_durable/close has returned."},
+     "True once the save is durable or failed, without waiting (with a communicator, once "
+     "the Saver's commit thread committed it). Where the commit is wait_durable's "
+     "(Saver.background False): True once it failed or wait_durable/close has returned."},
     {"close", (PyCFunction)Handle_close, METH_NOARGS,
      "Waits for the save to end (the commit's collective included), frees it, lets go of its "
      "states and saver. Idempotent; does not raise the save's error (wait_durable does)."},

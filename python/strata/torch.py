@@ -72,57 +72,74 @@ def _u8_from_bytes(b):
 
 class _Group:
     """A process group as strata sees it: a dedicated gloo group, the strata Comm over it,
-    and the Savers made on it (one per pool), kept for the life of the process."""
+    and the Savers made on it (one per pool), kept for the life of the process. As in DCP's
+    async_save, the Savers' commit threads run their collectives on gloo groups of their
+    own (one made with this one, more if more Savers ask), never on the one the caller's
+    thread uses."""
 
     def __init__(self, pg):
         self.pg = pg
         self.ranks = list(dist.get_process_group_ranks(pg))
         self.rank = dist.get_rank(pg)
         self.size = dist.get_world_size(pg)
-        if pg is dist.group.WORLD or self.size == dist.get_world_size():
-            if pg is dist.group.WORLD:
-                self.gloo = dist.new_group(backend="gloo")
-            else:
-                self.gloo = dist.new_group(ranks=self.ranks, backend="gloo")
-        else:
-            self.gloo = dist.new_group(ranks=self.ranks, backend="gloo",
-                                       use_local_synchronization=True)
+        self.gloo = self._new_gloo()
+        self._bg_first = [self._new_gloo()]    # the first commit thread's (see _dup)
         self.comm = _S.Comm.host(self.rank, self.size, self._allgather, self._alltoallv,
-                                 self._bcast)
+                                 self._bcast, dup=self._dup)
         self.savers = {}
         self._into = True
 
-    def _gather_into(self, out, inp):
+    def _new_gloo(self):
+        """A gloo group of this group's ranks (a collective)."""
+        pg = self.pg
+        if pg is dist.group.WORLD:
+            return dist.new_group(backend="gloo")
+        if self.size == dist.get_world_size():
+            return dist.new_group(ranks=self.ranks, backend="gloo")
+        return dist.new_group(ranks=self.ranks, backend="gloo", use_local_synchronization=True)
+
+    def _dup(self):
+        """A Saver's commit thread's collectives (strata calls this on every rank at the
+        Saver's first start, so every rank makes the same groups): a gloo group no other
+        thread uses, the one made with this group for the first Saver, a new one for each
+        later Saver (destroyed when the Saver's commit thread lets go of it)."""
+        g = self._bg_first.pop() if self._bg_first else self._new_gloo()
+        ops = _BgOps(self, g)
+        return ops.allgather, ops.alltoallv, ops.bcast
+
+    def _gather_into(self, out, inp, group=None):
         """all_gather_into_tensor (equal sizes), or all_gather into views of out where the
         backend lacks it (older gloo)."""
+        group = group or self.gloo
         if self._into:
             try:
-                dist.all_gather_into_tensor(out, inp, group=self.gloo)
+                dist.all_gather_into_tensor(out, inp, group=group)
                 return
             except (RuntimeError, NotImplementedError) as e:
                 if "support" not in str(e).lower():
                     raise
                 self._into = False
-        dist.all_gather(list(out.chunk(self.size)), inp, group=self.gloo)
+        dist.all_gather(list(out.chunk(self.size)), inp, group=group)
 
-    # the Comm's callbacks (run on the thread in save/load, GIL held)
-    def _allgather(self, send, recv):
+    # the Comm's callbacks (run on the thread in save/load, GIL held; a commit thread's
+    # on that thread, with their own group)
+    def _allgather(self, send, recv, group=None):
         if send.nbytes == 0:
             return
-        self._gather_into(_as_u8(recv), _as_u8(send))
+        self._gather_into(_as_u8(recv), _as_u8(send), group)
 
-    def _alltoallv(self, send, scounts, recv, rcounts):
+    def _alltoallv(self, send, scounts, recv, rcounts, group=None):
         scounts = [int(c) for c in scounts]
         rcounts = [int(c) for c in rcounts]
         inp = _as_u8(send)[:sum(scounts)] if send.nbytes else torch.empty(0, dtype=torch.uint8)
         out = _as_u8(recv)[:sum(rcounts)] if recv.nbytes else torch.empty(0, dtype=torch.uint8)
         dist.all_to_all_single(out, inp, output_split_sizes=rcounts,
-                               input_split_sizes=scounts, group=self.gloo)
+                               input_split_sizes=scounts, group=group or self.gloo)
 
-    def _bcast(self, buf, root):
+    def _bcast(self, buf, root, group=None):
         if buf.nbytes == 0:
             return
-        dist.broadcast(_as_u8(buf), src=self.ranks[root], group=self.gloo)
+        dist.broadcast(_as_u8(buf), src=self.ranks[root], group=group or self.gloo)
 
     # collectives of strata.torch itself
     def allgather_bytes(self, data):
@@ -156,6 +173,29 @@ class _Group:
             s = (_S.Saver(self.comm, pool) if pool is not None else _S.Saver(self.comm), pool)
             self.savers[id(pool)] = s
         return s[0]
+
+
+class _BgOps:
+    """The collectives of one Saver's commit thread, over gloo group g of a _Group; when
+    the Saver's duplicate communicator drops them, g is destroyed (locally)."""
+
+    def __init__(self, group, g):
+        self.group, self.g = group, g
+
+    def allgather(self, send, recv):
+        self.group._allgather(send, recv, self.g)
+
+    def alltoallv(self, send, scounts, recv, rcounts):
+        self.group._alltoallv(send, scounts, recv, rcounts, self.g)
+
+    def bcast(self, buf, root):
+        self.group._bcast(buf, root, self.g)
+
+    def __del__(self):
+        try:
+            dist.destroy_process_group(self.g)
+        except Exception:   # the default group already destroyed, interpreter exit
+            pass
 
 
 _GROUPS = {}
@@ -281,7 +321,9 @@ class AsyncSave:
     """A save in flight (async_save). wait_snapshot() returns once the state's bytes have
     been copied out (change the tensors only after it: call it before optimizer.step());
     wait() returns once committed, with the stats, and raises the save's error; done()
-    tells without waiting. With a process group, wait() is collective: every rank calls it."""
+    tells without waiting. The save commits by itself once every rank has written it (with a
+    process group, on the Saver's commit thread and gloo group: done() then turns True with
+    no wait() on any rank)."""
 
     def __init__(self, handle, prep, on_done=None):
         self._h = handle
@@ -335,7 +377,8 @@ def async_save(state_dict, path, process_group=None, *, step=0, pool=None, pickl
     tensor is copied on this thread (strata snapshots them in the background, into the
     pool: a strata.Pool, else the saver's own - with a process group kept with the group's
     saver, without one made for this save, up to 1 GiB, and freed once it is waited for).
-    Do not change the tensors before wait_snapshot(); call wait() (every rank) to commit.
+    Do not change the tensors before wait_snapshot(). It commits in the background as soon
+    as every rank has written it; wait() returns the outcome.
     replace=True as in save()."""
     group = _group(process_group)
     uris = _uris(path)

@@ -34,7 +34,11 @@ static const char HELP[] =
     "                   cache; default 1)\n"
     "  --async          save through a pool of --pool-mb MiB per rank (default 64): return\n"
     "                   at strata_save_start, then wait for the snapshot and the commit, and\n"
-    "                   print how long each took\n"
+    "                   print how long each took, and where the commit ran (the saver's own\n"
+    "                   thread, or strata_wait_durable where MPI lacks MPI_THREAD_MULTIPLE)\n"
+    "  --die-when-done  with --async: after the snapshot, call nothing until\n"
+    "                   strata_handle_done says the save is over (committed in the\n"
+    "                   background), print how long that took, then SIGKILL this rank\n"
     "  --also D2        save: to D2 as well, a second tier (for example --dir mem://ck\n"
     "                   --also /shared/ck); each tier commits on its own. load: fall back to\n"
     "                   D2 when D does not load (the tier used is printed)\n"
@@ -49,18 +53,18 @@ static const char HELP[] =
 typedef struct {
     const char *dir, *layout, *also;
     long long size_mb, step, repeat, timeout_ms, pool_mb;
-    int async;
+    int async, die_when_done;
 } args;
 
 static int parse(int argc, char **argv, args *a, int world)
 {
     static char def[64];
     snprintf(def, sizeof def, "tp=1,pp=1,dp=%d", world);
-    *a = (args){NULL, def, NULL, 64, 1000, 1, 60000, 64, 0};
+    *a = (args){NULL, def, NULL, 64, 1000, 1, 60000, 64, 0, 0};
     for (int i = 2; i < argc; i += 2) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(k, "--async") == 0) {
-            a->async = 1;
+        if (strcmp(k, "--async") == 0 || strcmp(k, "--die-when-done") == 0) {
+            *(k[2] == 'a' ? &a->async : &a->die_when_done) = 1;
             i--;
             continue;
         }
@@ -125,6 +129,32 @@ static int agree(int status)
     int worst = status;
     reduce(&status, &worst, 1, MPI_INT, MPI_MAX);
     return worst;
+}
+
+/* --die-when-done: no strata call but strata_handle_done until the save is over (a commit
+ * thread committed it, or it failed), then SIGKILL once every rank is there, as a job dies
+ * between two saves. */
+static void die_when_done(strata_handle *h, int rank, double t_snap)
+{
+    while (!strata_handle_done(h)) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    const char *msg;
+    int rc = strata_handle_status(&msg, h);
+    fprintf(stderr, "rank %d: done %.1f ms after the snapshot (%s%s%s), killing myself\n", rank,
+            (cli_now() - t_snap) * 1e3, rc ? strata_error_name(rc) : "committed", rc ? ": " : "",
+            rc ? msg : "");
+    const char *flags = getenv("STRATA_DEMO_DONE_DIR"); /* tests: a file per rank done */
+    char f[4096];
+    if (flags && !rc && snprintf(f, sizeof f, "%s/done-%d", flags, rank) < (int)sizeof f) {
+        FILE *fp = fopen(f, "w");
+        if (fp)
+            fclose(fp);
+    }
+    /* every rank is done before any dies (MPICH ends a job's other ranks once one is gone) */
+    MPI_Barrier(MPI_COMM_WORLD);
+    raise(SIGKILL);
 }
 
 /* MPI_Finalize waits for every rank: if one is dead it must not wait forever. */
@@ -275,7 +305,9 @@ static int run(int save, int argc, char **argv, int rank, int world)
             if (!rc) {
                 int src = strata_wait_snapshot(h);
                 t_snap = cli_now() - t0;
-                rc = strata_wait_durable(&s, h); /* a collective: called whatever happened */
+                if (a.die_when_done)
+                    die_when_done(h, rank, t_snap + t0);
+                rc = strata_wait_durable(&s, h); /* with a communicator: every rank calls it */
                 rc = rc ? rc : src;
                 t_done = cli_now() - t0;
                 strata_handle_free(h);
@@ -301,9 +333,13 @@ static int run(int save, int argc, char **argv, int rank, int world)
         if (save && a.async) { /* the slowest rank's start, snapshot and commit */
             double t[3] = {t_start, t_snap, t_done}, mx3[3];
             reduce(t, mx3, 3, MPI_DOUBLE, MPI_MAX);
+            const char *why;
+            int bg = strata_saver_background(&why, sv);
             if (rank == 0)
                 printf("  async: started in %.3f ms, snapshot after %.1f ms, committed after "
-                       "%.1f ms\n", mx3[0] * 1e3, mx3[1] * 1e3, mx3[2] * 1e3);
+                       "%.1f ms %s%s%s\n", mx3[0] * 1e3, mx3[1] * 1e3, mx3[2] * 1e3,
+                       bg == 1 ? "(in the background)" : "(in strata_wait_durable: ",
+                       bg == 1 ? "" : why, bg == 1 ? "" : ")");
         }
         if (!save) {
             for (int j = 0; j < n; j++) {
@@ -368,8 +404,12 @@ int cmd_demo_mpi(int argc, char **argv)
         fputs(HELP, stdout);
         return 0;
     }
-    int level; /* strata's threads never call MPI: only this one does */
-    MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &level);
+    /* a saver's commit thread calls MPI beside this one (else the commits stay on this
+     * one); STRATA_DEMO_MPI_FUNNELED=1 asks for less, to show that */
+    int level;
+    MPI_Init_thread(NULL, NULL, getenv("STRATA_DEMO_MPI_FUNNELED") ? MPI_THREAD_FUNNELED
+                                                                    : MPI_THREAD_MULTIPLE,
+                    &level);
     int rank, world;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world);

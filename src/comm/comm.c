@@ -35,8 +35,14 @@ static int self_bcast(void *ctx, void *buf, size_t n, int root)
     return 0;
 }
 
+static int self_dup(void *ctx, strata_comm **out)
+{
+    (void)ctx;
+    return strata_comm_self(out);
+}
+
 static const strata_comm_ops self_ops = {STRATA_COMM_OPS_VERSION, self_allgather,
-                                         self_alltoallv, self_bcast, NULL};
+                                         self_alltoallv, self_bcast, NULL, self_dup};
 
 int strata_comm_self(strata_comm **out)
 {
@@ -56,9 +62,10 @@ int strata_comm_host(strata_comm **out, const strata_comm_ops *ops, void *ctx, i
     strata_comm *c = calloc(1, sizeof *c);
     if (!c)
         return st_fail(STRATA_ENOMEM, "out of memory");
-    /* a version-1 struct ends before destroy: read only the fields of its version */
+    /* an older struct ends before the later fields: read only those of its version */
     c->ops = (strata_comm_ops){STRATA_COMM_OPS_VERSION, ops->allgather, ops->alltoallv,
-                               ops->bcast, ops->version >= 2 ? ops->destroy : NULL};
+                               ops->bcast, ops->version >= 2 ? ops->destroy : NULL,
+                               ops->version >= 3 ? ops->dup : NULL};
     c->ctx = ctx;
     c->rank = rank;
     c->size = size;
@@ -143,6 +150,35 @@ int st_bcast(strata_comm *c, void *buf, size_t n, int root)
     char saved[1024];
     stash(saved);
     return check(c, c->ops.bcast(c->ctx, buf, n, root), "bcast", saved);
+}
+
+int st_comm_dup(strata_comm *c, strata_comm **out)
+{
+    *out = NULL;
+    int rc = usable(c);
+    if (rc)
+        return rc;
+    if (!c->ops.dup)
+        return st_fail(STRATA_EINVAL, "the communicator has no dup operation (strata_comm_ops "
+                       "version 3): asynchronous saves commit on the caller's thread, in "
+                       "strata_wait_durable");
+    st_clear_error();
+    strata_comm *d = NULL;
+    rc = c->ops.dup(c->ctx, &d);
+    if (rc || !d) {
+        strata_comm_free(d);
+        return st_wrap(rc ? rc : STRATA_EINVAL, "the communicator could not be duplicated "
+                       "(asynchronous saves commit on the caller's thread)");
+    }
+    if (d->rank != c->rank || d->size != c->size) {
+        strata_comm_free(d);
+        return st_fail(STRATA_EINVAL, "the communicator's duplicate is rank %d of %d, not %d of "
+                       "%d (asynchronous saves commit on the caller's thread)", d->rank,
+                       d->size, c->rank, c->size);
+    }
+    d->timeout_ms = c->timeout_ms;
+    *out = d;
+    return 0;
 }
 
 int st_all_true(strata_comm *c, int flag, int *all)

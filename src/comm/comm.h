@@ -33,6 +33,9 @@ int st_scatterv(strata_comm *c, const void *send, const size_t *counts, int root
 int st_bcast(strata_comm *c, void *buf, size_t n, int root);
 int st_alltoallv(strata_comm *c, const void *send, const size_t *scounts, void *recv,
                  const size_t *rcounts);
+/* A second communicator over the same ranks for another thread (the host's dup op; a
+ * collective): STRATA_EINVAL where the host has none, else the op's error. */
+int st_comm_dup(strata_comm *c, strata_comm **out);
 /* AND of every rank's flag. */
 int st_all_true(strata_comm *c, int flag, int *all);
 

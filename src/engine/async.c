@@ -1,7 +1,8 @@
 /* async.c - lazy asynchronous saving (after DataStates-LLM): the plan is made on the
  * caller's thread; a coordinator thread copies the shards into a bounded pool of reused
  * buffers (the snapshot) while flusher threads write full buffers behind it; the commit
- * follows the last write. Threading: the handle's fields after `mu` are guarded by it;
+ * follows the last write (a distributed save's commit on its saver's commit thread, or in
+ * strata_wait_durable). Threading: the handle's fields after `mu` are guarded by it;
  * pool buffers are owned by one thread at a time (coordinator fills, one flusher writes). */
 #include <errno.h>
 #include <pthread.h>
@@ -243,9 +244,12 @@ struct strata_handle {
     atomic_size_t next_task;               /* the snapshot's next write task to copy */
     size_t *q_task, *q_buf, q_head, q_len; /* ring of full buffers to write */
     int q_closed;
-    int finished, final_rc; /* the commit's outcome, once strata_wait_durable got it */
+    int finished, final_rc; /* the commit's outcome, once known */
     strata_stats stats;
     int no_thread; /* failed before the coordinator started */
+    st_committer *q; /* the saver's (referenced), or NULL */
+    int bg;          /* the commit runs on q's thread (finish_once there) */
+    st_commit_job job;
 };
 
 /* Records the first failure of the save (message from this thread); tier >= 0 also
@@ -374,6 +378,15 @@ static void *copier(void *arg)
     }
 }
 
+/* The save no longer uses the pool's buffers (a saver's pool may be made again, or
+ * freed with the saver, from now on). */
+static void pool_release(strata_handle *h)
+{
+    if (h->uses_pool)
+        pool_use(h->pool, -1);
+    h->uses_pool = 0;
+}
+
 static void set_flag(strata_handle *h, int *flag)
 {
     pthread_mutex_lock(&h->mu);
@@ -439,7 +452,10 @@ static void *coordinator(void *arg)
         if (trc && !tier_failed(h, t))
             fail(h, trc, t);
     }
+    pool_release(h); /* before the saver may learn that the save's work ended */
     set_flag(h, &h->durable_done);
+    if (h->q && !h->bg)
+        st_committer_end(h->q); /* the handle is freed only after this thread is joined */
     return NULL;
 }
 
@@ -449,11 +465,11 @@ static void handle_free(strata_handle *h)
     st_io_plan_free(&h->lay);
     for (int t = 0; t < h->ntiers; t++)
         free(h->files[t]);
-    if (h->uses_pool)
-        pool_use(h->pool, -1);
+    pool_release(h);
     if (h->own_pool)
         strata_pool_free(h->pool);
     h->ops->release(h->ctx);
+    st_committer_unref(h->q);
     free(h->flushers);
     free(h->q_task);
     free(h->q_buf);
@@ -462,8 +478,11 @@ static void handle_free(strata_handle *h)
     free(h);
 }
 
+static void bg_commit(void *arg);
+
 int st_async_start(strata_handle **out, st_save_plan *sp, const strata_save_opts *o,
-                   strata_pool **pool_slot, const st_commit_ops *ops, void *ctx, int failed)
+                   strata_pool **pool_slot, const st_commit_ops *ops, void *ctx, int failed,
+                   st_committer *q, int bg)
 {
     *out = NULL;
     strata_handle *h = calloc(1, sizeof *h);
@@ -482,6 +501,12 @@ int st_async_start(strata_handle **out, st_save_plan *sp, const strata_save_opts
     h->ctx = ctx;
     h->dst = ops->dests(ctx);
     h->ntiers = h->dst->n;
+    if (q) { /* the saver counts the save until its background work has ended */
+        st_committer_ref(q);
+        st_committer_begin(q);
+        h->q = q;
+        h->bg = bg;
+    }
     memset(sp, 0, sizeof *sp);
     uint32_t chunk = o->chunk_bytes;
     int rc = failed;
@@ -522,14 +547,21 @@ int st_async_start(strata_handle **out, st_save_plan *sp, const strata_save_opts
         /* the rank must still take part in the commit's collectives: the handle carries
          * the failure there */
         fail(h, rc, -1);
+        pool_release(h);
         h->snap_done = h->durable_done = 1;
         h->no_thread = 1;
-        *out = h;
-        return 0;
+        if (h->q && !h->bg)
+            st_committer_end(h->q); /* nothing runs: the commit is wait_durable's */
     }
-    if (rc) {
+    if (rc && !ops->collective) {
+        if (h->q)
+            st_committer_end(h->q);
         handle_free(h);
         return rc;
+    }
+    if (h->bg) { /* committed on the saver's thread, in start order, once written */
+        h->job = (st_commit_job){bg_commit, h, NULL};
+        st_committer_push(h->q, &h->job);
     }
     *out = h;
     return 0;
@@ -549,45 +581,72 @@ static int wait_flag(strata_handle *h, int *flag)
 
 int strata_wait_snapshot(strata_handle *h) { return wait_flag(h, &h->snap_done); }
 
-int strata_wait_durable(strata_stats *stats, strata_handle *h)
+/* The save's outcome, once its threads are done: the commit hooks' finish (with a
+ * communicator, the commit's collective), kept in the handle. Runs once: on the saver's
+ * commit thread (bg), else in the first strata_wait_durable. */
+static void finish_once(strata_handle *h)
 {
-    wait_flag(h, &h->durable_done);
-    if (!h->finished) { /* once only: the commit's outcome (a collective), then kept */
-        int trc[ST_MAX_TIERS];
-        const char *tmsg[ST_MAX_TIERS];
-        pthread_mutex_lock(&h->mu); /* the threads are done: a snapshot for form's sake */
-        int rc = h->rc;
-        for (int t = 0; t < h->ntiers; t++)
-            trc[t] = h->tier_rc[t], tmsg[t] = h->tier_msg[t];
-        pthread_mutex_unlock(&h->mu);
-        strata_stats full = STRATA_STATS_INIT;
-        if (h->ops->finish) {
-            rc = h->ops->finish(h->ctx, trc, tmsg, &h->sp, h->lay.nios, &full);
-        } else if (!rc) {
-            st_save_stats(&full, &h->sp, h->lay.nios, h->t0);
-        } else if (h->ntiers > 1) { /* say which destination failed (the others committed) */
-            int t = 0;
-            while (t < h->ntiers - 1 && !trc[t])
-                t++;
-            st_fail(rc, "destination %d (%s): %s", t, h->dst->uri[t], tmsg[t]);
-            pthread_mutex_lock(&h->mu);
-            snprintf(h->msg, sizeof h->msg, "%s", strata_error_last());
-            pthread_mutex_unlock(&h->mu);
-        }
+    int trc[ST_MAX_TIERS];
+    const char *tmsg[ST_MAX_TIERS];
+    pthread_mutex_lock(&h->mu); /* the threads are done: a snapshot for form's sake */
+    int rc = h->rc;
+    for (int t = 0; t < h->ntiers; t++)
+        trc[t] = h->tier_rc[t], tmsg[t] = h->tier_msg[t];
+    pthread_mutex_unlock(&h->mu);
+    strata_stats full = STRATA_STATS_INIT;
+    if (h->ops->finish) {
+        rc = h->ops->finish(h->ctx, trc, tmsg, &h->sp, h->lay.nios, &full);
+    } else if (!rc) {
+        st_save_stats(&full, &h->sp, h->lay.nios, h->t0);
+    } else if (h->ntiers > 1) { /* say which destination failed (the others committed) */
+        int t = 0;
+        while (t < h->ntiers - 1 && !trc[t])
+            t++;
+        st_fail(rc, "destination %d (%s): %s", t, h->dst->uri[t], tmsg[t]);
         pthread_mutex_lock(&h->mu);
-        if (rc && h->ops->finish) { /* the save's outcome (on every rank) */
-            h->rc = rc;
-            snprintf(h->msg, sizeof h->msg, "%s", strata_error_last());
-        }
-        h->final_rc = rc;
-        h->stats = full;
-        h->finished = 1;
+        snprintf(h->msg, sizeof h->msg, "%s", strata_error_last());
         pthread_mutex_unlock(&h->mu);
     }
-    if (h->final_rc)
-        return st_fail(h->final_rc, "%s", h->msg);
-    st_stats_put(stats, &h->stats);
-    return 0;
+    st_committer *q = h->bg ? h->q : NULL; /* h may be freed once finished is set */
+    pthread_mutex_lock(&h->mu);
+    if (rc && h->ops->finish) { /* the save's outcome (on every rank) */
+        h->rc = rc;
+        snprintf(h->msg, sizeof h->msg, "%s", strata_error_last());
+    }
+    h->final_rc = rc;
+    h->stats = full;
+    h->finished = 1; /* with bg, the handle may be freed from now on */
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    if (q) /* the save has ended: its saver may go (q lives until this thread is joined) */
+        st_committer_end(q);
+}
+
+/* The commit thread's job: waits for the save's writes, then commits it. */
+static void bg_commit(void *arg)
+{
+    strata_handle *h = arg;
+    wait_flag(h, &h->durable_done);
+    finish_once(h);
+}
+
+int strata_wait_durable(strata_stats *stats, strata_handle *h)
+{
+    if (h->bg) {
+        wait_flag(h, &h->finished);
+    } else {
+        wait_flag(h, &h->durable_done);
+        if (!h->finished)
+            finish_once(h);
+    }
+    pthread_mutex_lock(&h->mu);
+    int rc = h->final_rc;
+    if (rc)
+        st_fail(rc, "%s", h->msg);
+    else
+        st_stats_put(stats, &h->stats);
+    pthread_mutex_unlock(&h->mu);
+    return rc;
 }
 
 int strata_handle_status(const char **msg, strata_handle *h)
@@ -603,7 +662,7 @@ int strata_handle_status(const char **msg, strata_handle *h)
 int strata_handle_done(strata_handle *h)
 {
     pthread_mutex_lock(&h->mu);
-    int done = h->durable_done;
+    int done = h->bg ? h->finished : h->durable_done;
     pthread_mutex_unlock(&h->mu);
     return done;
 }
@@ -612,10 +671,10 @@ void strata_handle_free(strata_handle *h)
 {
     if (!h)
         return;
-    if (h->ops->collective && !h->finished) /* the other ranks wait in the commit's collective */
+    if (h->ops->collective && !h->bg && !h->finished) /* the other ranks wait in the commit */
         strata_wait_durable(NULL, h);
     pthread_mutex_lock(&h->mu);
-    while (!h->durable_done)
+    while (!(h->bg ? h->finished : h->durable_done))
         pthread_cond_wait(&h->cv, &h->mu);
     pthread_mutex_unlock(&h->mu);
     if (!h->no_thread)

@@ -6,7 +6,9 @@
  * rank's pieces] -> all write their own data file -> [gather status + checksums to 0] ->
  * 0 writes metadata + commit -> [bcast final status]. A cached plan (every local plan
  * hash unchanged) skips the gather and scatter. The synchronous save writes on the
- * caller's thread; the asynchronous one through async.c, with this file's commit hooks. */
+ * caller's thread; the asynchronous one through async.c, with this file's commit hooks,
+ * whose commit (steps 6-7) runs on the saver's commit thread over its own communicator
+ * where the saver has one (committer.c), else in strata_wait_durable. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -17,7 +19,9 @@
 
 /* A distributed save between its planning and its commit (the async handle keeps it). */
 typedef struct st_async_dist {
-    strata_comm *comm;
+    strata_comm *comm;  /* the caller's: the save's start */
+    strata_comm *ccomm; /* the commit's: comm, or the saver's commit thread's */
+    int timeout_ms;     /* comm's when the save started, for ccomm */
     int ntiers;
     st_dests dst;
     int wrote[ST_MAX_TIERS];
@@ -27,12 +31,15 @@ typedef struct st_async_dist {
     uint64_t save_id; /* rank 0's, in the commit records it writes */
     st_file *lock[ST_MAX_TIERS]; /* rank 0: ownership of each destination, to the end */
     st_plan_cache *cache;  /* the plan (referenced) */
-    st_plan_cache **slot;  /* where the saver keeps its last plan */
+    st_plan_cache **slot;  /* where the saver keeps its last plan (NULL once started
+                              asynchronously: the saver may be gone before the commit) */
 } st_async_dist;
 
 /* Replaces the saver's plan (dropping its reference to the old one). */
 static void set_cached(st_async_dist *d, st_plan_cache *c)
 {
+    if (!d->slot)
+        return;
     st_plan_cache_release(*d->slot);
     *d->slot = c;
 }
@@ -193,10 +200,10 @@ static void dist_cleanup(const st_async_dist *d, int t)
     const char *dir = d->dst.dir[t];
     if (st_path_join(p, dir, ST_COMMIT_FILE) || v->stat(v, p, NULL, NULL) == 0)
         return; /* committed after all, or by another save: never touched */
-    st_data_file_name(name, d->comm->rank);
+    st_data_file_name(name, d->ccomm->rank);
     if (st_path_join(p, dir, name) == 0)
         v->unlink(v, p);
-    if (d->comm->rank == ST_ROOT) {
+    if (d->ccomm->rank == ST_ROOT) {
         if (st_path_join(p, dir, ST_META_FILE) == 0)
             v->unlink(v, p);
         if (st_path_join(p, dir, ST_COMMIT_FILE ".tmp") == 0)
@@ -208,7 +215,9 @@ static int dist_finish(void *ctx, const int *local_rc, const char *const *local_
                        const st_save_plan *mine, uint64_t io_calls, strata_stats *stats)
 {
     st_async_dist *d = ctx;
-    strata_comm *comm = d->comm;
+    strata_comm *comm = d->ccomm;
+    if (comm != d->comm) /* the commit thread's: the time limit the caller's had */
+        strata_comm_set_timeout(comm, d->timeout_ms);
     const int P = comm->size, me = comm->rank, T = d->ntiers;
     st_plan_cache *cache = d->cache;
     size_t nsums = 0, *counts = calloc((size_t)P, sizeof *counts);
@@ -340,7 +349,7 @@ static int dist_new(st_async_dist **out, strata_comm *comm, st_plan_cache **slot
     st_async_dist *d = calloc(1, sizeof *d);
     if (!d)
         return st_fail(STRATA_ENOMEM, "out of memory");
-    d->comm = comm;
+    d->comm = d->ccomm = comm;
     d->slot = slot;
     d->o = *o;
     d->t0 = st_now();
@@ -416,7 +425,7 @@ int st_save_dist(strata_comm *comm, st_plan_cache **cache, const char *uri,
 
 int st_save_dist_start(strata_handle **out, strata_comm *comm, st_plan_cache **cache,
                        const char *const *uris, int ntiers, strata_state *local,
-                       const strata_save_opts *o, strata_pool **pool)
+                       const strata_save_opts *o, strata_pool **pool, st_committer *q, int bg)
 {
     *out = NULL;
     st_async_dist *d;
@@ -430,5 +439,11 @@ int st_save_dist_start(strata_handle **out, strata_comm *comm, st_plan_cache **c
         st_save_plan_free(&mine);
         st_fail(local_rc, "%s", local_msg);
     }
-    return st_async_start(out, &mine, &d->o, pool, &dist_commit, d, local_rc);
+    d->slot = NULL; /* the commit leaves the saver's plan alone */
+    if (bg && st_committer_comm(q)) {
+        d->ccomm = st_committer_comm(q);
+        d->timeout_ms = comm->timeout_ms;
+    }
+    return st_async_start(out, &mine, &d->o, pool, &dist_commit, d, local_rc, q,
+                          d->ccomm != comm);
 }

@@ -52,11 +52,41 @@ int st_save_local(const char *uri, strata_state *const *ranks, int nranks,
 /* One rank of a distributed save, one destination, on the caller's thread (dist.c). */
 int st_save_dist(strata_comm *comm, st_plan_cache **cache, const char *uri,
                  strata_state *local, const strata_save_opts *o, strata_stats *stats);
+/* A saver's background work (committer.c): the count of its saves in flight, and the
+ * thread that runs the commits of its distributed asynchronous saves in start order on a
+ * communicator of its own. Referenced by the saver and by each of its saves' handles. */
+typedef struct st_committer st_committer;
+/* A commit to run on the committer's thread: run(arg). Lives in its save's handle. */
+typedef struct st_commit_job {
+    void (*run)(void *arg);
+    void *arg;
+    struct st_commit_job *next;
+} st_commit_job;
+int st_committer_new(st_committer **out);
+void st_committer_ref(st_committer *q);
+/* The last reference stops the thread and frees its communicator. */
+void st_committer_unref(st_committer *q);
+/* Starts the thread, which owns comm from now on (freed here on failure: STRATA_ENOMEM). */
+int st_committer_start(st_committer *q, strata_comm *comm);
+/* Stops the (idle) thread and frees its communicator. */
+void st_committer_stop(st_committer *q);
+/* The thread's communicator, or NULL (no thread: commits run on the caller's thread). */
+strata_comm *st_committer_comm(const st_committer *q);
+/* Queues j for the thread: jobs run one at a time, in the order they were pushed. */
+void st_committer_push(st_committer *q, st_commit_job *j);
+/* A save started / its background work (its commit, when the thread runs it) ended;
+ * drain waits until every save begun has ended. */
+void st_committer_begin(st_committer *q);
+void st_committer_end(st_committer *q);
+void st_committer_drain(st_committer *q);
+
 /* One rank of a distributed save to 1..ST_MAX_TIERS destinations, through the pool in the
- * background; the commit is strata_wait_durable's collective (dist.c). */
+ * background (dist.c). With bg the commit collective runs on q's thread and communicator,
+ * in start order; without, it is strata_wait_durable's, on the caller's thread. q (may be
+ * NULL) counts the save in flight. */
 int st_save_dist_start(strata_handle **out, strata_comm *comm, st_plan_cache **cache,
                        const char *const *uris, int ntiers, strata_state *local,
-                       const strata_save_opts *o, strata_pool **pool);
+                       const strata_save_opts *o, strata_pool **pool, st_committer *q, int bg);
 /* Loads from one source: in-process ranks (load.c), or one rank of a distributed load. */
 int st_load_local(const char *uri, strata_state *const *ranks, int nranks,
                   const strata_load_opts *o, strata_stats *stats);
@@ -233,9 +263,12 @@ int st_local_commit_new(void **ctx, const char *const *uris, int n, const strata
  * ctx) through the pool *pool (pool NULL: one of the handle's own; *pool NULL: one made now
  * and left in *pool for the caller to keep). With collective hooks every failure -
  * `failed` (a local one before the start, message set) included - travels on the
- * returned handle, so that the rank still takes part in the commit. */
+ * returned handle, so that the rank still takes part in the commit. q (may be NULL): the
+ * saver's committer, which counts the save until its background work ends; with bg, the
+ * hooks' finish runs on q's thread as soon as the writes end (else in wait_durable). */
 int st_async_start(strata_handle **out, st_save_plan *sp, const strata_save_opts *o,
-                   strata_pool **pool, const st_commit_ops *ops, void *ctx, int failed);
+                   strata_pool **pool, const st_commit_ops *ops, void *ctx, int failed,
+                   st_committer *q, int bg);
 
 /* An opened checkpoint directory. */
 typedef struct st_dir {

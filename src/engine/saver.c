@@ -16,16 +16,22 @@ struct strata_saver {
     strata_pool *pool;    /* the caller's, or made at the first save that needs one */
     int own_pool;
     st_plan_cache *cache; /* with a communicator: the last plan */
+    st_committer *bg;     /* saves in flight; the commit thread */
+    int background;       /* strata_saver_background: 1, 0, or -1 before it is known */
+    char why[512];        /* why not in the background */
 };
 
 int strata_saver_new(strata_saver **out, strata_comm *comm, strata_pool *pool)
 {
     *out = NULL;
     strata_saver *sv = calloc(1, sizeof *sv);
-    if (!sv)
+    if (!sv || st_committer_new(&sv->bg)) {
+        free(sv);
         return st_fail(STRATA_ENOMEM, "out of memory");
+    }
     sv->comm = comm;
     sv->pool = pool;
+    sv->background = comm ? -1 : 1; /* in this process, each save commits on its own thread */
     *out = sv;
     return 0;
 }
@@ -34,10 +40,45 @@ void strata_saver_free(strata_saver *sv)
 {
     if (!sv)
         return;
+    st_committer_drain(sv->bg); /* the saves in flight end first (their handles stay) */
+    st_committer_unref(sv->bg);
     st_plan_cache_release(sv->cache);
     if (sv->own_pool)
         strata_pool_free(sv->pool);
     free(sv);
+}
+
+int strata_saver_background(const char **why, const strata_saver *sv)
+{
+    if (why)
+        *why = sv->background == 1 ? "" : sv->background == 0 ? sv->why
+                                                               : "no asynchronous save yet";
+    return sv->background;
+}
+
+/* At the first asynchronous save of a saver with a communicator (every rank, on the
+ * caller's thread): a duplicate of the communicator for the saver's commit thread, if
+ * every rank got one; else the commits stay on the caller's thread. A failed collective
+ * fails the save. */
+static int choose_background(strata_saver *sv)
+{
+    strata_comm *dup = NULL;
+    int rc = st_comm_dup(sv->comm, &dup);
+    if (!rc)
+        rc = st_committer_start(sv->bg, dup); /* takes dup */
+    if (rc)
+        snprintf(sv->why, sizeof sv->why, "%s", strata_error_last());
+    int all = 0, crc = st_all_true(sv->comm, rc == 0, &all);
+    if (crc || !all)
+        st_committer_stop(sv->bg);
+    if (crc)
+        return crc;
+    if (!rc && !all)
+        snprintf(sv->why, sizeof sv->why, "another rank's communicator could not be "
+                 "duplicated (its message says why)");
+    sv->background = all;
+    st_clear_error();
+    return 0;
 }
 
 /* The checks every save and load shares: destinations and ranks. */
@@ -87,8 +128,11 @@ int strata_save_start(strata_handle **out, strata_saver *sv, const char *const *
         }
     }
     int had_pool = sv && sv->pool;
+    if (comm && sv->background < 0 && (rc = choose_background(sv)))
+        return rc;
     if (comm) {
-        rc = st_save_dist_start(out, comm, &sv->cache, uris, nuris, states[0], &o, pool);
+        rc = st_save_dist_start(out, comm, &sv->cache, uris, nuris, states[0], &o, pool, sv->bg,
+                                sv->background == 1);
     } else {
         st_save_plan sp;
         void *ctx;
@@ -96,7 +140,8 @@ int strata_save_start(strata_handle **out, strata_saver *sv, const char *const *
             if ((rc = st_local_commit_new(&ctx, uris, nuris, &o)))
                 st_save_plan_free(&sp);
             else
-                rc = st_async_start(out, &sp, &o, pool, &st_local_commit, ctx, 0);
+                rc = st_async_start(out, &sp, &o, pool, &st_local_commit, ctx, 0,
+                                    sv ? sv->bg : NULL, 0);
         }
     }
     if (sv && !had_pool && sv->pool)

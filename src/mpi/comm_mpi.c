@@ -3,7 +3,8 @@
  * underneath and polled against the communicator's time limit, so a dead peer makes the
  * call return STRATA_EABORTED instead of hanging. Errors are returned, never fatal
  * (MPI_ERRORS_RETURN on a private duplicate of the caller's communicator). One thread at
- * a time, as every strata_comm. */
+ * a time, as every strata_comm; the duplicate a saver makes for its commit thread (m_dup)
+ * needs MPI_THREAD_MULTIPLE, since that thread calls MPI while the caller's may. */
 #include <limits.h>
 #include <mpi.h>
 #include <sched.h>
@@ -126,21 +127,29 @@ static void m_destroy(void *ctx)
     free(m);
 }
 
-static const strata_comm_ops mpi_ops = {STRATA_COMM_OPS_VERSION, m_allgather, m_alltoallv,
-                                        m_bcast, m_destroy};
+static int m_dup(void *ctx, strata_comm **out);
 
-int strata_comm_mpi(strata_comm **out, const void *mpi_comm)
+static const strata_comm_ops mpi_ops = {STRATA_COMM_OPS_VERSION, m_allgather, m_alltoallv,
+                                        m_bcast, m_destroy, m_dup};
+
+/* A strata communicator over a duplicate of base (made nonblocking and polled when
+ * `owner` gives a time limit: a rank that never joins the duplication cannot hang it). */
+static int make(strata_comm **out, MPI_Comm base, strata_comm *owner)
 {
     *out = NULL;
-    int init = 0;
-    MPI_Initialized(&init);
-    if (!init)
-        return strata_error_set(STRATA_EINVAL, "MPI is not initialised");
-    MPI_Comm base = mpi_comm ? *(const MPI_Comm *)mpi_comm : MPI_COMM_WORLD;
     mpi_ctx *m = calloc(1, sizeof *m);
     if (!m)
         return strata_error_set(STRATA_ENOMEM, "out of memory");
-    int e = MPI_Comm_dup(base, &m->comm);
+    int e;
+    if (owner) {
+        MPI_Request req;
+        m->owner = owner;
+        e = MPI_Comm_idup(base, &m->comm, &req);
+        if (e == MPI_SUCCESS && (e = wait_for(m, &req, "comm_idup")))
+            return e; /* m is left: MPI may still complete the request into m->comm */
+    } else {
+        e = MPI_Comm_dup(base, &m->comm);
+    }
     if (e != MPI_SUCCESS) {
         free(m);
         return mpi_err(e, "comm_dup");
@@ -158,4 +167,37 @@ int strata_comm_mpi(strata_comm **out, const void *mpi_comm)
     }
     m->owner = *out;
     return 0;
+}
+
+static const char *level_name(int l)
+{
+    return l == MPI_THREAD_SINGLE       ? "MPI_THREAD_SINGLE"
+           : l == MPI_THREAD_FUNNELED   ? "MPI_THREAD_FUNNELED"
+           : l == MPI_THREAD_SERIALIZED ? "MPI_THREAD_SERIALIZED"
+                                        : "MPI_THREAD_MULTIPLE";
+}
+
+/* The saver's commit thread calls MPI while the caller's thread may: that needs
+ * MPI_THREAD_MULTIPLE (MPI_Init_thread), else the commits stay on the caller's thread. */
+static int m_dup(void *ctx, strata_comm **out)
+{
+    mpi_ctx *m = ctx;
+    *out = NULL;
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    if (level < MPI_THREAD_MULTIPLE)
+        return strata_error_set(STRATA_EINVAL, "MPI was initialised with %s, not "
+                                "MPI_THREAD_MULTIPLE (MPI_Init_thread): a commit thread cannot "
+                                "call MPI beside the caller's", level_name(level));
+    return make(out, m->comm, m->owner);
+}
+
+int strata_comm_mpi(strata_comm **out, const void *mpi_comm)
+{
+    *out = NULL;
+    int init = 0;
+    MPI_Initialized(&init);
+    if (!init)
+        return strata_error_set(STRATA_EINVAL, "MPI is not initialised");
+    return make(out, mpi_comm ? *(const MPI_Comm *)mpi_comm : MPI_COMM_WORLD, NULL);
 }

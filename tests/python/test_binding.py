@@ -772,3 +772,53 @@ def test_hash_bytes():
     b[500] += 1
     assert strata.hash_bytes(a.data_ptr(), nbytes(a)) != strata.hash_bytes(b.data_ptr(), nbytes(b))
     assert strata.hash_bytes(0, 0) == 0x2D06800538D394C2  # XXH3-64 of no bytes
+
+
+def test_host_comm_dup_commits_on_a_thread_of_the_saver(tmp_path):
+    """Comm.host(dup=...): at a Saver's first start() strata asks for the callables of a
+    second channel, and the Saver's commit thread (not this one) calls them: done() turns
+    True and the checkpoint is committed with no wait_durable. Without dup, or when dup
+    raises, the commit stays in wait_durable and Saver.background says why."""
+    import threading
+    import time
+    threads = []
+
+    def ops(tag):
+        def allgather(send, recv):
+            threads.append((tag, threading.get_ident()))
+            recv[:] = send
+
+        def alltoallv(send, scounts, recv, rcounts):
+            recv[:rcounts[0]] = send[:scounts[0]]
+
+        def bcast(buf, root):
+            pass
+        return allgather, alltoallv, bcast
+
+    def bad_dup():
+        raise RuntimeError("no second group here")
+
+    cases = [(lambda: ops("bg"), True, ""), (None, False, "no dup callable"),
+             (bad_dup, False, "RuntimeError: no second group here")]
+    for i, (dup, bg, why) in enumerate(cases):
+        del threads[:]
+        comm = strata.Comm.host(0, 1, *ops("fg"), dup=dup)
+        saver = strata.Saver(comm)
+        assert saver.background == (None, "no asynchronous save yet")
+        s = strata.State()
+        add(s, "w", matrix(), (6, 4))
+        path = uri(tmp_path, "ck%d" % i)
+        h = saver.start([path], [s], step=1, sync=False)
+        h.wait_snapshot()
+        got, reason = saver.background
+        assert got is bg and why in reason, (got, reason)
+        t0 = time.monotonic()
+        while bg and not h.done() and time.monotonic() - t0 < 30:
+            time.sleep(0.001)
+        assert strata.probe(path)["committed"] is bg   # before any wait_durable
+        h.wait_durable()
+        h.close()
+        assert strata.probe(path)["committed"]
+        main = threading.get_ident()
+        commit_threads = {t for tag, t in threads if tag == "bg"}
+        assert bool(commit_threads) is bg and main not in commit_threads

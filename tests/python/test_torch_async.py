@@ -239,3 +239,129 @@ def test_replace_two_ranks(tmp_path):
     for out, names in _dist.run(replace_two_ranks, 2, path):
         assert out == [True, True, True]
         assert names == ["latest"]
+
+
+# ---- background commits (issue 17) -----------------------------------------------------
+
+def _bg_state(rank, size):
+    """A replicated tensor (the same on every rank), one each rank saves for itself, and a
+    value; odd sizes."""
+    g = torch.Generator().manual_seed(1234)
+    mine = torch.Generator().manual_seed(77 + rank)
+    return {"w": torch.randn(257, 63, generator=g),
+            "b": torch.randn(1001, generator=g).to(torch.bfloat16),
+            "own": st.per_rank(torch.randn(311, generator=mine)),
+            "cfg": {"size": size, "name": "bg"}}
+
+
+def killed_when_done(path, flags):
+    """async_save, then no wait(): poll done() until True (the commit thread committed it),
+    leave a flag file, and SIGKILL this rank (as a job dies)."""
+    import os
+    import signal
+    import torch.distributed as dist
+    rank, size = dist.get_rank(), dist.get_world_size()
+    h = st.async_save(_bg_state(rank, size), path, step=7)
+    h.wait_snapshot()
+    t0 = time.monotonic()
+    while not h.done():
+        if time.monotonic() - t0 > 30:
+            raise AssertionError("rank %d: done() still False 30 s after the snapshot, with no "
+                                 "wait(): the commit waits for the caller" % rank)
+        time.sleep(0.002)
+    with open(os.path.join(flags, "done%d" % rank), "w") as f:
+        f.write("%.4f" % (time.monotonic() - t0))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nprocs", [1, 2, 4])
+def test_all_ranks_killed_after_done_without_wait_the_checkpoint_is_committed(tmp_path,
+                                                                              nprocs):
+    """DCP users wait for the previous save just before the next; a job dies between. Once
+    done() is True the save is committed, with no wait() on any rank: every rank is
+    SIGKILLed there, and the checkpoint probes committed and loads bitwise."""
+    import strata
+    path, flags = str(tmp_path / "ck"), tmp_path / "flags"
+    flags.mkdir()
+    with pytest.raises(_dist.RankFailure) as ei:
+        _dist.run(killed_when_done, nprocs, path, str(flags), timeout=120)
+    assert "Traceback" not in str(ei.value), str(ei.value)
+    for r in range(nprocs):
+        assert (flags / ("done%d" % r)).exists(), "rank %d died before done() was True" % r
+    assert strata.probe(path)["committed"]
+    for r in range(nprocs):
+        want = _bg_state(r, nprocs)
+        back = {"w": torch.zeros(257, 63), "b": torch.zeros(1001, dtype=torch.bfloat16),
+                "own@rank%d" % r: torch.zeros(311), "cfg": None}
+        st.load(back, path)
+        assert torch.equal(bits(back["w"]), bits(want["w"]))
+        assert torch.equal(bits(back["b"]), bits(want["b"]))
+        assert torch.equal(bits(back["own@rank%d" % r]), bits(want["own"].value))
+        assert back["cfg"] == {"size": nprocs, "name": "bg"}
+
+
+def dies_in_commit(prev, path, victim, out):
+    """A committed save to prev; then an async save whose commit thread's first collective
+    SIGKILLs rank `victim`. The others report when done() turned True, the error wait()
+    raised, and what probe() says."""
+    import json
+    import os
+    import signal
+    import torch.distributed as dist
+    import strata
+    rank, size = dist.get_rank(), dist.get_world_size()
+    st.save(_bg_state(rank, size), prev, step=1)
+    group = st._group(None)
+    if rank == victim:
+        real = group._allgather
+
+        def dying(send, recv, group=None):
+            if group is not None:   # a commit thread's collective
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real(send, recv, group)
+        group._allgather = dying
+    h = st.async_save(_bg_state(rank, size), path, step=2)
+    t0 = time.monotonic()
+    h.wait_snapshot()
+    while not h.done() and time.monotonic() - t0 < 60:
+        time.sleep(0.005)
+    seconds = time.monotonic() - t0
+    try:
+        h.wait()
+        err = None
+    except strata.Error as e:
+        err = type(e).__name__
+    rec = {"rank": rank, "done": h.done(), "seconds": seconds, "error": err,
+           "probe": strata.probe(path), "prev": strata.probe(prev)}
+    with open(os.path.join(out, "rank%d.json" % rank), "w") as f:
+        json.dump(rec, f)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nprocs,victim", [(2, 1), (3, 0)])
+def test_a_rank_dies_during_the_background_commit(tmp_path, nprocs, victim, figures):
+    """No rank hangs: the others' commit threads fail (gloo sees the peer gone), done()
+    turns True, wait() raises AbortedError, and nothing is committed (no commit record);
+    the previous checkpoint still loads."""
+    import json
+    import strata
+    prev, path, out = str(tmp_path / "prev"), str(tmp_path / "ck"), tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(_dist.RankFailure):
+        _dist.run(dies_in_commit, nprocs, prev, path, victim, str(out), timeout=120)
+    recs = [json.loads((out / ("rank%d.json" % r)).read_text())
+            for r in range(nprocs) if r != victim]
+    assert len(recs) == nprocs - 1
+    for rec in recs:
+        assert rec["done"], rec
+        assert rec["error"] == "AbortedError", rec
+        assert not rec["probe"]["committed"] and not rec["probe"]["has_commit"], rec
+        assert rec["prev"]["committed"], rec
+    p = strata.probe(path)
+    assert not p["committed"] and not p["has_commit"]
+    back = {"w": torch.zeros(257, 63), "b": torch.zeros(1001, dtype=torch.bfloat16)}
+    st.load(back, prev)
+    assert torch.equal(bits(back["w"]), bits(_bg_state(0, nprocs)["w"]))
+    figures("a rank killed in the commit (%d ranks, rank %d)" % (nprocs, victim),
+            "the others' done() True after %s s" % ", ".join("%.2f" % r["seconds"] for r in recs))
