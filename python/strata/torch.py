@@ -70,6 +70,10 @@ def _u8_from_bytes(b):
     return torch.frombuffer(bytearray(b), dtype=torch.uint8) if b else torch.empty(0, dtype=torch.uint8)
 
 
+# torch 2.13 deprecates all_gather_into_tensor for all_gather_single (same arguments)
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 class _Group:
     """A process group as strata sees it: a dedicated gloo group, the strata Comm over it,
     and the Savers made on it (one per pool), kept for the life of the process. As in DCP's
@@ -108,12 +112,12 @@ class _Group:
         return ops.allgather, ops.alltoallv, ops.bcast
 
     def _gather_into(self, out, inp, group=None):
-        """all_gather_into_tensor (equal sizes), or all_gather into views of out where the
+        """all_gather_single (equal sizes), or all_gather into views of out where the
         backend lacks it (older gloo)."""
         group = group or self.gloo
         if self._into:
             try:
-                dist.all_gather_into_tensor(out, inp, group=group)
+                _all_gather_single(out, inp, group=group)
                 return
             except (RuntimeError, NotImplementedError) as e:
                 if "support" not in str(e).lower():

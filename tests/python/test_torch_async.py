@@ -365,3 +365,27 @@ def test_a_rank_dies_during_the_background_commit(tmp_path, nprocs, victim, figu
     assert torch.equal(bits(back["w"]), bits(_bg_state(0, nprocs)["w"]))
     figures("a rank killed in the commit (%d ranks, rank %d)" % (nprocs, victim),
             "the others' done() True after %s s" % ", ".join("%.2f" % r["seconds"] for r in recs))
+
+
+def collectives_warn_nothing(path):
+    """Every collective strata.torch runs (the agreement, save, async save with its
+    background commit, load) with warnings turned into errors."""
+    import warnings
+    import torch.distributed as dist
+    rank, size = dist.get_rank(), dist.get_world_size()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        warnings.simplefilter("error", DeprecationWarning)
+        st.save(_bg_state(rank, size), path + "-sync")
+        st.async_save(_bg_state(rank, size), path + "-async").wait()
+        back = {"w": torch.zeros(257, 63)}
+        st.load(back, path + "-async")
+    return bool(torch.equal(back["w"], _bg_state(rank, size)["w"]))
+
+
+@pytest.mark.slow
+def test_no_deprecation_warning_from_the_collectives(tmp_path):
+    """torch 2.13 deprecates all_gather_into_tensor (for all_gather_single): strata.torch's
+    collectives warn nothing on a multi-rank group."""
+    assert _dist.run(collectives_warn_nothing, 2, str(tmp_path / "ck"), timeout=120) == [True,
+                                                                                         True]
