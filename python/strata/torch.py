@@ -74,6 +74,16 @@ def _u8_from_bytes(b):
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
+def _timeout_of(pg):
+    """The time limit of process group pg's collectives, or None (torch's default)."""
+    for dev in ("cpu", "cuda"):
+        try:
+            return pg._get_backend(torch.device(dev)).options._timeout
+        except Exception:
+            continue
+    return None
+
+
 class _Group:
     """A process group as strata sees it: a dedicated gloo group, the strata Comm over it,
     and the Savers made on it (one per pool), kept for the life of the process. As in DCP's
@@ -94,13 +104,16 @@ class _Group:
         self._into = True
 
     def _new_gloo(self):
-        """A gloo group of this group's ranks (a collective)."""
-        pg = self.pg
+        """A gloo group of this group's ranks (a collective), with the caller's group's
+        time limit (torch's default for gloo, 30 minutes, where it cannot be read), so that
+        a commit thread waiting for a dead or stopped peer gives up when the caller's
+        collectives would."""
+        pg, kw = self.pg, {"backend": "gloo", "timeout": _timeout_of(self.pg)}
         if pg is dist.group.WORLD:
-            return dist.new_group(backend="gloo")
+            return dist.new_group(**kw)
         if self.size == dist.get_world_size():
-            return dist.new_group(ranks=self.ranks, backend="gloo")
-        return dist.new_group(ranks=self.ranks, backend="gloo", use_local_synchronization=True)
+            return dist.new_group(ranks=self.ranks, **kw)
+        return dist.new_group(ranks=self.ranks, use_local_synchronization=True, **kw)
 
     def _dup(self):
         """A Saver's commit thread's collectives (strata calls this on every rank at the

@@ -301,16 +301,21 @@ def test_all_ranks_killed_after_done_without_wait_the_checkpoint_is_committed(tm
         assert back["cfg"] == {"size": nprocs, "name": "bg"}
 
 
-def dies_in_commit(prev, path, victim, out):
+def dies_in_commit(prev, path, victim, out, stop=False):
     """A committed save to prev; then an async save whose commit thread's first collective
-    SIGKILLs rank `victim`. The others report when done() turned True, the error wait()
-    raised, and what probe() says."""
+    SIGKILLs rank `victim` (with stop, SIGSTOPs it: a peer that neither answers nor closes
+    its connections, under a 5 s time limit of the caller's group). The others report when
+    done() turned True, the error wait() raised, and what probe() says (then, with stop,
+    kill the stopped rank)."""
+    import datetime
     import json
     import os
     import signal
     import torch.distributed as dist
     import strata
     rank, size = dist.get_rank(), dist.get_world_size()
+    if stop:   # before strata.torch makes its groups, which take this limit
+        dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=5))
     st.save(_bg_state(rank, size), prev, step=1)
     group = st._group(None)
     if rank == victim:
@@ -318,7 +323,10 @@ def dies_in_commit(prev, path, victim, out):
 
         def dying(send, recv, group=None):
             if group is not None:   # a commit thread's collective
-                os.kill(os.getpid(), signal.SIGKILL)
+                if stop:
+                    with open(os.path.join(out, "victim.pid"), "w") as f:
+                        f.write(str(os.getpid()))
+                os.kill(os.getpid(), signal.SIGSTOP if stop else signal.SIGKILL)
             return real(send, recv, group)
         group._allgather = dying
     h = st.async_save(_bg_state(rank, size), path, step=2)
@@ -336,6 +344,28 @@ def dies_in_commit(prev, path, victim, out):
            "probe": strata.probe(path), "prev": strata.probe(prev)}
     with open(os.path.join(out, "rank%d.json" % rank), "w") as f:
         json.dump(rec, f)
+    if stop:
+        with open(os.path.join(out, "victim.pid")) as f:
+            os.kill(int(f.read()), signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_in_the_background_commit_times_out_with_the_callers_limit(tmp_path):
+    """A peer stopped (SIGSTOP) in the commit: the commit thread's own gloo group has the
+    caller's group's time limit (5 s here; torch's default for new groups is 30 minutes),
+    so the other rank's done() turns True within it, wait() raises AbortedError and nothing
+    is committed."""
+    import json
+    import strata
+    prev, path, out = str(tmp_path / "prev"), str(tmp_path / "ck"), tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(_dist.RankFailure):
+        _dist.run(dies_in_commit, 2, prev, path, 1, str(out), stop=True, timeout=90)
+    rec = json.loads((out / "rank0.json").read_text())
+    assert rec["done"] and rec["seconds"] < 40, rec
+    assert rec["error"] == "AbortedError", rec
+    assert not strata.probe(path)["has_commit"]
+    assert strata.probe(prev)["committed"]
 
 
 @pytest.mark.slow
