@@ -1,7 +1,8 @@
 """Python values as bytes: the tagged format of docs/FORMAT.md, "Python values".
 
 strata.torch stores every value of a state dict that is not a tensor (ints, floats,
-strings, bools, None, bytes, lists, tuples and dicts of them) as one blob in this format.
+strings, bools, None, bytes, io.BytesIO, lists, tuples and dicts of them) as one blob in
+this format.
 Decoding never executes code: it builds only the types listed here. Pickled values (only
 when the caller passes pickle=True on both save and load) and empty tensors (no elements,
 so no shard can describe them) have their own blob kinds.
@@ -16,6 +17,7 @@ Errors while decoding raise ValueError with the reason and the byte offset; the 
 turns them into strata.FormatError naming the key.
 """
 
+import io
 import pickle as _pickle
 import struct
 
@@ -89,6 +91,12 @@ def _enc(out, v, depth, path):
     elif t is bytes:
         out += b"b"
         _bytes_field(out, v)
+    elif t is io.BytesIO:
+        # its whole buffer and position (what pickling it keeps), not only what is left
+        # to read: training scripts keep serialised state (losses, ...) in one
+        out += b"B"
+        _bytes_field(out, v.getvalue())
+        _varint(out, v.tell())
     elif t is list or t is tuple:
         if depth >= MAX_DEPTH:
             raise NeedsPickle("nesting deeper than %d" % MAX_DEPTH, path)
@@ -245,6 +253,15 @@ def _dec(r, depth):
         return r.text()
     if tag == 0x62:    # b
         return r.raw(r.count())
+    if tag == 0x42:    # B
+        b = io.BytesIO(r.raw(r.count()))
+        at = r.i
+        pos = r.varint()
+        if pos > _I64_MAX:
+            r.i = at
+            r.fail("a BytesIO position beyond 2^63 - 1")
+        b.seek(pos)
+        return b
     if tag in (0x6C, 0x74, 0x64, 0x44):   # l t d D
         if depth >= MAX_DEPTH:
             r.fail("nesting deeper than %d" % MAX_DEPTH)
