@@ -1,5 +1,6 @@
 """DTensors as strata sees them: which boxes of the global tensor this rank holds (Shard,
-Replicate, _StridedShard placements, an explicit shard order), each a view of its local tensor."""
+Replicate, _StridedShard placements, an explicit shard order; or, for a local tensor that is
+a LocalShardsWrapper, its shards at their own offsets), each a view of its local tensor."""
 
 import itertools
 
@@ -27,6 +28,34 @@ except ImportError:
 
 def _is_dtensor(t):
     return _DTensor is not None and isinstance(t, _DTensor)
+
+
+def _is_shards_wrapper(local):
+    """A local tensor that lists its own shards and their offsets (torch's
+    LocalShardsWrapper: DCP takes its chunks, not the placements, as what the rank holds)."""
+    return (callable(getattr(local, "local_shards", None))
+            and callable(getattr(local, "local_offsets", None)))
+
+
+def _wrapper_boxes(key, local, gshape):
+    """The boxes of a LocalShardsWrapper: each local shard at its own offsets."""
+    shards = list(local.local_shards())
+    offsets = [tuple(int(x) for x in o) for o in local.local_offsets()]
+    if len(offsets) != len(shards):
+        raise _error("InvalidArgumentError", "%s: a LocalShardsWrapper with %d shards and %d "
+                     "offsets" % (key, len(shards), len(offsets)))
+    out = []
+    for i, (shard, offs) in enumerate(zip(shards, offsets)):
+        lens = tuple(int(x) for x in shard.shape)
+        if (len(offs) != len(gshape) or len(lens) != len(gshape)
+                or any(o < 0 or o + n > g for o, n, g in zip(offs, lens, gshape))):
+            raise _error("InvalidArgumentError",
+                         "%s: local shard %d of its LocalShardsWrapper (shape %s at offsets "
+                         "%s) lies outside the DTensor's global shape %s"
+                         % (key, i, lens, offs, gshape))
+        if shard.numel():
+            out.append((offs, lens, shard))
+    return out
 
 
 def _chunk_pick(idx, k, c):
@@ -77,6 +106,8 @@ def _dtensor_boxes(key, dt):
     coord = mesh.get_coordinate()
     if coord is None:
         return []
+    if _is_shards_wrapper(local):
+        return _wrapper_boxes(key, local, gshape)
     strided = _StridedShard is not None and any(isinstance(p, _StridedShard) for p in placements)
     # the order in which mesh dims shard each tensor dim: placements left to right, unless
     # the spec carries an explicit shard order (torch >= 2.9, without _StridedShard)

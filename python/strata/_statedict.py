@@ -85,9 +85,17 @@ def _is_container(v):
     return isinstance(v, (collections.abc.Mapping, list, tuple))
 
 
+def _key_order(kv):
+    k = kv[0]
+    return (type(k).__name__, k if isinstance(k, (str, int)) else repr(k))
+
+
 def _items(v):
+    """v's (key, child) pairs: a mapping's in sorted key order, so that every rank walks a
+    state dict, and so calls state_dict() / load_state_dict() of its Stateful objects
+    (which may run collectives), in one order whatever order its keys were inserted in."""
     if isinstance(v, collections.abc.Mapping):
-        return list(v.items())
+        return sorted(v.items(), key=_key_order)
     return list(enumerate(v))
 
 
@@ -185,6 +193,7 @@ class _SavePrep:
         self.state = _S.State()
         self.checks = []
         self.cuda = set()
+        self.sources = []   # (name, tensor the engine reads)
         for kind, key, v, pr in _flatten(state_dict):
             try:
                 if kind == "tensor":
@@ -231,6 +240,7 @@ class _SavePrep:
             for offs, lens, view in _dtensor_boxes(key, t):
                 src = _readable(view)
                 self._shard(key, sdt, gshape, offs, lens, src)
+                self._source(key, view, src)
             return
         if t.numel() == 0:
             self._blob(key, _values.encode_empty_tensor(sdt, tuple(t.shape)), pr)
@@ -238,8 +248,15 @@ class _SavePrep:
         src = _readable(t)
         name = _pr_name(key, self.rank) if pr else key
         self._shard(name, sdt, tuple(src.shape), None, None, src)
+        self._source(name, t, src)
         if not pr and self.replicas:
             self.checks.append((key, _hash_tensor(src)))
+
+    def _source(self, name, t, src):
+        """Keeps src for async_save's check of in-place changes during the snapshot, unless
+        it is a copy made here (a change to t then cannot reach the checkpoint)."""
+        if src is t or src.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
+            self.sources.append((name, src))
 
     def _shard(self, name, sdt, gshape, offs, lens, src):
         if src.is_cuda:
@@ -320,6 +337,21 @@ def _ranges(xs):
     return ",".join(str(x) for x in xs[:16]) + (",..." if len(xs) > 16 else "")
 
 
+def _materialise(t):
+    """A tensor to load into in place of t, one on the meta device (DCP's load does the
+    same): uninitialised, of t's dtype and shape, on the CPU; a DTensor's local tensor on
+    its mesh's device type (the current CUDA device for "cuda"), same mesh and placements."""
+    if not _is_dtensor(t):
+        return torch.empty(tuple(t.shape), dtype=t.dtype)
+    mesh = t.device_mesh
+    dev = torch.device("cpu")
+    if mesh.device_type == "cuda":
+        dev = torch.device("cuda", torch.cuda.current_device())
+    local = torch.empty(tuple(t._local_tensor.shape), dtype=t.dtype, device=dev)
+    return type(t).from_local(local, device_mesh=mesh, placements=t.placements,
+                              run_check=False, shape=t.size(), stride=t.stride())
+
+
 class _LoadPrep:
     """One rank's strata.State for loading into a state dict, and what to do after."""
 
@@ -337,17 +369,17 @@ class _LoadPrep:
         self.new = []       # (setter, tensor): values saved as tensors
         self.finals = []    # post-order: tuple rebuilds, load_state_dict
         self.cuda = set()
-        self._container(state_dict, "", False, None)
+        self._container(state_dict, "", False, None, True)
 
-    def _walk(self, v, key, pr, setter):
+    def _walk(self, v, key, pr, setter, fill):
         if isinstance(v, PerRank):
             def set_pr(x, h=v):
                 h.value = x
-            self._walk(v.value, key, True, set_pr)
+            self._walk(v.value, key, True, set_pr, fill)
             return
         if isinstance(v, torch.Tensor):
             try:
-                self._tensor(key, v)
+                self._tensor(key, v, setter)
             except _S.Error as e:
                 raise _with_key(e, key) from None
             return
@@ -356,7 +388,7 @@ class _LoadPrep:
             if not isinstance(sd, collections.abc.Mapping):
                 raise _error("InvalidArgumentError", "%s: state_dict() returned a %s, not a dict"
                              % (key, type(sd).__name__))
-            self._container(sd, key, pr, None)
+            self._container(sd, key, pr, None, False)
             self.finals.append(lambda obj=v, sd=sd: obj.load_state_dict(sd))
             return
         if _is_container(v):
@@ -364,13 +396,16 @@ class _LoadPrep:
             if not _plain(v) or (m.value_src(key, self.rank) is None
                                  and m.tensor_name(key, self.rank) is None
                                  and m.has_prefix(key)):
-                self._container(v, key, pr, setter)
+                self._container(v, key, pr, setter, fill)
                 return
         self._value(key, pr, setter)
 
-    def _container(self, v, key, pr, setter):
+    def _container(self, v, key, pr, setter, fill):
         items = _items(v)
         if not items and key and self.meta.has_prefix(key):
+            if fill and isinstance(v, collections.abc.MutableMapping):
+                self._fill(v, key)
+                return
             raise _error("NotFoundError",
                          "%s: the checkpoint holds entries under %r but the target's %r is "
                          "empty (an optimizer whose state is not initialised yet? create it "
@@ -379,12 +414,40 @@ class _LoadPrep:
         if isinstance(v, tuple):
             tmp = list(v)
             for i, c in items:
-                self._walk(c, _join(key, i), pr, lambda x, l=tmp, i=i: l.__setitem__(i, x))
+                self._walk(c, _join(key, i), pr, lambda x, l=tmp, i=i: l.__setitem__(i, x),
+                           fill)
             if setter is not None:
                 self.finals.append(lambda: setter(_rebuild(v, tmp)))
             return
         for k, c in items:
-            self._walk(c, _join(key, k), pr, lambda x, d=v, k=k: d.__setitem__(k, x))
+            self._walk(c, _join(key, k), pr, lambda x, d=v, k=k: d.__setitem__(k, x), fill)
+            if not key and not _is_stateful(c):
+                # DCP's contract: every entry of the state dict that is not Stateful is
+                # replaced by its loaded value (itself, where it was loaded in place)
+                self.finals.append(lambda d=v, k=k: d.__setitem__(k, d[k]))
+
+    def _fill(self, d, key):
+        """An empty dict d at key, and checkpoint entries under key: d gets every one of
+        them (this rank's own of those saved per rank), under the rest of its dotted name
+        (the checkpoint keeps no nesting: "model.l1.weight" fills d["l1.weight"]), a value
+        or a new CPU tensor."""
+        p = key + "."
+        i = bisect.bisect_left(self.meta.names, p)
+        names = self.meta.names
+        seen = set()
+        while i < len(names) and names[i].startswith(p):
+            n = names[i]
+            i += 1
+            m = re.search(r"@rank(\d+)$", n)
+            if m is not None and n in self.meta.tensors:
+                if int(m.group(1)) != self.rank:
+                    continue
+                n = n[:m.start()]
+            if n in seen or (self.meta.value_src(n, self.rank) is None
+                             and self.meta.tensor_name(n, self.rank) is None):
+                continue
+            seen.add(n)
+            self._value(n, False, lambda x, d=d, k=n[len(p):]: d.__setitem__(k, x))
 
     def _value(self, key, pr, setter):
         m = self.meta
@@ -408,7 +471,10 @@ class _LoadPrep:
                             keep=buf)
         self.blobs.append((key, buf, size, setter, target))
 
-    def _tensor(self, key, t):
+    def _tensor(self, key, t, setter):
+        if t.device.type == "meta":
+            t = _materialise(t)
+            self.new.append((setter, t))
         _check_tensor(key, t)
         sdt = _sdtype(key, t)
         gshape = tuple(t.shape)

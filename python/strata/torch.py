@@ -16,9 +16,9 @@ State dicts hold (nested in dicts, lists and tuples; flattened to dotted keys su
     contiguous. Load reshards: any saved layout into any target layout;
   - Stateful objects (state_dict() / load_state_dict(): modules, optimizers, your own),
     expanded at save and restored through load_state_dict at load;
-  - values (None, bool, int, float, str, bytes, lists, tuples and dicts of them) in the
-    tagged format of docs/FORMAT.md ("Python values"), which loads without running code;
-    anything else only with pickle=True on both save and load;
+  - values (None, bool, int, float, str, bytes, io.BytesIO, lists, tuples and dicts of
+    them) in the tagged format of docs/FORMAT.md ("Python values"), which loads without
+    running code; anything else only with pickle=True on both save and load;
   - per_rank(x): a value (or tensor, or nested state) each rank saves for itself and gets
     back for itself (RNG states, data-loader positions): rng_state() / set_rng_state().
 
@@ -349,10 +349,27 @@ class AsyncSave:
         self._result = None
         self._exc = None
         self._finished = False
+        self._versions = None   # [(name, tensor, its _version at the start)]
 
     def wait_snapshot(self):
         if not self._finished:
             self._h.wait_snapshot()
+            self._check_versions()
+
+    def _check_versions(self):
+        """Warns (once a save) if a tensor the snapshot reads was changed in place before
+        it ended (its version counter moved): an optimizer.step() before wait_snapshot()
+        saves post-step values for some tensors. Changes through .data or raw memory are
+        not counted, and a change after the snapshot ended but before wait_snapshot() is
+        warned of too (it broke the contract, though the bytes were already copied)."""
+        vs, self._versions = self._versions, None
+        for name, t, v in vs or ():
+            if t._version != v:
+                warnings.warn("strata.torch.async_save: %r was changed in place before "
+                              "wait_snapshot() returned (its version counter moved): the "
+                              "checkpoint may hold the new values; call wait_snapshot() "
+                              "before optimizer.step()" % name, RuntimeWarning, stacklevel=3)
+                return
 
     def wait(self):
         if not self._finished:
@@ -400,9 +417,12 @@ def async_save(state_dict, path, process_group=None, *, step=0, pool=None, pickl
     group = _group(process_group)
     uris = _uris(path)
     prep = _prepare_save(state_dict, group, pickle)
+    versions = [(name, t, t._version) for name, t in prep.sources]
     h = _save_saver(group, pool).start(uris, [prep.state], step=step, replace=replace,
                                        **options)
-    return AsyncSave(h, prep)
+    a = AsyncSave(h, prep)
+    a._versions = versions
+    return a
 
 
 def _read_meta(uris, group):
@@ -434,8 +454,12 @@ def load(state_dict, path, process_group=None, *, pickle=False, cast=False, **op
     that differs MismatchError - unless cast=True, which converts a tensor saved in another
     dtype into the target's as it is read (floats to floats rounded once to nearest even,
     as Tensor.to does from float32; integers only where every value is exact; any other
-    pair is MismatchError). Returns the load's stats. options: io_threads, max_io_bytes,
-    direct."""
+    pair is MismatchError). As DCP's load: keys are taken in sorted order on every rank
+    (Stateful objects may run collectives), every top-level entry that is not Stateful is
+    set again after the load, tensors on the meta device are replaced by new loaded ones
+    (CPU; a DTensor's on its mesh's device), and an empty dict (outside a Stateful) is
+    filled with what the checkpoint holds under its key. Returns the load's stats.
+    options: io_threads, max_io_bytes, direct."""
     group = _group(process_group)
     uris = _uris(path)
     meta = _read_meta(uris, group)
