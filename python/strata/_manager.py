@@ -6,7 +6,7 @@ import warnings
 
 import strata as _S
 from strata import _values
-from strata.torch import AsyncSave, _error, _group, _prepare_save, load
+from strata.torch import AsyncSave, _error, _group, _prepare_save, _versions, load
 
 _STEP_DIR = re.compile(r"step-(\d+)")
 
@@ -157,8 +157,10 @@ class CheckpointManager:
         prep = _prepare_save(state_dict, group, self.pickle)
         saver = self._get_saver(group)
         if self.async_save:
+            versions = _versions(prep)
             h = saver.start(uris, [prep.state], step=step)
             self._pending = _TierSave(h, prep, lambda exc: self._ended(group, step, exc))
+            self._pending._versions = versions
             return self._pending
         try:
             stats = saver.save(uris, [prep.state], step=step)

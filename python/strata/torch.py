@@ -417,12 +417,17 @@ def async_save(state_dict, path, process_group=None, *, step=0, pool=None, pickl
     group = _group(process_group)
     uris = _uris(path)
     prep = _prepare_save(state_dict, group, pickle)
-    versions = [(name, t, t._version) for name, t in prep.sources]
+    versions = _versions(prep)
     h = _save_saver(group, pool).start(uris, [prep.state], step=step, replace=replace,
                                        **options)
     a = AsyncSave(h, prep)
     a._versions = versions
     return a
+
+
+def _versions(prep):
+    """What AsyncSave._check_versions compares: the version counters as the save starts."""
+    return [(name, t, t._version) for name, t in prep.sources]
 
 
 def _read_meta(uris, group):

@@ -343,6 +343,23 @@ def test_async_save_warns_of_a_tensor_changed_before_wait_snapshot(tmp_path):
     st.load(back, str(tmp_path / "b"))
     assert torch.equal(back["model"]["p"], torch.full((1000,), 2.0))
 
+    # the manager's async saves too; a non-contiguous tensor is copied at registration
+    # (a change to it cannot reach the checkpoint), so it is not warned of
+    nc = torch.zeros(8, 4).t()
+    with st.CheckpointManager([str(tmp_path / "m")], keep=2) as mgr:
+        h = mgr.save(1, {"nc": nc, "p": p})
+        nc.add_(1.0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            h.wait_snapshot()
+        h.wait()
+        h = mgr.save(2, {"nc": nc, "p": p})
+        with torch.no_grad():
+            p.mul_(2.0)
+        with pytest.warns(RuntimeWarning, match="'p' was changed in place"):
+            h.wait_snapshot()
+        h.wait()
+
 
 def dist_wrong_local_shape(path):
     from torch.distributed.device_mesh import init_device_mesh
