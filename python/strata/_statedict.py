@@ -421,7 +421,7 @@ class _LoadPrep:
             return
         for k, c in items:
             self._walk(c, _join(key, k), pr, lambda x, d=v, k=k: d.__setitem__(k, x), fill)
-            if not key and not _is_stateful(c):
+            if not key and not _is_stateful(c) and isinstance(v, collections.abc.MutableMapping):
                 # DCP's contract: every entry of the state dict that is not Stateful is
                 # replaced by its loaded value (itself, where it was loaded in place)
                 self.finals.append(lambda d=v, k=k: d.__setitem__(k, d[k]))

@@ -18,6 +18,7 @@ suite."""
 
 import io
 import itertools
+import types
 import warnings
 
 import pytest
@@ -316,6 +317,11 @@ def test_stateful_restored_in_place_and_others_replaced(tmp_path):
     assert sd.set_called   # DCP's contract: a non-Stateful entry is replaced (here by itself)
     assert sd["foo"] is inner and inner["bytes"] == [1, 2, 3, 4]
     assert torch.equal(inner["replicated"], t)
+
+    # a read-only mapping of tensors still loads in place (nothing to set again there)
+    ro = types.MappingProxyType({"foo": {"replicated": torch.zeros(10, 10)}})
+    st.load(ro, path + "2")
+    assert torch.equal(ro["foo"]["replicated"], t)
 
 
 # ---- async_save: changes before wait_snapshot() ----------------------------------------------
