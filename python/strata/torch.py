@@ -375,6 +375,9 @@ class AsyncSave:
         if not self._finished:
             self._finished = True
             try:
+                if self._versions is not None:   # wait_snapshot() was not called
+                    self._h.wait_snapshot()
+                    self._check_versions()
                 self._result = self._h.wait_durable()
             except BaseException as e:
                 self._exc = e

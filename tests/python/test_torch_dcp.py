@@ -366,6 +366,13 @@ def test_async_save_warns_of_a_tensor_changed_before_wait_snapshot(tmp_path):
             h.wait_snapshot()
         h.wait()
 
+    # wait() without wait_snapshot() checks too
+    h = st.async_save({"model": {"p": p}}, str(tmp_path / "c"))
+    with torch.no_grad():
+        p.add_(1.0)
+    with pytest.warns(RuntimeWarning, match=r"'model\.p' was changed in place"):
+        h.wait()
+
 
 def dist_wrong_local_shape(path):
     from torch.distributed.device_mesh import init_device_mesh
