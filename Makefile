@@ -17,7 +17,7 @@ ST_CFLAGS  = -std=c11 -D_GNU_SOURCE -fPIC -Iinclude -Wall -Wextra -Werror $(SAN)
 ALL_CFLAGS = $(ST_CFLAGS) $(CPPFLAGS) $(CFLAGS)
 # executables link only the shared libraries they use (MPICH only where MPI is called)
 ST_LDFLAGS = $(SAN) -Wl,--as-needed
-LIBS       = -lxxhash -lpthread -ldl
+LIBS       = -lxxhash -lz -lpthread -ldl
 # MPICH's flags, looked up when a recipe that needs them runs - after `deps` has installed
 # it (recursive variables: a `:=` here would run pkg-config before MPICH is there)
 MPI_CFLAGS = $(shell pkg-config --cflags mpich 2>/dev/null)
@@ -51,7 +51,7 @@ LIBRARIES := $(BUILD)/libstrata.a $(BUILD)/libstrata.so $(BUILD)/libstrata_mpi.a
              $(BUILD)/libstrata_mpi.so
 
 # Debian packages used by the build, tests and tools (checked, installed when missing).
-DEB_PKGS = gcc make libxxhash-dev libcmocka-dev pkg-config mpich libmpich-dev
+DEB_PKGS = gcc make libxxhash-dev libcmocka-dev pkg-config mpich libmpich-dev zlib1g-dev
 
 # A shell function for recipes: `$(APT) apt_need PKG...` installs the Debian packages of
 # the list that are not installed (apt-get update first; sudo when not root; waits for
@@ -134,8 +134,8 @@ demo: deps all
 
 # the tests' tools: python3 (cli_test, kill_test)
 # the C suites, the shell suites, and (in the plain build) the Python package's tests in the
-# project venv
-test: deps all $(TESTS) $(BUILD)/tests/libfakecudart.so $(if $(SAN),,venv)
+# project venv (tests/python/test_pickle_reader.py runs build/tests/pickle_dump)
+test: deps all $(TESTS) $(BUILD)/tests/libfakecudart.so $(BUILD)/tests/pickle_dump $(if $(SAN),,venv)
 	@$(APT) tool_need python3 python3
 	@BUILD=$(BUILD) SANITIZED=$(if $(SAN),1,) VENV=$(VENV) bash tests/run.sh $(TESTS)
 

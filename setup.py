@@ -30,7 +30,7 @@ ext = Extension(
     include_dirs=["include", "src"],
     depends=sorted(glob.glob("include/*.h") + glob.glob("src/*/*.h")),
     extra_compile_args=["-std=c11", "-D_GNU_SOURCE", "-O2", "-fvisibility=hidden"],
-    libraries=["xxhash", "pthread", "dl"],
+    libraries=["xxhash", "z", "pthread", "dl"],
 )
 
 setup(

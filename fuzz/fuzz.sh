@@ -39,7 +39,7 @@ CC_FUZZ=${CC_FUZZ:-clang}
 OUT=${FUZZ_OUT:-build/fuzz}
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
 CFLAGS="-O1 -g -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude -Isrc $SAN"
-LIBS="-lxxhash -lpthread -lm"
+LIBS="-lxxhash -lz -lpthread -lm"
 
 if [ -n "${FUZZ_TARGETS:-}" ]; then
     read -r -a targets <<<"$FUZZ_TARGETS"
