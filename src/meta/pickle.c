@@ -391,12 +391,12 @@ static int op_fill(pk_m *m, int dict, int k)
 {
     size_t base = 0;
     int rc;
-    const char *op = dict ? "SETITEMS" : "APPENDS";
+    const char *op = k < 0 ? (dict ? "SETITEMS" : "APPENDS") : (dict ? "SETITEM" : "APPEND");
     if (k < 0) {
         if ((rc = pop_mark(m, &base)) != 0)
             return rc;
     } else {
-        if ((rc = top(m, (size_t)k, dict ? "SETITEM" : "APPEND")) != 0)
+        if ((rc = top(m, (size_t)k, op)) != 0)
             return rc;
         base = m->sp - (size_t)k;
     }
