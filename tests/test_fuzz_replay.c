@@ -8,7 +8,9 @@
  * whole file); they reproduce bugs where bad input was accepted. For fuzz_safetensors the
  * seeds say what they are too: seed-reject-* must be refused (STRATA_EFORMAT, naming the
  * file), seed-valid-* accepted; seed-index-reject-* and seed-index-valid-* the same, as an
- * index of a sharded set. Runs from the repository root (or $STRATA_SRC_ROOT). A
+ * index of a sharded set. For fuzz_pickle and fuzz_zip too: seed-valid-* must be parsed
+ * (a pickle) or opened with every entry read (a zip), seed-reject-* refused with
+ * STRATA_EFORMAT naming the input. Runs from the repository root (or $STRATA_SRC_ROOT). A
  * corpus directory that is missing or empty is a failure. */
 #include <dirent.h>
 #include <signal.h>
@@ -29,6 +31,12 @@
 #undef LLVMFuzzerTestOneInput
 #define LLVMFuzzerTestOneInput fuzz_safetensors_one
 #include "../fuzz/fuzz_safetensors.c"
+#undef LLVMFuzzerTestOneInput
+#define LLVMFuzzerTestOneInput fuzz_pickle_one
+#include "../fuzz/fuzz_pickle.c"
+#undef LLVMFuzzerTestOneInput
+#define LLVMFuzzerTestOneInput fuzz_zip_one
+#include "../fuzz/fuzz_zip.c"
 #undef LLVMFuzzerTestOneInput
 #include "../src/cli/synth.c" /* layout_parse: the CLI is not in libstrata.a */
 
@@ -181,6 +189,60 @@ static void safetensors_verdict(const char *name, const unsigned char *b, size_t
     }
 }
 
+static void pickle_verdict(const char *name, const unsigned char *b, size_t n)
+{
+    int valid = strncmp(name, "seed-valid-", 11) == 0;
+    if (!valid && strncmp(name, "seed-reject-", 12) != 0)
+        return;
+    pk_doc d;
+    int rc = pk_parse(&d, b, n, name);
+    pk_free(&d);
+    if (valid && rc != 0)
+        fail_msg("%s: a valid pickle was refused: %s", name, strata_error_last());
+    if (!valid) {
+        if (rc == 0)
+            fail_msg("%s: a pickle the reader must refuse was accepted", name);
+        assert_int_equal(rc, STRATA_EFORMAT);
+        assert_msg_has(name);
+    }
+}
+
+static void zip_verdict(const char *name, const unsigned char *b, size_t n)
+{
+    int valid = strncmp(name, "seed-valid-", 11) == 0;
+    if (!valid && strncmp(name, "seed-reject-", 12) != 0)
+        return;
+    fz_src s = {b, n};
+    st_zip z;
+    int rc = st_zip_open(&z, n, fz_read, &s, name);
+    for (size_t i = 0; rc == 0 && i < z.n; i++) {
+        unsigned char *buf = malloc(z.e[i].usize ? z.e[i].usize : 1);
+        rc = st_zip_read(&z, &z.e[i], buf, fz_read, &s, name);
+        free(buf);
+    }
+    st_zip_free(&z);
+    if (valid && rc != 0)
+        fail_msg("%s: a valid archive was refused: %s", name, strata_error_last());
+    if (!valid) {
+        if (rc == 0)
+            fail_msg("%s: an archive the reader must refuse was accepted", name);
+        assert_int_equal(rc, STRATA_EFORMAT);
+        assert_msg_has(name);
+    }
+}
+
+static void test_replay_pickle(void **state)
+{
+    (void)state;
+    replay("fuzz_pickle", fuzz_pickle_one, pickle_verdict);
+}
+
+static void test_replay_zip(void **state)
+{
+    (void)state;
+    replay("fuzz_zip", fuzz_zip_one, zip_verdict);
+}
+
 static void test_replay_meta(void **state)
 {
     (void)state;
@@ -220,6 +282,8 @@ int main(void)
         cmocka_unit_test(test_replay_uri),
         cmocka_unit_test(test_replay_layout),
         cmocka_unit_test(test_replay_safetensors),
+        cmocka_unit_test(test_replay_pickle),
+        cmocka_unit_test(test_replay_zip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
