@@ -23,7 +23,7 @@
  * PK_MAX_NODES values built; an int at most PK_MAX_INT_BYTES bytes; the graph expanded as a
  * tree (memo references counted each time) at most PK_MAX_EXPANDED values, so that a
  * consumer walking it recursively stays bounded; no cycles. Memory is bounded by a small
- * multiple of the input's size. */
+ * multiple of the input's size plus the memo's index table (at most PK_MAX_MEMO pointers). */
 #ifndef STRATA_PICKLE_H
 #define STRATA_PICKLE_H
 #include <stddef.h>
