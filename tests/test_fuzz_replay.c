@@ -216,7 +216,7 @@ static void zip_verdict(const char *name, const unsigned char *b, size_t n)
     st_zip z;
     int rc = st_zip_open(&z, n, fz_read, &s, name);
     for (size_t i = 0; rc == 0 && i < z.n; i++) {
-        unsigned char *buf = malloc(z.e[i].usize ? z.e[i].usize : 1);
+        unsigned char *buf = malloc(z.e[i].method == 0 && z.e[i].usize ? z.e[i].usize : 1);
         rc = st_zip_read(&z, &z.e[i], buf, fz_read, &s, name);
         free(buf);
     }

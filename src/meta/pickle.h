@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "../core/util.h"
+#include "strata_types.h"
 
 #define PK_MAX_INPUT (1ull << 30)     /* bytes of pickle */
 #define PK_MAX_STACK (1u << 20)       /* values on the stack at once */

@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "../core/util.h"
+#include "strata_types.h"
 
 #define ST_ZIP_MAX_CD (256ull << 20) /* bytes of central directory a reader accepts */
 #define ST_ZIP_MAX_NAME 4096         /* bytes of an entry's name */
