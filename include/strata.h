@@ -470,9 +470,9 @@ typedef int (*strata_export_progress_cb)(void *ctx, uint64_t bytes_done, uint64_
  * are written with O_DIRECT where the file system allows it: the page cache is left alone). */
 #define STRATA_EXPORT_NO_DIRECT (1u << 1)
 
-#define STRATA_EXPORT_OPTS_VERSION 1
+#define STRATA_EXPORT_OPTS_VERSION 2
 typedef struct strata_export_opts {
-    int version;             /* STRATA_EXPORT_OPTS_VERSION */
+    int version;             /* STRATA_EXPORT_OPTS_VERSION, or 1 (every tensor exported) */
     unsigned flags;          /* STRATA_EXPORT_* */
     const char *prefix;      /* stripped from the start of tensor names (NULL or "": none);
                                 names without it, or equal to it, are exported unchanged */
@@ -481,8 +481,24 @@ typedef struct strata_export_opts {
     int io_threads;          /* the loads' I/O threads; 0 = default */
     strata_export_progress_cb progress; /* may be NULL */
     void *progress_ctx;
+    /* version 2: which tensors are exported (by default, and with version 1, all). A tensor
+     * is exported when its name in the checkpoint matches a pattern of `include` (NULL:
+     * every name matches), no pattern of `exclude` (exclude wins), and, with model_only,
+     * the model rule below. Both are NULL-terminated arrays of fnmatch(3) glob patterns
+     * matched with no flags against the whole name: '*' and '?' match any characters,
+     * '.' and '/' included ("model.*", "*.exp_avg*", "*@rank*"); [...] is a class;
+     * valid UTF-8, else STRATA_EINVAL. */
+    const char *const *include;
+    const char *const *exclude;
+    /* NULL, or P (non-empty): export only what a model's state_dict holds under the key P
+     * of a state saved by strata.torch ({"model": model, "optim": optimizer, ...} flattens
+     * to "model.layers.0.w", "optim.state.0.exp_avg", per-rank values as "key@rank<r>"):
+     * the tensors named "P.<rest>", written as <rest>, never a per-rank one (a name ending
+     * in "@rank" and digits). Optimizer state lies under its own key (optim.), outside P.
+     * With prefix too: STRATA_EINVAL (model_only strips P.). */
+    const char *model_only;
 } strata_export_opts;
-#define STRATA_EXPORT_OPTS_INIT {STRATA_EXPORT_OPTS_VERSION, 0, NULL, 0, 0, NULL, NULL}
+#define STRATA_EXPORT_OPTS_INIT {STRATA_EXPORT_OPTS_VERSION, 0, NULL, 0, 0, NULL, NULL, NULL, NULL, NULL}
 
 /* Writes the tensors of the checkpoint at ckpt_uri, merged to their full global shapes from
  * whatever shards, flat pieces and replicas were saved, as Hugging Face safetensors files
@@ -509,9 +525,12 @@ typedef struct strata_export_opts {
  * else there, and a symlink as out_dir, is refused with STRATA_EEXIST before anything is
  * written. opts may be NULL. stats (may be NULL) gets data_bytes (tensor bytes read), bytes
  * and all_bytes (tensor bytes written: total_size), io_calls, seconds.
+ * A selection (include, exclude, model_only) that keeps no tensor is STRATA_ENOTFOUND,
+ * nothing written; only selected tensors are loaded, counted and written.
  * Errors: those of strata_ckpt_open and strata_load (STRATA_ENOENT, STRATA_EINCOMPLETE,
  * STRATA_ECHECKSUM, ...), STRATA_EINVAL (bad options; a name that is not UTF-8; two names
  * equal once the prefix is stripped, or one that the prefix makes "__metadata__"),
+ * STRATA_ENOTFOUND (the selection keeps nothing),
  * STRATA_EMISMATCH (a tensor named "__metadata__": safetensors keeps that key for the file's
  * metadata, so it cannot be exported), STRATA_EEXIST (out_dir as above), STRATA_ENOENT (its
  * parent is missing), STRATA_ESCHEME, STRATA_EIO, STRATA_ENOSPC, STRATA_ENOMEM,

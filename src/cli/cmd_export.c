@@ -12,7 +12,8 @@
 
 static const char EXPORT_HELP[] =
     "usage: strata export CKPT OUT [--format safetensors] [--prefix P] [--max-file-gb N]\n"
-    "                     [--dtype bf16] [--quiet]\n"
+    "                     [--dtype bf16] [--include GLOB]... [--exclude GLOB]...\n"
+    "                     [--model-only[=P]] [--quiet]\n"
     "\n"
     "Writes the checkpoint's tensors, merged to their full global shapes from whatever\n"
     "shards, flat pieces and replicas were saved, as Hugging Face safetensors into the\n"
@@ -29,6 +30,19 @@ static const char EXPORT_HELP[] =
     "  --dtype bf16     convert floating tensors (f64, f32, f16) to bf16, rounding to\n"
     "                   nearest even; others are written as saved. Without it every tensor\n"
     "                   keeps its saved dtype\n"
+    "  --include GLOB   export only tensors whose name in the checkpoint matches GLOB\n"
+    "                   (repeatable: any of them); an fnmatch pattern on the whole name,\n"
+    "                   where * and ? match any characters, '.' and '/' too: 'model.*'\n"
+    "  --exclude GLOB   leave out tensors whose name matches GLOB (repeatable); exclude\n"
+    "                   wins over include: --exclude '*.exp_avg*' --exclude '*@rank*'\n"
+    "  --model-only[=P] export what the model's state_dict holds, for a state saved by\n"
+    "                   strata.torch as {P: model, \"optim\": optimizer, ...} (P default\n"
+    "                   model): only tensors named P.<name>, written as <name> (P.\n"
+    "                   stripped), never a per-rank one (<key>@rank<r>); optimizer state\n"
+    "                   (optim.*), the step and other entries are left out. Not with\n"
+    "                   --prefix. With --include/--exclude, their patterns match the\n"
+    "                   names in the checkpoint (model.layers.0.w)\n"
+    "                   A selection that keeps no tensor is an error (exit 1), nothing written\n"
     "  --quiet          no progress line (it is shown only when stderr is a terminal)\n"
     "\n"
     "Memory stays bounded whatever the model size: tensors are loaded in windows of at\n"
@@ -100,12 +114,31 @@ static int on_progress(void *ctx, uint64_t done, uint64_t total)
     return 0;
 }
 
+static int export_run(int argc, char **argv, const char **inc, const char **exc);
+
+/* The --include / --exclude lists are NULL-terminated arrays of at most argc patterns. */
 int cmd_export(int argc, char **argv)
+{
+    const char **inc = calloc((size_t)argc + 1, sizeof *inc),
+               **exc = calloc((size_t)argc + 1, sizeof *exc);
+    if (!inc || !exc) {
+        free(inc);
+        free(exc);
+        fprintf(stderr, "strata export: out of memory\n");
+        return EXIT_OPFAIL;
+    }
+    int rc = export_run(argc, argv, inc, exc);
+    free(inc);
+    free(exc);
+    return rc;
+}
+
+static int export_run(int argc, char **argv, const char **inc, const char **exc)
 {
     const char *ckpt = NULL, *out = NULL;
     strata_export_opts o = STRATA_EXPORT_OPTS_INIT;
     double max_gb = 5;
-    int quiet = 0;
+    int quiet = 0, ninc = 0, nexc = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has_val = i + 1 < argc;
@@ -120,6 +153,16 @@ int cmd_export(int argc, char **argv)
                         argv[i]);
                 return EXIT_USAGE;
             }
+        } else if (strcmp(a, "--include") == 0 && has_val) {
+            inc[ninc++] = argv[++i];
+            o.include = inc;
+        } else if (strcmp(a, "--exclude") == 0 && has_val) {
+            exc[nexc++] = argv[++i];
+            o.exclude = exc;
+        } else if (strcmp(a, "--model-only") == 0) {
+            o.model_only = "model";
+        } else if (strncmp(a, "--model-only=", 13) == 0) {
+            o.model_only = a + 13;
         } else if (strcmp(a, "--prefix") == 0 && has_val) {
             o.prefix = argv[++i];
         } else if (strcmp(a, "--dtype") == 0 && has_val) {

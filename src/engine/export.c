@@ -18,6 +18,7 @@
  * injector's included. The bf16 conversion is st_convert's (on bits, no libm; in place:
  * the output is never larger). */
 #include <errno.h>
+#include <fnmatch.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,7 +45,7 @@
 /* One exported tensor. */
 typedef struct {
     const char *src_name; /* the checkpoint's name */
-    const char *out_name; /* stripped of the prefix */
+    const char *out_name; /* stripped of the prefix (or model_only's "P.") */
     strata_dtype src, dst;
     int ndim;
     const uint64_t *shape;
@@ -369,10 +370,24 @@ static int cmp_out_name(const void *a, const void *b)
     return strcmp((*(ex_tensor *const *)a)->out_name, (*(ex_tensor *const *)b)->out_name);
 }
 
+/* A text option (the i-th of a list, or i < 0): valid UTF-8. */
+static int check_text(const char *t, const char *what, int i)
+{
+    size_t n = t ? strlen(t) : 0, bad = t ? st_utf8_invalid_at(t, n) : 0;
+    if (bad >= n)
+        return 0;
+    char idx[24] = "";
+    if (i >= 0)
+        snprintf(idx, sizeof idx, "[%d]", i);
+    return st_fail(STRATA_EINVAL, "strata_export_opts.%s%s is not valid UTF-8 (byte 0x%02x at "
+                   "offset %zu)", what, idx, (unsigned char)t[bad], bad);
+}
+
 /* The caller's options (NULL: defaults; any version 1..current), checked, defaults filled. */
 static int export_opts_get(strata_export_opts *out, const strata_export_opts *in)
 {
-    static const size_t size[] = {0, sizeof(strata_export_opts)};
+    static const size_t size[] = {0, offsetof(strata_export_opts, include),
+                                  sizeof(strata_export_opts)};
     *out = (strata_export_opts)STRATA_EXPORT_OPTS_INIT;
     if (in) {
         if (in->version < 1 || in->version > STRATA_EXPORT_OPTS_VERSION)
@@ -390,14 +405,67 @@ static int export_opts_get(strata_export_opts *out, const strata_export_opts *in
         out->max_file_bytes = EXPORT_DEFAULT_FILE;
     if (out->prefix && !*out->prefix)
         out->prefix = NULL;
-    if (out->prefix) {
-        size_t n = strlen(out->prefix), bad = st_utf8_invalid_at(out->prefix, n);
-        if (bad < n)
-            return st_fail(STRATA_EINVAL,
-                           "strata_export_opts.prefix is not valid UTF-8 (byte 0x%02x at "
-                           "offset %zu)", (unsigned char)out->prefix[bad], bad);
+    if (out->model_only && !*out->model_only)
+        return st_fail(STRATA_EINVAL, "strata_export_opts.model_only is empty (NULL: off; "
+                       "else the key the model was saved under, such as \"model\")");
+    if (out->model_only && out->prefix)
+        return st_fail(STRATA_EINVAL, "strata_export_opts: model_only \"%s\" strips its own "
+                       "prefix; prefix \"%s\" cannot be given with it", out->model_only,
+                       out->prefix);
+    int rc = check_text(out->prefix, "prefix", -1);
+    if (!rc)
+        rc = check_text(out->model_only, "model_only", -1);
+    for (int i = 0; !rc && out->include && out->include[i]; i++)
+        rc = check_text(out->include[i], "include", i);
+    for (int i = 0; !rc && out->exclude && out->exclude[i]; i++)
+        rc = check_text(out->exclude[i], "exclude", i);
+    return rc;
+}
+
+/* Is the tensor `name` selected (include, exclude, model_only)? *out_name gets the name
+ * it is written under (model_only strips "P."). */
+static int selected(const strata_export_opts *o, const char *name, const char **out_name)
+{
+    *out_name = name;
+    int in = !o->include;
+    for (int i = 0; !in && o->include[i]; i++)
+        in = fnmatch(o->include[i], name, 0) == 0;
+    for (int i = 0; in && o->exclude && o->exclude[i]; i++)
+        in = fnmatch(o->exclude[i], name, 0) != 0;
+    if (!in || !o->model_only)
+        return in;
+    size_t plen = strlen(o->model_only), n = strlen(name);
+    if (strncmp(name, o->model_only, plen) != 0 || name[plen] != '.' || !name[plen + 1])
+        return 0;
+    /* a per-rank value strata.torch saved: key@rank<digits> */
+    size_t d = n;
+    while (d > 0 && name[d - 1] >= '0' && name[d - 1] <= '9')
+        d--;
+    if (d < n && d >= 5 && strncmp(name + d - 5, "@rank", 5) == 0)
+        return 0;
+    *out_name = name + plen + 1;
+    return 1;
+}
+
+/* What the selection was, for the message when it keeps nothing. */
+static void describe_selection(const strata_export_opts *o, char *buf, size_t n)
+{
+    FILE *m = fmemopen(buf, n, "w");
+    if (!m) {
+        snprintf(buf, n, "the selection");
+        return;
     }
-    return 0;
+    const char *sep = "";
+    for (int k = 0; k < 2; k++) {
+        const char *const *l = k ? o->exclude : o->include;
+        for (int i = 0; l && l[i]; i++, sep = ", ")
+            fprintf(m, "%s%s \"%s\"", sep, k ? "exclude" : "include", l[i]);
+    }
+    if (o->model_only)
+        fprintf(m, "%smodel_only \"%s\" (tensors named %s.<name>, not per-rank)", sep,
+                o->model_only, o->model_only);
+    fclose(m);
+    buf[n - 1] = 0;
 }
 
 /* Lays the tensors out: names, dtypes, sizes, files, offsets. */
@@ -407,10 +475,14 @@ static int layout(ex_ctx *c, strata_ckpt *ck)
     size_t plen = o->prefix ? strlen(o->prefix) : 0;
     uint64_t file_used = 0;
     int file = 0;
-    for (size_t i = 0; i < c->nts; i++) {
+    size_t nsel = 0, nall = c->nts;
+    for (size_t i = 0; i < nall; i++) {
         strata_tensor_info ti;
         strata_ckpt_tensor(&ti, ck, i);
-        ex_tensor *t = &c->ts[i];
+        ex_tensor *t = &c->ts[nsel];
+        if (!selected(o, ti.name, &t->out_name))
+            continue;
+        nsel++;
         size_t nlen = strlen(ti.name), bad = st_utf8_invalid_at(ti.name, nlen);
         if (bad < nlen) /* strata_load would refuse it: say so before writing anything */
             return st_fail(STRATA_EINVAL,
@@ -418,7 +490,6 @@ static int layout(ex_ctx *c, strata_ckpt *ck)
                            "it cannot be loaded, so cannot be exported",
                            ti.name, (unsigned char)ti.name[bad], bad);
         t->src_name = ti.name;
-        t->out_name = ti.name;
         if (plen && strncmp(ti.name, o->prefix, plen) == 0 && ti.name[plen])
             t->out_name = ti.name + plen;
         /* the key safetensors keeps for the file's metadata: a checkpoint's own name is
@@ -457,6 +528,13 @@ static int layout(ex_ctx *c, strata_ckpt *ck)
         t->begin = file_used;
         file_used += bytes;
         c->total_bytes += bytes;
+    }
+    c->nts = nsel;
+    if (!nsel && (o->include || o->exclude || o->model_only)) {
+        char sel[512];
+        describe_selection(o, sel, sizeof sel);
+        return st_fail(STRATA_ENOTFOUND, "no tensor of the checkpoint's %zu is selected by %s: "
+                       "nothing to export", nall, sel);
     }
     c->nfiles = file + 1;
     if (c->nfiles > 99999)
@@ -563,7 +641,7 @@ done:
     if (!rc && stats) {
         strata_stats full = STRATA_STATS_INIT;
         full.data_bytes = 0;
-        for (size_t i = 0; i < nt; i++)
+        for (size_t i = 0; i < c->nts; i++) /* the selected ones */
             full.data_bytes += c->ts[i].numel * c->ts[i].src_sz;
         full.bytes = c->total_bytes;
         full.all_bytes = c->total_bytes;
