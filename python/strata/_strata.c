@@ -2260,9 +2260,14 @@ static int export_progress(void *ctx, uint64_t done, uint64_t total)
     return rc;
 }
 
-static PyObject *mod_export_safetensors(PyObject *m, PyObject *args, PyObject *kw)
+/* The export's selection: include / exclude (NULL-terminated arrays) and model_only. */
+typedef struct {
+    const char **inc, **exc;
+    const char *model_only;
+} export_sel;
+
+static PyObject *export_run(PyObject *args, PyObject *kw, const export_sel *sel)
 {
-    (void)m;
     static char *kwlist[] = {"ckpt", "out", "prefix", "max_file_bytes", "dtype", "progress",
                              "io_threads", "direct", NULL};
     PyObject *ockpt, *oout, *oprefix = Py_None, *omax = Py_None, *odtype = Py_None,
@@ -2272,6 +2277,9 @@ static PyObject *mod_export_safetensors(PyObject *m, PyObject *args, PyObject *k
                                      &oout, &oprefix, &omax, &odtype, &oprog, &othreads, &direct))
         return NULL;
     strata_export_opts o = STRATA_EXPORT_OPTS_INIT;
+    o.include = sel->inc;
+    o.exclude = sel->exc;
+    o.model_only = sel->model_only;
     if (!direct)
         o.flags |= STRATA_EXPORT_NO_DIRECT;
     uint64_t v;
@@ -2359,6 +2367,78 @@ static PyObject *mod_export_safetensors(PyObject *m, PyObject *args, PyObject *k
                          (unsigned long long)s.io_calls, "seconds", s.seconds);
 }
 
+/* A pattern list (None, one str, or an iterable of str) as a NULL-terminated array
+ * (PyMem; NULL for None) whose strings *keep (a tuple) holds alive. */
+static int get_patterns(PyObject *o, const char *what, PyObject **keep, const char ***out)
+{
+    *keep = NULL;
+    *out = NULL;
+    if (!o || o == Py_None)
+        return 0;
+    PyObject *t = PyUnicode_Check(o) ? PyTuple_Pack(1, o) : PySequence_Tuple(o);
+    if (!t)
+        return -1;
+    Py_ssize_t n = PyTuple_GET_SIZE(t);
+    const char **a = PyMem_Calloc((size_t)n + 1, sizeof *a);
+    if (!a) {
+        Py_DECREF(t);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!(a[i] = get_name(PyTuple_GET_ITEM(t, i), what))) {
+            PyMem_Free(a);
+            Py_DECREF(t);
+            return -1;
+        }
+    *keep = t;
+    *out = a;
+    return 0;
+}
+
+/* Takes the keyword argument `name` out of kw (a copy of the caller's): borrowed, or NULL. */
+static PyObject *take_kw(PyObject *kw, const char *name)
+{
+    PyObject *v = PyDict_GetItemString(kw, name);
+    if (v) /* still held by the caller's dict */
+        PyDict_DelItemString(kw, name);
+    return v;
+}
+
+static PyObject *mod_export_safetensors(PyObject *m, PyObject *args, PyObject *kw)
+{
+    (void)m;
+    PyObject *rest = kw ? PyDict_Copy(kw) : PyDict_New(), *kinc = NULL, *kexc = NULL, *r = NULL;
+    if (!rest)
+        return NULL;
+    export_sel sel = {NULL, NULL, NULL};
+    PyObject *oinc = take_kw(rest, "include"), *oexc = take_kw(rest, "exclude"),
+             *omodel = take_kw(rest, "model_only");
+    if (get_patterns(oinc, "include pattern", &kinc, &sel.inc) < 0 ||
+        get_patterns(oexc, "exclude pattern", &kexc, &sel.exc) < 0)
+        goto out;
+    if (omodel == Py_True) {
+        sel.model_only = "model";
+    } else if (omodel && omodel != Py_None && omodel != Py_False) {
+        if (!PyUnicode_Check(omodel)) {
+            PyErr_Format(PyExc_TypeError, "model_only must be a str (the key the model was "
+                         "saved under), True (\"model\") or None, not %.100s",
+                         Py_TYPE(omodel)->tp_name);
+            goto out;
+        }
+        if (!(sel.model_only = get_name(omodel, "model_only")))
+            goto out;
+    }
+    r = export_run(args, rest, &sel);
+out:
+    PyMem_Free(sel.inc);
+    PyMem_Free(sel.exc);
+    Py_XDECREF(kinc);
+    Py_XDECREF(kexc);
+    Py_DECREF(rest);
+    return r;
+}
+
 static PyMethodDef module_methods[] = {
     {"load", (PyCFunction)(void (*)(void))mod_load, METH_VARARGS | METH_KEYWORDS,
      "load(uris, states, comm=None, *, io_threads=0, max_io_bytes=0, direct=True, cast=False)"
@@ -2380,7 +2460,8 @@ static PyMethodDef module_methods[] = {
     {"export_safetensors", (PyCFunction)(void (*)(void))mod_export_safetensors,
      METH_VARARGS | METH_KEYWORDS,
      "export_safetensors(ckpt, out, *, prefix=None, max_file_bytes=None, dtype=None, "
-     "progress=None, io_threads=None, direct=True) -> dict\n\n"
+     "progress=None, io_threads=None, direct=True, include=None, exclude=None, "
+     "model_only=None) -> dict\n\n"
      "strata_export_safetensors: the checkpoint's tensors, merged to their global shapes, as "
      "Hugging Face safetensors files in the directory out (model-0000i-of-0000N.safetensors "
      "and model.safetensors.index.json), in bounded memory, every checksum verified. prefix "
@@ -2388,7 +2469,10 @@ static PyMethodDef module_methods[] = {
      "converts f64/f32/f16 tensors; direct=False never uses O_DIRECT. progress(done, total) "
      "is called with the GIL after each window (at most 64 MiB); if it raises, the export "
      "stops with AbortedError (that exception as __cause__) and leaves no file; Ctrl-C stops "
-     "it too (KeyboardInterrupt). The GIL is released meanwhile. "
+     "it too (KeyboardInterrupt). The GIL is released meanwhile. include / exclude (a str "
+     "or a list of them): fnmatch globs on the checkpoint's names, exclude wins; model_only "
+     "P (True: 'model'): only the tensors named P.<name>, written as <name>, never a "
+     "per-rank <key>@rank<r> one; a selection keeping nothing is NotFoundError. "
      "Returns {data_bytes, bytes, io_calls, seconds}."},
     {NULL, NULL, 0, NULL},
 };

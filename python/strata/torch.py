@@ -489,7 +489,8 @@ def load(state_dict, path, process_group=None, *, pickle=False, cast=False, **op
 # ---- export -----------------------------------------------------------------------------
 
 def export_safetensors(path, out, *, prefix=None, max_file_bytes=None, dtype=None,
-                       progress=None, io_threads=None, direct=True):
+                       progress=None, io_threads=None, direct=True, include=None, exclude=None,
+                       model_only=None):
     """Writes the tensors of the checkpoint at path, merged to their full global shapes
     whatever layout they were saved in (DTensor shards, FSDP flat pieces, replicas), as
     Hugging Face safetensors files in the directory out (made if missing):
@@ -509,6 +510,13 @@ def export_safetensors(path, out, *, prefix=None, max_file_bytes=None, dtype=Non
     checkpoint must be committed). io_threads: the reads' threads; direct=False: never
     O_DIRECT (by default the files are written with it where the file system allows, leaving
     the page cache alone). Returns {data_bytes, bytes, io_calls, seconds}.
+
+    Which tensors (all by default): include / exclude, a glob or a list of them (fnmatch on
+    the checkpoint's names, "*" crossing dots; exclude wins); model_only="model" (or True)
+    keeps what the model's state_dict holds in a save of {"model": model, "optim": opt, ...}:
+    the tensors named "model.<name>", written as "<name>", never a per_rank one
+    ("<key>@rank<r>") nor the optimizer's state (under "optim."); not with prefix. A
+    selection that keeps nothing raises strata.NotFoundError, nothing written.
     """
     if isinstance(dtype, torch.dtype):
         if dtype != torch.bfloat16:
@@ -517,7 +525,8 @@ def export_safetensors(path, out, *, prefix=None, max_file_bytes=None, dtype=Non
         dtype = "bf16"
     return _S.export_safetensors(os.fspath(path), os.fspath(out), prefix=prefix,
                                  max_file_bytes=max_file_bytes, dtype=dtype, progress=progress,
-                                 io_threads=io_threads, direct=direct)
+                                 io_threads=io_threads, direct=direct, include=include,
+                                 exclude=exclude, model_only=model_only)
 
 
 from strata._manager import CheckpointManager  # noqa: E402,F401  (it uses save and load above)
