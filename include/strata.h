@@ -332,6 +332,13 @@ typedef struct strata_ckpt strata_ckpt;
  * with STRATA_EINCOMPLETE unless flags has STRATA_OPEN_INCOMPLETE (then the metadata is
  * still validated). Errors: STRATA_ENOENT, STRATA_EFORMAT, STRATA_EINCOMPLETE, STRATA_ESCHEME.
  *
+ * A path with no commit record that is not a strata checkpoint at all is named for what it
+ * is: another framework's checkpoint (PyTorch DCP, Megatron torch_dist, DeepSpeed, torch.save
+ * files; told by content) is STRATA_EFORMAT naming the format, which strata cannot read yet;
+ * a directory of checkpoints (naming one under it), an empty or unrelated directory, or a
+ * missing path is STRATA_ENOENT; STRATA_EINCOMPLETE is only for a directory holding strata's
+ * files without a valid commit record. strata_load answers the same.
+ *
  * Hugging Face safetensors opens here too (and is a source strata_load accepts like a
  * checkpoint): a directory holding model.safetensors.index.json and the files it names, or
  * model.safetensors, or a path to one .safetensors file - where no strata metadata or
@@ -438,6 +445,14 @@ int strata_retain(int *removed, const char *dir_uri, int keep);
 typedef void (*strata_skip_cb)(void *ctx, const char *path, int code, const char *message);
 int strata_retain_report(int *removed, const char *dir_uri, int keep, strata_skip_cb skipped,
                          void *ctx);
+
+/* Calls fn(ctx, uri) for each subdirectory directly under dir_uri (any scheme: file://,
+ * mem://, a path), in name order, with uri = dir_uri "/" name, hidden names included;
+ * symlinks are skipped (a checkpoint is never reached through a link). The uri lives during
+ * the call. fn returning nonzero stops the walk (STRATA_EABORTED). Errors: STRATA_ENOENT
+ * (no such directory), STRATA_ESCHEME, STRATA_EIO, STRATA_ENOMEM. */
+typedef int (*strata_dir_cb)(void *ctx, const char *uri);
+int strata_list_dirs(const char *dir_uri, strata_dir_cb fn, void *ctx);
 
 /* Removes a checkpoint directory that has no valid commit record (never a committed one:
  * STRATA_EEXIST; never one a live save owns: STRATA_EBUSY; STRATA_EINVAL if its LOCK is not

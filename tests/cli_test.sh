@@ -351,5 +351,44 @@ last=$(ls "$T/st9"/*.safetensors | tail -n 1)
 truncate -s -1 "$last"
 check "a truncated safetensors file: exit 3, the file named" bash -c "'$S' inspect '$T/st9' 2>&1 | grep -q \"$(basename "$last")\"; test \${PIPESTATUS[0]} = 3"
 
+# mem:// and file:// URIs (issue 18): ls printed the listing, then "No such file or
+# directory", and exited 1; ls, inspect, verify and gc take any URI like a path
+mem_uris() {
+    local M=(env STRATA_MEM_ROOT="$T/mem" "$S") out
+    mkdir -m 700 -p "$T/mem"
+    "${M[@]}" demo --size-mb 2 --dir mem://ck/a >/dev/null 2>&1 || return 1
+    "${M[@]}" demo --size-mb 2 --dir mem://ck/b >/dev/null 2>&1 || return 1
+    rm "$T/mem/ck/b/COMMIT"
+    out=$("${M[@]}" ls mem://ck 2>&1) || { echo "ls exit $?: $out"; return 1; }
+    echo "$out"
+    echo "$out" | grep -q '^committed .* mem://ck/a$' && echo "$out" | grep -q '^incomplete .* mem://ck/b$' &&
+        ! echo "$out" | grep -q 'No such file' || return 1
+    "${M[@]}" ls mem://ck/a | grep -q '^committed .* mem://ck/a$' || return 1
+    "${M[@]}" ls "file://$T/mem/ck" | grep -q "^committed .* file://$T/mem/ck/a\$" || return 1
+    "${M[@]}" inspect mem://ck/a | grep -q '^checkpoint mem://ck/a: committed' || return 1
+    "${M[@]}" verify mem://ck/a | grep -q '^ok: mem://ck/a:' || return 1
+    "${M[@]}" gc mem://ck | grep -q '^removed mem://ck/b ' && test ! -e "$T/mem/ck/b" &&
+        "${M[@]}" verify mem://ck/a >/dev/null
+}
+check "mem:// and file:// URIs: ls lists and exits 0; inspect, verify, gc work" mem_uris
+
+# what a path that is no strata checkpoint is (issue 18), not "incomplete": a directory of
+# checkpoints names one, an empty directory says so (STRATA_ENOENT, exit 1); a real PyTorch
+# DCP checkpoint and a torch.save file (written by the venv's torch) are STRATA_EFORMAT
+# (exit 3) naming the format
+check "verify of a directory of checkpoints: names one under it, exit 1" bash -c "'$S' verify '$T' 2>&1 | grep -q \"is a directory of checkpoints, not one (.* committed under it); did you mean $T/.*? (strata ls $T lists them) (STRATA_ENOENT)\"; test \${PIPESTATUS[0]} = 1"
+check "inspect of an empty directory: says so, exit 1" bash -c "mkdir '$T/void' && '$S' inspect '$T/void' 2>&1 | grep -q \"'$T/void' is an empty directory, not a checkpoint (STRATA_ENOENT)\"; test \${PIPESTATUS[0]} = 1"
+PY=${VENV:-.venv}/bin/python
+if [ -x "$PY" ] && "$PY" -c 'import torch.distributed.checkpoint' 2>/dev/null; then
+    "$PY" -W ignore -c "import sys, torch, torch.distributed.checkpoint as d; d.save({'w': torch.arange(6.)}, checkpoint_id=sys.argv[1]); torch.save({'w': torch.ones(2)}, sys.argv[2])" "$T/dcp" "$T/model.pt"
+    for c in verify inspect export; do
+        out=; [ $c = export ] && out="'$T/dcp.out'"
+        check "$c of a DCP checkpoint: a PyTorch DCP checkpoint strata cannot read yet, exit 3" bash -c "out=\$('$S' $c '$T/dcp' $out 2>&1); st=\$?; echo \"\$out\"; test \$st = 3 && echo \"\$out\" | grep -q \"'$T/dcp' is a PyTorch DCP checkpoint (torch.distributed.checkpoint: a .metadata pickle and 1 .distcp files), which strata cannot read yet (STRATA_EFORMAT)\" && ! echo \"\$out\" | grep -q incomplete && test ! -e '$T/dcp.out'"
+    done
+    check "verify of a torch.save file: named, exit 3" bash -c "'$S' verify '$T/model.pt' 2>&1 | grep -q \"is a PyTorch torch.save file (a zip archive).*STRATA_EFORMAT\"; test \${PIPESTATUS[0]} = 3"
+else
+    echo "skip DCP and torch.save checks: no torch at $PY (make venv)"
+fi
+
 echo "cli: $pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -1,11 +1,9 @@
 /* cmd_inspect.c - `strata inspect`, `strata ls`, `strata verify`, `strata gc`. Names, paths
  * and messages in text output go through cli_esc: a checkpoint cannot drive the terminal. */
-#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "cli.h"
 
@@ -175,74 +173,55 @@ static const char LS_HELP[] =
     "size on disk and step. States: committed (valid commit record matching valid\n"
     "metadata), incomplete (no commit record: an interrupted or failed save), CORRUPT (a\n"
     "commit record that does not match; never removed by gc). Hugging Face safetensors\n"
-    "directories are listed too, as safetensors (they have no checksums, nor a step).\n";
-
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
+    "directories are listed too, as safetensors (they have no checksums, nor a step).\n"
+    "DIR is a path or a file:// or mem:// URI (then the checkpoints are shown as URIs).\n";
 
 /* Calls fn for DIR itself and each subdirectory that holds strata files; with `foreign`
  * set, for safetensors directories too (pi NULL). */
 typedef void (*ckpt_fn)(void *ctx, const char *path, const strata_probe_info *pi);
 
-static void visit(const char *path, const strata_probe_info *pi, ckpt_fn fn, void *ctx,
-                  int foreign)
+typedef struct {
+    ckpt_fn fn;
+    void *ctx;
+    int foreign;
+} walk_ctx;
+
+static void visit(const char *path, const strata_probe_info *pi, const walk_ctx *w)
 {
     strata_ckpt *ck;
     if (pi->is_ckpt) {
-        fn(ctx, path, pi);
-    } else if (foreign && strata_ckpt_open(&ck, path, 0) == 0) {
+        w->fn(w->ctx, path, pi);
+    } else if (w->foreign && strata_ckpt_open(&ck, path, 0) == 0) {
         if (strata_ckpt_format(ck) == STRATA_FORMAT_SAFETENSORS)
-            fn(ctx, path, NULL);
+            w->fn(w->ctx, path, NULL);
         strata_ckpt_free(ck);
     }
 }
 
+static int visit_child(void *ctx, const char *uri)
+{
+    const char *name = strrchr(uri, '/') + 1; /* uri is DIR "/" name */
+    size_t len = strlen(name), k = strlen(STRATA_REPLACE_SUFFIX);
+    if (name[0] == '.' && /* hidden, but for what a replacing save left */
+        (len <= k || strcmp(name + len - k, STRATA_REPLACE_SUFFIX) != 0))
+        return 0;
+    strata_probe_info pi;
+    if (strata_probe(&pi, uri) == 0)
+        visit(uri, &pi, ctx);
+    return 0;
+}
+
+/* DIR and its subdirectories, on any storage (a path, file://, mem://) */
 static int for_each_ckpt(const char *cmd, const char *dir, ckpt_fn fn, void *ctx, int foreign)
 {
     strata_probe_info pi;
+    walk_ctx w = {fn, ctx, foreign};
     int rc = strata_probe(&pi, dir);
     if (rc)
         return cli_fail(cmd, rc);
-    visit(dir, &pi, fn, ctx, foreign);
-    DIR *d = opendir(dir);
-    if (!d) {
-        fprintf(stderr, "strata %s: %s: %s\n", cmd, cli_esc(dir), strerror(errno));
-        return EXIT_OPFAIL;
-    }
-    char **names = NULL;
-    size_t n = 0, cap = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        size_t len = strlen(e->d_name), k = strlen(STRATA_REPLACE_SUFFIX);
-        if (e->d_name[0] == '.' && /* hidden, but for what a replacing save left */
-            (len <= k || strcmp(e->d_name + len - k, STRATA_REPLACE_SUFFIX) != 0))
-            continue;
-        if (n == cap) {
-            char **more = realloc(names, (cap ? 2 * cap : 64) * sizeof *names);
-            if (!more)
-                break;
-            names = more;
-            cap = cap ? 2 * cap : 64;
-        }
-        if (!(names[n] = strdup(e->d_name)))
-            break;
-        n++;
-    }
-    closedir(d);
-    if (n)
-        qsort(names, n, sizeof *names, cmp_str);
-    for (size_t i = 0; i < n; i++) {
-        char p[4096];
-        struct stat st;
-        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
-        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode) && strata_probe(&pi, p) == 0)
-            visit(p, &pi, fn, ctx, foreign);
-        free(names[i]);
-    }
-    free(names);
-    return 0;
+    visit(dir, &pi, &w);
+    rc = strata_list_dirs(dir, visit_child, &w);
+    return rc ? cli_fail(cmd, rc) : 0;
 }
 
 static void ls_one(void *ctx, const char *path, const strata_probe_info *pi)

@@ -56,7 +56,7 @@ static int dir_open(st_dir *d, const char *uri, int allow_incomplete, unsigned c
     if (st_foreign_here(v, d->path, kind))
         return st_foreign_open(d, raw, rawlen);
     if (kind != 1)
-        return st_fail(STRATA_ENOENT, "checkpoint '%s' is not a directory", d->path);
+        return st_survey(v, d->path, kind); /* a torch.save file, or not a checkpoint */
 
     unsigned char *cbuf = NULL, *mbuf = NULL;
     size_t clen = 0, mlen = 0;
@@ -70,6 +70,8 @@ static int dir_open(st_dir *d, const char *uri, int allow_incomplete, unsigned c
         else
             snprintf(why, sizeof why, "its commit record is invalid (%s)", strata_error_last());
     } else if (e == -ENOENT || e == -EFBIG) {
+        if (e == -ENOENT && (rc = st_survey(v, d->path, kind))) /* not strata's at all */
+            return rc;
         snprintf(why, sizeof why, "it has no commit record (an interrupted or failed save)");
     } else if (e == -ST_ENOTREG) { /* a FIFO, a device: no commit record strata wrote */
         snprintf(why, sizeof why, "its commit record %s is not a regular file", ST_COMMIT_FILE);

@@ -304,6 +304,12 @@ int st_foreign_here(const st_vfs *v, const char *path, int kind);
 int st_foreign_open(st_dir *d, unsigned char **raw, size_t *rawlen);
 /* The same from a source description read by another rank. */
 int st_foreign_adopt(st_dir *d, const unsigned char *raw, size_t len);
+/* What is at path (stat kind `kind`), which has no commit record (survey.c): 0 when it is a
+ * directory holding strata's files (an incomplete strata checkpoint); else fails saying
+ * what it is instead: STRATA_EFORMAT naming a format strata cannot read yet (PyTorch DCP,
+ * Megatron torch_dist, DeepSpeed, torch.save), STRATA_ENOENT for a directory of checkpoints
+ * (naming one), an empty or unrelated directory, or a file that is none of these. */
+int st_survey(const st_vfs *v, const char *path, int kind);
 /* The directory behind a public handle. */
 const st_dir *st_ckpt_dir(const strata_ckpt *ck);
 /* Is name a file strata writes into a checkpoint directory? */

@@ -1,0 +1,291 @@
+/* survey.c - what a path holds when it is not a checkpoint to open: the subdirectories of a
+ * directory on any storage backend (strata_list_dirs, for `ls` and `gc`), and, for a path
+ * without a commit record, what it is instead - another framework's checkpoint (PyTorch DCP,
+ * Megatron torch_dist, DeepSpeed, torch.save files), a directory of strata checkpoints, an
+ * empty or unrelated directory - told by the files' content where the name could lie. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../core/error.h"
+#include "engine.h"
+
+#define SURVEY_MAX 4096 /* entries looked at in one directory */
+
+typedef struct {
+    char *name;
+    int kind; /* st_vfs kinds: 0 file, 1 directory, 2 symlink, 3 other */
+} entry;
+
+typedef struct {
+    entry *e;
+    size_t n, cap;
+    int oom;
+} entries;
+
+static int collect(void *ctx, const char *name, uint64_t size, int kind)
+{
+    (void)size;
+    entries *l = ctx;
+    if (l->n == SURVEY_MAX)
+        return ST_LIST_STOP;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 32;
+        entry *more = realloc(l->e, cap * sizeof *more);
+        if (!more) {
+            l->oom = 1;
+            return ST_LIST_STOP;
+        }
+        l->e = more, l->cap = cap;
+    }
+    if (!(l->e[l->n].name = strdup(name))) {
+        l->oom = 1;
+        return ST_LIST_STOP;
+    }
+    l->e[l->n++].kind = kind;
+    return ST_LIST_NEXT;
+}
+
+static int cmp_entry(const void *a, const void *b)
+{
+    return strcmp(((const entry *)a)->name, ((const entry *)b)->name);
+}
+
+static void entries_free(entries *l)
+{
+    for (size_t i = 0; i < l->n; i++)
+        free(l->e[i].name);
+    free(l->e);
+}
+
+/* The entries of dir, sorted by name. */
+static int list_sorted(const st_vfs *v, const char *dir, entries *l)
+{
+    memset(l, 0, sizeof *l);
+    int e = v->list(v, dir, collect, l);
+    if (l->oom) {
+        entries_free(l);
+        return st_fail(STRATA_ENOMEM, "out of memory listing '%s'", dir);
+    }
+    if (e) {
+        entries_free(l);
+        return st_fail(e == -ENOENT ? STRATA_ENOENT : st_from_errno(-e), "cannot list '%s': %s",
+                       dir, strerror(-e));
+    }
+    if (l->n)
+        qsort(l->e, l->n, sizeof *l->e, cmp_entry);
+    return 0;
+}
+
+int strata_list_dirs(const char *dir_uri, strata_dir_cb fn, void *ctx)
+{
+    st_clear_error();
+    if (!dir_uri || !fn)
+        return st_fail(STRATA_EINVAL, "strata_list_dirs: %s is NULL", dir_uri ? "fn" : "dir_uri");
+    const st_vfs *v;
+    char path[PATH_MAX];
+    int rc = st_vfs_resolve(dir_uri, &v, path, sizeof path);
+    if (rc)
+        return rc;
+    entries l;
+    rc = list_sorted(v, path, &l);
+    st_vfs_release(v);
+    if (rc)
+        return rc;
+    size_t n = strlen(dir_uri);
+    while (n > 1 && dir_uri[n - 1] == '/')
+        n--;
+    for (size_t i = 0; i < l.n && !rc; i++) {
+        if (l.e[i].kind != 1)
+            continue;
+        char *child;
+        if (asprintf(&child, "%.*s/%s", (int)n, dir_uri, l.e[i].name) < 0)
+            rc = st_fail(STRATA_ENOMEM, "out of memory");
+        else if (fn(ctx, child) != 0)
+            rc = st_fail(STRATA_EABORTED, "strata_list_dirs: stopped by its callback");
+        if (rc != STRATA_ENOMEM)
+            free(child);
+    }
+    entries_free(&l);
+    return rc;
+}
+
+/* ---- what a path is ---------------------------------------------------------------------- */
+
+/* The first n bytes of the regular file dir/name (n = 0 when unreadable). */
+static size_t head(const st_vfs *v, const char *dir, const char *name, unsigned char *buf,
+                   size_t n)
+{
+    char p[PATH_MAX];
+    st_file *f;
+    int bad = name ? st_path_join(p, dir, name) != 0
+                   : snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p;
+    if (bad || v->open(v, p, ST_O_READ | ST_O_FOLLOW, &f) != 0) {
+        st_clear_error();
+        return 0;
+    }
+    int64_t got = st_vfs_read_full(v, f, buf, n, 0);
+    v->close(f);
+    return got > 0 ? (size_t)got : 0;
+}
+
+/* A pickle (protocol 2..5, how torch.save's legacy format and DCP's .metadata begin)? */
+static int is_pickle(const unsigned char *b, size_t n)
+{
+    return n >= 2 && b[0] == 0x80 && b[1] >= 2 && b[1] <= 5;
+}
+
+/* A zip archive (torch.save's format since torch 1.6)? */
+static int is_zip(const unsigned char *b, size_t n)
+{
+    return n >= 4 && memcmp(b, "PK\x03\x04", 4) == 0;
+}
+
+/* Is dir/name a torch.save file (a zip or a pickle)? */
+static int torch_saved(const st_vfs *v, const char *dir, const char *name)
+{
+    unsigned char b[4];
+    size_t n = head(v, dir, name, b, sizeof b);
+    return is_zip(b, n) || is_pickle(b, n);
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* Does the small file dir/name hold the bytes `what`? */
+static int file_has(const st_vfs *v, const char *dir, const char *name, const char *what)
+{
+    char p[PATH_MAX];
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    if (st_path_join(p, dir, name) || st_vfs_read_all(v, p, 1 << 20, 0, &buf, &len) != 0) {
+        st_clear_error();
+        return 0;
+    }
+    int yes = memmem(buf, len, what, strlen(what)) != NULL;
+    free(buf);
+    return yes;
+}
+
+/* DeepSpeed's `latest`: a small file naming a tag directory beside it (global_step100)? */
+static int deepspeed_latest(const st_vfs *v, const char *dir, const entries *l)
+{
+    char p[PATH_MAX];
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    if (st_path_join(p, dir, "latest") || st_vfs_read_all(v, p, 256, 0, &buf, &len) != 0) {
+        st_clear_error();
+        return 0;
+    }
+    while (len && (buf[len - 1] == '\n' || buf[len - 1] == '\r' || buf[len - 1] == ' '))
+        len--;
+    int yes = 0;
+    for (size_t i = 0; i < l->n && !yes; i++)
+        yes = l->e[i].kind == 1 && strlen(l->e[i].name) == len && len &&
+              memcmp(l->e[i].name, buf, len) == 0;
+    free(buf);
+    return yes;
+}
+
+/* The directory at path has no strata file: says what it is (STRATA_EFORMAT for a format
+ * strata cannot read yet, STRATA_ENOENT for no checkpoint at all). */
+static int name_dir(const st_vfs *v, const char *dir, const char *path, const entries *l)
+{
+    const char *cannot = "which strata cannot read yet";
+    size_t distcp = 0, saved = 0, ckpts = 0, committed = 0;
+    const char *a_saved = NULL, *last = NULL;
+    int dcp = 0, megatron = 0, deepspeed = 0;
+    for (size_t i = 0; i < l->n; i++) {
+        const char *nm = l->e[i].name;
+        char c[PATH_MAX], p[PATH_MAX];
+        if (l->e[i].kind == 1) { /* a child holding strata's files? */
+            if (st_path_join(c, dir, nm))
+                continue;
+            int has_commit = st_path_join(p, c, ST_COMMIT_FILE) == 0 &&
+                             v->stat(v, p, NULL, NULL) == 0;
+            int has_meta = !has_commit && st_path_join(p, c, ST_META_FILE) == 0 &&
+                           v->stat(v, p, NULL, NULL) == 0;
+            ckpts += has_commit || has_meta;
+            if (has_commit)
+                committed++, last = nm;
+            continue;
+        }
+        if (l->e[i].kind != 0)
+            continue;
+        if (strcmp(nm, ".metadata") == 0) {
+            unsigned char b[2];
+            dcp = is_pickle(b, head(v, dir, nm, b, 2));
+        } else if (ends_with(nm, ".distcp")) {
+            distcp++;
+        } else if (strcmp(nm, "metadata.json") == 0) {
+            megatron = file_has(v, dir, nm, "\"sharded_backend\"");
+        } else if ((ends_with(nm, ".pt") || ends_with(nm, ".pth") || ends_with(nm, ".bin")) &&
+                   torch_saved(v, dir, nm)) {
+            saved++;
+            a_saved = a_saved ? a_saved : nm;
+            deepspeed |= strncmp(nm, "mp_rank_", 8) == 0 && ends_with(nm, "_model_states.pt");
+        }
+    }
+    deepspeed |= deepspeed_latest(v, dir, l);
+    st_clear_error();
+    if (megatron)
+        return st_fail(STRATA_EFORMAT, "'%s' is a Megatron-LM torch_dist checkpoint (metadata.json "
+                       "with sharded_backend), %s", path, cannot);
+    if (dcp)
+        return st_fail(STRATA_EFORMAT, "'%s' is a PyTorch DCP checkpoint (torch.distributed."
+                       "checkpoint: a .metadata pickle and %zu .distcp files), %s", path, distcp,
+                       cannot);
+    if (deepspeed)
+        return st_fail(STRATA_EFORMAT, "'%s' is a DeepSpeed checkpoint (a 'latest' tag or "
+                       "mp_rank_*_model_states.pt), %s", path, cannot);
+    if (committed)
+        return st_fail(STRATA_ENOENT, "'%s' is a directory of checkpoints, not one (%zu committed "
+                       "under it); did you mean %s/%s? (strata ls %s lists them)", path,
+                       committed, path, last, path);
+    if (ckpts)
+        return st_fail(STRATA_ENOENT, "'%s' is a directory of checkpoints, not one, and none of "
+                       "the %zu under it is committed (strata ls %s lists them)", path, ckpts,
+                       path);
+    if (saved)
+        return st_fail(STRATA_EFORMAT, "'%s' holds PyTorch torch.save files (%zu, such as %s), "
+                       "not a strata checkpoint; torch.save files are a format strata cannot "
+                       "read yet", path, saved, a_saved);
+    if (!l->n)
+        return st_fail(STRATA_ENOENT, "'%s' is an empty directory, not a checkpoint", path);
+    return st_fail(STRATA_ENOENT, "'%s' is not a checkpoint: it holds no strata files (COMMIT, "
+                   "metadata.bin, data-*.bin) and no format strata knows", path);
+}
+
+int st_survey(const st_vfs *v, const char *path, int kind)
+{
+    if (kind != 1) { /* a file, a link to one (safetensors: taken before) */
+        unsigned char b[4];
+        size_t n = head(v, path, NULL, b, sizeof b);
+        if (is_zip(b, n) || is_pickle(b, n))
+            return st_fail(STRATA_EFORMAT, "'%s' is a PyTorch torch.save file (%s), not a "
+                           "checkpoint directory; a format strata cannot read yet", path,
+                           is_zip(b, n) ? "a zip archive" : "a pickle");
+        return st_fail(STRATA_ENOENT, "checkpoint '%s' is not a directory", path);
+    }
+    /* a symlink to a directory ("latest", which the caller reads through): listed as
+     * "link/." (the listing itself never follows a link) */
+    char dir[PATH_MAX];
+    int ns = 0, lk = 1, rc = 0;
+    if (v->stat(v, path, NULL, &lk) == 0 && lk == 2)
+        rc = st_path_join(dir, path, ".");
+    else
+        snprintf(dir, sizeof dir, "%s", path);
+    if (!rc)
+        rc = st_scan_dir(v, dir, 0, &ns, NULL, NULL);
+    if (rc || ns) /* strata's files: a strata checkpoint (the caller says incomplete) */
+        return rc;
+    entries l;
+    if ((rc = list_sorted(v, dir, &l)))
+        return rc;
+    rc = name_dir(v, dir, path, &l);
+    entries_free(&l);
+    return rc;
+}
