@@ -534,7 +534,8 @@ typedef struct strata_export_opts {
  * removed. A reader of out_dir sees the previous complete set or the new one, never a mix;
  * on failure (or a stop by the progress callback) out_dir is as it was and the staging
  * directory is removed. An export killed midway leaves only its staging directory, which the
- * next export to out_dir removes (never one whose export is alive: it holds a lock). So
+ * next export to out_dir removes (never one whose export is alive: it holds a lock), as does
+ * strata_remove_export_staging of out_dir's parent. So
  * out_dir must be missing (its parent existing: made, not its parents), an empty directory,
  * or a directory holding only files an export writes (an earlier export's output); anything
  * else there, and a symlink as out_dir, is refused with STRATA_EEXIST before anything is
@@ -552,6 +553,15 @@ typedef struct strata_export_opts {
  * STRATA_EABORTED (the progress callback stopped it). */
 int strata_export_safetensors(strata_stats *stats, const char *ckpt_uri, const char *out_dir,
                               const strata_export_opts *opts);
+
+/* Removes what killed exports left directly under dir_uri: every staging directory
+ * (OUT.strata-export-<id>, beside an OUT in dir_uri) whose lock no live export holds, as
+ * the next export to that OUT would (an OUT that a kill between the fallback's two renames
+ * left missing gets its previous files back from it). Only an export's own files are
+ * unlinked; anything else keeps its directory. *removed (may be NULL) gets the count of
+ * directories removed. Errors: STRATA_ENOENT (no such directory), STRATA_ESCHEME,
+ * STRATA_EIO, STRATA_ENOMEM. */
+int strata_remove_export_staging(int *removed, const char *dir_uri);
 
 #ifdef __cplusplus
 }

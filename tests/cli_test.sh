@@ -372,6 +372,8 @@ mem_uris() {
 }
 check "mem:// and file:// URIs: ls lists and exits 0; inspect, verify, gc work" mem_uris
 
+check "gc removes a killed export's staging directory beside its OUT, OUT kept" bash -c "mkdir -p '$T/st1.strata-export-99-0000dead/set' && : >'$T/st1.strata-export-99-0000dead/EXPORT.LOCK' && '$S' gc '$T' | grep -q '^removed 1 staging directory left by killed exports' && test ! -e '$T/st1.strata-export-99-0000dead' && test -f '$T/st1/model.safetensors.index.json'"
+
 # what a path that is no strata checkpoint is (issue 18), not "incomplete": a directory of
 # checkpoints names one, an empty directory says so (STRATA_ENOENT, exit 1); a real PyTorch
 # DCP checkpoint and a torch.save file (written by the venv's torch) are STRATA_EFORMAT

@@ -4,7 +4,10 @@
  * optimizer state left out), a version-1 options struct (every tensor), a selection that
  * keeps nothing (STRATA_ENOTFOUND, nothing written) and the options' checks. The files are
  * read back: the index's weight_map names exactly the selected tensors, each file's header
- * names them and their bytes are the saved ones. */
+ * names them and their bytes are the saved ones. Also strata_remove_export_staging (what
+ * `strata gc` does with the staging directories of killed exports). */
+#include <fcntl.h>
+
 #include "testutil.h"
 
 static char dir[512];
@@ -190,12 +193,75 @@ static void test_selection_errors(void **state)
     assert_false(tu_exists(out));
 }
 
+/* A staging directory as a killed export leaves it: set/ with a partial file, EXPORT.LOCK. */
+static void fake_stage(const char *stage, const char *sub)
+{
+    char p[1100], q[1200];
+    assert_int_equal(mkdir(stage, 0755), 0);
+    tu_join(p, stage, sub);
+    assert_int_equal(mkdir(p, 0755), 0);
+    tu_join(q, p, "model-00001-of-00001.safetensors");
+    tu_write_file(q, "partial", 7);
+    tu_join(p, stage, "EXPORT.LOCK");
+    tu_write_file(p, "", 0);
+}
+
+/* strata_remove_export_staging (strata gc): the staging directories of killed exports under a
+ * directory go, a live export's (its lock held) stays, other directories are not touched,
+ * and an OUT that a kill between the two renames left missing gets its files back. */
+static void test_remove_staging(void **state)
+{
+    (void)state;
+    char ck[600], top[600], out[700], stale[800], live[800], odd[800], moved[900], p[1000];
+    save_names(ck, sizeof ck);
+    snprintf(top, sizeof top, "%s/runs", dir);
+    assert_int_equal(mkdir(top, 0755), 0);
+    snprintf(out, sizeof out, "%s/hf", top);
+    assert_ok(strata_export_safetensors(NULL, ck, out, NULL));
+    snprintf(stale, sizeof stale, "%s.strata-export-11-0000dead", out);
+    snprintf(live, sizeof live, "%s/other.strata-export-12-0000beef", top);
+    snprintf(odd, sizeof odd, "%s/.strata-export-13-00000bad", top); /* names no OUT */
+    fake_stage(stale, "set");
+    fake_stage(live, "set");
+    fake_stage(odd, "set");
+    tu_join(p, live, "EXPORT.LOCK");
+    int fd = open(p, O_RDWR);
+    assert_true(fd >= 0);
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    assert_int_equal(fcntl(fd, F_OFD_SETLK, &fl), 0);
+    int n = -1;
+    assert_ok(strata_remove_export_staging(&n, top));
+    assert_int_equal(n, 1);
+    assert_false(tu_exists(stale));
+    assert_true(tu_exists(live));
+    assert_true(tu_exists(odd));
+    assert_exported(out, N, NAMES, NAMES); /* OUT untouched */
+    close(fd); /* that export is gone: its directory goes next time */
+    assert_ok(strata_remove_export_staging(&n, top));
+    assert_int_equal(n, 1);
+    assert_false(tu_exists(live));
+    /* killed between the two renames: OUT missing, its files in old/; a foreign file keeps
+     * a directory (not counted) */
+    fake_stage(stale, "set");
+    tu_join(moved, stale, "old");
+    assert_int_equal(rename(out, moved), 0);
+    tu_join(p, stale, "set/notes.txt");
+    tu_write_file(p, "mine", 4);
+    assert_ok(strata_remove_export_staging(&n, top));
+    assert_int_equal(n, 0);
+    assert_exported(out, N, NAMES, NAMES);
+    assert_true(tu_exists(p));
+    assert_rc(strata_remove_export_staging(NULL, "/nonexistent/strata-dir"), STRATA_ENOENT);
+    assert_rc(strata_remove_export_staging(NULL, NULL), STRATA_EINVAL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_model_only),
         cmocka_unit_test(test_include_exclude),
         cmocka_unit_test(test_selection_errors),
+        cmocka_unit_test(test_remove_staging),
     };
     return cmocka_run_group_tests(tests, tu_group_setup, tu_group_teardown);
 }

@@ -335,7 +335,9 @@ static const char GC_HELP[] =
     "once no save owns it.\n"
     "\n"
     "gc also removes the shared memory segments (/dev/shm/strata-load-*) that distributed\n"
-    "loads of this user killed on this node left, never a live process's.\n";
+    "loads of this user killed on this node left, never a live process's, and the staging\n"
+    "directories that killed exports left directly under DIR (OUT.strata-export-*, beside\n"
+    "an export's OUT), never a live export's (not with --dry-run).\n";
 
 typedef struct {
     int dry, removed, failed;
@@ -417,6 +419,12 @@ int cmd_gc(int argc, char **argv)
     int segs = 0;
     if (!g.dry && strata_reclaim_load_segments(&segs) == 0 && segs)
         printf("removed %d shared memory segment(s) left by killed loads\n", segs);
+    int staged = 0, src = g.dry ? 0 : strata_remove_export_staging(&staged, dir);
+    if (src && src != STRATA_ENOENT) /* a missing DIR is said below */
+        return cli_fail("gc", src);
+    if (staged)
+        printf("removed %d staging director%s left by killed exports\n", staged,
+               staged == 1 ? "y" : "ies");
     if (keep >= 0) {
         int removed = 0, rc = strata_retain_report(&removed, dir, (int)keep, gc_skipped, NULL);
         if (rc)

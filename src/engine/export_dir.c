@@ -100,13 +100,22 @@ typedef struct {
     int nomem;
 } stale_ctx;
 
+/* The length of OUT's name in a staging directory's name (OUT + EXDIR_MARK + id), or 0. */
+static size_t stage_base_len(const char *name)
+{
+    const char *m = NULL;
+    for (const char *q = name; (q = strstr(q, EXDIR_MARK)) != NULL; q++)
+        m = q; /* the last mark: the id after it holds none */
+    return m && m > name && m[strlen(EXDIR_MARK)] ? (size_t)(m - name) : 0;
+}
+
+/* Collects the staging directories of OUT = c->base (any OUT when base is NULL). */
 static int collect_stale(void *p, const char *name, uint64_t size, int kind)
 {
     (void)size;
     stale_ctx *c = p;
-    size_t ml = strlen(EXDIR_MARK);
-    if (kind != 1 || strncmp(name, c->base, c->blen) != 0 ||
-        strncmp(name + c->blen, EXDIR_MARK, ml) != 0 || !name[c->blen + ml])
+    size_t bl = stage_base_len(name);
+    if (kind != 1 || !bl || (c->base && (bl != c->blen || strncmp(name, c->base, bl) != 0)))
         return ST_LIST_NEXT;
     if (c->n == c->cap) {
         size_t cap = c->cap ? 2 * c->cap : 8;
@@ -143,6 +152,46 @@ static int clear_stale(st_exdir *d, const char *base)
     for (size_t i = 0; i < c.n; i++)
         free(c.names[i]);
     free(c.names);
+    return rc;
+}
+
+int strata_remove_export_staging(int *removed, const char *dir_uri)
+{
+    st_clear_error();
+    if (removed)
+        *removed = 0;
+    if (!dir_uri)
+        return st_fail(STRATA_EINVAL, "strata_remove_export_staging: dir_uri is NULL");
+    const st_vfs *v;
+    char dir[PATH_MAX];
+    int rc = st_vfs_resolve(dir_uri, &v, dir, sizeof dir);
+    if (rc)
+        return rc;
+    stale_ctx c = {0};
+    int e = v->list(v, dir, collect_stale, &c);
+    rc = c.nomem ? st_fail(STRATA_ENOMEM, "out of memory") : 0;
+    if (!rc && e)
+        rc = st_fail(e == -ENOENT ? STRATA_ENOENT : st_from_errno(-e), "cannot list '%s': %s",
+                     dir, strerror(-e));
+    for (size_t i = 0; i < c.n && !rc; i++) {
+        char stage[PATH_MAX], lock[PATH_MAX], out[PATH_MAX];
+        st_file *lk;
+        if (join(stage, dir, c.names[i]) || join(lock, stage, EXDIR_LOCK) ||
+            join(out, dir, c.names[i]))
+            continue;
+        out[strlen(dir) + 1 + stage_base_len(c.names[i])] = 0; /* OUT beside it */
+        if (v->lock(v, lock, &lk) != 0) /* a live export (-EBUSY), or gone meanwhile */
+            continue;
+        remove_stage(v, out, stage);
+        v->close(lk);
+        int kind;
+        if (removed && v->stat(v, stage, NULL, &kind) == -ENOENT)
+            (*removed)++;
+    }
+    for (size_t i = 0; i < c.n; i++)
+        free(c.names[i]);
+    free(c.names);
+    st_vfs_release(v);
     return rc;
 }
 
