@@ -54,10 +54,11 @@ static const char EXPORT_HELP[] =
     "they take OUT's place in one step; readers of OUT see its previous files or the new\n"
     "ones, never a mix. On any failure, or Ctrl-C (exit 1), OUT is left as it was; an export\n"
     "killed outright leaves only its staging directory, which the next export to OUT\n"
-    "removes (so does strata gc of OUT's parent). So OUT must be missing, empty, or hold only an earlier export's files: any\n"
-    "other file there (a config.json) is refused (exit 1), nothing touched; put such files\n"
-    "beside the export, or copy them in after it. A tensor named __metadata__ (the key\n"
-    "safetensors keeps for the file's metadata) cannot be exported (exit 1).\n";
+    "removes (so does strata gc of OUT's parent). So OUT must be missing, empty, or hold\n"
+    "only an earlier export's files: any other file there (a config.json) is refused (exit\n"
+    "1), nothing touched; put such files beside the export, or copy them in after it. A\n"
+    "tensor named __metadata__ (the key safetensors keeps for the file's metadata) cannot\n"
+    "be exported (exit 1).\n";
 
 typedef struct {
     double t0, last_print;
