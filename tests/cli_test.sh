@@ -387,6 +387,7 @@ if [ -x "$PY" ] && "$PY" -c 'import torch.distributed.checkpoint' 2>/dev/null; t
         out=; [ $c = export ] && out="'$T/dcp.out'"
         check "$c of a DCP checkpoint: a PyTorch DCP checkpoint strata cannot read yet, exit 3" bash -c "out=\$('$S' $c '$T/dcp' $out 2>&1); st=\$?; echo \"\$out\"; test \$st = 3 && echo \"\$out\" | grep -q \"'$T/dcp' is a PyTorch DCP checkpoint (torch.distributed.checkpoint: a .metadata pickle and 1 .distcp files), which strata cannot read yet (STRATA_EFORMAT)\" && ! echo \"\$out\" | grep -q incomplete && test ! -e '$T/dcp.out'"
     done
+    check "ls of a DCP checkpoint: no checkpoints, and what it is" bash -c "'$S' ls '$T/dcp' | grep -q \"^no checkpoints under $T/dcp: '$T/dcp' is a PyTorch DCP checkpoint\""
     check "verify of a torch.save file: named, exit 3" bash -c "'$S' verify '$T/model.pt' 2>&1 | grep -q \"is a PyTorch torch.save file (a zip archive).*STRATA_EFORMAT\"; test \${PIPESTATUS[0]} = 3"
 else
     echo "skip DCP and torch.save checks: no torch at $PY (make venv)"

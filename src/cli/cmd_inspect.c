@@ -273,9 +273,17 @@ int cmd_ls(int argc, char **argv)
         return st;
     int count = 0;
     int rc = for_each_ckpt("ls", argv[1], ls_one, &count, 1);
-    if (!rc && !count)
+    if (rc || count)
+        return rc;
+    strata_ckpt *ck;
+    int orc = strata_ckpt_open(&ck, argv[1], 0);
+    if (orc == STRATA_EFORMAT) /* another framework's checkpoint: say which */
+        printf("no checkpoints under %s: %s\n", cli_esc(argv[1]), cli_esc(strata_error_last()));
+    else
         printf("no checkpoints under %s\n", cli_esc(argv[1]));
-    return rc;
+    if (!orc)
+        strata_ckpt_free(ck);
+    return 0;
 }
 
 static const char VERIFY_HELP[] =
