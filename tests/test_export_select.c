@@ -53,7 +53,9 @@ static void assert_exported(const char *out, int n, const char *const *want,
     char p[1024];
     size_t len;
     snprintf(p, sizeof p, "%s/model.safetensors.index.json", out);
-    char *index = (char *)tu_read_file(p, &len);
+    unsigned char *raw = tu_read_file(p, &len);
+    char *index = strndup((const char *)raw, len); /* NUL-terminated */
+    free(raw);
     int entries = 0;
     for (const char *c = strstr(index, "\"weight_map\""); c && (c = strstr(c, ".safetensors\""));
          c++)
