@@ -10,7 +10,7 @@
 #include "../core/error.h"
 #include "engine.h"
 
-#define SURVEY_MAX 4096 /* entries looked at in one directory */
+#define SURVEY_MAX 65536 /* entries looked at in one directory (DCP: a file per rank) */
 
 typedef struct {
     char *name;
