@@ -1,6 +1,5 @@
 /* cmd_inspect.c - `strata inspect`, `strata ls`, `strata verify`, `strata gc`. Names, paths
  * and messages in text output go through cli_esc: a checkpoint cannot drive the terminal. */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
