@@ -120,7 +120,7 @@ $(BUILD)/examples/%: examples/%.c $(BUILD)/libstrata.a | deps
 	$(CC) $(ALL_CFLAGS) $(ST_LDFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libstrata.a $(LIBS)
 
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libstrata.a tests/testutil.h tests/threadcomm.h \
-                   tests/distutil.h | deps
+                   tests/distutil.h tests/stdckpt.h | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(ST_LDFLAGS) $(LDFLAGS) -Isrc -o $@ $< $(BUILD)/libstrata.a -lcmocka \
 	    $(LIBS) -lm
