@@ -89,29 +89,19 @@ typedef struct {
 
 enum { SAVE_ASYNC = 2, SAVE_OVERLAP = 3, SAVE_TIERS = 4, SAVE_DONE = 5, SAVE_ORDER = 6 };
 
-/* Overwrites rank r's buffers (the optimizer step after the snapshot). */
-static void poison_rank(tu_set *s, int r)
-{
-    for (size_t i = 0; i < s->nsh; i++)
-        if (s->sh[i].rank == r && s->sh[i].sh.data)
-            memset(s->sh[i].sh.data, 0xff,
-                   tu_shard_numel(&s->sh[i].sh) * strata_dtype_size(s->sh[i].sh.dtype));
-    for (size_t i = 0; i < s->nbl; i++)
-        if (s->bl[i].rank == r)
-            memset(s->bl[i].data, 0xff, s->bl[i].size);
-}
-
 /* The lazy save of one rank: start, wait for the snapshot, poison the sources, wait until
- * committed. The checkpoint must hold the values from before the poison. */
+ * committed. The checkpoint must hold the values from before the poison. SAVE_TIERS: to
+ * two destinations, j->uri (tier 0) and j->uri2 (tier 1). */
 static int async_save(job *j)
 {
     strata_handle *h;
-    int rc = strata_save_start(&h, j->w->sv[j->rank], &j->uri, 1, &j->set->st[j->rank], 1,
-                               &j->so);
+    const char *uris[2] = {j->uri, j->uri2};
+    int rc = strata_save_start(&h, j->w->sv[j->rank], uris, j->save == SAVE_TIERS ? 2 : 1,
+                               &j->set->st[j->rank], 1, &j->so);
     if (rc)
         return rc;
     rc = strata_wait_snapshot(h);
-    poison_rank(j->set, j->rank);
+    tu_set_poison(j->set, j->rank);
     int drc = strata_wait_durable(&j->stats, h); /* a collective: always called */
     strata_handle_free(h);
     return drc ? drc : rc;
@@ -136,7 +126,7 @@ static int overlap_save(job *j)
         int src = strata_wait_snapshot(h[i]);
         rc = rc ? rc : src;
     }
-    poison_rank(j->set, j->rank);
+    tu_set_poison(j->set, j->rank);
     for (int i = 0; i < 2 && h[i]; i++) {
         int drc = strata_wait_durable(&j->stats, h[i]);
         rc = rc ? rc : drc;
@@ -196,22 +186,6 @@ static int order_save(job *j)
     return rc;
 }
 
-/* A lazy save to two destinations: j->uri (tier 0) and j->uri2 (tier 1). */
-static int tiers_save(job *j)
-{
-    strata_handle *h;
-    const char *uris[2] = {j->uri, j->uri2};
-    int rc = strata_save_start(&h, j->w->sv[j->rank], uris, 2, &j->set->st[j->rank], 1,
-                               &j->so);
-    if (rc)
-        return rc;
-    rc = strata_wait_snapshot(h);
-    poison_rank(j->set, j->rank);
-    int drc = strata_wait_durable(&j->stats, h);
-    strata_handle_free(h);
-    return drc ? drc : rc;
-}
-
 static void *run_job(void *p)
 {
     job *j = p;
@@ -219,11 +193,9 @@ static void *run_job(void *p)
         j->rc = done_save(j);
     else if (j->save == SAVE_ORDER)
         j->rc = order_save(j);
-    else if (j->save == SAVE_TIERS)
-        j->rc = tiers_save(j);
     else if (j->save == SAVE_OVERLAP)
         j->rc = overlap_save(j);
-    else if (j->save == SAVE_ASYNC)
+    else if (j->save == SAVE_ASYNC || j->save == SAVE_TIERS)
         j->rc = async_save(j);
     else if (j->save)
         j->rc = strata_save(&j->stats, j->w->sv[j->rank], &j->uri, 1, &j->set->st[j->rank], 1,

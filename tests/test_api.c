@@ -97,18 +97,6 @@ static void load_layout(tu_set *s, int n, int saved)
         tu_set_blob(s, o % n, "rng", STRATA_BLOB_RANK_LOCAL, o, 17 + (uint64_t)o, 0);
 }
 
-/* Overwrites rank r's buffers (the optimizer step after the snapshot). */
-static void poison_rank(tu_set *s, int r)
-{
-    for (size_t i = 0; i < s->nsh; i++)
-        if (s->sh[i].rank == r && s->sh[i].sh.data)
-            memset(s->sh[i].sh.data, 0xff,
-                   tu_shard_numel(&s->sh[i].sh) * strata_dtype_size(s->sh[i].sh.dtype));
-    for (size_t i = 0; i < s->nbl; i++)
-        if (s->bl[i].rank == r)
-            memset(s->bl[i].data, 0xff, s->bl[i].size);
-}
-
 static strata_save_opts save_opts(void)
 {
     strata_save_opts o = STRATA_SAVE_OPTS_INIT;
@@ -155,7 +143,7 @@ static int async_one(job *j)
         return 0;
     }
     rc = strata_wait_snapshot(h);
-    poison_rank(j->set, j->rank);
+    tu_set_poison(j->set, j->rank);
     if (j->end == END_SNAPSHOT_FREE) {
         strata_handle_free(h);
         return rc;
@@ -309,7 +297,7 @@ static void save_inproc(int kind, strata_saver *sv, const char *const *uris, int
         assert_non_null(h);
         assert_ok(strata_wait_snapshot(h));
         for (int r = 0; r < NPROC; r++)
-            poison_rank(&s, r); /* the checkpoint must hold the values from before */
+            tu_set_poison(&s, r); /* the checkpoint must hold the values from before */
         assert_ok(strata_wait_durable(&st, h));
         assert_int_equal(strata_handle_status(NULL, h), 0);
         assert_ok(strata_wait_durable(NULL, h)); /* again: the same result */
@@ -571,10 +559,10 @@ static void test_own_pool(void **state)
     assert_ok(strata_save_start(&hb, sv, db.uris, 2, b.st, NPROC, &o));
     assert_ok(strata_wait_snapshot(ha));
     for (int r = 0; r < NPROC; r++)
-        poison_rank(&a, r);
+        tu_set_poison(&a, r);
     assert_ok(strata_wait_snapshot(hb));
     for (int r = 0; r < NPROC; r++)
-        poison_rank(&b, r);
+        tu_set_poison(&b, r);
     assert_ok(strata_wait_durable(NULL, hb));
     assert_ok(strata_wait_durable(NULL, ha));
     strata_handle_free(ha);

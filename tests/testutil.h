@@ -361,6 +361,18 @@ static inline void tu_set_blob(tu_set *s, int r, const char *name, int rank_loca
                                     x->data, size));
 }
 
+/* Overwrites rank r's buffers in the set with 0xff (the optimizer step after the snapshot). */
+static inline void tu_set_poison(tu_set *s, int r)
+{
+    for (size_t i = 0; i < s->nsh; i++)
+        if (s->sh[i].rank == r && s->sh[i].sh.data)
+            memset(s->sh[i].sh.data, 0xff,
+                   tu_shard_numel(&s->sh[i].sh) * strata_dtype_size(s->sh[i].sh.dtype));
+    for (size_t i = 0; i < s->nbl; i++)
+        if (s->bl[i].rank == r)
+            memset(s->bl[i].data, 0xff, s->bl[i].size);
+}
+
 /* Checks every shard and blob of the set against the pattern. Returns 0, or -1 after
  * printing what differs. */
 static inline int tu_set_check(const tu_set *s)
