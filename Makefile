@@ -213,7 +213,8 @@ bench: deps all $(BUILD)/bench/bench_plan $(BUILD)/bench/bench_export $(BUILD)/b
 # libstrata's sources or the build files change (the stamp $(VENV)/.strata-installed).
 VENV ?= .venv
 TORCH_VERSION ?= 2.13.0
-PY_DEPS := pyproject.toml setup.py $(wildcard python/strata/*.py python/strata/*.c) \
+PY_DEPS := pyproject.toml setup.py MANIFEST.in \
+           $(wildcard python/strata/*.py python/strata/*.c python/strata/*.h) \
            $(LIB_SRC) $(wildcard src/*/*.h) $(HEADERS)
 
 venv: $(VENV)/.strata-installed

@@ -1,6 +1,7 @@
-"""Builds strata._strata: python/strata/_strata.c plus every C file of libstrata (carried
-statically: src/core, io, meta, plan, comm, engine; not the command, not MPI). The metadata is
-in pyproject.toml; `pip install .` from the repository root."""
+"""Builds strata._strata: python/strata/_strata*.c (the binding, a C file per concept sharing
+the internal _strata.h) plus every C file of libstrata (carried statically: src/core, io,
+meta, plan, comm, engine; not the command, not MPI). The metadata is in pyproject.toml;
+`pip install .` from the repository root."""
 import glob
 import os
 import re
@@ -20,7 +21,7 @@ def version():
     return "%s.%s.0" % (major, minor)
 
 
-sources = ["python/strata/_strata.c"]
+sources = sorted(glob.glob("python/strata/_strata*.c"))
 for d in LIB_DIRS:
     sources += sorted(glob.glob("src/%s/*.c" % d))
 
@@ -28,8 +29,12 @@ ext = Extension(
     "strata._strata",
     sources=sources,
     include_dirs=["include", "src"],
-    depends=sorted(glob.glob("include/*.h") + glob.glob("src/*/*.h")),
-    extra_compile_args=["-std=c11", "-D_GNU_SOURCE", "-O2", "-fvisibility=hidden"],
+    depends=sorted(
+        glob.glob("include/*.h") + glob.glob("src/*/*.h") + glob.glob("python/strata/*.h")
+    ),
+    extra_compile_args=[
+        "-std=c11", "-D_GNU_SOURCE", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra",
+    ],
     libraries=["xxhash", "z", "pthread", "dl"],
 )
 

@@ -1,0 +1,388 @@
+/* _strata_comm.c - strata._strata's Comm: a host communicator whose collectives are Python
+ * callables (taking the GIL for each call), its dup for a saver's background commits, and
+ * Comm.self(). */
+#include "_strata.h"
+
+/* ---- Comm: host collectives ------------------------------------------------------------ */
+
+static char empty_buf[1];
+
+static PyObject *view(const void *p, size_t n, int flags)
+{
+    if (n > (size_t)PY_SSIZE_T_MAX)
+        return PyErr_Format(PyExc_OverflowError, "a buffer of %zu bytes", n);
+    return PyMemoryView_FromMemory(p && n ? (char *)(uintptr_t)p : empty_buf, (Py_ssize_t)n,
+                                   flags);
+}
+
+/* The views are valid only during the callback: released after it (a callback that kept
+ * an export of one leaves it unreleased, and must not use it later). */
+static void unview(PyObject *v)
+{
+    if (!v)
+        return;
+    PyObject *r = PyObject_CallMethod(v, "release", NULL);
+    if (r)
+        Py_DECREF(r);
+    else
+        PyErr_Clear();
+    Py_DECREF(v);
+}
+
+/* The Python error set now becomes STRATA_EABORTED with its text (thread-local message). */
+static int cb_error(host_ctx *x, const char *what)
+{
+    PyObject *v = err_take();
+    char text[768];
+    exc_text(v, text, sizeof text);
+    char tname[128];
+    snprintf(tname, sizeof tname, "%s", v ? Py_TYPE(v)->tp_name : "an error");
+    Py_XSETREF(x->pending, v);
+    return strata_error_set(STRATA_EABORTED, "the %s callback raised %s%s%s", what, tname,
+                            text[0] ? ": " : "", text);
+}
+
+/* Calls callable i with args (references stolen, NULL: a Python error is set). */
+static int invoke(host_ctx *x, int i, const char *what, PyObject **args, int nargs)
+{
+    int rc = 0, ok = 1;
+    for (int a = 0; a < nargs; a++)
+        ok &= args[a] != NULL;
+    if (!ok) {
+        rc = cb_error(x, what);
+    } else if (!x->fn[i]) {
+        rc = strata_error_set(STRATA_EABORTED, "the communicator's callables were released");
+    } else {
+        PyObject *r = PyObject_Vectorcall(x->fn[i], args, (size_t)nargs, NULL);
+        if (r)
+            Py_DECREF(r);
+        else
+            rc = cb_error(x, what);
+    }
+    for (int a = 0; a < nargs; a++)
+        if (args[a] && PyMemoryView_Check(args[a]))
+            unview(args[a]);
+        else
+            Py_XDECREF(args[a]);
+    return rc;
+}
+
+static int host_allgather(void *ctx, const void *send, size_t n, void *recv)
+{
+    host_ctx *x = ctx;
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *saved = err_take(); /* none expected: kept as it was */
+    PyObject *a[2] = {view(send, n, PyBUF_READ), NULL};
+    if (a[0]) {
+        if (x->size > 0 && n > SIZE_MAX / (size_t)x->size)
+            PyErr_SetString(PyExc_OverflowError, "allgather: receive size overflows");
+        else
+            a[1] = view(recv, n * (size_t)x->size, PyBUF_WRITE);
+    }
+    int rc = invoke(x, 0, "allgather", a, 2);
+    err_give(saved);
+    PyGILState_Release(g);
+    return rc;
+}
+
+static PyObject *counts_list(const size_t *c, int size, size_t *total)
+{
+    PyObject *l = PyList_New(size);
+    *total = 0;
+    for (int i = 0; l && i < size; i++) {
+        PyObject *v = PyLong_FromSize_t(c[i]);
+        if (!v) {
+            Py_CLEAR(l);
+            break;
+        }
+        PyList_SET_ITEM(l, i, v);
+        *total += c[i];
+    }
+    return l;
+}
+
+static int host_alltoallv(void *ctx, const void *send, const size_t *scounts, void *recv,
+                          const size_t *rcounts)
+{
+    host_ctx *x = ctx;
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *saved = err_take(); /* none expected: kept as it was */
+    size_t sn = 0, rn = 0;
+    PyObject *a[4] = {NULL, NULL, NULL, NULL};
+    if ((a[1] = counts_list(scounts, x->size, &sn)) && (a[3] = counts_list(rcounts, x->size, &rn)))
+        if ((a[0] = view(send, sn, PyBUF_READ)))
+            a[2] = view(recv, rn, PyBUF_WRITE);
+    int rc = invoke(x, 1, "alltoallv", a, 4);
+    err_give(saved);
+    PyGILState_Release(g);
+    return rc;
+}
+
+static int host_bcast(void *ctx, void *buf, size_t n, int root)
+{
+    host_ctx *x = ctx;
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *saved = err_take(); /* none expected: kept as it was */
+    PyObject *a[2] = {view(buf, n, PyBUF_WRITE), NULL};
+    if (a[0])
+        a[1] = PyLong_FromLong(root);
+    int rc = invoke(x, 2, "bcast", a, 2);
+    err_give(saved);
+    PyGILState_Release(g);
+    return rc;
+}
+
+static void host_destroy(void *ctx)
+{
+    host_ctx *x = ctx;
+    PyGILState_STATE g = PyGILState_Ensure();
+    for (int i = 0; i < 4; i++)
+        Py_CLEAR(x->fn[i]);
+    Py_CLEAR(x->pending);
+    PyGILState_Release(g);
+    PyMem_RawFree(x);
+}
+
+static int host_dup(void *ctx, strata_comm **out);
+
+static const strata_comm_ops host_ops = {STRATA_COMM_OPS_VERSION, host_allgather, host_alltoallv,
+                                         host_bcast, host_destroy, host_dup};
+
+/* A communicator over the callables fn[0..3) (new references taken); *xout (may be NULL)
+ * its context. GIL held. */
+static int host_make(strata_comm **out, PyObject *const *fn, int rank, int size,
+                     host_ctx **xout)
+{
+    host_ctx *x = PyMem_RawCalloc(1, sizeof *x);
+    if (!x)
+        return strata_error_set(STRATA_ENOMEM, "out of memory");
+    x->rank = rank;
+    x->size = size;
+    int rc = strata_comm_host(out, &host_ops, x, rank, size);
+    if (rc) {
+        PyMem_RawFree(x); /* not taken: destroy is not called */
+        return rc;
+    }
+    for (int i = 0; i < 3; i++) {
+        Py_INCREF(fn[i]);
+        x->fn[i] = fn[i];
+    }
+    if (xout)
+        *xout = x;
+    return 0;
+}
+
+/* The duplicate a saver asks for its commit thread: dup() returns the callables
+ * (allgather, alltoallv, bcast) of a channel of their own (DESIGN.md). A failure is
+ * strata's to report (the commits then stay on the caller's thread): the exception's text
+ * goes into the message, and the exception is dropped. */
+static int host_dup(void *ctx, strata_comm **out)
+{
+    host_ctx *x = ctx;
+    *out = NULL;
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *saved = err_take(); /* none expected: kept as it was */
+    int rc;
+    PyObject *r = NULL;
+    if (!x->fn[3]) {
+        rc = strata_error_set(STRATA_EINVAL, "Comm.host was given no dup callable");
+    } else if (!(r = PyObject_CallNoArgs(x->fn[3]))) {
+        PyObject *v = err_take();
+        char text[768];
+        exc_text(v, text, sizeof text);
+        rc = strata_error_set(STRATA_EINVAL, "the dup callback raised %s%s%s",
+                              v ? Py_TYPE(v)->tp_name : "an error", text[0] ? ": " : "", text);
+        Py_XDECREF(v);
+    } else if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 3 ||
+               !PyCallable_Check(PyTuple_GET_ITEM(r, 0)) ||
+               !PyCallable_Check(PyTuple_GET_ITEM(r, 1)) ||
+               !PyCallable_Check(PyTuple_GET_ITEM(r, 2))) {
+        rc = strata_error_set(STRATA_EINVAL, "the dup callback must return a tuple of three "
+                              "callables (allgather, alltoallv, bcast)");
+    } else {
+        PyObject *fn[3] = {PyTuple_GET_ITEM(r, 0), PyTuple_GET_ITEM(r, 1),
+                           PyTuple_GET_ITEM(r, 2)};
+        rc = host_make(out, fn, x->rank, x->size, NULL);
+    }
+    Py_XDECREF(r);
+    err_give(saved);
+    PyGILState_Release(g);
+    return rc;
+}
+
+
+/* Before a call that may run the callbacks: forget an older callback's exception. */
+void comm_begin(CommObject *c)
+{
+    if (c && c->ctx)
+        Py_CLEAR(c->ctx->pending);
+}
+
+/* After a failed call: the exception a callback raised becomes the __cause__. */
+PyObject *comm_take_pending(CommObject *c)
+{
+    if (!c || !c->ctx || !c->ctx->pending)
+        return NULL;
+    PyObject *p = c->ctx->pending;
+    c->ctx->pending = NULL;
+    return p;
+}
+
+static PyObject *Comm_host(PyObject *unused, PyObject *args, PyObject *kw)
+{
+    (void)unused;
+    static char *kwlist[] = {"rank", "size", "allgather", "alltoallv", "bcast", "dup", NULL};
+    int rank, size;
+    PyObject *fn[4] = {NULL, NULL, NULL, Py_None};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiOOO|$O:host", kwlist, &rank, &size, &fn[0],
+                                     &fn[1], &fn[2], &fn[3]))
+        return NULL;
+    static const char *names[4] = {"allgather", "alltoallv", "bcast", "dup"};
+    for (int i = 0; i < 4; i++)
+        if (!PyCallable_Check(fn[i]) && !(i == 3 && fn[i] == Py_None))
+            return PyErr_Format(PyExc_TypeError, "Comm.host: %s must be callable", names[i]);
+    CommObject *self = (CommObject *)CommType.tp_alloc(&CommType, 0);
+    if (!self)
+        return NULL;
+    int rc = host_make(&self->c, fn, rank, size, &self->ctx);
+    if (rc) {
+        Py_DECREF(self);
+        return raise_last(rc);
+    }
+    if (fn[3] != Py_None) {
+        Py_INCREF(fn[3]);
+        self->ctx->fn[3] = fn[3];
+    }
+    return (PyObject *)self;
+}
+
+static PyObject *Comm_self(PyObject *unused, PyObject *noargs)
+{
+    (void)unused, (void)noargs;
+    CommObject *self = (CommObject *)CommType.tp_alloc(&CommType, 0);
+    if (!self)
+        return NULL;
+    int rc = strata_comm_self(&self->c);
+    if (rc) {
+        Py_DECREF(self);
+        return raise_last(rc);
+    }
+    return (PyObject *)self;
+}
+
+static int Comm_traverse(CommObject *self, visitproc visit, void *arg)
+{
+    if (self->ctx) {
+        for (int i = 0; i < 4; i++)
+            Py_VISIT(self->ctx->fn[i]);
+        Py_VISIT(self->ctx->pending);
+    }
+    return 0;
+}
+
+static int Comm_clear_refs(CommObject *self)
+{
+    if (self->ctx) {
+        for (int i = 0; i < 4; i++)
+            Py_CLEAR(self->ctx->fn[i]);
+        Py_CLEAR(self->ctx->pending);
+    }
+    return 0;
+}
+
+static void Comm_dealloc(CommObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    if (self->weakrefs)
+        PyObject_ClearWeakRefs((PyObject *)self);
+    strata_comm_free(self->c); /* host_destroy drops the callables */
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Comm_set_timeout(CommObject *self, PyObject *arg)
+{
+    long ms;
+    if (get_int(arg, "timeout (ms)", 0, INT_MAX, &ms) < 0)
+        return NULL;
+    strata_comm_set_timeout(self->c, (int)ms);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Comm_rank(CommObject *self, void *c)
+{
+    (void)c;
+    return PyLong_FromLong(strata_comm_rank(self->c));
+}
+
+static PyObject *Comm_size(CommObject *self, void *c)
+{
+    (void)c;
+    return PyLong_FromLong(strata_comm_size(self->c));
+}
+
+static PyObject *Comm_timeout(CommObject *self, void *c)
+{
+    (void)c;
+    return PyLong_FromLong(strata_comm_timeout(self->c));
+}
+
+static PyObject *Comm_repr(CommObject *self)
+{
+    return PyUnicode_FromFormat("<strata.Comm %s rank %d of %d>", self->ctx ? "host" : "self",
+                                strata_comm_rank(self->c), strata_comm_size(self->c));
+}
+
+static PyMethodDef Comm_methods[] = {
+    {"host", (PyCFunction)(void (*)(void))Comm_host, METH_VARARGS | METH_KEYWORDS | METH_STATIC,
+     "host(rank, size, allgather, alltoallv, bcast, *, dup=None) -> Comm\n\n"
+     "A communicator over Python collectives, called on the thread that called save/load:\n"
+     "  allgather(send, recv): send a read-only memoryview of n bytes, recv writable, size*n\n"
+     "  alltoallv(send, scounts, recv, rcounts): counts are lists of size ints\n"
+     "  bcast(buf, root): buf writable\n"
+     "  dup(): the (allgather, alltoallv, bcast) of a channel of their own (e.g. another\n"
+     "    process group), for a Saver's commit thread, which calls them while this\n"
+     "    thread may call the others. Called on every rank at a Saver's first start().\n"
+     "    Without dup, a Saver's asynchronous saves commit in wait_durable().\n"
+     "The memoryviews are valid only during the call. A callback that raises makes the "
+     "collective fail with AbortedError carrying its text (the exception as __cause__); the "
+     "communicator is not usable after that."},
+    {"self", (PyCFunction)Comm_self, METH_NOARGS | METH_STATIC,
+     "self() -> Comm\n\nThe single-process communicator (rank 0 of 1)."},
+    {"set_timeout", (PyCFunction)Comm_set_timeout, METH_O,
+     "set_timeout(ms): time limit of each collective, for communicators that keep one."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Comm_getset[] = {
+    {"rank", (getter)Comm_rank, NULL, "this rank", NULL},
+    {"size", (getter)Comm_size, NULL, "number of ranks", NULL},
+    {"timeout", (getter)Comm_timeout, NULL, "time limit of a collective in ms (0: none)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject CommType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "strata.Comm",
+    .tp_basicsize = sizeof(CommObject),
+    .tp_weaklistoffset = offsetof(CommObject, weakrefs),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A communicator (strata_comm): Comm.host(...) or Comm.self().",
+    .tp_dealloc = (destructor)Comm_dealloc,
+    .tp_traverse = (traverseproc)Comm_traverse,
+    .tp_clear = (inquiry)Comm_clear_refs,
+    .tp_methods = Comm_methods,
+    .tp_getset = Comm_getset,
+    .tp_repr = (reprfunc)Comm_repr,
+    .tp_free = PyObject_GC_Del,
+};
+
+
+/* Raises rc with msg, the exception of a failing callback of comm as its __cause__. */
+PyObject *raise_comm(int rc, const char *msg, CommObject *comm)
+{
+    PyObject *cause = comm_take_pending(comm);
+    raise_msg(rc, msg);
+    set_cause(cause);
+    Py_XDECREF(cause);
+    return NULL;
+}
+
