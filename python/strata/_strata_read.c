@@ -96,83 +96,72 @@ static PyObject *name_str(const char *s)
     return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "surrogateescape");
 }
 
-static PyObject *ckpt_tensors(const strata_ckpt *ck)
+/* [item(ck, i) for i in range(n)]; item returns a new reference, NULL with an error. */
+static PyObject *ckpt_list(const strata_ckpt *ck, size_t n,
+                           PyObject *(*item)(const strata_ckpt *ck, size_t i))
 {
-    size_t n = strata_ckpt_ntensors(ck);
     PyObject *list = PyList_New((Py_ssize_t)n);
     for (size_t i = 0; list && i < n; i++) {
-        strata_tensor_info ti;
-        strata_ckpt_tensor(&ti, ck, i);
-        PyObject *shards = PyList_New((Py_ssize_t)ti.nshards);
-        for (size_t j = 0; shards && j < ti.nshards; j++) {
-            strata_shard_info si;
-            strata_ckpt_shard(&si, ck, i, j);
-            PyObject *flat = si.flat ? Py_BuildValue("(KK)", (unsigned long long)si.flat_start,
-                                                     (unsigned long long)si.flat_end)
-                                     : (Py_INCREF(Py_None), Py_None);
-            PyObject *d = flat ? Py_BuildValue("{s:N,s:N,s:N,s:N,s:K,s:K}", "offsets",
-                                               u64_tuple(si.offsets, ti.ndim), "lengths",
-                                               u64_tuple(si.lengths, ti.ndim), "flat", flat,
-                                               "file", name_str(si.file), "file_offset",
-                                               (unsigned long long)si.file_offset, "bytes",
-                                               (unsigned long long)si.bytes)
-                               : NULL;
-            if (!d) {
-                Py_CLEAR(shards);
-                break;
-            }
-            PyList_SET_ITEM(shards, (Py_ssize_t)j, d);
-        }
-        PyObject *t = shards ? Py_BuildValue("{s:N,s:s,s:N,s:K,s:N}", "name", name_str(ti.name),
-                                             "dtype", strata_dtype_name(ti.dtype), "shape",
-                                             u64_tuple(ti.shape, ti.ndim), "bytes",
-                                             (unsigned long long)ti.bytes, "shards", shards)
-                             : NULL;
-        if (!t) {
+        PyObject *x = item(ck, i);
+        if (!x) {
             Py_CLEAR(list);
             break;
         }
-        PyList_SET_ITEM(list, (Py_ssize_t)i, t);
+        PyList_SET_ITEM(list, (Py_ssize_t)i, x);
     }
     return list;
 }
 
-static PyObject *ckpt_blobs(const strata_ckpt *ck)
+static PyObject *shard_dict(const strata_ckpt *ck, size_t t, size_t j, int ndim)
 {
-    size_t n = strata_ckpt_nblobs(ck);
-    PyObject *list = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; list && i < n; i++) {
-        strata_blob_info bi;
-        strata_ckpt_blob(&bi, ck, i);
-        PyObject *b = Py_BuildValue("{s:N,s:i,s:K,s:N,s:K}", "name", name_str(bi.name), "owner",
-                                    bi.owner, "bytes", (unsigned long long)bi.bytes, "file",
-                                    name_str(bi.file),
-                                    "file_offset", (unsigned long long)bi.file_offset);
-        if (!b) {
-            Py_CLEAR(list);
-            break;
-        }
-        PyList_SET_ITEM(list, (Py_ssize_t)i, b);
-    }
-    return list;
+    strata_shard_info si;
+    strata_ckpt_shard(&si, ck, t, j);
+    PyObject *flat = si.flat ? Py_BuildValue("(KK)", (unsigned long long)si.flat_start,
+                                             (unsigned long long)si.flat_end)
+                             : (Py_INCREF(Py_None), Py_None);
+    if (!flat)
+        return NULL;
+    return Py_BuildValue("{s:N,s:N,s:N,s:N,s:K,s:K}", "offsets", u64_tuple(si.offsets, ndim),
+                         "lengths", u64_tuple(si.lengths, ndim), "flat", flat, "file",
+                         name_str(si.file), "file_offset", (unsigned long long)si.file_offset,
+                         "bytes", (unsigned long long)si.bytes);
 }
 
-static PyObject *ckpt_files(const strata_ckpt *ck)
+static PyObject *tensor_dict(const strata_ckpt *ck, size_t i)
 {
-    size_t n = strata_ckpt_nfiles(ck);
-    PyObject *list = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; list && i < n; i++) {
-        strata_file_info fi;
-        strata_ckpt_file(&fi, ck, i);
-        PyObject *f = Py_BuildValue("{s:N,s:K}", "name", name_str(fi.name), "bytes",
-                                    (unsigned long long)fi.bytes);
-        if (!f) {
-            Py_CLEAR(list);
+    strata_tensor_info ti;
+    strata_ckpt_tensor(&ti, ck, i);
+    PyObject *shards = PyList_New((Py_ssize_t)ti.nshards);
+    for (size_t j = 0; shards && j < ti.nshards; j++) {
+        PyObject *d = shard_dict(ck, i, j, ti.ndim);
+        if (!d) {
+            Py_CLEAR(shards);
             break;
         }
-        PyList_SET_ITEM(list, (Py_ssize_t)i, f);
+        PyList_SET_ITEM(shards, (Py_ssize_t)j, d);
     }
-    return list;
+    if (!shards)
+        return NULL;
+    return Py_BuildValue("{s:N,s:s,s:N,s:K,s:N}", "name", name_str(ti.name), "dtype",
+                         strata_dtype_name(ti.dtype), "shape", u64_tuple(ti.shape, ti.ndim),
+                         "bytes", (unsigned long long)ti.bytes, "shards", shards);
+}
+
+static PyObject *blob_dict(const strata_ckpt *ck, size_t i)
+{
+    strata_blob_info bi;
+    strata_ckpt_blob(&bi, ck, i);
+    return Py_BuildValue("{s:N,s:i,s:K,s:N,s:K}", "name", name_str(bi.name), "owner", bi.owner,
+                         "bytes", (unsigned long long)bi.bytes, "file", name_str(bi.file),
+                         "file_offset", (unsigned long long)bi.file_offset);
+}
+
+static PyObject *file_dict(const strata_ckpt *ck, size_t i)
+{
+    strata_file_info fi;
+    strata_ckpt_file(&fi, ck, i);
+    return Py_BuildValue("{s:N,s:K}", "name", name_str(fi.name), "bytes",
+                         (unsigned long long)fi.bytes);
 }
 
 static PyObject *Ckpt_new(PyTypeObject *type, PyObject *args, PyObject *kw)
@@ -211,8 +200,11 @@ static PyObject *Ckpt_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     self->data_bytes = strata_ckpt_data_bytes(self->ck);
     self->format = PyUnicode_FromString(
         strata_ckpt_format(self->ck) == STRATA_FORMAT_SAFETENSORS ? "safetensors" : "strata");
-    if (!self->uri || !self->format || !(self->tensors = ckpt_tensors(self->ck)) ||
-        !(self->blobs = ckpt_blobs(self->ck)) || !(self->files = ckpt_files(self->ck))) {
+    const strata_ckpt *ck = self->ck;
+    if (!self->uri || !self->format ||
+        !(self->tensors = ckpt_list(ck, strata_ckpt_ntensors(ck), tensor_dict)) ||
+        !(self->blobs = ckpt_list(ck, strata_ckpt_nblobs(ck), blob_dict)) ||
+        !(self->files = ckpt_list(ck, strata_ckpt_nfiles(ck), file_dict))) {
         Py_DECREF(self);
         return NULL;
     }
