@@ -321,6 +321,14 @@ int uris_get(uri_list *u, PyObject *arg)
     return 0;
 }
 
+/* __enter__ of an object that is its own context manager (Pool, Handle). */
+PyObject *enter_self(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    Py_INCREF(self);
+    return self;
+}
+
 /* ---- stats ------------------------------------------------------------------------------ */
 
 PyObject *stats_dict(const strata_stats *s)

@@ -51,6 +51,7 @@ void uris_free(uri_list *u);
 int uris_get(uri_list *u, PyObject *arg);
 
 PyObject *stats_dict(const strata_stats *s);
+PyObject *enter_self(PyObject *self, PyObject *unused);
 
 /* ---- State (_strata_state.c) ----------------------------------------------------------- */
 

@@ -67,13 +67,6 @@ static PyObject *Pool_close(PoolObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-static PyObject *Pool_enter(PyObject *self, PyObject *unused)
-{
-    (void)unused;
-    Py_INCREF(self);
-    return self;
-}
-
 static PyObject *Pool_exit(PoolObject *self, PyObject *args)
 {
     (void)args;
@@ -84,7 +77,7 @@ static PyMethodDef Pool_methods[] = {
     {"close", (PyCFunction)Pool_close, METH_NOARGS,
      "close(): frees the pool's memory now (else it goes with the last reference); "
      "BusyError while a Saver holds it. nbytes is 0 after, and no Saver takes it."},
-    {"__enter__", (PyCFunction)Pool_enter, METH_NOARGS, NULL},
+    {"__enter__", (PyCFunction)enter_self, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)Pool_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
@@ -579,13 +572,6 @@ static PyObject *Handle_close(HandleObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-static PyObject *Handle_enter(HandleObject *self, PyObject *unused)
-{
-    (void)unused;
-    Py_INCREF(self);
-    return (PyObject *)self;
-}
-
 static PyObject *Handle_exit(HandleObject *self, PyObject *args)
 {
     (void)args;
@@ -615,7 +601,7 @@ static PyMethodDef Handle_methods[] = {
     {"close", (PyCFunction)Handle_close, METH_NOARGS,
      "Waits for the save to end (the commit's collective included), frees it, lets go of its "
      "states and saver. Idempotent; does not raise the save's error (wait_durable does)."},
-    {"__enter__", (PyCFunction)Handle_enter, METH_NOARGS, NULL},
+    {"__enter__", (PyCFunction)enter_self, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)Handle_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
