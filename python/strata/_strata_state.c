@@ -92,6 +92,22 @@ static int get_dims(PyObject *o, const char *tensor, const char *what, uint64_t 
     return 0;
 }
 
+/* What add_shard and add_blob (fn) check first: data_ptr and nbytes given (keyword-only,
+ * without a default), the State not in use by a save, the name (of a what); returns the name,
+ * or NULL with the error raised. */
+static const char *add_begin(StateObject *self, const char *fn, PyObject *optr, PyObject *onbytes,
+                             PyObject *oname, const char *what)
+{
+    if (!optr || !onbytes) {
+        PyErr_Format(PyExc_TypeError, "%s() missing required keyword argument '%s'", fn,
+                     optr ? "nbytes" : "data_ptr");
+        return NULL;
+    }
+    if (state_writable(self) < 0)
+        return NULL;
+    return get_name(oname, what);
+}
+
 static PyObject *State_add_shard(StateObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"name",   "dtype",  "global_shape", "offsets", "lengths", "data_ptr",
@@ -103,14 +119,7 @@ static PyObject *State_add_shard(StateObject *self, PyObject *args, PyObject *kw
                                      &oshape, &ooff, &olen, &optr, &onbytes, &oflat, &device,
                                      &keep))
         return NULL;
-    if (!optr || !onbytes) {
-        PyErr_Format(PyExc_TypeError, "add_shard() missing required keyword argument '%s'",
-                     optr ? "nbytes" : "data_ptr");
-        return NULL;
-    }
-    if (state_writable(self) < 0)
-        return NULL;
-    const char *name = get_name(oname, "tensor");
+    const char *name = add_begin(self, "add_shard", optr, onbytes, oname, "tensor");
     if (!name)
         return NULL;
     if (!PyUnicode_Check(odtype)) {
@@ -202,14 +211,7 @@ static PyObject *State_add_blob(StateObject *self, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$OOpiO:add_blob", kwlist, &oname, &optr,
                                      &onbytes, &rank_local, &owner, &keep))
         return NULL;
-    if (!optr || !onbytes) {
-        PyErr_Format(PyExc_TypeError, "add_blob() missing required keyword argument '%s'",
-                     optr ? "nbytes" : "data_ptr");
-        return NULL;
-    }
-    if (state_writable(self) < 0)
-        return NULL;
-    const char *name = get_name(oname, "blob");
+    const char *name = add_begin(self, "add_blob", optr, onbytes, oname, "blob");
     uint64_t ptr, nbytes;
     if (!name || get_u64(optr, "data_ptr", &ptr) < 0 || get_u64(onbytes, "nbytes", &nbytes) < 0)
         return NULL;
