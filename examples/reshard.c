@@ -3,10 +3,15 @@
  *   cc reshard.c $(pkg-config --cflags --libs strata)
  * or the build tree: cc reshard.c -Iinclude build/libstrata.a -lxxhash -lpthread -ldl */
 #include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
 #include "strata.h"
 
 int main(int argc, char **argv) {
-    const char *uri = argc > 1 ? argv[1] : "/tmp/strata-example";
+    char dir[] = "ckpts/c-XXXXXX"; /* without an argument, a new directory each run: */
+    if (argc < 2) mkdir("ckpts", 0755); /* a committed checkpoint is never replaced */
+    const char *uri = argc > 1 ? argv[1] : mkdtemp(dir);
+    if (!uri) return perror("mkdtemp ckpts/c-XXXXXX"), 1;
     float m[24], left[12], right[7];
     for (int i = 0; i < 24; i++) m[i] = (float)i;
     uint64_t shape[2] = {6, 4}, top[2] = {0, 0}, bot[2] = {3, 0}, half[2] = {3, 4};
@@ -25,7 +30,8 @@ int main(int argc, char **argv) {
     int bad = 0; /* left: m[r][c] for c < 2; right: elements 3..9 of the 6x2 box of columns 2-3 */
     for (int e = 0; e < 12; e++) bad += left[e] != m[e / 2 * 4 + e % 2];
     for (int e = 3; e < 10; e++) bad += right[e - 3] != m[e / 2 * 4 + 2 + e % 2];
-    printf("left[5]=%g (m[2][1]=9) right[0]=%g (m[1][3]=7) wrong=%d\n", left[5], right[0], bad);
+    printf("%s: left[5]=%g (m[2][1]=9) right[0]=%g (m[1][3]=7) wrong=%d\n", uri, left[5], right[0],
+           bad);
     strata_state_free(save[0]), strata_state_free(save[1]), strata_state_free(load);
     return bad != 0;
 }

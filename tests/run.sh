@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run.sh - runs each test binary given as an argument as its own process (under a
 # timeout), then tests/cli_test.sh, install_test.sh, kill_test.sh, kill_export_test.sh (and, outside the
-# sanitizers, mpi_test.sh and the Python tests in $VENV when it exists), and prints
+# sanitizers, mpi_test.sh, readme_test.sh and the Python tests in $VENV when it exists), and prints
 # "N passed, N failed" (plus ", N skipped" when a test exits with 77). Exits non-zero if
 # anything failed.
 # Usage: bash tests/run.sh build/tests/test_a build/tests/test_b ...
@@ -51,6 +51,14 @@ if [ -n "$mpi" ]; then # the kill test on multi-process saves, a few trials
         STRATA_KILL_TRIALS="${STRATA_KILL_MPI_TRIALS:-6}" bash "$here/kill_test.sh"
     run_one "tests/kill_test.sh (mpi, async)" env STRATA_KILL_MODE=mpiasync STRATA_KILL_SIZE_MB=24 \
         STRATA_KILL_TRIALS="${STRATA_KILL_MPI_TRIALS:-6}" bash "$here/kill_test.sh"
+fi
+
+# the README's examples, in order, twice: plain build only (MPICH, and the venv's pip-built
+# extension, are not built with the sanitizers); `make test` makes the venv, so the Python
+# examples must run
+if [ -z "${SANITIZED:-}" ]; then
+    run_one "tests/readme_test.sh" env STRATA_README_NEED_VENV=1 VENV="${VENV:-.venv}" \
+        bash "$here/readme_test.sh"
 fi
 
 # the Python package (strata, strata.torch) in the project venv: plain build only (the
