@@ -31,12 +31,13 @@ awk -v out="$scratch/blocks" '
     /^<!-- run: .* -->$/ { kind = $0; sub(/^<!-- run: /, "", kind); sub(/ -->$/, "", kind); next }
     /^```/ {
         if (inside) { inside = 0; close(f); next }
-        if (kind != "") {
-            n++; f = sprintf("%s/%03d", out, n); inside = 1
-            printf "" > f; print kind > (f ".kind"); close(f ".kind"); kind = ""; next
-        }
+        if (other) { other = 0; next }   # the end of an unmarked block
+        if (kind == "") { other = 1; next }
+        n++; f = sprintf("%s/%03d", out, n); inside = 1
+        printf "" > f; print kind > (f ".kind"); close(f ".kind"); kind = ""; next
     }
     inside { print > f; next }
+    other { next }
     { if ($0 != "") kind = "" }   # a marker belongs to the fence right after it
 ' "$readme"
 blocks=$(cd "$scratch/blocks" && ls | grep -v '\.kind$')
