@@ -74,6 +74,41 @@ static void test_async_tiers(void **state)
     world_free(&w);
 }
 
+/* Two tiers, the second holding a committed checkpoint (the README's MPI examples run in
+ * order): every rank fails with STRATA_EEXIST naming that destination, not the first; the
+ * first tier, which rank 0 had owned already, is left as it was (gone, no LOCK); the
+ * committed one is untouched. */
+static void test_async_tier_committed(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 4);
+    job jobs[4];
+    char fast[600], slow[600];
+    snprintf(fast, sizeof fast, "%s/own-fast", base);
+    snprintf(slow, sizeof slow, "%s/own-slow", base);
+    tu_set a;
+    layout(&a, 2, 2, 1);
+    run_all(&w, 1, slow, NULL, &a, jobs);
+    expect_all_ok(jobs, 4);
+    tu_set_free(&a);
+    const char *second[4] = {slow, slow, slow, slow};
+    tier2 = second;
+    layout(&a, 2, 2, 1);
+    run_all(&w, SAVE_TIERS, fast, NULL, &a, jobs);
+    tu_set_free(&a);
+    tier2 = NULL;
+    for (int r = 0; r < 4; r++) {
+        assert_int_equal(jobs[r].rc, STRATA_EEXIST);
+        if (!strstr(jobs[r].msg, slow) || strstr(jobs[r].msg, fast))
+            fail_msg("rank %d's message does not blame %s alone: %s", r, slow, jobs[r].msg);
+    }
+    if (tu_exists(fast))
+        fail_msg("the first tier %s was left behind (its LOCK)", fast);
+    expect_loads(slow);
+    world_free(&w);
+}
+
 /* Background commits (issue 17): with a communicator that has a duplicate, a save is
  * committed with no call from the caller once every rank has written it - strata_handle_done
  * turns 1 and the checkpoint probes committed before strata_wait_durable, which then
@@ -264,6 +299,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_async_tiers),
+        cmocka_unit_test(test_async_tier_committed),
         cmocka_unit_test(test_replace),
         cmocka_unit_test(test_background_commit),
         cmocka_unit_test(test_commit_order),

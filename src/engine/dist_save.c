@@ -93,26 +93,30 @@ static int dist_begin(st_async_dist *d, const char *const *uris, strata_state *l
     }
     /* 0. an asynchronous save: rank 0 owns every destination before any rank may write
      * there (the synchronous one prepares in step 3, before the ranks write) */
-    int own_rc = 0;
+    int own_rc = 0, own_t = 0;
     for (int t = 0; me == ST_ROOT && !prepare_root && !lrc && !own_rc && t < d->ntiers; t++)
-        own_rc = st_dest_own(&d->dst, t, 0, &d->lock[t]);
+        if ((own_rc = st_dest_own(&d->dst, t, 0, &d->lock[t])))
+            own_t = t;
     /* 1. one collective: is every rank's layout what it was at the last save? (and does
-     * rank 0 own the destinations?) */
-    signed char flags[2] = {!lrc && cache && cache->hash == h && cache->size == P,
-                            (signed char)own_rc},
-                *every = malloc((size_t)P * 2);
+     * rank 0 own the destinations? if not, which one it could not own) */
+    signed char flags[3] = {!lrc && cache && cache->hash == h && cache->size == P,
+                            (signed char)own_rc, (signed char)own_t},
+                *every = malloc((size_t)P * 3);
     if (!every)
         rc = st_fail(STRATA_ENOMEM, "out of memory"); /* the others time out */
     else
-        rc = st_allgather(comm, flags, 2, every);
+        rc = st_allgather(comm, flags, 3, every);
     d->all_cached = !rc;
     for (int r = 0; !rc && r < P; r++)
-        d->all_cached &= every[2 * r] != 0;
+        d->all_cached &= every[3 * r] != 0;
     if (!rc && every[1]) { /* rank 0's code: nothing was written, every rank fails */
+        int t = every[2];
         rc = me == ST_ROOT ? own_rc
                            : st_fail(every[1], "rank 0: cannot take ownership of '%s': %s",
-                                     d->dst.n ? d->dst.dir[0] : "the destination",
+                                     t < d->dst.n ? d->dst.dir[t] : "the destination",
                                      strata_error_str(every[1]));
+        if (d->ntiers > 1)
+            rc = st_wrap(rc, "destination %d (%s)", t, d->dst.uri[t]);
     }
     free(every);
     if (rc)
@@ -178,6 +182,16 @@ static int dist_begin(st_async_dist *d, const char *const *uris, strata_state *l
         d->cache = cache;
     }
 out:
+    /* no rank writes before this returns 0: rank 0 leaves what it owned as it found it */
+    for (int t = 0; rc && !comm->broken && t < d->dst.n; t++)
+        if (d->lock[t]) {
+            const st_vfs *v = d->dst.vfs[t];
+            char p[PATH_MAX];
+            if (!d->dst.replace && st_path_join(p, d->dst.dir[t], ST_LOCK_FILE) == 0 &&
+                v->unlink(v, p) == 0)
+                v->rmdir(v, d->dst.dir[t]); /* only if that leaves it empty */
+            st_dest_abandon(&d->dst, t, &d->lock[t]);
+        }
     *local_rc = lrc;
     st_plan_cache_release(fresh);
     if (rc && comm->broken)
