@@ -36,6 +36,7 @@ import hashlib
 import json
 import os
 import struct
+import time
 import warnings
 
 import torch
@@ -82,6 +83,25 @@ def _timeout_of(pg):
         except Exception:
             continue
     return None
+
+
+def _settle(*tensors):
+    """Returns once gloo's worker threads have dropped their references to a finished
+    collective's tensors (each tensor's use count is back to its Python object's alone),
+    waiting with the GIL released; at most 1 s. A worker drops them a little after the
+    caller's wait returned, and doing so needs the GIL (torch keeps a tensor's Python
+    object alive while C++ holds it); if the process exits meanwhile, Python's finalization
+    ends that thread inside C++ and the process aborts ("terminate called without an active
+    exception"). strata.torch's last collective is often a job's last."""
+    deadline = None
+    for t in tensors:
+        while t._use_count() > 1:
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + 1.0
+            elif now > deadline:
+                return
+            time.sleep(0)
 
 
 class _Group:
@@ -131,12 +151,15 @@ class _Group:
         if self._into:
             try:
                 _all_gather_single(out, inp, group=group)
+                _settle(out, inp)
                 return
             except (RuntimeError, NotImplementedError) as e:
                 if "support" not in str(e).lower():
                     raise
                 self._into = False
-        dist.all_gather(list(out.chunk(self.size)), inp, group=group)
+        parts = list(out.chunk(self.size))
+        dist.all_gather(parts, inp, group=group)
+        _settle(inp, *parts)
 
     # the Comm's callbacks (run on the thread in save/load, GIL held; a commit thread's
     # on that thread, with their own group)
@@ -152,11 +175,14 @@ class _Group:
         out = _as_u8(recv)[:sum(rcounts)] if recv.nbytes else torch.empty(0, dtype=torch.uint8)
         dist.all_to_all_single(out, inp, output_split_sizes=rcounts,
                                input_split_sizes=scounts, group=group or self.gloo)
+        _settle(out, inp)
 
     def _bcast(self, buf, root, group=None):
         if buf.nbytes == 0:
             return
-        dist.broadcast(_as_u8(buf), src=self.ranks[root], group=group or self.gloo)
+        t = _as_u8(buf)
+        dist.broadcast(t, src=self.ranks[root], group=group or self.gloo)
+        _settle(t)
 
     # collectives of strata.torch itself
     def allgather_bytes(self, data):
@@ -172,10 +198,12 @@ class _Group:
         """Rank 0's data (bytes) on every rank."""
         hdr = torch.tensor([len(data) if self.rank == 0 else 0], dtype=torch.int64)
         dist.broadcast(hdr, src=self.ranks[0], group=self.gloo)
+        _settle(hdr)
         n = int(hdr[0])
         buf = _u8_from_bytes(data) if self.rank == 0 else torch.empty(n, dtype=torch.uint8)
         if n:
             dist.broadcast(buf, src=self.ranks[0], group=self.gloo)
+            _settle(buf)
         return _tobytes(buf)
 
     def saver(self, pool=None):
