@@ -244,7 +244,6 @@ class _BgOps:
 
 
 _GROUPS = {}
-_LOCAL_SAVERS = {}
 
 
 def _group(process_group):
@@ -258,19 +257,6 @@ def _group(process_group):
         g = _Group(process_group)
         _GROUPS[process_group] = g
     return g
-
-
-def _saver(group, pool=None):
-    """The saver for a save: the group's; without a group, one saver for saves without a
-    pool, and a new one for each save with a pool (a saver without a communicator caches no
-    plan, and one kept would keep its pool alive after the caller dropped it)."""
-    if group is not None:
-        return group.saver(pool)
-    if pool is not None:
-        return _S.Saver(None, pool)
-    if _LOCAL_SAVERS.get(None) is None:
-        _LOCAL_SAVERS[None] = _S.Saver()
-    return _LOCAL_SAVERS[None]
 
 
 def _uris(path):
@@ -340,11 +326,11 @@ def _prepare_save(state_dict, group, pickle):
 
 
 def _save_saver(group, pool=None):
-    """The saver of one save: the group's (_saver: its cached plan); without a group a new
-    one, freed with the save's handle, and with it the pool it made for the save (without
-    a communicator a saver caches no plan, so one kept would only keep its pool, up to
-    1 GiB, for the life of the process)."""
-    return _saver(group, pool) if group is not None else _S.Saver(None, pool)
+    """The saver of one save: the group's (its cached plan); without a group a new one,
+    freed with the save's handle, and with it the pool it made for the save (without a
+    communicator a saver caches no plan, so one kept would only keep its pool, up to 1 GiB,
+    for the life of the process)."""
+    return group.saver(pool) if group is not None else _S.Saver(None, pool)
 
 
 def save(state_dict, path, process_group=None, *, step=0, pickle=False, replace=False,
