@@ -6,7 +6,7 @@
 
 #include "../core/checksum.h"
 #include "../core/error.h"
-#include "engine.h"
+#include "source.h"
 
 int st_path_join(char *out, const char *dir, const char *name)
 {
@@ -53,8 +53,8 @@ static int dir_open(st_dir *d, const char *uri, int allow_incomplete, unsigned c
     char p[PATH_MAX];
     if (kind == 2 && st_path_join(p, d->path, ".") == 0 && v->stat(v, p, NULL, &kind) != 0)
         kind = 3; /* a symlink ("latest") is read through if it names a directory */
-    if (st_foreign_here(v, d->path, kind))
-        return st_foreign_open(d, raw, rawlen);
+    if ((d->src = st_source_find(v, d->path, kind)))
+        return d->src->open(d, raw, rawlen);
     if (kind != 1)
         return st_survey(v, d->path, kind); /* a torch.save file, or not a checkpoint */
 
@@ -142,12 +142,17 @@ int st_dir_open_raw(st_dir *d, const char *uri, int allow_incomplete, unsigned c
 }
 
 int st_dir_adopt(st_dir *d, const char *uri, const st_commit *c, const unsigned char *meta,
-                 size_t mlen, int foreign)
+                 size_t mlen, uint32_t source)
 {
     memset(d, 0, sizeof *d);
     int rc = st_vfs_resolve(uri, &d->vfs, d->path, sizeof d->path);
-    if (rc == 0 && foreign) {
-        rc = st_foreign_adopt(d, meta, mlen);
+    if (rc == 0 && source) {
+        if (!(d->src = st_source_by_id(source)))
+            rc = st_fail(STRATA_EFORMAT, "checkpoint '%s': unknown source %u from another rank",
+                         d->path, source);
+        else
+            rc = d->src->adopt ? d->src->adopt(d, meta, mlen)
+                               : st_source_adopt_meta(d, meta, mlen);
     } else if (rc == 0) {
         d->commit = *c;
         d->committed = 1;
@@ -210,7 +215,7 @@ uint32_t strata_ckpt_chunk_bytes(const strata_ckpt *ck)
 }
 int strata_ckpt_format(const strata_ckpt *ck)
 {
-    return ck->d.meta->foreign ? STRATA_FORMAT_SAFETENSORS : STRATA_FORMAT_STRATA;
+    return ck->d.src ? ck->d.src->format : STRATA_FORMAT_STRATA;
 }
 
 void strata_ckpt_tensor(strata_tensor_info *out, const strata_ckpt *ck, size_t i)

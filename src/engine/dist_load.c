@@ -10,11 +10,12 @@
 #include "../core/error.h"
 #include "../io/pool.h"
 #include "dist.h"
+#include "source.h"
 
 typedef struct {
     st_commit commit;
     uint64_t meta_len;
-    uint32_t foreign; /* meta is a safetensors source description */
+    uint32_t source; /* st_source_id: 0 strata's own, else meta is a source's description */
     /* rank 0's I/O settings, every rank's: they size the reads of the one global plan,
      * the rounds (reads per rank per round) and each rank's slot in the node's segment,
      * so ranks that asked for others would go out of step */
@@ -379,7 +380,7 @@ int st_load_dist(strata_comm *comm, const char *uri, strata_state *local,
             have_dir = 1;
             ob.commit = d.commit;
             ob.meta_len = mlen;
-            ob.foreign = (uint32_t)d.meta->foreign;
+            ob.source = st_source_id(d.src);
         }
     }
     if ((rc = st_bcast(comm, &ob, sizeof ob, ST_ROOT)))
@@ -397,7 +398,7 @@ int st_load_dist(strata_comm *comm, const char *uri, strata_state *local,
     if ((rc = st_bcast(comm, meta, ob.meta_len, ST_ROOT)))
         goto out;
     if (me != ST_ROOT) {
-        if ((rc = st_dir_adopt(&d, uri, &ob.commit, meta, ob.meta_len, (int)ob.foreign)))
+        if ((rc = st_dir_adopt(&d, uri, &ob.commit, meta, ob.meta_len, ob.source)))
             goto out; /* the same bytes fail the same way everywhere */
         have_dir = 1;
     }

@@ -270,9 +270,12 @@ int st_async_start(strata_handle **out, st_save_plan *sp, const strata_save_opts
                    strata_pool **pool, const st_commit_ops *ops, void *ctx, int failed,
                    st_committer *q, int bg);
 
+typedef struct st_source st_source; /* source.h */
+
 /* An opened checkpoint directory. */
 typedef struct st_dir {
     const st_vfs *vfs;
+    const st_source *src; /* another format's reader (source.h); NULL: strata's own */
     char path[PATH_MAX];
     st_meta *meta;
     int committed;
@@ -289,21 +292,10 @@ void st_dir_close(st_dir *d);
 int st_dir_open_raw(st_dir *d, const char *uri, int allow_incomplete, unsigned char **raw,
                     size_t *rawlen);
 /* A committed checkpoint opened elsewhere: decodes and checks metadata received from the
- * rank that read it (foreign: a safetensors source description, st_foreign_adopt). */
+ * rank that read it; source: st_source_id of the source that read it (0: strata's own,
+ * with commit record c; else meta is that source's description). */
 int st_dir_adopt(st_dir *d, const char *uri, const st_commit *c, const unsigned char *meta,
-                 size_t mlen, int foreign);
-/* Foreign sources (foreign.c). Is what is at path (of the given st_vfs stat kind) a
- * safetensors source: a file named *.safetensors, or a directory without strata's
- * metadata or commit record that holds model.safetensors.index.json or model.safetensors? */
-int st_foreign_here(const st_vfs *v, const char *path, int kind);
-/* Opens the safetensors source at d->path (d->vfs set): reads the index (if any) and each
- * file's header (through links), builds d->meta (foreign), sets d->committed; d->path
- * becomes the directory when it named a file. raw (may be NULL) gets the source
- * description (safetensors.h) for the other ranks. Errors: STRATA_EFORMAT, STRATA_ENOENT
- * (a file the index names is missing), STRATA_EIO, STRATA_ENOMEM. */
-int st_foreign_open(st_dir *d, unsigned char **raw, size_t *rawlen);
-/* The same from a source description read by another rank. */
-int st_foreign_adopt(st_dir *d, const unsigned char *raw, size_t len);
+                 size_t mlen, uint32_t source);
 /* What is at path (stat kind `kind`), which has no commit record (survey.c): 0 when it is a
  * directory holding strata's files (an incomplete strata checkpoint); else fails saying
  * what it is instead: STRATA_EFORMAT naming a format strata cannot read yet (PyTorch DCP,

@@ -1,13 +1,19 @@
-/* foreign.c - a Hugging Face safetensors directory (or one .safetensors file) opened as a
- * load source: the index and every file's header are read, and the metadata is built from
- * them (src/meta/safetensors.h), so that the load planner and reader work unchanged. */
+/* foreign.c - the safetensors source (source.h): a Hugging Face safetensors directory (or
+ * one .safetensors file). The index and every file's header are read, and the metadata is
+ * built from them (src/meta/safetensors.h). Its description for the other ranks is the
+ * headers themselves (safetensors.h's source description).
+ *
+ * here: a file named *.safetensors, or a directory without strata's metadata or commit
+ * record that holds model.safetensors.index.json or model.safetensors. open: errors
+ * STRATA_EFORMAT, STRATA_ENOENT (a file the index names is missing), STRATA_EIO,
+ * STRATA_ENOMEM. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "../core/error.h"
 #include "../meta/safetensors.h"
-#include "engine.h"
+#include "source.h"
 
 static int ends_with(const char *s, const char *suffix)
 {
@@ -24,7 +30,7 @@ static int has_file(const st_vfs *v, const char *dir, const char *name)
            (kind == 0 || kind == 2);
 }
 
-int st_foreign_here(const st_vfs *v, const char *path, int kind)
+static int st_foreign_here(const st_vfs *v, const char *path, int kind)
 {
     if (kind != 1) /* a file, or a link to one */
         return ends_with(path, ".safetensors");
@@ -98,7 +104,7 @@ static int put_header(const st_vfs *v, const char *dir, const char *name, st_buf
     return rc;
 }
 
-int st_foreign_open(st_dir *d, unsigned char **raw, size_t *rawlen)
+static int st_foreign_open(st_dir *d, unsigned char **raw, size_t *rawlen)
 {
     const st_vfs *v = d->vfs;
     int kind, rc = 0;
@@ -161,7 +167,7 @@ out:
     return 0;
 }
 
-int st_foreign_adopt(st_dir *d, const unsigned char *raw, size_t len)
+static int st_foreign_adopt(st_dir *d, const unsigned char *raw, size_t len)
 {
     int kind;
     const st_vfs *v = d->vfs;
@@ -175,3 +181,6 @@ int st_foreign_adopt(st_dir *d, const unsigned char *raw, size_t len)
         d->committed = 1;
     return rc;
 }
+
+const st_source st_source_safetensors = {"safetensors", STRATA_FORMAT_SAFETENSORS,
+                                         st_foreign_here, st_foreign_open, st_foreign_adopt};

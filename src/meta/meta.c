@@ -11,12 +11,15 @@
 
 /* ---- encoding ---- */
 
-static void put_extent(st_buf *b, const st_extent *e, uint32_t chunk, int with_bytes)
+static void put_extent(st_buf *b, const st_extent *e, uint32_t chunk, int with_bytes,
+                       int foreign)
 {
     st_buf_var(b, e->file);
-    st_buf_var(b, e->offset / ST_ALIGN);
+    st_buf_var(b, foreign ? e->offset : e->offset / ST_ALIGN);
     if (with_bytes)
         st_buf_var(b, e->bytes);
+    if (foreign) /* no checksums */
+        return;
     uint64_t n = st_nchunks(e->bytes, chunk);
     for (uint64_t i = 0; i < n; i++)
         st_buf_u64(b, e->sums[i]);
@@ -27,7 +30,7 @@ int st_meta_encode(const st_meta *m, unsigned char **out, size_t *len)
     st_buf b = {0};
     st_buf_put(&b, ST_META_MAGIC, 8);
     st_buf_u32(&b, ST_META_VERSION);
-    st_buf_u32(&b, 0);
+    st_buf_u32(&b, m->foreign ? ST_META_FOREIGN : 0);
     st_buf_u64(&b, 0); /* body length, patched below */
     st_buf_u64(&b, m->step);
     st_buf_var(&b, m->chunk);
@@ -35,6 +38,14 @@ int st_meta_encode(const st_meta *m, unsigned char **out, size_t *len)
     for (uint32_t i = 0; i < m->nfiles; i++) {
         st_buf_str(&b, m->files[i].name);
         st_buf_var(&b, m->files[i].bytes);
+    }
+    if (m->foreign) { /* each file's identity, when the source took it */
+        st_buf_u8(&b, m->idents != NULL);
+        for (uint32_t i = 0; m->idents && i < m->nfiles; i++) {
+            st_buf_var(&b, m->idents[i].ino);
+            st_buf_var(&b, m->idents[i].mtime_ns);
+            st_buf_var(&b, m->idents[i].ctime_ns);
+        }
     }
     st_buf_var(&b, m->ntensors);
     for (size_t i = 0; i < m->ntensors; i++) {
@@ -56,14 +67,14 @@ int st_meta_encode(const st_meta *m, unsigned char **out, size_t *len)
                 st_buf_var(&b, sh->fs);
                 st_buf_var(&b, sh->fe - sh->fs);
             }
-            put_extent(&b, &sh->ext, m->chunk, 0);
+            put_extent(&b, &sh->ext, m->chunk, 0, m->foreign);
         }
     }
     st_buf_var(&b, m->nblobs);
     for (size_t i = 0; i < m->nblobs; i++) {
         st_buf_str(&b, m->blobs[i].name);
         st_buf_var(&b, (uint64_t)(m->blobs[i].owner + 1));
-        put_extent(&b, &m->blobs[i].ext, m->chunk, 1);
+        put_extent(&b, &m->blobs[i].ext, m->chunk, 1, m->foreign);
     }
     if (b.oom) {
         free(b.p);
@@ -119,11 +130,11 @@ static void rd_extent(st_rd *r, st_meta *m, st_extent *e, uint64_t bytes, int wi
         return;
     }
     e->file = (uint32_t)file;
-    if (blk > UINT64_MAX / ST_ALIGN) {
+    if (!m->foreign && blk > UINT64_MAX / ST_ALIGN) {
         st_rd_fail(r, "extent offset overflows");
         return;
     }
-    e->offset = blk * ST_ALIGN;
+    e->offset = m->foreign ? blk : blk * ST_ALIGN;
     e->bytes = bytes;
     /* shards always hold bytes (their boxes and ranges are non-empty); a blob may be empty */
     if ((bytes == 0 && !with_bytes) || e->offset > m->files[e->file].bytes ||
@@ -131,6 +142,8 @@ static void rd_extent(st_rd *r, st_meta *m, st_extent *e, uint64_t bytes, int wi
         st_rd_fail(r, "extent lies outside its data file");
         return;
     }
+    if (m->foreign) /* no checksums */
+        return;
     uint64_t n = st_nchunks(bytes, m->chunk);
     if (n > st_rd_left(r) / 8) {
         st_rd_fail(r, "truncated checksum list");
@@ -148,7 +161,8 @@ static void rd_extent(st_rd *r, st_meta *m, st_extent *e, uint64_t bytes, int wi
 static int decode_body(st_rd *r, st_meta *m)
 {
     uint64_t chunk = st_rd_var(r);
-    if (r->err || chunk < 4096 || chunk > (64u << 20) || (chunk & (chunk - 1)))
+    if (r->err || (m->foreign ? chunk != 1
+                              : chunk < 4096 || chunk > (64u << 20) || (chunk & (chunk - 1))))
         return st_rd_fail(r, "bad checksum chunk size"), -1;
     m->chunk = (uint32_t)chunk;
 
@@ -162,6 +176,18 @@ static int decode_body(st_rd *r, st_meta *m)
     for (uint64_t i = 0; i < nf && !r->err; i++) {
         m->files[i].name = rd_str(r, &m->arena, 1);
         m->files[i].bytes = st_rd_var(r);
+    }
+    if (m->foreign && !r->err) {
+        uint8_t has = st_rd_u8(r);
+        if (has > 1)
+            return st_rd_fail(r, "bad file identity flag"), -1;
+        if (has && !(m->idents = st_arena_alloc(&m->arena, (nf ? nf : 1) * sizeof *m->idents)))
+            return st_rd_fail(r, "out of memory"), -1;
+        for (uint64_t i = 0; has && i < nf && !r->err; i++) {
+            m->idents[i].ino = st_rd_var(r);
+            m->idents[i].mtime_ns = st_rd_var(r);
+            m->idents[i].ctime_ns = st_rd_var(r);
+        }
     }
 
     uint64_t nt = st_rd_count(r, 4, "tensor count exceeds the metadata size");
@@ -876,7 +902,7 @@ int st_meta_check_overlap(const st_mtensor *t)
     return rc;
 }
 
-static int check_header(const unsigned char *buf, size_t len)
+static int check_header(const unsigned char *buf, size_t len, uint32_t flags)
 {
     if (len < ST_META_HEADER + ST_META_TRAILER)
         return st_fail(STRATA_EFORMAT, "metadata is truncated (%zu bytes)", len);
@@ -886,8 +912,11 @@ static int check_header(const unsigned char *buf, size_t len)
     if (ver != ST_META_VERSION)
         return st_fail(STRATA_EFORMAT, "metadata format version %u is not supported (want %u)",
                        ver, ST_META_VERSION);
-    if (st_get_u32(buf + 12) != 0)
-        return st_fail(STRATA_EFORMAT, "metadata has unknown header flags");
+    if (st_get_u32(buf + 12) != flags)
+        return st_fail(STRATA_EFORMAT, flags || st_get_u32(buf + 12) != ST_META_FOREIGN
+                                           ? "metadata has unknown header flags"
+                                           : "metadata describes another format's files (it "
+                                             "is never stored)");
     uint64_t body = st_get_u64(buf + 16);
     if (body != len - ST_META_HEADER - ST_META_TRAILER)
         return st_fail(STRATA_EFORMAT,
@@ -901,6 +930,7 @@ static int parse(st_meta **out, const unsigned char *buf, size_t len)
     st_meta *m = calloc(1, sizeof *m);
     if (!m)
         return st_fail(STRATA_ENOMEM, "out of memory");
+    m->foreign = st_get_u32(buf + 12) == ST_META_FOREIGN;
     m->step = st_get_u64(buf + 24);
     st_rd r = {.p = buf + ST_META_HEADER, .end = buf + len - ST_META_TRAILER, .base = buf};
     if (decode_body(&r, m) != 0) {
@@ -928,7 +958,7 @@ static int parse(st_meta **out, const unsigned char *buf, size_t len)
 int st_meta_decode(st_meta **out, const unsigned char *buf, size_t len)
 {
     *out = NULL;
-    int rc = check_header(buf, len);
+    int rc = check_header(buf, len, 0);
     if (rc)
         return rc;
     if (st_hash(buf, len - ST_META_TRAILER) != st_get_u64(buf + len - ST_META_TRAILER))
@@ -939,8 +969,19 @@ int st_meta_decode(st_meta **out, const unsigned char *buf, size_t len)
 int st_meta_decode_unchecked(st_meta **out, const unsigned char *buf, size_t len)
 {
     *out = NULL;
-    int rc = check_header(buf, len);
+    int rc = check_header(buf, len, len >= 16 ? st_get_u32(buf + 12) & ST_META_FOREIGN : 0);
     return rc ? rc : parse(out, buf, len);
+}
+
+int st_meta_decode_foreign(st_meta **out, const unsigned char *buf, size_t len)
+{
+    *out = NULL;
+    int rc = check_header(buf, len, ST_META_FOREIGN);
+    if (rc)
+        return rc;
+    if (st_hash(buf, len - ST_META_TRAILER) != st_get_u64(buf + len - ST_META_TRAILER))
+        return st_fail(STRATA_EFORMAT, "metadata checksum mismatch: corrupt in transit");
+    return parse(out, buf, len);
 }
 
 void st_meta_free(st_meta *m)

@@ -12,6 +12,9 @@
 #define ST_META_VERSION 1u
 #define ST_META_HEADER 32u
 #define ST_META_TRAILER 8u
+/* Header flag of a foreign index (st_meta_decode_foreign): never stored, only sent from
+ * the rank that read another format's files to the others. */
+#define ST_META_FOREIGN 1u
 #define ST_COMMIT_MAGIC "STRATACR"
 #define ST_COMMIT_VERSION 2u
 #define ST_COMMIT_SIZE 72u    /* version 2 (written); version 1 records have 64 bytes */
@@ -99,14 +102,22 @@ static inline uint64_t st_nchunks(uint64_t bytes, uint32_t chunk)
     return bytes / chunk + (bytes % chunk != 0);
 }
 
-/* Encodes m into a new malloc'd buffer (*out, *len). STRATA_ENOMEM on failure. */
+/* Encodes m into a new malloc'd buffer (*out, *len). STRATA_ENOMEM on failure. A foreign
+ * m (m->foreign) is encoded with the ST_META_FOREIGN header flag, its files' identities (if
+ * any), extents at byte offsets and no checksums: the form in which a source of another
+ * format hands its index to the other ranks and to itself (st_meta_decode_foreign). */
 int st_meta_encode(const st_meta *m, unsigned char **out, size_t *len);
 /* Decodes and fully validates (bounds, names, geometry, overlap, extents within files).
  * On success *out is a new st_meta (free with st_meta_free). Errors: STRATA_EFORMAT with
  * a message saying what is wrong and where, STRATA_ENOMEM. Never reads past len, and
  * never allocates more than a small multiple of len. */
 int st_meta_decode(st_meta **out, const unsigned char *buf, size_t len);
-/* The same without the trailer checksum check (for fuzzing the parser in depth). */
+/* Decodes a foreign index (st_meta_encode of a foreign m) with the same checks, chunk 1 and
+ * extents anywhere in their files; st_meta_decode refuses one (a metadata.bin is never
+ * foreign) and this refuses strata's own. */
+int st_meta_decode_foreign(st_meta **out, const unsigned char *buf, size_t len);
+/* The same without the trailer checksum check (for fuzzing the parser in depth; either
+ * kind). */
 int st_meta_decode_unchecked(st_meta **out, const unsigned char *buf, size_t len);
 void st_meta_free(st_meta *m);
 /* Checks the shards of one tensor for overlap; STRATA_EOVERLAP naming the pair. Exact,

@@ -1,0 +1,49 @@
+/* source.h - the formats a load reads: each is a source, a reader behind one small table of
+ * functions (like the storage backends' st_vfs), in its own file. A source reads another
+ * format's index and files' headers into strata's metadata (st_meta, foreign: extents at
+ * byte offsets, no checksums), so that the load planner and reader work unchanged. The rank
+ * that opens a checkpoint sends the others a description; they rebuild the same metadata
+ * from it without I/O. strata's own checkpoints are not a source here (ckpt.c reads them).
+ * docs/DESIGN.md, "Sources". */
+#ifndef STRATA_SOURCE_H
+#define STRATA_SOURCE_H
+#include "engine.h"
+
+typedef struct st_source {
+    const char *name; /* shown by inspect: "safetensors", "dcp", ... */
+    int format;       /* STRATA_FORMAT_* */
+    /* Is what is at path (st_vfs stat kind: 0 file, 1 directory, 2 link to a file) this
+     * format? Decided by content (magic bytes, the files an index names), never by a name
+     * alone; cheap (a few small reads); never fails: 0 when unsure. */
+    int (*here)(const st_vfs *v, const char *path, int kind);
+    /* Opens the source at d->path (d->vfs set): reads the index and headers, builds
+     * d->meta (foreign) and sets d->committed; d->path becomes the directory of the files
+     * when it named a file. desc (may be NULL) gets a malloc'd description for adopt. */
+    int (*open)(st_dir *d, unsigned char **desc, size_t *desclen);
+    /* Builds d->meta from a description another rank's open made (d->path as given to
+     * open). NULL: the description is st_meta_encode of the foreign metadata
+     * (st_source_adopt_meta). */
+    int (*adopt)(st_dir *d, const unsigned char *desc, size_t len);
+} st_source;
+
+/* The sources, in the order they are tried; st_sources[i]'s index travels in broadcasts. */
+extern const st_source *const st_sources[];
+extern const size_t st_nsources;
+
+/* The source of what is at path, or NULL (strata's own, or nothing known). */
+const st_source *st_source_find(const st_vfs *v, const char *path, int kind);
+/* A source's index in st_sources (+1: 0 stands for strata's own), and back (NULL for 0 or
+ * an index out of range). */
+uint32_t st_source_id(const st_source *s);
+const st_source *st_source_by_id(uint32_t id);
+
+/* For a source's open: encodes d->meta (foreign) as the description others adopt. */
+int st_source_describe(const st_dir *d, unsigned char **desc, size_t *desclen);
+/* Adopts a description made by st_source_describe: decodes and checks it, sets d->meta and
+ * d->committed. */
+int st_source_adopt_meta(st_dir *d, const unsigned char *desc, size_t len);
+
+/* The sources (one file each). */
+extern const st_source st_source_safetensors; /* foreign.c */
+
+#endif
