@@ -5,7 +5,9 @@
 # Env: BENCH_TORCH_GB (state GiB, default 2), ROUNDS (default 3), BENCH_TORCH_K (steps per
 # checkpoint, default 10), BENCH_TORCH_CONFIGS (default 1p-fp32,1p-bf16,4p-fp32); the
 # checkpoints go to BENCH_TORCH_DIR (default $(BUILD)/bench-torch, on the disk under test).
-.PHONY: bench-torch
+# make bench-unified (run by bench-torch after it): strata loading and exporting a checkpoint
+# that PyTorch DCP wrote, beside DCP (bench/bench_unified.py; BENCH_UNIFIED_GB, default 2).
+.PHONY: bench-torch bench-unified
 
 BENCH_TORCH_DIR ?= $(BUILD)/bench-torch
 
@@ -16,3 +18,9 @@ $(VENV)/.bench-torch-deps: $(VENV)/.deps-installed
 bench-torch: venv $(VENV)/.bench-torch-deps
 	@$(APT) tool_need fio fio
 	BENCH_DIR=$(BENCH_TORCH_DIR) PYTHONWARNINGS=ignore $(VENV)/bin/python bench/bench_torch.py
+	$(MAKE) --no-print-directory bench-unified
+
+bench-unified: venv $(BUILD)/strata
+	@$(APT) tool_need fio fio
+	BENCH_DIR=$(BUILD)/bench-unified PYTHONWARNINGS=ignore GLOO_SOCKET_IFNAME=lo \
+	    $(VENV)/bin/python bench/bench_unified.py
