@@ -3,6 +3,7 @@
  * naming the file and the problem. */
 #include "testutil.h"
 
+#include "meta/meta.h"
 #include "meta/safetensors.h"
 
 #define FILE_NAME "model-00001-of-00002.safetensors"
@@ -334,12 +335,73 @@ static void test_many(void **state)
     free(perm);
 }
 
+
+/* A foreign index (the metadata a source builds from another format's headers) travels to
+ * the other ranks as st_meta_encode with the ST_META_FOREIGN flag: it decodes to the same
+ * metadata, only through st_meta_decode_foreign, and a flipped byte is refused. */
+static void test_foreign_index(void **state)
+{
+    (void)state;
+    const char *json = "{\"a\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]},"
+                       "\"b\":{\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[24,32]}}";
+    size_t len;
+    unsigned char *f = mkfile(json, 32, &len);
+    st_buf src = {0};
+    st_st_src_begin(&src, 1);
+    st_st_src_put(&src, FILE_NAME, len, &(st_mident){11, 22, 33}, f, len - 32);
+    st_meta *m = NULL, *back = NULL, *bad = NULL;
+    assert_int_equal(st_st_meta(&m, src.p, src.n, NULL, "dir"), 0);
+    assert_int_equal(m->foreign, 1);
+    unsigned char *enc;
+    size_t n;
+    assert_int_equal(st_meta_encode(m, &enc, &n), 0);
+    if (st_meta_decode_foreign(&back, enc, n))
+        fail_msg("%s", strata_error_last());
+    assert_int_equal(back->foreign, 1);
+    assert_int_equal(back->chunk, 1);
+    assert_int_equal(back->nfiles, 1);
+    assert_string_equal(back->files[0].name, FILE_NAME);
+    assert_int_equal(back->files[0].bytes, len);
+    assert_non_null(back->idents);
+    assert_int_equal(back->idents[0].ino, 11);
+    assert_int_equal(back->idents[0].mtime_ns, 22);
+    assert_int_equal(back->idents[0].ctime_ns, 33);
+    assert_int_equal(back->ntensors, 2);
+    for (size_t i = 0; i < 2; i++) {
+        const st_mtensor *a = &m->tensors[i], *b = &back->tensors[i];
+        assert_string_equal(a->name, b->name);
+        assert_int_equal(a->dtype, b->dtype);
+        assert_int_equal(a->ndim, b->ndim);
+        assert_int_equal(b->nshards, 1);
+        assert_int_equal(a->shards[0].ext.offset, b->shards[0].ext.offset);
+        assert_int_equal(a->shards[0].ext.bytes, b->shards[0].ext.bytes);
+        assert_null(b->shards[0].ext.sums);
+    }
+    /* an odd byte offset (not a multiple of 4096) survives: it is the point of the form */
+    assert_int_equal(back->tensors[1].shards[0].ext.offset, len - 32 + 24);
+    /* never read as a metadata.bin */
+    assert_int_equal(st_meta_decode(&bad, enc, n), STRATA_EFORMAT);
+    assert_msg_has("another format");
+    assert_null(bad);
+    enc[n / 2] ^= 1;
+    assert_int_equal(st_meta_decode_foreign(&bad, enc, n), STRATA_EFORMAT);
+    assert_null(bad);
+    free(enc);
+    /* strata's own metadata is not a foreign index */
+    back->foreign = 0;
+    back->chunk = 4096;
+    st_meta_free(back);
+    free(src.p);
+    free(f);
+    st_meta_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid),        cmocka_unit_test(test_header_length),
         cmocka_unit_test(test_bad_json),     cmocka_unit_test(test_bad_tensors),
-        cmocka_unit_test(test_many),
+        cmocka_unit_test(test_many),         cmocka_unit_test(test_foreign_index),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -142,6 +142,7 @@ static void rd_extent(st_rd *r, st_meta *m, st_extent *e, uint64_t bytes, int wi
         st_rd_fail(r, "extent lies outside its data file");
         return;
     }
+    e->sums = NULL;
     if (m->foreign) /* no checksums */
         return;
     uint64_t n = st_nchunks(bytes, m->chunk);
@@ -222,7 +223,7 @@ static int decode_body(st_rd *r, st_meta *m)
             st_rd_fail(r, "tensor size overflows");
             break;
         }
-        size_t min_shard = 1 + 2 * (size_t)t->ndim + 2 + 8;
+        size_t min_shard = 1 + 2 * (size_t)t->ndim + 2 + (m->foreign ? 0 : 8); /* sums */
         t->nshards = st_rd_count(r, min_shard, "shard count exceeds the metadata size");
         if (r->err)
             break;
