@@ -122,8 +122,8 @@ $(BUILD)/examples/%: examples/%.c $(BUILD)/libstrata.a | deps
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libstrata.a tests/testutil.h tests/threadcomm.h \
                    tests/distutil.h tests/stdckpt.h | deps
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(ST_LDFLAGS) $(LDFLAGS) -Isrc -o $@ $< $(BUILD)/libstrata.a -lcmocka \
-	    $(LIBS) -lm
+	$(CC) $(ALL_CFLAGS) -MMD -MP $(ST_LDFLAGS) $(LDFLAGS) -Isrc -o $@ $< $(BUILD)/libstrata.a \
+	    -lcmocka $(LIBS) -lm
 
 # A stand-in CUDA runtime for testing the device paths without a GPU (see tests/fake_cudart.c).
 $(BUILD)/tests/libfakecudart.so: tests/fake_cudart.c | deps
@@ -291,7 +291,7 @@ uninstall:
 clean:
 	rm -rf build
 
--include $(LIB_OBJ:.o=.d) $(MPI_OBJ:.o=.d) $(CLI_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(MPI_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TESTS:=.d)
 
 # make bench-torch: strata beside torch.save and DCP in a training loop (bench/torch.mk)
 -include bench/torch.mk

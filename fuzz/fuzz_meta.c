@@ -38,11 +38,13 @@ static int fm_name_ok(const char *s)
 
 static int fm_extent_ok(const st_meta *m, const st_extent *e)
 {
-    if (e->file >= m->nfiles || e->offset % ST_ALIGN != 0)
+    if (e->file >= m->nfiles || (!m->foreign && e->offset % ST_ALIGN != 0))
         return 0;
     uint64_t fb = m->files[e->file].bytes;
     if (e->offset > fb || e->bytes > fb - e->offset)
         return 0;
+    if (m->foreign) /* a foreign index has no checksums */
+        return e->sums == NULL;
     uint64_t x = 0, n = st_nchunks(e->bytes, m->chunk);
     for (uint64_t i = 0; i < n; i++) /* reads every checksum: ASan checks the array */
         x ^= e->sums[i];
@@ -227,7 +229,8 @@ static void fm_overlap_gen(const uint8_t *data, size_t size)
 /* Checks everything FORMAT.md says a decoded metadata satisfies. */
 static void fm_check(const st_meta *m)
 {
-    if (m->chunk < 4096 || m->chunk > (64u << 20) || (m->chunk & (m->chunk - 1)))
+    if (m->foreign ? m->chunk != 1
+                   : m->chunk < 4096 || m->chunk > (64u << 20) || (m->chunk & (m->chunk - 1)))
         FM_FAIL("bad chunk size %u accepted", m->chunk);
     for (uint32_t i = 0; i < m->nfiles; i++) {
         const char *n = m->files[i].name;
@@ -309,11 +312,15 @@ static void fm_check(const st_meta *m)
 static int fm_ext_eq(const st_extent *a, const st_extent *b, uint32_t chunk)
 {
     return a->file == b->file && a->offset == b->offset && a->bytes == b->bytes &&
-           memcmp(a->sums, b->sums, st_nchunks(a->bytes, chunk) * 8) == 0;
+           (a->sums == NULL ? b->sums == NULL
+                            : memcmp(a->sums, b->sums, st_nchunks(a->bytes, chunk) * 8) == 0);
 }
 
 static int fm_equal(const st_meta *a, const st_meta *b)
 {
+    if (a->foreign != b->foreign || (a->idents == NULL) != (b->idents == NULL) ||
+        (a->idents && memcmp(a->idents, b->idents, a->nfiles * sizeof *a->idents)))
+        return 0;
     if (a->step != b->step || a->chunk != b->chunk || a->nfiles != b->nfiles ||
         a->ntensors != b->ntensors || a->nblobs != b->nblobs || a->data_bytes != b->data_bytes)
         return 0;
@@ -351,7 +358,7 @@ static void fm_roundtrip(const st_meta *m)
     st_meta *m2 = NULL;
     if (st_meta_encode(m, &b1, &n1) != 0)
         return; /* out of memory */
-    int rc = st_meta_decode(&m2, b1, n1);
+    int rc = m->foreign ? st_meta_decode_foreign(&m2, b1, n1) : st_meta_decode(&m2, b1, n1);
     if (rc == STRATA_ENOMEM) {
         free(b1);
         return;
@@ -390,7 +397,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fm_check(mu);
         fm_roundtrip(mu);
     }
-    int rc = st_meta_decode(&mc, data, size);
+    /* the checked decoder of the header's kind: metadata.bin, or a foreign index */
+    int foreign = size >= 16 && st_get_u32(data + 12) == ST_META_FOREIGN;
+    st_meta *other = (st_meta *)1;
+    int ro = foreign ? st_meta_decode(&other, data, size)
+                     : st_meta_decode_foreign(&other, data, size);
+    if (ro != STRATA_EFORMAT || other != NULL) /* never both kinds */
+        FM_FAIL("the decoder of the other kind returned %d", ro);
+    int rc = foreign ? st_meta_decode_foreign(&mc, data, size) : st_meta_decode(&mc, data, size);
     fm_rc_ok(rc, mc);
     int sum_ok = size >= ST_META_HEADER + ST_META_TRAILER &&
                  st_hash(data, size - ST_META_TRAILER) == st_get_u64(data + size - ST_META_TRAILER);
