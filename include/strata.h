@@ -359,7 +359,10 @@ uint64_t strata_ckpt_data_bytes(const strata_ckpt *ck); /* payload bytes of all 
 uint32_t strata_ckpt_chunk_bytes(const strata_ckpt *ck); /* 0: no checksums (safetensors) */
 #define STRATA_FORMAT_STRATA 0
 #define STRATA_FORMAT_SAFETENSORS 1
+#define STRATA_FORMAT_DCP 2 /* PyTorch torch.distributed.checkpoint */
 int strata_ckpt_format(const strata_ckpt *ck); /* STRATA_FORMAT_* */
+/* The format's name: "strata", "safetensors", "dcp". */
+const char *strata_ckpt_format_name(const strata_ckpt *ck);
 
 typedef struct strata_tensor_info {
     const char *name;

@@ -198,8 +198,7 @@ static PyObject *Ckpt_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     self->committed = (char)(strata_ckpt_committed(self->ck) != 0);
     self->chunk_bytes = strata_ckpt_chunk_bytes(self->ck);
     self->data_bytes = strata_ckpt_data_bytes(self->ck);
-    self->format = PyUnicode_FromString(
-        strata_ckpt_format(self->ck) == STRATA_FORMAT_SAFETENSORS ? "safetensors" : "strata");
+    self->format = PyUnicode_FromString(strata_ckpt_format_name(self->ck));
     const strata_ckpt *ck = self->ck;
     if (!self->uri || !self->format ||
         !(self->tensors = ckpt_list(ck, strata_ckpt_ntensors(ck), tensor_dict)) ||

@@ -57,7 +57,7 @@ int cmd_inspect(int argc, char **argv)
         printf("{\"path\":");
         cli_json_str(stdout, path);
         printf(",\"format\":\"%s\",\"checksums\":%s",
-               strata_ckpt_format(ck) == STRATA_FORMAT_SAFETENSORS ? "safetensors" : "strata",
+               strata_ckpt_format_name(ck),
                strata_ckpt_chunk_bytes(ck) ? "true" : "false");
         printf(",\"committed\":%s,\"step\":%llu,\"data_bytes\":%llu,\"chunk_bytes\":%u,\"files\":[",
                strata_ckpt_committed(ck) ? "true" : "false",
@@ -115,6 +115,10 @@ int cmd_inspect(int argc, char **argv)
         printf("safetensors %s: %zu tensors, %llu data bytes in %zu files; NO CHECKSUMS "
                "(safetensors has none: corrupted bytes cannot be detected)\n",
                cli_esc(path), nt, (unsigned long long)strata_ckpt_data_bytes(ck), nf);
+    else if (strata_ckpt_format(ck) == STRATA_FORMAT_DCP)
+        printf("PyTorch DCP %s: %zu tensors, %zu blobs, %llu data bytes in %zu files; NO "
+               "strata CHECKSUMS (verify checks the zip CRC-32 of each item)\n",
+               cli_esc(path), nt, nb, (unsigned long long)strata_ckpt_data_bytes(ck), nf);
     else
     printf("checkpoint %s: %s, step %llu, %zu tensors, %zu blobs, %llu data bytes in %zu files, "
            "checksum chunk %u bytes\n",
@@ -191,7 +195,7 @@ static void visit(const char *path, const strata_probe_info *pi, const walk_ctx 
     if (pi->is_ckpt) {
         w->fn(w->ctx, path, pi);
     } else if (w->foreign && strata_ckpt_open(&ck, path, 0) == 0) {
-        if (strata_ckpt_format(ck) == STRATA_FORMAT_SAFETENSORS)
+        if (strata_ckpt_format(ck) != STRATA_FORMAT_STRATA)
             w->fn(w->ctx, path, NULL);
         strata_ckpt_free(ck);
     }

@@ -217,6 +217,10 @@ int strata_ckpt_format(const strata_ckpt *ck)
 {
     return ck->d.src ? ck->d.src->format : STRATA_FORMAT_STRATA;
 }
+const char *strata_ckpt_format_name(const strata_ckpt *ck)
+{
+    return ck->d.src ? ck->d.src->name : "strata";
+}
 
 void strata_ckpt_tensor(strata_tensor_info *out, const strata_ckpt *ck, size_t i)
 {

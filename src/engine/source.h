@@ -45,5 +45,12 @@ int st_source_adopt_meta(st_dir *d, const unsigned char *desc, size_t len);
 
 /* The sources (one file each). */
 extern const st_source st_source_safetensors; /* foreign.c */
+extern const st_source st_source_dcp;         /* src_dcp.c */
+
+/* Reads the PyTorch DCP checkpoint in directory dir (its .metadata and, for each tensor
+ * item, the headers of its torch.save archive) into a new foreign *out (validated as
+ * st_meta_decode_foreign does). For the DCP source and those built on DCP (Megatron
+ * torch_dist). Errors: as st_source_dcp's open. */
+int st_dcp_read_meta(const st_vfs *v, const char *dir, st_meta **out);
 
 #endif

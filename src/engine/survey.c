@@ -1,7 +1,8 @@
 /* survey.c - what a path holds when it is not a checkpoint to open: the subdirectories of a
  * directory on any storage backend (strata_list_dirs, for `ls` and `gc`), and, for a path
- * without a commit record, what it is instead - another framework's checkpoint (PyTorch DCP,
- * Megatron torch_dist, DeepSpeed, torch.save files), a directory of strata checkpoints, an
+ * without a commit record, what it is instead - another framework's checkpoint (
+ * Megatron torch_dist, DeepSpeed, torch.save files: PyTorch DCP is a source, src_dcp.c), a
+ * directory of strata checkpoints, an
  * empty or unrelated directory - told by the files' content where the name could lie. */
 #include <errno.h>
 #include <stdio.h>
@@ -10,7 +11,7 @@
 #include "../core/error.h"
 #include "engine.h"
 
-#define SURVEY_MAX 65536 /* entries looked at in one directory (DCP: a file per rank) */
+#define SURVEY_MAX 65536 /* entries looked at in one directory (a file per rank) */
 
 typedef struct {
     char *name;
@@ -129,7 +130,7 @@ static size_t head(const st_vfs *v, const char *dir, const char *name, unsigned 
     return got > 0 ? (size_t)got : 0;
 }
 
-/* A pickle (protocol 2..5, how torch.save's legacy format and DCP's .metadata begin)? */
+/* A pickle (protocol 2..5, how torch.save's legacy format begins)? */
 static int is_pickle(const unsigned char *b, size_t n)
 {
     return n >= 2 && b[0] == 0x80 && b[1] >= 2 && b[1] <= 5;
@@ -195,9 +196,9 @@ static int deepspeed_latest(const st_vfs *v, const char *dir, const entries *l)
 static int name_dir(const st_vfs *v, const char *dir, const char *path, const entries *l)
 {
     const char *cannot = "which strata cannot read yet";
-    size_t distcp = 0, saved = 0, ckpts = 0, committed = 0;
+    size_t saved = 0, ckpts = 0, committed = 0;
     const char *a_saved = NULL, *last = NULL;
-    int dcp = 0, megatron = 0, deepspeed = 0;
+    int megatron = 0, deepspeed = 0;
     for (size_t i = 0; i < l->n; i++) {
         const char *nm = l->e[i].name;
         char c[PATH_MAX], p[PATH_MAX];
@@ -215,12 +216,7 @@ static int name_dir(const st_vfs *v, const char *dir, const char *path, const en
         }
         if (l->e[i].kind != 0)
             continue;
-        if (strcmp(nm, ".metadata") == 0) {
-            unsigned char b[2];
-            dcp = is_pickle(b, head(v, dir, nm, b, 2));
-        } else if (ends_with(nm, ".distcp")) {
-            distcp++;
-        } else if (strcmp(nm, "metadata.json") == 0) {
+        if (strcmp(nm, "metadata.json") == 0) {
             megatron = file_has(v, dir, nm, "\"sharded_backend\"");
         } else if ((ends_with(nm, ".pt") || ends_with(nm, ".pth") || ends_with(nm, ".bin")) &&
                    torch_saved(v, dir, nm)) {
@@ -234,10 +230,6 @@ static int name_dir(const st_vfs *v, const char *dir, const char *path, const en
     if (megatron)
         return st_fail(STRATA_EFORMAT, "'%s' is a Megatron-LM torch_dist checkpoint (metadata.json "
                        "with sharded_backend), %s", path, cannot);
-    if (dcp)
-        return st_fail(STRATA_EFORMAT, "'%s' is a PyTorch DCP checkpoint (torch.distributed."
-                       "checkpoint: a .metadata pickle and %zu .distcp files), %s", path, distcp,
-                       cannot);
     if (deepspeed)
         return st_fail(STRATA_EFORMAT, "'%s' is a DeepSpeed checkpoint (a 'latest' tag or "
                        "mp_rank_*_model_states.pt), %s", path, cannot);

@@ -1,0 +1,378 @@
+/* src_dcp.c - the PyTorch DCP source (source.h): a torch.distributed.checkpoint directory
+ * (.metadata + *.distcp). The .metadata pickle is parsed by the restricted reader and
+ * interpreted (src/meta/dcp.h); each tensor item's torch.save archive inside its .distcp file
+ * is opened through a ranged read (its zip end records, central directory and local headers,
+ * and its data.pkl: one or two small reads per item, src/meta/zip.h) to find where the
+ * tensor's bytes lie. Non-tensor items are blobs of their whole stored bytes (a torch.save
+ * archive of the object). The description for other ranks is the foreign metadata
+ * (st_source_describe). docs/FORMAT.md, "DCP as strata reads it".
+ *
+ * here: a directory without strata's metadata or commit record (nor Megatron's
+ * metadata.json) holding a .metadata whose first bytes are a pickle protocol 2..5 header. open: errors STRATA_EFORMAT, STRATA_ENOTSUP
+ * (transformed items, complex dtypes, non-contiguous or big-endian tensors), STRATA_ENOENT
+ * (a .distcp file missing), STRATA_EIO, STRATA_ENOMEM. No threads. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <zlib.h>
+
+#include "../core/error.h"
+#include "../meta/dcp.h"
+#include "../meta/zip.h"
+#include "source.h"
+
+#define HEAD_WINDOW 4096u
+
+static int has_file(const st_vfs *v, const char *dir, const char *name)
+{
+    char p[PATH_MAX];
+    int kind;
+    return st_path_join(p, dir, name) == 0 && v->stat(v, p, NULL, &kind) == 0 &&
+           (kind == 0 || kind == 2);
+}
+
+static int st_dcp_here(const st_vfs *v, const char *path, int kind)
+{
+    char p[PATH_MAX];
+    st_file *f;
+    unsigned char b[2];
+    /* metadata.json beside it: Megatron torch_dist, a DCP directory its own source reads */
+    if (kind != 1 || has_file(v, path, ST_META_FILE) || has_file(v, path, ST_COMMIT_FILE) ||
+        has_file(v, path, "metadata.json") ||
+        st_path_join(p, path, ST_DCP_METADATA) ||
+        v->open(v, p, ST_O_READ | ST_O_FOLLOW, &f) != 0) {
+        st_clear_error();
+        return 0;
+    }
+    int64_t got = st_vfs_read_full(v, f, b, 2, 0);
+    v->close(f);
+    return got == 2 && b[0] == 0x80 && b[1] >= 2 && b[1] <= 5;
+}
+
+/* ---- a ranged reader of one item ------------------------------------------------------ */
+
+/* Reads [base, base + len) of an open file for the zip reader, keeping the first read (the
+ * zip end records: the item's last 64 KiB, or all of a smaller item) and the item's first
+ * HEAD_WINDOW bytes (local headers, data.pkl) so that opening an item costs one or two
+ * reads. */
+typedef struct item_rd {
+    const st_vfs *v;
+    st_file *f;
+    const char *shown; /* dir/file for messages */
+    uint64_t base, len;
+    unsigned char *tail; /* [tail_off, tail_off + tail_n) of the item */
+    uint64_t tail_off;
+    size_t tail_n;
+    unsigned char head[HEAD_WINDOW];
+    size_t head_n; /* 0: not read */
+    unsigned reads;
+} item_rd;
+
+static int raw_read(item_rd *r, void *buf, size_t len, uint64_t off)
+{
+    r->reads++;
+    int64_t got = st_vfs_read_full(r->v, r->f, buf, len, r->base + off);
+    if (got < 0)
+        return st_fail(st_from_errno((int)-got), "reading '%s': %s", r->shown,
+                       strerror((int)-got));
+    if ((uint64_t)got != len)
+        return st_fail(STRATA_EFORMAT, "'%s' is truncated: %llu bytes at %llu read, %llu "
+                       "expected", r->shown, (unsigned long long)got,
+                       (unsigned long long)(r->base + off), (unsigned long long)len);
+    return 0;
+}
+
+static int item_read(void *ctx, void *buf, size_t len, uint64_t off)
+{
+    item_rd *r = ctx;
+    if (off > r->len || len > r->len - off)
+        return st_fail(STRATA_EFORMAT, "'%s': the zip archive at %llu reaches past its item's "
+                       "%llu bytes", r->shown, (unsigned long long)r->base,
+                       (unsigned long long)r->len);
+    if (r->tail && off >= r->tail_off && off + len <= r->tail_off + r->tail_n) {
+        memcpy(buf, r->tail + (off - r->tail_off), len);
+        return 0;
+    }
+    if (!r->tail) { /* the first read: the end records */
+        if (!(r->tail = malloc(len ? len : 1)))
+            return st_fail(STRATA_ENOMEM, "out of memory");
+        int rc = raw_read(r, r->tail, len, off);
+        if (rc)
+            return rc;
+        r->tail_off = off;
+        r->tail_n = len;
+        memcpy(buf, r->tail, len);
+        return 0;
+    }
+    uint64_t hn = ST_MIN((uint64_t)HEAD_WINDOW, r->len);
+    if (off + len <= hn) {
+        if (!r->head_n) {
+            int rc = raw_read(r, r->head, (size_t)hn, 0);
+            if (rc)
+                return rc;
+            r->head_n = (size_t)hn;
+        }
+        memcpy(buf, r->head + off, len);
+        return 0;
+    }
+    return raw_read(r, buf, len, off);
+}
+
+/* ---- opening ------------------------------------------------------------------------- */
+
+typedef struct dcp_files {
+    st_file **f;
+    st_file_id *id;
+    size_t n;
+} dcp_files;
+
+static void files_close(const st_vfs *v, dcp_files *fs)
+{
+    for (size_t i = 0; i < fs->n; i++)
+        if (fs->f[i])
+            v->close(fs->f[i]);
+    free(fs->f);
+    free(fs->id);
+    memset(fs, 0, sizeof *fs);
+}
+
+static int files_open(const st_vfs *v, const char *dir, const st_dcp *dc, dcp_files *fs)
+{
+    fs->f = calloc(dc->nfiles ? dc->nfiles : 1, sizeof *fs->f);
+    fs->id = calloc(dc->nfiles ? dc->nfiles : 1, sizeof *fs->id);
+    if (!fs->f || !fs->id)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    fs->n = dc->nfiles;
+    for (size_t i = 0; i < dc->nfiles; i++) {
+        char p[PATH_MAX];
+        int rc = st_path_join(p, dir, dc->files[i]);
+        if (rc)
+            return rc;
+        int e = v->open(v, p, ST_O_READ | ST_O_FOLLOW, &fs->f[i]);
+        if (!e && (e = v->ident(fs->f[i], &fs->id[i])) != 0)
+            (void)0;
+        if (e)
+            return st_fail(e == -ENOENT ? STRATA_ENOENT : st_from_errno(-e),
+                           "DCP data file '%s': %s", p,
+                           e == -ENOENT        ? "is missing"
+                           : e == -ST_ENOTREG ? "is not a regular file"
+                                              : strerror(-e));
+    }
+    return 0;
+}
+
+/* Finds the bytes of tensor item it's chunk k in its torch.save archive: *off (in the file)
+ * and checks dtype, shape, contiguity and the storage entry. */
+static int locate(const st_vfs *v, const char *dir, const st_dcp *dc, const dcp_files *fs,
+                  const st_dcp_item *it, const st_dcp_chunk *k, uint64_t *off)
+{
+    char shown[PATH_MAX + 300], what[PATH_MAX + 600], name[PATH_MAX + 1000];
+    snprintf(shown, sizeof shown, "%s/%s", dir, dc->files[k->file]);
+    snprintf(what, sizeof what, "%s: item '%.200s' at %llu", shown, it->fqn,
+             (unsigned long long)k->offset);
+    item_rd r = {v, fs->f[k->file], shown, k->offset, k->length, NULL, 0, 0, {0}, 0, 0};
+    st_zip z;
+    unsigned char *pkl = NULL;
+    int rc = st_zip_open(&z, k->length, item_read, &r, what);
+    if (rc)
+        goto out;
+    /* the archive's folder: what its first entry's name starts with */
+    const char *slash = z.n ? strchr(z.e[0].name, '/') : NULL;
+
+    int pn = slash ? (int)(slash - z.e[0].name) : 0;
+    if (!slash || pn > 256) {
+        rc = st_fail(STRATA_EFORMAT, "%s: not a torch.save archive (no <archive>/data.pkl)", what);
+        goto out;
+    }
+    snprintf(name, sizeof name, "%.*s/data.pkl", pn, z.e[0].name);
+    const st_zip_entry *pe = st_zip_find(&z, name);
+    if (!pe || pe->usize > (16u << 20)) {
+        rc = st_fail(STRATA_EFORMAT, "%s: not a torch.save archive (%s %s)", what, name,
+                     pe ? "is over 16 MiB" : "is missing");
+        goto out;
+    }
+    if (!(pkl = malloc(pe->usize ? pe->usize : 1))) {
+        rc = st_fail(STRATA_ENOMEM, "out of memory");
+        goto out;
+    }
+    if ((rc = st_zip_read(&z, pe, pkl, item_read, &r, what)))
+        goto out;
+    snprintf(name, sizeof name, "%.*s/byteorder", pn, z.e[0].name);
+    const st_zip_entry *bo = st_zip_find(&z, name);
+    char order[8] = "little";
+    if (bo && bo->usize < sizeof order && !bo->method &&
+        !(rc = st_zip_read(&z, bo, order, item_read, &r, what)))
+        order[bo->usize] = 0;
+    if (rc)
+        goto out;
+    if (strcmp(order, "little") != 0) {
+        rc = st_fail(STRATA_ENOTSUP, "%s: its bytes are not little-endian (byteorder '%s')",
+                     what, order);
+        goto out;
+    }
+    st_dcp_saved s;
+    snprintf(name, sizeof name, "%s/%.*s/data.pkl", what, pn, z.e[0].name);
+    if ((rc = st_dcp_saved_tensor(&s, pkl, pe->usize, name)))
+        goto out;
+    if (s.dtype != it->dtype || s.ndim != it->ndim ||
+        memcmp(s.shape, k->len, (size_t)it->ndim * sizeof *s.shape) != 0) {
+        rc = st_fail(STRATA_EFORMAT, "%s: the saved tensor (%s, %d dims) is not the chunk "
+                     ".metadata describes (%s, %d dims, its sizes)", what,
+                     strata_dtype_name(s.dtype), s.ndim, strata_dtype_name(it->dtype), it->ndim);
+        goto out;
+    }
+    snprintf(name, sizeof name, "%.*s/data/%s", pn, z.e[0].name, s.key);
+    const st_zip_entry *de = st_zip_find(&z, name);
+    const uint64_t es = strata_dtype_size(s.dtype);
+    if (!de) {
+        rc = st_fail(STRATA_EFORMAT, "%s: its storage %s is missing", what, name);
+        goto out;
+    }
+    if (de->method != 0) {
+        rc = st_fail(STRATA_EFORMAT, "%s: its storage %s is compressed (zip method %u); "
+                     "strata reads stored entries only", what, name, de->method);
+        goto out;
+    }
+    if (s.storage_numel > de->usize / es) {
+        rc = st_fail(STRATA_EFORMAT, "%s: its storage %s holds %llu bytes, fewer than %llu "
+                     "elements of %s", what, name, (unsigned long long)de->usize,
+                     (unsigned long long)s.storage_numel, strata_dtype_name(s.dtype));
+        goto out;
+    }
+    *off = k->offset + de->data_off + s.storage_offset * es;
+out:
+    free(pkl);
+    free(r.tail);
+    st_zip_free(&z);
+    return rc;
+}
+
+static int build(st_meta *m, const char *dir, const st_dcp *dc, const dcp_files *fs,
+                 const st_vfs *v)
+{
+    st_arena *a = &m->arena;
+    m->foreign = 1;
+    m->chunk = 1;
+    m->nfiles = (uint32_t)dc->nfiles;
+    size_t nt = 0, nb = 0;
+    for (size_t i = 0; i < dc->nitems; i++)
+        nt += dc->items[i].tensor, nb += !dc->items[i].tensor;
+    if (!(m->files = st_arena_alloc(a, (dc->nfiles + 1) * sizeof *m->files)) ||
+        !(m->idents = st_arena_alloc(a, (dc->nfiles + 1) * sizeof *m->idents)) ||
+        !(m->tensors = st_arena_alloc(a, (nt + 1) * sizeof *m->tensors)) ||
+        !(m->blobs = st_arena_alloc(a, (nb + 1) * sizeof *m->blobs)))
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    for (size_t f = 0; f < dc->nfiles; f++) {
+        m->files[f] = (st_mfile){dc->files[f], fs->id[f].size};
+        m->idents[f] = (st_mident){fs->id[f].ino, fs->id[f].mtime_ns, fs->id[f].ctime_ns};
+    }
+    for (size_t i = 0; i < dc->nitems; i++) {
+        const st_dcp_item *it = &dc->items[i];
+        for (size_t c = 0; c < it->nchunks; c++) {
+            const st_dcp_chunk *k = &it->chunks[c];
+            if (k->offset > fs->id[k->file].size || k->length > fs->id[k->file].size - k->offset)
+                return st_fail(STRATA_EFORMAT, "%s/%s: item '%.200s' at %llu (%llu bytes) runs "
+                               "past the end of the file (%llu bytes)", dir, dc->files[k->file],
+                               it->fqn, (unsigned long long)k->offset,
+                               (unsigned long long)k->length,
+                               (unsigned long long)fs->id[k->file].size);
+        }
+        if (!it->tensor) {
+            const st_dcp_chunk *k = &it->chunks[0];
+            m->blobs[m->nblobs++] = (st_mblob){it->fqn, -1, {k->file, k->offset, k->length, NULL}};
+            m->data_bytes += k->length;
+            continue;
+        }
+        st_mtensor *t = &m->tensors[m->ntensors++];
+        memset(t, 0, sizeof *t);
+        t->name = it->fqn;
+        t->dtype = it->dtype;
+        t->ndim = it->ndim;
+        memcpy(t->shape, it->shape, sizeof t->shape);
+        if (!(t->shards = st_arena_alloc(a, it->nchunks * sizeof *t->shards)))
+            return st_fail(STRATA_ENOMEM, "out of memory");
+        for (size_t c = 0; c < it->nchunks; c++) {
+            const st_dcp_chunk *k = &it->chunks[c];
+            uint64_t numel = 1, off = 0;
+            for (int d = 0; d < it->ndim; d++)
+                numel *= k->len[d]; /* bounded: the chunk lies inside the tensor */
+            if (!numel)
+                continue; /* an empty chunk holds no bytes */
+            int rc = locate(v, dir, dc, fs, it, k, &off);
+            if (rc)
+                return rc;
+            st_mshard *s = &t->shards[t->nshards++];
+            size_t dims = (size_t)(it->ndim ? it->ndim : 1) * sizeof(uint64_t);
+            if (!(s->off = st_arena_alloc(a, dims)) || !(s->len = st_arena_alloc(a, dims)))
+                return st_fail(STRATA_ENOMEM, "out of memory");
+            memcpy(s->off, k->off, (size_t)it->ndim * sizeof(uint64_t));
+            memcpy(s->len, k->len, (size_t)it->ndim * sizeof(uint64_t));
+            s->fs = 0;
+            s->fe = numel;
+            s->flat = 0;
+            s->ext = (st_extent){k->file, off, numel * strata_dtype_size(it->dtype), NULL};
+            t->bytes += s->ext.bytes;
+        }
+        m->data_bytes += t->bytes;
+    }
+    return 0;
+}
+
+int st_dcp_read_meta(const st_vfs *v, const char *dir, st_meta **out)
+{
+    *out = NULL;
+    char p[PATH_MAX], shown[PATH_MAX + 16];
+    int rc = st_path_join(p, dir, ST_DCP_METADATA);
+    if (rc)
+        return rc;
+    snprintf(shown, sizeof shown, "%s", p);
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    int e = st_vfs_read_all(v, p, ST_DCP_MAX_METADATA, ST_O_FOLLOW, &buf, &len);
+    if (e == -EFBIG)
+        return st_fail(STRATA_EFORMAT, "%s: over the limit of %llu bytes for DCP metadata",
+                       shown, ST_DCP_MAX_METADATA);
+    if (e)
+        return st_fail(e == -ENOENT ? STRATA_ENOENT : st_from_errno(-e), "DCP metadata '%s': %s",
+                       shown, e == -ST_ENOTREG ? "is not a regular file" : strerror(-e));
+    st_dcp dc;
+    dcp_files fs = {0};
+    st_meta *m = NULL;
+    rc = st_dcp_parse(&dc, buf, len, shown);
+    free(buf);
+    if (rc)
+        return rc;
+    if (!(rc = files_open(v, dir, &dc, &fs))) {
+        if (!(m = calloc(1, sizeof *m)))
+            rc = st_fail(STRATA_ENOMEM, "out of memory");
+        else
+            rc = build(m, dir, &dc, &fs, v);
+    }
+    files_close(v, &fs);
+    /* the metadata's strings live in dc's arena: encode, then decode (and so validate)
+     * the same way every other rank will */
+    unsigned char *enc = NULL;
+    size_t elen = 0;
+    if (!rc && !(rc = st_meta_encode(m, &enc, &elen)) &&
+        (rc = st_meta_decode_foreign(out, enc, elen)) != 0)
+        rc = st_wrap(rc, "DCP checkpoint '%s'", dir);
+    free(enc);
+    if (m)
+        st_meta_free(m);
+    st_dcp_free(&dc);
+    return rc;
+}
+
+static int st_dcp_open(st_dir *d, unsigned char **desc, size_t *desclen)
+{
+    int rc = st_dcp_read_meta(d->vfs, d->path, &d->meta);
+    if (rc)
+        return rc;
+    d->committed = 1;
+    memset(&d->commit, 0, sizeof d->commit);
+    if (desc && (rc = st_source_describe(d, desc, desclen)) != 0)
+        return rc;
+    return 0;
+}
+
+const st_source st_source_dcp = {"dcp", STRATA_FORMAT_DCP, st_dcp_here, st_dcp_open, NULL};
