@@ -273,6 +273,7 @@ class _Meta:
     def __init__(self, d):
         self.step = d["step"]
         self.uri = d["uri"]
+        self.format = d.get("f", "strata")
         self.tensors = {n: (dt, tuple(shape)) for n, dt, shape in d["t"]}
         self.blobs = {(n, o): b for n, o, b in d["b"]}
         self.names = sorted(set(self.tensors) | set(n for n, _ in self.blobs))
@@ -293,7 +294,7 @@ class _Meta:
             except _S.Error as e:
                 last = e
                 continue
-            return {"step": ck.step, "uri": i,
+            return {"step": ck.step, "uri": i, "f": ck.format,
                     "t": [[t["name"], t["dtype"], list(t["shape"])] for t in ck.tensors],
                     "b": [[b["name"], b["owner"], b["bytes"]] for b in ck.blobs]}
         if len(uris) > 1:
@@ -328,6 +329,23 @@ class _Meta:
                           "ranks %s): per-rank values are not resharded"
                           % (key, rank, _ranges(owners)))
         return _error("NotFoundError", "%s: not in the checkpoint" % key)
+
+
+def _dcp_value(key, data, target):
+    """A non-tensor value of a PyTorch DCP checkpoint: its blob is the torch.save archive of
+    the object (docs/FORMAT.md, "DCP as strata reads it"), decoded by strata's restricted
+    torch.save reader (C; never Python's pickle). The seam: that reader's Python converter
+    (strata._strata.torch_save_value(bytes, what) -> value) comes with the torch.save source;
+    without it the value is refused, never unpickled."""
+    if target is not None:
+        raise _error("MismatchError", "%s: the checkpoint holds a value, the target is a "
+                     "tensor" % key)
+    dec = getattr(_S, "torch_save_value", None)
+    if dec is None:
+        raise _error("UnsupportedError", "%s: a non-tensor value of a PyTorch DCP checkpoint "
+                     "(a torch.save archive): this build of strata cannot decode torch.save "
+                     "values yet; load it into a state dict without this key" % key)
+    return dec(data, key)
 
 
 def _ranges(xs):
@@ -531,6 +549,8 @@ class _LoadPrep:
     def _decode(self, key, data, target):
         """The value of a blob (a new empty tensor for one), checked against target (a
         tensor the blob must describe exactly, or None)."""
+        if self.meta.format == "dcp":
+            return _dcp_value(key, data, target)
         try:
             kind, v = _values.decode(data, pickle=self.pickle)
         except PermissionError as e:
