@@ -2,7 +2,8 @@
 # fuzz.sh - builds the libFuzzer targets of fuzz/ into build/fuzz/ and runs each for
 # ${FUZZ_SECONDS:-60} seconds. `make fuzz` calls it. The targets: fuzz_meta (metadata
 # decoder), fuzz_commit (commit record), fuzz_uri (URI resolution), fuzz_layout (the CLI's
-# layout parser), fuzz_safetensors (the safetensors header parser, src/meta/safetensors.c).
+# layout parser), fuzz_safetensors (the safetensors header parser, src/meta/safetensors.c),
+# fuzz_pickle, fuzz_zip, fuzz_dcp (the DCP .metadata interpreter, src/meta/dcp.c).
 #
 # Build: the library sources (src/core, io, meta, plan, comm without its MPI backend, engine)
 # are compiled with clang, coverage instrumentation and ASan + UBSan into

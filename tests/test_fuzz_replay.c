@@ -10,7 +10,8 @@
  * file), seed-valid-* accepted; seed-index-reject-* and seed-index-valid-* the same, as an
  * index of a sharded set. For fuzz_pickle and fuzz_zip too: seed-valid-* must be parsed
  * (a pickle) or opened with every entry read (a zip), seed-reject-* refused with
- * STRATA_EFORMAT naming the input. Runs from the repository root (or $STRATA_SRC_ROOT). A
+ * STRATA_EFORMAT naming the input; for fuzz_dcp (a DCP .metadata) the same, a refusal being
+ * STRATA_EFORMAT or STRATA_ENOTSUP. Runs from the repository root (or $STRATA_SRC_ROOT). A
  * corpus directory that is missing or empty is a failure. */
 #include <dirent.h>
 #include <signal.h>
@@ -37,6 +38,9 @@
 #undef LLVMFuzzerTestOneInput
 #define LLVMFuzzerTestOneInput fuzz_zip_one
 #include "../fuzz/fuzz_zip.c"
+#undef LLVMFuzzerTestOneInput
+#define LLVMFuzzerTestOneInput fuzz_dcp_one
+#include "../fuzz/fuzz_dcp.c"
 #undef LLVMFuzzerTestOneInput
 #include "../src/cli/synth.c" /* layout_parse: the CLI is not in libstrata.a */
 
@@ -231,6 +235,33 @@ static void zip_verdict(const char *name, const unsigned char *b, size_t n)
     }
 }
 
+/* fuzz_dcp: seed-valid-* are real .metadata files (interpreted), seed-reject-* refused with
+ * STRATA_EFORMAT or STRATA_ENOTSUP naming the input. */
+static void dcp_verdict(const char *name, const unsigned char *b, size_t n)
+{
+    int valid = strncmp(name, "seed-valid-", 11) == 0;
+    if (!valid && strncmp(name, "seed-reject-", 12) != 0)
+        return;
+    st_dcp d;
+    int rc = st_dcp_parse(&d, b, n, name);
+    st_dcp_free(&d);
+    if (valid && rc != 0)
+        fail_msg("%s: a valid .metadata was refused: %s", name, strata_error_last());
+    if (!valid) {
+        if (rc == 0)
+            fail_msg("%s: a .metadata the reader must refuse was accepted", name);
+        if (rc != STRATA_EFORMAT && rc != STRATA_ENOTSUP)
+            fail_msg("%s: refused with %s", name, strata_error_name(rc));
+        assert_msg_has(name);
+    }
+}
+
+static void test_replay_dcp(void **state)
+{
+    (void)state;
+    replay("fuzz_dcp", fuzz_dcp_one, dcp_verdict);
+}
+
 static void test_replay_pickle(void **state)
 {
     (void)state;
@@ -284,6 +315,7 @@ int main(void)
         cmocka_unit_test(test_replay_safetensors),
         cmocka_unit_test(test_replay_pickle),
         cmocka_unit_test(test_replay_zip),
+        cmocka_unit_test(test_replay_dcp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
