@@ -296,7 +296,9 @@ static const char VERIFY_HELP[] =
     "Exit status 0 if everything matches; 3 if the checkpoint is corrupt or incomplete, with\n"
     "one line per bad chunk naming the tensor (or blob) and the file; 1 for other failures\n"
     "(a missing data file, an I/O error). A safetensors directory has no checksums: its\n"
-    "bytes are read (a truncated file is found), not verified, and the output says so.\n";
+    "bytes are read (a truncated file is found), not verified, and the output says so. A\n"
+    "PyTorch DCP directory has no strata checksums either: every item's zip archive is read\n"
+    "whole and its entries' CRC-32s checked.\n";
 
 static void report_bad(void *ctx, const char *object, const char *file, const char *msg)
 {
@@ -315,7 +317,12 @@ int cmd_verify(int argc, char **argv)
     if (rc)
         return cli_fail("verify", rc);
     rc = strata_ckpt_verify(ck, report_bad, NULL);
-    if (!rc && !strata_ckpt_chunk_bytes(ck))
+    if (!rc && strata_ckpt_format(ck) == STRATA_FORMAT_DCP)
+        printf("ok: %s: %zu tensors, %zu blobs, %llu data bytes read; every zip CRC-32 matches "
+               "(PyTorch DCP has no strata checksums)\n", cli_esc(argv[1]),
+               strata_ckpt_ntensors(ck), strata_ckpt_nblobs(ck),
+               (unsigned long long)strata_ckpt_data_bytes(ck));
+    else if (!rc && !strata_ckpt_chunk_bytes(ck))
         printf("read: %s: %zu tensors, %llu data bytes read; safetensors has no checksums, so "
                "they could not be verified\n", cli_esc(argv[1]), strata_ckpt_ntensors(ck),
                (unsigned long long)strata_ckpt_data_bytes(ck));

@@ -183,4 +183,5 @@ static int st_foreign_adopt(st_dir *d, const unsigned char *raw, size_t len)
 }
 
 const st_source st_source_safetensors = {"safetensors", STRATA_FORMAT_SAFETENSORS,
-                                         st_foreign_here, st_foreign_open, st_foreign_adopt};
+                                         st_foreign_here, st_foreign_open, st_foreign_adopt,
+                                         NULL};

@@ -5,6 +5,7 @@
 #include "../core/error.h"
 #include "../io/pool.h"
 #include "engine.h"
+#include "source.h"
 
 
 int st_load_local(const char *uri, strata_state *const *ranks, int nranks,
@@ -53,6 +54,8 @@ int strata_ckpt_verify(const strata_ckpt *ck, strata_verify_cb report, void *ctx
 {
     st_clear_error();
     const st_dir *d = st_ckpt_dir(ck);
+    if (d->src && d->src->verify)
+        return d->src->verify(d, report ? report : ignore_report, ctx);
     st_io_plan p;
     int rc = st_plan_verify_all(&p, d->meta, ST_DEFAULT_MAX_IO);
     if (rc)

@@ -15,6 +15,7 @@
 #include "../io/cuda.h"
 #include "../io/pool.h"
 #include "engine.h"
+#include "source.h"
 
 typedef struct {
     const st_dir *d;
@@ -219,15 +220,14 @@ static int check_same_file(const st_dir *d, const st_mfile *mf, const st_mident 
     st_file_id id;
     int e = d->vfs->ident(f, &id);
     if (e)
-        return st_fail(st_from_errno(-e), "safetensors file '%s' of '%s': %s", mf->name, d->path,
-                       strerror(-e));
+        return st_fail(st_from_errno(-e), "%s file '%s' of '%s': %s",
+                       d->src ? d->src->name : "foreign", mf->name, d->path, strerror(-e));
     if (id.ino == was->ino && id.size == mf->bytes && id.mtime_ns == was->mtime_ns &&
         id.ctime_ns == was->ctime_ns)
         return 0;
     return st_fail(STRATA_ECHANGED,
-                   "safetensors file '%s' of '%s' changed after its header was read (%s): load "
-                   "it again",
-                   mf->name, d->path,
+                   "%s file '%s' of '%s' changed after its header was read (%s): load it again",
+                   d->src ? d->src->name : "foreign", mf->name, d->path,
                    id.ino != was->ino     ? "another file is in its place"
                    : id.size != mf->bytes ? "its size differs"
                                           : "it was modified");

@@ -24,6 +24,12 @@ typedef struct st_source {
      * open). NULL: the description is st_meta_encode of the foreign metadata
      * (st_source_adopt_meta). */
     int (*adopt)(st_dir *d, const unsigned char *desc, size_t len);
+    /* strata_ckpt_verify of a checkpoint this source opened (d): reads every data byte and
+     * checks what the format itself holds (DCP: the zip CRC-32s), calling report for each
+     * bad item and going on; returns 0, STRATA_ECHECKSUM if any was bad, STRATA_ECHANGED
+     * if a file is no longer the one opened, or the first other error. NULL: strata's
+     * generic walk (every byte read, only a short file shows). */
+    int (*verify)(const st_dir *d, strata_verify_cb report, void *ctx);
 } st_source;
 
 /* The sources, in the order they are tried; st_sources[i]'s index travels in broadcasts. */

@@ -149,14 +149,14 @@ static int files_open(const st_vfs *v, const char *dir, const st_dcp *dc, dcp_fi
         if (rc)
             return rc;
         int e = v->open(v, p, ST_O_READ | ST_O_FOLLOW, &fs->f[i]);
-        if (!e && (e = v->ident(fs->f[i], &fs->id[i])) != 0)
-            (void)0;
+        if (!e)
+            e = v->ident(fs->f[i], &fs->id[i]);
+        if (e == -ENOENT)
+            return st_fail(STRATA_ENOENT, "DCP data file '%s' is missing (.metadata names it)",
+                           p);
         if (e)
-            return st_fail(e == -ENOENT ? STRATA_ENOENT : st_from_errno(-e),
-                           "DCP data file '%s': %s", p,
-                           e == -ENOENT        ? "is missing"
-                           : e == -ST_ENOTREG ? "is not a regular file"
-                                              : strerror(-e));
+            return st_fail(st_from_errno(-e), "DCP data file '%s': %s", p,
+                           e == -ST_ENOTREG ? "not a regular file" : strerror(-e));
     }
     return 0;
 }
@@ -375,4 +375,108 @@ static int st_dcp_open(st_dir *d, unsigned char **desc, size_t *desclen)
     return 0;
 }
 
-const st_source st_source_dcp = {"dcp", STRATA_FORMAT_DCP, st_dcp_here, st_dcp_open, NULL};
+/* ---- verify -------------------------------------------------------------------------- */
+
+#define VERIFY_WINDOW (4u << 20)
+
+/* Reads every entry of the archive at chunk k whole (in windows) and checks its CRC-32. */
+static int verify_item(const st_vfs *v, const char *dir, const st_dcp *dc, st_file *f,
+                       const st_dcp_item *it, const st_dcp_chunk *k, unsigned char *buf,
+                       strata_verify_cb report, void *ctx)
+{
+    char shown[PATH_MAX + 300], what[PATH_MAX + 600], msg[PATH_MAX + 1200];
+    snprintf(shown, sizeof shown, "%s/%s", dir, dc->files[k->file]);
+    snprintf(what, sizeof what, "%s: item '%.200s' at %llu", shown, it->fqn,
+             (unsigned long long)k->offset);
+    item_rd r = {v, f, shown, k->offset, k->length, NULL, 0, 0, {0}, 0, 0};
+    st_zip z;
+    int rc = st_zip_open(&z, k->length, item_read, &r, what), bad = 0;
+    for (size_t i = 0; !rc && i < z.n; i++) {
+        const st_zip_entry *e = &z.e[i];
+        if (e->method != 0) {
+            snprintf(msg, sizeof msg, "%s: entry %s is compressed (zip method %u)", what,
+                     e->name, e->method);
+            report(ctx, it->fqn, dc->files[k->file], msg);
+            bad = 1;
+            continue;
+        }
+        uLong crc = crc32(0L, Z_NULL, 0);
+        for (uint64_t at = 0; at < e->usize && !rc;) {
+            size_t n = (size_t)ST_MIN((uint64_t)VERIFY_WINDOW, e->usize - at);
+            if (!(rc = item_read(&r, buf, n, e->data_off + at)))
+                crc = crc32(crc, buf, (uInt)n);
+            at += n;
+        }
+        if (!rc && (uint32_t)crc != e->crc) {
+            snprintf(msg, sizeof msg, "%s: zip CRC-32 of %s is %08x, its archive says %08x",
+                     what, e->name, (unsigned)crc, (unsigned)e->crc);
+            report(ctx, it->fqn, dc->files[k->file], msg);
+            bad = 1;
+        }
+    }
+    if (rc && rc != STRATA_ENOMEM && rc != STRATA_EIO) { /* a damaged archive: reported */
+        report(ctx, it->fqn, dc->files[k->file], strata_error_last());
+        bad = 1;
+        rc = 0;
+    }
+    free(r.tail);
+    st_zip_free(&z);
+    return rc ? rc : bad ? STRATA_ECHECKSUM : 0;
+}
+
+static int st_dcp_verify(const st_dir *d, strata_verify_cb report, void *ctx)
+{
+    const st_vfs *v = d->vfs;
+    const st_meta *m = d->meta;
+    char p[PATH_MAX];
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    int rc = st_path_join(p, d->path, ST_DCP_METADATA);
+    if (rc)
+        return rc;
+    int e = st_vfs_read_all(v, p, ST_DCP_MAX_METADATA, ST_O_FOLLOW, &buf, &len);
+    if (e)
+        return st_fail(e == -ENOENT ? STRATA_ENOENT : st_from_errno(-e), "DCP metadata '%s': %s",
+                       p, strerror(-e));
+    st_dcp dc;
+    dcp_files fs = {0};
+    rc = st_dcp_parse(&dc, buf, len, p);
+    free(buf);
+    if (rc)
+        return rc;
+    if (!(rc = files_open(v, d->path, &dc, &fs)) && dc.nfiles != m->nfiles)
+        rc = st_fail(STRATA_ECHANGED, "DCP checkpoint '%s': its .metadata changed after it was "
+                     "opened", d->path);
+    for (size_t f = 0; !rc && f < dc.nfiles; f++) {
+        const st_mident *was = &m->idents[f];
+        if (strcmp(dc.files[f], m->files[f].name) != 0 || fs.id[f].ino != was->ino ||
+            fs.id[f].size != m->files[f].bytes || fs.id[f].mtime_ns != was->mtime_ns ||
+            fs.id[f].ctime_ns != was->ctime_ns)
+            rc = st_fail(STRATA_ECHANGED, "dcp file '%s' of '%s' changed after the checkpoint "
+                         "was opened: verify it again", dc.files[f], d->path);
+    }
+    unsigned char *win = rc ? NULL : malloc(VERIFY_WINDOW);
+    if (!rc && !win)
+        rc = st_fail(STRATA_ENOMEM, "out of memory");
+    int bad = 0;
+    for (size_t i = 0; !rc && i < dc.nitems; i++)
+        for (size_t c = 0; !rc && c < dc.items[i].nchunks; c++) {
+            const st_dcp_chunk *k = &dc.items[i].chunks[c];
+            int r = verify_item(v, d->path, &dc, fs.f[k->file], &dc.items[i], k, win, report,
+                                ctx);
+            if (r == STRATA_ECHECKSUM)
+                bad = 1;
+            else
+                rc = r;
+        }
+    free(win);
+    files_close(v, &fs);
+    st_dcp_free(&dc);
+    if (!rc && bad)
+        rc = st_fail(STRATA_ECHECKSUM, "DCP checkpoint '%s': items whose zip CRC-32 differs "
+                     "(reported)", d->path);
+    return rc;
+}
+
+const st_source st_source_dcp = {"dcp",       STRATA_FORMAT_DCP, st_dcp_here,
+                                 st_dcp_open, NULL,              st_dcp_verify};
