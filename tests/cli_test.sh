@@ -375,19 +375,19 @@ check "mem:// and file:// URIs: ls lists and exits 0; inspect, verify, gc work" 
 check "gc removes a killed export's staging directory beside its OUT, OUT kept" bash -c "mkdir -p '$T/st1.strata-export-99-0000dead/set' && : >'$T/st1.strata-export-99-0000dead/EXPORT.LOCK' && '$S' gc '$T' | grep -q '^removed 1 staging directory left by killed exports' && test ! -e '$T/st1.strata-export-99-0000dead' && test -f '$T/st1/model.safetensors.index.json'"
 
 # what a path that is no strata checkpoint is (issue 18), not "incomplete": a directory of
-# checkpoints names one, an empty directory says so (STRATA_ENOENT, exit 1); a real PyTorch
-# DCP checkpoint and a torch.save file (written by the venv's torch) are STRATA_EFORMAT
-# (exit 3) naming the format
+# checkpoints names one, an empty directory says so (STRATA_ENOENT, exit 1); a torch.save
+# file (written by the venv's torch) is STRATA_EFORMAT (exit 3) naming the format; a real
+# PyTorch DCP checkpoint is read
 check "verify of a directory of checkpoints: names one under it, exit 1" bash -c "'$S' verify '$T' 2>&1 | grep -q \"is a directory of checkpoints, not one (.* committed under it); did you mean $T/.*? (strata ls $T lists them) (STRATA_ENOENT)\"; test \${PIPESTATUS[0]} = 1"
 check "inspect of an empty directory: says so, exit 1" bash -c "mkdir '$T/void' && '$S' inspect '$T/void' 2>&1 | grep -q \"'$T/void' is an empty directory, not a checkpoint (STRATA_ENOENT)\"; test \${PIPESTATUS[0]} = 1"
 PY=${VENV:-.venv}/bin/python
 if [ -x "$PY" ] && "$PY" -c 'import torch.distributed.checkpoint' 2>/dev/null; then
     "$PY" -W ignore -c "import sys, torch, torch.distributed.checkpoint as d; d.save({'w': torch.arange(6.)}, checkpoint_id=sys.argv[1]); torch.save({'w': torch.ones(2)}, sys.argv[2])" "$T/dcp" "$T/model.pt"
-    for c in verify inspect export; do
-        out=; [ $c = export ] && out="'$T/dcp.out'"
-        check "$c of a DCP checkpoint: a PyTorch DCP checkpoint strata cannot read yet, exit 3" bash -c "out=\$('$S' $c '$T/dcp' $out 2>&1); st=\$?; echo \"\$out\"; test \$st = 3 && echo \"\$out\" | grep -q \"'$T/dcp' is a PyTorch DCP checkpoint (torch.distributed.checkpoint: a .metadata pickle and 1 .distcp files), which strata cannot read yet (STRATA_EFORMAT)\" && ! echo \"\$out\" | grep -q incomplete && test ! -e '$T/dcp.out'"
-    done
-    check "ls of a DCP checkpoint: no checkpoints, and what it is" bash -c "'$S' ls '$T/dcp' | grep -q \"^no checkpoints under $T/dcp: '$T/dcp' is a PyTorch DCP checkpoint\""
+    # a DCP checkpoint is a source (issue 19): inspect, verify, export, ls read it
+    check "inspect of a DCP checkpoint: format named, no strata checksums" bash -c "'$S' inspect '$T/dcp' | grep -q \"^PyTorch DCP $T/dcp: 1 tensors, 0 blobs, 24 data bytes in 1 files; NO strata CHECKSUMS\""
+    check "verify of a DCP checkpoint: zip CRC-32s checked, exit 0" bash -c "'$S' verify '$T/dcp' | grep -q \"^ok: $T/dcp: 1 tensors, 0 blobs, 24 data bytes read; every zip CRC-32 matches\""
+    check "export of a DCP checkpoint: safetensors written" bash -c "'$S' export '$T/dcp' '$T/dcp.out' --quiet && test -f '$T/dcp.out/model.safetensors.index.json'"
+    check "ls of a DCP checkpoint: listed as dcp" bash -c "'$S' ls '$T/dcp' | grep -q \"^dcp .* $T/dcp (no checksums)\""
     check "verify of a torch.save file: named, exit 3" bash -c "'$S' verify '$T/model.pt' 2>&1 | grep -q \"is a PyTorch torch.save file (a zip archive).*STRATA_EFORMAT\"; test \${PIPESTATUS[0]} = 3"
 else
     echo "skip DCP and torch.save checks: no torch at $PY (make venv)"

@@ -233,19 +233,21 @@ static void ls_one(void *ctx, const char *path, const strata_probe_info *pi)
     if ((*count)++ == 0)
         printf("%-11s %14s %10s  %s\n", "state", "bytes", "step", "checkpoint");
     char step[24] = "-";
-    if (!pi) { /* a safetensors directory: its files' bytes, no step, no checksums */
+    if (!pi) { /* another format's directory: its files' bytes, no step, no checksums */
         strata_ckpt *ck;
         uint64_t bytes = 0;
+        char fmt[16] = "?";
         if (strata_ckpt_open(&ck, path, 0) == 0) {
             for (size_t i = 0; i < strata_ckpt_nfiles(ck); i++) {
                 strata_file_info fi;
                 strata_ckpt_file(&fi, ck, i);
                 bytes += fi.bytes;
             }
+            snprintf(fmt, sizeof fmt, "%s", strata_ckpt_format_name(ck));
             strata_ckpt_free(ck);
         }
-        printf("%-11s %14llu %10s  %s (no checksums)\n", "safetensors",
-               (unsigned long long)bytes, step, cli_esc(path));
+        printf("%-11s %14llu %10s  %s (no checksums)\n", fmt, (unsigned long long)bytes, step,
+               cli_esc(path));
         return;
     }
     if (pi->committed || pi->has_metadata)

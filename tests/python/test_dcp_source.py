@@ -124,12 +124,20 @@ def test_inspect_each(written):
         assert len(ck.files) == world, (name, ck.files)
         emb = t["model.emb.weight"]
         assert list(emb["shape"]) == [37, 11] and emb["dtype"] == "f32"
-        if name == "fsdp-4":   # 37 rows over 4: 10, 10, 10, 7
-            assert emb["nshards"] == 4
-        if name == "tp-4":     # RowwiseParallel embedding: Shard(1), 11 columns over 4
-            assert emb["nshards"] == 4
+        boxes = {k: [(tuple(x["offsets"]), tuple(x["lengths"])) for x in v["shards"]]
+                 for k, v in t.items()}
+        if name == "fsdp-4":   # Shard(0): 37 rows as 10, 10, 10, 7; fc2's 5 as 2, 2, 1, (0)
+            assert len(boxes["model.emb.weight"]) == 4
+            assert sorted(boxes["model.fc2.weight"]) == [((0, 0), (2, 7)), ((2, 0), (2, 7)),
+                                                         ((4, 0), (1, 7))]
+        if name == "tp-4":     # RowwiseParallel fc2: Shard(1), 7 columns as 2, 2, 2, 1
+            assert sorted(boxes["model.fc2.weight"]) == [((0, 0), (5, 2)), ((0, 2), (5, 2)),
+                                                         ((0, 4), (5, 2)), ((0, 6), (5, 1))]
+        if name == "fsdp_tp-4":  # 2-D: dp rows x tp columns
+            assert sorted(boxes["model.fc2.weight"]) == [((0, 0), (3, 4)), ((0, 4), (3, 3)),
+                                                         ((3, 0), (2, 4)), ((3, 4), (2, 3))]
         if name == "plain-1":
-            assert emb["nshards"] == 1
+            assert len(boxes["model.emb.weight"]) == 1
 
 
 def test_load_on_three(written):

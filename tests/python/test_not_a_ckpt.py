@@ -1,7 +1,7 @@
 """A path that is not a strata checkpoint is named for what it is, not called "incomplete":
-a real PyTorch DCP checkpoint (written by torch.distributed.checkpoint here), Megatron
-torch_dist, DeepSpeed, torch.save files (zip and legacy pickle), a directory of strata
-checkpoints (naming one), an empty or unrelated directory, a missing path - each with its
+Megatron torch_dist (a DCP checkpoint written by torch.distributed.checkpoint here, with
+Megatron's metadata.json: not read as plain DCP), DeepSpeed, torch.save files (zip and
+legacy pickle), a directory of strata checkpoints (naming one), an empty or unrelated directory, a missing path - each with its
 code (FormatError for a format strata cannot read yet, MissingError for no checkpoint) -
 through strata.torch.load, strata.Checkpoint (also incomplete=True) and the export; a real
 strata checkpoint without its commit record stays IncompleteError. Detection is by content:
@@ -42,13 +42,6 @@ def dcp_save(state, path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
         dcp.save(state, checkpoint_id=path)
-
-
-def test_dcp_checkpoint(tmp_path):
-    path = str(tmp_path / "dcp")
-    dcp_save({"w": torch.arange(6.0), "b": torch.ones(3)}, path)
-    assert os.path.exists(os.path.join(path, ".metadata"))
-    refused(path, strata.FormatError, "is a PyTorch DCP checkpoint", "cannot read yet", path)
 
 
 def test_megatron_torch_dist(tmp_path):
