@@ -333,8 +333,8 @@ typedef struct strata_ckpt strata_ckpt;
  * still validated). Errors: STRATA_ENOENT, STRATA_EFORMAT, STRATA_EINCOMPLETE, STRATA_ESCHEME.
  *
  * A path with no commit record that is not a strata checkpoint at all is named for what it
- * is: another framework's checkpoint (PyTorch DCP, Megatron torch_dist, DeepSpeed, torch.save
- * files; told by content) is STRATA_EFORMAT naming the format, which strata cannot read yet;
+ * is: another framework's checkpoint (Megatron torch_dist, DeepSpeed, torch.save files; told
+ * by content) is STRATA_EFORMAT naming the format, which strata cannot read yet;
  * a directory of checkpoints (naming one under it), an empty or unrelated directory, or a
  * missing path is STRATA_ENOENT; STRATA_EINCOMPLETE is only for a directory holding strata's
  * files without a valid commit record. strata_load answers the same.
@@ -345,7 +345,17 @@ typedef struct strata_ckpt strata_ckpt;
  * commit record is. Every header is validated (docs/FORMAT.md, "Reading safetensors"); each
  * safetensors tensor is one whole shard in its file. Such a source has no checksums
  * (strata_ckpt_chunk_bytes is 0, strata_ckpt_verify can only read every byte), no step and
- * no blobs, and counts as committed. */
+ * no blobs, and counts as committed.
+ *
+ * So does a PyTorch DCP checkpoint (torch.distributed.checkpoint; STRATA_FORMAT_DCP): a
+ * directory whose .metadata is a pickle (read by the restricted reader, never executed) and
+ * the .distcp files it names (docs/FORMAT.md, "DCP as strata reads it"). Each non-empty
+ * chunk of a tensor is a shard (its bytes inside the chunk's torch.save archive); each
+ * non-tensor value a global blob holding the torch.save archive of the object. No strata
+ * checksums (strata_ckpt_chunk_bytes is 0); strata_ckpt_verify reads every archive and
+ * checks its zip CRC-32s. No step; committed. Errors beyond the above: STRATA_ENOTSUP for
+ * items strata does not read (transform_descriptors, complex dtypes, non-contiguous or
+ * big-endian tensors). */
 #define STRATA_OPEN_INCOMPLETE (1u << 0)
 int strata_ckpt_open(strata_ckpt **out, const char *uri, unsigned flags);
 void strata_ckpt_free(strata_ckpt *ck);
