@@ -1,9 +1,9 @@
 /* survey.c - what a path holds when it is not a checkpoint to open: the subdirectories of a
  * directory on any storage backend (strata_list_dirs, for `ls` and `gc`), and, for a path
- * without a commit record, what it is instead - another framework's checkpoint (
- * Megatron torch_dist, DeepSpeed, torch.save files: PyTorch DCP is a source, src_dcp.c), a
- * directory of strata checkpoints, an
- * empty or unrelated directory - told by the files' content where the name could lie. */
+ * without a commit record, what it is instead - another framework's checkpoint that strata
+ * cannot read yet (Megatron torch_dist, DeepSpeed, torch.save files; PyTorch DCP is a
+ * source, src_dcp.c), a directory of strata checkpoints, an empty or unrelated directory -
+ * told by the files' content where the name could lie. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
