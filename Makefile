@@ -211,8 +211,13 @@ bench: deps all $(BUILD)/bench/bench_plan $(BUILD)/bench/bench_export $(BUILD)/b
 # never an unpinned torch), pytest, safetensors and numpy (safetensors.torch.save_file needs
 # it, and so does a multi-rank DCP save) once, then `pip install .` again whenever the package,
 # libstrata's sources or the build files change (the stamp $(VENV)/.strata-installed).
+# megatron-core (the writer of tests/python/test_megatron_source.py's fixtures; 0.16.1 is the
+# last for Python 3.11) goes in without its dependencies, so pip never touches torch: of
+# those it declares, numpy and torch are there already, and its checkpoint writer needs psutil.
 VENV ?= .venv
 TORCH_VERSION ?= 2.13.0
+MCORE_VERSION ?= 0.16.1
+PSUTIL_VERSION ?= 7.2.2
 PY_DEPS := pyproject.toml setup.py MANIFEST.in \
            $(wildcard python/strata/*.py python/strata/*.c python/strata/*.h) \
            $(LIB_SRC) $(wildcard src/*/*.h) $(HEADERS)
@@ -228,7 +233,11 @@ $(VENV)/.deps-installed:
 	$(VENV)/bin/pip install -q torch==$(TORCH_VERSION) pytest safetensors numpy
 	@touch $@
 
-$(VENV)/.strata-installed: $(VENV)/.deps-installed $(PY_DEPS)
+$(VENV)/.mcore-installed: $(VENV)/.deps-installed
+	$(VENV)/bin/pip install -q --no-deps megatron-core==$(MCORE_VERSION) psutil==$(PSUTIL_VERSION)
+	@touch $@
+
+$(VENV)/.strata-installed: $(VENV)/.deps-installed $(VENV)/.mcore-installed $(PY_DEPS)
 	$(VENV)/bin/pip install -q .
 	@touch $@
 

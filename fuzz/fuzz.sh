@@ -3,7 +3,8 @@
 # ${FUZZ_SECONDS:-60} seconds. `make fuzz` calls it. The targets: fuzz_meta (metadata
 # decoder), fuzz_commit (commit record), fuzz_uri (URI resolution), fuzz_layout (the CLI's
 # layout parser), fuzz_safetensors (the safetensors header parser, src/meta/safetensors.c),
-# fuzz_pickle, fuzz_zip, fuzz_dcp (the DCP .metadata interpreter, src/meta/dcp.c).
+# fuzz_pickle, fuzz_zip, fuzz_dcp (the DCP .metadata interpreter, src/meta/dcp.c),
+# fuzz_megatron (metadata.json and mcore_data, src/meta/megatron.c).
 #
 # Build: the library sources (src/core, io, meta, plan, comm without its MPI backend, engine)
 # are compiled with clang, coverage instrumentation and ASan + UBSan into

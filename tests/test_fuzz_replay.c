@@ -11,7 +11,7 @@
  * index of a sharded set. For fuzz_pickle and fuzz_zip too: seed-valid-* must be parsed
  * (a pickle) or opened with every entry read (a zip), seed-reject-* refused with
  * STRATA_EFORMAT naming the input; for fuzz_dcp (a DCP .metadata) the same, a refusal being
- * STRATA_EFORMAT or STRATA_ENOTSUP. Runs from the repository root (or $STRATA_SRC_ROOT). A
+ * STRATA_EFORMAT or STRATA_ENOTSUP; for fuzz_megatron (a metadata.json) the same. Runs from the repository root (or $STRATA_SRC_ROOT). A
  * corpus directory that is missing or empty is a failure. */
 #include <dirent.h>
 #include <signal.h>
@@ -41,6 +41,9 @@
 #undef LLVMFuzzerTestOneInput
 #define LLVMFuzzerTestOneInput fuzz_dcp_one
 #include "../fuzz/fuzz_dcp.c"
+#undef LLVMFuzzerTestOneInput
+#define LLVMFuzzerTestOneInput fuzz_megatron_one
+#include "../fuzz/fuzz_megatron.c"
 #undef LLVMFuzzerTestOneInput
 #include "../src/cli/synth.c" /* layout_parse: the CLI is not in libstrata.a */
 
@@ -262,6 +265,33 @@ static void test_replay_dcp(void **state)
     replay("fuzz_dcp", fuzz_dcp_one, dcp_verdict);
 }
 
+/* fuzz_megatron: seed-valid-* are metadata.json files strata reads, seed-reject-* refused
+ * with STRATA_EFORMAT or STRATA_ENOTSUP naming the input (seed-pickle-* are .metadata
+ * files, fuzzed for their mcore_data). */
+static void megatron_verdict(const char *name, const unsigned char *b, size_t n)
+{
+    int valid = strncmp(name, "seed-valid-", 11) == 0;
+    if (!valid && strncmp(name, "seed-reject-", 12) != 0)
+        return;
+    st_mg_config c;
+    int rc = st_mg_parse_config(&c, b, n, name);
+    if (valid && rc != 0)
+        fail_msg("%s: a valid metadata.json was refused: %s", name, strata_error_last());
+    if (!valid) {
+        if (rc == 0)
+            fail_msg("%s: a metadata.json the reader must refuse was accepted", name);
+        if (rc != STRATA_EFORMAT && rc != STRATA_ENOTSUP)
+            fail_msg("%s: refused with %s", name, strata_error_name(rc));
+        assert_msg_has(name);
+    }
+}
+
+static void test_replay_megatron(void **state)
+{
+    (void)state;
+    replay("fuzz_megatron", fuzz_megatron_one, megatron_verdict);
+}
+
 static void test_replay_pickle(void **state)
 {
     (void)state;
@@ -315,6 +345,7 @@ int main(void)
         cmocka_unit_test(test_replay_safetensors),
         cmocka_unit_test(test_replay_pickle),
         cmocka_unit_test(test_replay_zip),
+        cmocka_unit_test(test_replay_megatron),
         cmocka_unit_test(test_replay_dcp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -549,7 +549,7 @@ class _LoadPrep:
     def _decode(self, key, data, target):
         """The value of a blob (a new empty tensor for one), checked against target (a
         tensor the blob must describe exactly, or None)."""
-        if self.meta.format == "dcp":
+        if self.meta.format in ("dcp", "megatron"):  # ShardedObjects: DCP values
             return _dcp_value(key, data, target)
         try:
             kind, v = _values.decode(data, pickle=self.pickle)

@@ -115,9 +115,12 @@ int cmd_inspect(int argc, char **argv)
         printf("safetensors %s: %zu tensors, %llu data bytes in %zu files; NO CHECKSUMS "
                "(safetensors has none: corrupted bytes cannot be detected)\n",
                cli_esc(path), nt, (unsigned long long)strata_ckpt_data_bytes(ck), nf);
-    else if (strata_ckpt_format(ck) == STRATA_FORMAT_DCP)
-        printf("PyTorch DCP %s: %zu tensors, %zu blobs, %llu data bytes in %zu files; NO "
+    else if (strata_ckpt_format(ck) == STRATA_FORMAT_DCP ||
+             strata_ckpt_format(ck) == STRATA_FORMAT_MEGATRON)
+        printf("%s %s: %zu tensors, %zu blobs, %llu data bytes in %zu files; NO "
                "strata CHECKSUMS (verify checks the zip CRC-32 of each item)\n",
+               strata_ckpt_format(ck) == STRATA_FORMAT_DCP ? "PyTorch DCP"
+                                                           : "Megatron-Core torch_dist",
                cli_esc(path), nt, nb, (unsigned long long)strata_ckpt_data_bytes(ck), nf);
     else
     printf("checkpoint %s: %s, step %llu, %zu tensors, %zu blobs, %llu data bytes in %zu files, "
@@ -319,11 +322,13 @@ int cmd_verify(int argc, char **argv)
     if (rc)
         return cli_fail("verify", rc);
     rc = strata_ckpt_verify(ck, report_bad, NULL);
-    if (!rc && strata_ckpt_format(ck) == STRATA_FORMAT_DCP)
+    if (!rc && (strata_ckpt_format(ck) == STRATA_FORMAT_DCP ||
+                strata_ckpt_format(ck) == STRATA_FORMAT_MEGATRON))
         printf("ok: %s: %zu tensors, %zu blobs, %llu data bytes read; every zip CRC-32 matches "
-               "(PyTorch DCP has no strata checksums)\n", cli_esc(argv[1]),
+               "(%s has no strata checksums)\n", cli_esc(argv[1]),
                strata_ckpt_ntensors(ck), strata_ckpt_nblobs(ck),
-               (unsigned long long)strata_ckpt_data_bytes(ck));
+               (unsigned long long)strata_ckpt_data_bytes(ck),
+               strata_ckpt_format(ck) == STRATA_FORMAT_DCP ? "PyTorch DCP" : "Megatron torch_dist");
     else if (!rc && !strata_ckpt_chunk_bytes(ck))
         printf("read: %s: %zu tensors, %llu data bytes read; safetensors has no checksums, so "
                "they could not be verified\n", cli_esc(argv[1]), strata_ckpt_ntensors(ck),

@@ -51,6 +51,7 @@ int st_source_adopt_meta(st_dir *d, const unsigned char *desc, size_t len);
 
 /* The sources (one file each). */
 extern const st_source st_source_safetensors; /* foreign.c */
+extern const st_source st_source_megatron;    /* src_megatron.c */
 extern const st_source st_source_dcp;         /* src_dcp.c */
 
 /* Reads the PyTorch DCP checkpoint in directory dir (its .metadata and, for each tensor

@@ -1,8 +1,8 @@
 /* survey.c - what a path holds when it is not a checkpoint to open: the subdirectories of a
  * directory on any storage backend (strata_list_dirs, for `ls` and `gc`), and, for a path
  * without a commit record, what it is instead - another framework's checkpoint that strata
- * cannot read yet (Megatron torch_dist, DeepSpeed, torch.save files; PyTorch DCP is a
- * source, src_dcp.c), a directory of strata checkpoints, an empty or unrelated directory -
+ * cannot read yet (DeepSpeed, torch.save files; PyTorch DCP and Megatron torch_dist are
+ * sources, src_dcp.c and src_megatron.c), a directory of strata checkpoints, an empty or unrelated directory -
  * told by the files' content where the name could lie. */
 #include <errno.h>
 #include <stdio.h>
@@ -156,21 +156,6 @@ static int ends_with(const char *s, const char *suffix)
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-/* Does the small file dir/name hold the bytes `what`? */
-static int file_has(const st_vfs *v, const char *dir, const char *name, const char *what)
-{
-    char p[PATH_MAX];
-    unsigned char *buf = NULL;
-    size_t len = 0;
-    if (st_path_join(p, dir, name) || st_vfs_read_all(v, p, 1 << 20, 0, &buf, &len) != 0) {
-        st_clear_error();
-        return 0;
-    }
-    int yes = memmem(buf, len, what, strlen(what)) != NULL;
-    free(buf);
-    return yes;
-}
-
 /* DeepSpeed's `latest`: a small file naming a tag directory beside it (global_step100)? */
 static int deepspeed_latest(const st_vfs *v, const char *dir, const entries *l)
 {
@@ -198,7 +183,7 @@ static int name_dir(const st_vfs *v, const char *dir, const char *path, const en
     const char *cannot = "which strata cannot read yet";
     size_t saved = 0, ckpts = 0, committed = 0;
     const char *a_saved = NULL, *last = NULL;
-    int megatron = 0, deepspeed = 0;
+    int deepspeed = 0;
     for (size_t i = 0; i < l->n; i++) {
         const char *nm = l->e[i].name;
         char c[PATH_MAX], p[PATH_MAX];
@@ -216,10 +201,8 @@ static int name_dir(const st_vfs *v, const char *dir, const char *path, const en
         }
         if (l->e[i].kind != 0)
             continue;
-        if (strcmp(nm, "metadata.json") == 0) {
-            megatron = file_has(v, dir, nm, "\"sharded_backend\"");
-        } else if ((ends_with(nm, ".pt") || ends_with(nm, ".pth") || ends_with(nm, ".bin")) &&
-                   torch_saved(v, dir, nm)) {
+        if ((ends_with(nm, ".pt") || ends_with(nm, ".pth") || ends_with(nm, ".bin")) &&
+            torch_saved(v, dir, nm)) {
             saved++;
             a_saved = a_saved ? a_saved : nm;
             deepspeed |= strncmp(nm, "mp_rank_", 8) == 0 && ends_with(nm, "_model_states.pt");
@@ -227,9 +210,6 @@ static int name_dir(const st_vfs *v, const char *dir, const char *path, const en
     }
     deepspeed |= deepspeed_latest(v, dir, l);
     st_clear_error();
-    if (megatron)
-        return st_fail(STRATA_EFORMAT, "'%s' is a Megatron-LM torch_dist checkpoint (metadata.json "
-                       "with sharded_backend), %s", path, cannot);
     if (deepspeed)
         return st_fail(STRATA_EFORMAT, "'%s' is a DeepSpeed checkpoint (a 'latest' tag or "
                        "mp_rank_*_model_states.pt), %s", path, cannot);

@@ -84,6 +84,11 @@ typedef enum pk_global {
     X(DCP_STORAGE_META, DCP_MOD ".metadata", "StorageMeta", PK_G_CALL)                       \
     X(DCP_MEM_FORMAT, DCP_MOD ".metadata", "_MEM_FORMAT_ENCODING", PK_G_CALL)                \
     X(DCP_STORAGE_INFO, DCP_MOD ".filesystem", "_StorageInfo", PK_G_CALL)                    \
+    /* Metadata.all_local_plans (megatron-core 0.16.1's torch_dist on torch 2.13) */          \
+    X(DCP_SAVE_PLAN, DCP_MOD ".planner", "SavePlan", PK_G_CALL)                              \
+    X(DCP_WRITE_ITEM, DCP_MOD ".planner", "WriteItem", PK_G_CALL)                            \
+    X(DCP_WRITE_ITEM_TYPE, DCP_MOD ".planner", "WriteItemType", PK_G_CALL)                   \
+    X(DCP_TENSOR_WRITE_DATA, DCP_MOD ".planner", "TensorWriteData", PK_G_CALL)               \
     X(GET_LAYOUT, "torch.serialization", "_get_layout", PK_G_CALL)                           \
     X(POSIX_PATH, "pathlib", "PosixPath", PK_G_CALL)
 #define DCP_MOD "torch.distributed.checkpoint"

@@ -1,6 +1,5 @@
 """A path that is not a strata checkpoint is named for what it is, not called "incomplete":
-Megatron torch_dist (a DCP checkpoint written by torch.distributed.checkpoint here, with
-Megatron's metadata.json: not read as plain DCP), DeepSpeed, torch.save files (zip and
+DeepSpeed, torch.save files (zip and
 legacy pickle), a directory of strata checkpoints (naming one), an empty or unrelated directory, a missing path - each with its
 code (FormatError for a format strata cannot read yet, MissingError for no checkpoint) -
 through strata.torch.load, strata.Checkpoint (also incomplete=True) and the export; a real
@@ -44,13 +43,17 @@ def dcp_save(state, path):
         dcp.save(state, checkpoint_id=path)
 
 
-def test_megatron_torch_dist(tmp_path):
+def test_megatron_torch_dist_is_read(tmp_path):
     path = str(tmp_path / "megatron")
     dcp_save({"w": torch.arange(6.0)}, path)
     with open(os.path.join(path, "metadata.json"), "w") as f:
         json.dump({"sharded_backend": "torch_dist", "sharded_backend_version": 1,
                    "common_backend": "torch", "common_backend_version": 1}, f)
-    refused(path, strata.FormatError, "Megatron-LM torch_dist checkpoint", "cannot read yet")
+    # read now, as Megatron torch_dist (tests/python/test_megatron_source.py), not plain DCP
+    assert strata.Checkpoint(path).format == "megatron"
+    got = {"w": torch.zeros(6)}
+    st.load(got, path)
+    assert torch.equal(got["w"], torch.arange(6.0))
 
 
 def test_deepspeed(tmp_path):

@@ -1,0 +1,344 @@
+"""Megatron-Core torch_dist as a source: checkpoints written in this run by megatron-core
+0.16.1's dist_checkpointing.save (torch_dist backend, its own FileSystemWriterAsync and
+planner) on 1 and 2 gloo processes - TP-sharded model weights (row- and column-parallel,
+replicated biases), the distributed optimizer's state as Megatron 0.16.1 stores it
+('dp_reshardable': each bucket a 1-D tensor whose pieces, one per parameter and padding, are
+flat ranges held by the data-parallel ranks), ShardedObjects, and common state (common.pt)
+- opened by strata (format "megatron"), loaded into plain tensors, into other world sizes
+and into DTensors, and compared bitwise with what Megatron saved; `strata inspect` /
+`verify` name the format. A legacy N-D flattened tensor (megatron-core < 0.14: flat ranges
+of boxes, reformulated into an (N+1)-d DCP tensor with its original shape in the
+Metadata's mcore_data) is written by 0.16.1's writer in that layout, the mcore_data set on
+the Metadata as the old MCoreSavePlanner did, and loaded back in its original shape.
+Hostile metadata.json (another backend, truncated JSON, a duplicate key, no backend) and a
+missing .metadata get their exact codes.
+
+megatron-core 0.16.1's save runs on CPU here only with two CUDA calls stubbed (it is written
+for GPUs): filesystem_async.preload_tensors calls torch.cuda.synchronize() ("Torch not
+compiled with CUDA enabled") and state_dict_saver.save_state_dict_async_finalize makes
+its all-reduced failure flag on torch.cuda.current_device(); the stubs make the first a
+no-op (the tensors are already on the CPU) and the second "cpu" (so gloo reduces it). The
+bytes, .metadata, metadata.json and common.pt are Megatron's own."""
+
+import os
+import pickle
+import subprocess
+import warnings
+
+import pytest
+import torch
+
+import _dist
+import strata
+import strata.torch as st
+from _tensors import same
+
+mcore = pytest.importorskip("megatron.core.dist_checkpointing",
+                            reason="megatron-core 0.16.1 is not installed (make venv installs it)")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STRATA = os.environ.get("STRATA") or os.path.join(ROOT, os.environ.get("BUILD", "build"), "strata")
+needs_cli = pytest.mark.skipif(not os.access(STRATA, os.X_OK),
+                               reason="no strata command built (" + STRATA + ")")
+
+BUCKET = "optimizer.distributed.dp_group_idx_0.gbuf_idx_0.dtype_torch.float32.bucket_idx_0"
+NBUCKET = 63      # the bucket's unpadded elements (64 padded: 32 per rank on 2)
+# The pieces of the bucket each data-parallel rank holds (parameters and intra-bucket
+# padding, as Megatron's dp_reshardable cuts them); the last padding is not saved.
+PIECES = {1: [[(0, 10), (10, 25), (25, 40), (40, 63)]],
+          2: [[(0, 10), (10, 25), (25, 32)], [(32, 40), (40, 63)]]}
+# name: (global shape, dtype, TP dim or None for replicated)
+MODEL = {"decoder.layers.0.mlp.linear_fc1.weight": ((22, 7), torch.float32, 0),
+         "decoder.layers.0.mlp.linear_fc2.weight": ((5, 14), torch.float32, 1),
+         "decoder.layers.0.mlp.linear_fc1.bias": ((22,), torch.bfloat16, 0),
+         "decoder.final_layernorm.weight": ((7,), torch.bfloat16, None),
+         "embedding.position_ids": ((9,), torch.int64, None)}
+FLAT = "optimizer.state.exp_avg.decoder.layers.0.self_attention.linear_qkv.weight"
+FLAT_SHAPE = (6, 4)   # cut into 2 x 1 boxes of 3 x 4 (12 elements): reformulated (2, 1, 12)
+
+
+def ref(name, shape, dtype):
+    """The value saved under name: the same on every rank, seeded by the name."""
+    g = torch.Generator().manual_seed(sum(map(ord, name)))
+    if dtype == torch.int64:
+        return torch.randint(-(1 << 40), 1 << 40, shape, generator=g)
+    return torch.randn(shape, generator=g).to(dtype)
+
+
+def references():
+    out = {k: ref(k, s, d) for k, (s, d, _) in MODEL.items()}
+    for part in ("param", "exp_avg", "exp_avg_sq"):
+        out[BUCKET + "." + part] = ref(BUCKET + "." + part, (NBUCKET,), torch.float32)
+    return out
+
+
+def _cpu_only_megatron():
+    """The two CUDA calls megatron-core 0.16.1's torch_dist save makes (module docstring)."""
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.current_device = lambda: "cpu"
+
+
+def mg_write(path, legacy_flat):
+    """megatron-core's dist_checkpointing.save of the model, the optimizer buckets, a
+    ShardedObject and common state, on this run's ranks, to path."""
+    import torch.distributed as dist
+    _cpu_only_megatron()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.dist_checkpointing import ShardedTensor, save
+        from megatron.core.dist_checkpointing.mapping import ShardedObject
+    rank, world = dist.get_rank(), dist.get_world_size()
+    sd = {"model": {}, "optimizer": {"param_state": {}}}
+    for name, (shape, dtype, tp) in MODEL.items():
+        full = ref(name, shape, dtype)
+        if tp is None:   # replicated across TP: only rank 0's copy is the main replica
+            sd["model"][name] = ShardedTensor.from_rank_offsets(name, full.clone(),
+                                                               replica_id=rank)
+        else:            # tensor-parallel: this rank's slice along dim tp
+            n = shape[tp] // world
+            local = full.narrow(tp, rank * n, n).clone()
+            sd["model"][name] = ShardedTensor.from_rank_offsets(name, local, (tp, rank, world))
+    for part in ("param", "exp_avg", "exp_avg_sq"):
+        key = BUCKET + "." + part
+        full = ref(key, (NBUCKET,), torch.float32)
+        sd["optimizer"]["param_state"][part] = [
+            ShardedTensor(key, full[lo:hi].clone(), torch.float32, (hi - lo,), (NBUCKET,),
+                          (lo,), axis_fragmentations=None, flattened_range=None,
+                          allow_shape_mismatch=False, replica_id=(0, 0, 0))
+            for lo, hi in PIECES[world][rank]]
+    if legacy_flat:
+        # the layout megatron-core < 0.14 gave an N-D flattened tensor: box (i, 0) of the
+        # (6, 4) tensor's 2 x 1 grid is row (i, 0) of a (2, 1, 12) tensor, a flat range
+        # [s, e) of the box the chunk at offsets (i, 0, s) of lengths (1, 1, e - s)
+        full = ref(FLAT, FLAT_SHAPE, torch.float32).reshape(2, 1, 12)
+        mine = {0: [(0, 0, 5), (1, 0, 7)], 1: [(0, 5, 12), (1, 7, 12)]}[rank] \
+            if world == 2 else [(0, 0, 5), (0, 5, 12), (1, 0, 12)]
+        sd["optimizer"]["flat"] = [
+            ShardedTensor(FLAT, full[i, :, s:e].reshape(1, 1, e - s).clone(), torch.float32,
+                          (1, 1, e - s), (2, 1, 12), (i, 0, s), axis_fragmentations=None,
+                          replica_id=(0, 0, 0))
+            for i, s, e in mine]
+    sd["rng_state"] = ShardedObject("rng_state", {"seed": 1000 + rank}, (world,), (rank,),
+                                    replica_id=0)
+    sd["iteration"] = 12
+    sd["args"] = {"lr": 0.5, "tp": world}
+    save(sd, path)
+    dist.barrier()
+    if legacy_flat and rank == 0:
+        # what megatron-core < 0.14's MCoreSavePlanner.create_global_plan did: the original
+        # shape of each N-D flattened tensor on the Metadata it pickles
+        from torch.distributed.checkpoint import FileSystemReader
+        md = FileSystemReader(path).read_metadata()
+        md.mcore_data = {FLAT: {"nd_reformulated_orig_global_shape": FLAT_SHAPE}}
+        for k in MODEL:
+            md.mcore_data[k] = {}
+        with open(os.path.join(path, ".metadata"), "wb") as f:
+            pickle.dump(md, f)
+    dist.barrier()
+    return sorted(os.listdir(path))
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    base = str(tmp_path_factory.mktemp("megatron"))
+    out = {}
+    for world in (1, 2):
+        path = os.path.join(base, "tp%d" % world)
+        os.mkdir(path)
+        files = _dist.run(mg_write, world, path, world == 2, timeout=240)[0]
+        assert {"metadata.json", "common.pt", ".metadata"} <= set(files), files
+        out[world] = path
+    return out
+
+
+def test_megatron_wrote_it(written):
+    """What megatron-core wrote: metadata.json naming torch_dist, common.pt, the DCP files."""
+    import json
+    for world, path in written.items():
+        with open(os.path.join(path, "metadata.json")) as f:
+            assert json.load(f)["sharded_backend"] == "torch_dist"
+        assert len([f for f in os.listdir(path) if f.endswith(".distcp")]) == 2 * world
+
+
+def test_inspect(written):
+    """Format "megatron"; the TP slices are boxes; each optimizer piece is a shard of its
+    bucket; the ShardedObjects are blobs; the legacy flattened tensor has its original
+    shape."""
+    for world, path in written.items():
+        ck = strata.Checkpoint(path)
+        assert ck.format == "megatron" and ck.committed and ck.chunk_bytes == 0
+        t = {x["name"]: x for x in ck.tensors}
+        for name, (shape, dtype, tp) in MODEL.items():
+            assert tuple(t[name]["shape"]) == shape, name
+            assert len(t[name]["shards"]) == (1 if tp is None else world), name
+        pieces = sorted((tuple(s["offsets"]), tuple(s["lengths"]))
+                        for s in t[BUCKET + ".exp_avg"]["shards"])
+        assert pieces == sorted(((lo,), (hi - lo,)) for r in PIECES[world] for lo, hi in r)
+        blobs = sorted(b["name"] for b in ck.blobs)
+        assert blobs == ["rng_state/shard_%d_%d" % (r, world) for r in range(world)]
+        if world == 2:
+            assert tuple(t[FLAT]["shape"]) == FLAT_SHAPE and t[FLAT]["dtype"] == "f32"
+            assert len(t[FLAT]["shards"]) == 4
+        else:
+            assert FLAT not in t
+
+
+@needs_cli
+def test_cli_names_the_format(written):
+    path = written[2]
+    r = subprocess.run([STRATA, "inspect", path], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("Megatron-Core torch_dist %s: 9 tensors, 2 blobs" % path), r.stdout
+    r = subprocess.run([STRATA, "verify", path], capture_output=True, text=True)
+    assert r.returncode == 0 and "Megatron torch_dist has no strata checksums" in r.stdout, r
+
+
+def test_load_plain_tensors(written):
+    """Into whole plain tensors, in the pytest process: bitwise what Megatron saved."""
+    refs = references()
+    refs[FLAT] = ref(FLAT, FLAT_SHAPE, torch.float32)
+    for world, path in written.items():
+        sd = {k: torch.full_like(v, 7) for k, v in refs.items() if k != FLAT or world == 2}
+        st.load(sd, path)
+        for k, v in sd.items():
+            assert same(v, refs[k]), (world, k)
+
+
+def test_load_slices_of_flat_pieces(written):
+    """A request across the flat pieces of the legacy tensor and of the buckets: rows 2..4 of
+    the (6, 4) tensor (the end of box 0, held by two pieces, and the start of box 1)."""
+    path = written[2]
+    full = ref(FLAT, FLAT_SHAPE, torch.float32)
+    ck = strata.Checkpoint(path)
+    assert {x["name"] for x in ck.tensors} >= {FLAT}
+    got = torch.zeros(6, 4)
+    st.load({FLAT: got}, path)
+    assert same(got, full)
+
+
+def mg_load(path, world_saved):
+    """On this run's ranks: every tensor into a DTensor sharded along dim 0 (Shard(0): the
+    bucket's 63 elements cut across the saved pieces) and the TP weights along the other dim
+    too; (mismatches, cases)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    world = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+    refs = references()
+    if world_saved == 2:
+        refs[FLAT] = ref(FLAT, FLAT_SHAPE, torch.float32)
+    bad, cases = [], 0
+    for dim in (0, 1):
+        sd, want = {}, {}
+        for k, v in refs.items():
+            if dim >= v.dim():
+                continue
+            d = distribute_tensor(v, mesh, [Shard(dim)])
+            want[k] = d.to_local().clone()
+            d.to_local().fill_(3)
+            sd[k] = d
+        st.load(sd, path)
+        for k, d in sd.items():
+            cases += 1
+            if not same(d.to_local(), want[k]):
+                bad.append("rank %d: %s Shard(%d) from %d ranks" % (dist.get_rank(), k, dim,
+                                                                   world_saved))
+    return bad, cases
+
+
+@pytest.mark.parametrize("world", [3, 1])
+def test_load_other_world_sizes(written, world):
+    """The 2-process checkpoint on 3 and 1 processes, the 1-process one too: DTensors
+    Shard(0) and Shard(1), bitwise."""
+    for saved, path in written.items():
+        res = _dist.run(mg_load, world, path, saved, timeout=240)
+        bad = [b for r in res for b in r[0]]
+        assert res[0][1] == (12 if saved == 2 else 10), res[0][1]
+        assert not bad, "\n".join(bad)
+
+
+def test_sharded_objects_are_never_unpickled(written):
+    """A ShardedObject is a DCP value (a torch.save archive): decoded by strata's restricted
+    reader where the build has it, else refused - never unpickled."""
+    path = written[2]
+    sd = {"rng_state/shard_1_2": None}
+    if getattr(strata._strata, "torch_save_value", None) is not None:
+        st.load(sd, path)
+        assert sd["rng_state/shard_1_2"] == [{"seed": 1001}]
+    else:
+        with pytest.raises(strata.UnsupportedError, match="rng_state/shard_1_2: a non-tensor"):
+            st.load(sd, path)
+
+
+# ---- hostile inputs ---------------------------------------------------------------------------
+
+def copy_of(src, dst):
+    os.mkdir(dst)
+    for f in os.listdir(src):
+        with open(os.path.join(src, f), "rb") as a, open(os.path.join(dst, f), "wb") as b:
+            b.write(a.read())
+    return dst
+
+
+def refused(path, exc, words, code):
+    for call in (lambda: strata.Checkpoint(path),
+                 lambda: st.load({"a": torch.zeros(3)}, path)):
+        with pytest.raises(exc) as ei:
+            call()
+        assert words in str(ei.value), (words, str(ei.value))
+    if os.access(STRATA, os.X_OK):
+        r = subprocess.run([STRATA, "inspect", path], capture_output=True, text=True)
+        assert r.returncode == code and words in r.stderr, (r.returncode, r.stderr)
+
+
+@pytest.mark.parametrize("text,exc,words,code", [
+    ('{"sharded_backend": "zarr", "sharded_backend_version": 1}', strata.UnsupportedError,
+     "sharded_backend 'zarr' is not one strata reads", 1),
+    ('{"sharded_backend": "torch_dist", "sharded_backend_version": 2}',
+     strata.UnsupportedError, "torch_dist version 2 is not one strata reads", 1),
+    ('{"sharded_backend": "torch_dist", "common_backend": "zarr"}', strata.UnsupportedError,
+     "common_backend 'zarr' is not one strata reads", 1),
+    ('{"sharded_backend": "torch_dist", "sharded_backend_ver', strata.FormatError,
+     "metadata.json: truncated inside a string", 3),
+    ('{"sharded_backend": "torch_dist",', strata.FormatError, "metadata.json: truncated", 3),
+    ('{"sharded_backend": "torch_dist", "sharded_backend": "torch_dist"}', strata.FormatError,
+     'key "sharded_backend" is there twice', 3),
+    ('{"sharded_backend": 1, "x": "\\"sharded_backend\\""}', strata.FormatError,
+     '"sharded_backend" is not a string', 3),
+    ('{"x": "sharded_backend", "y": "\\"sharded_backend\\""}', strata.FormatError,
+     'no "sharded_backend"', 3),
+    ('{"sharded_backend": "torch_dist"} x', strata.FormatError,
+     "something follows the JSON object", 3),
+])
+def test_hostile_metadata_json(written, tmp_path, text, exc, words, code):
+    path = copy_of(written[1], str(tmp_path / "bad"))
+    with open(os.path.join(path, "metadata.json"), "w") as f:
+        f.write(text)
+    refused(path, exc, words, code)
+
+
+def test_missing_dcp_metadata(written, tmp_path):
+    path = copy_of(written[1], str(tmp_path / "nometa"))
+    os.remove(os.path.join(path, ".metadata"))
+    refused(path, strata.MissingError, "its DCP metadata (.metadata) is missing", 1)
+
+
+def test_hostile_mcore_data(written, tmp_path):
+    """mcore_data whose shape does not match the reformulated tensor, or names a tensor the
+    checkpoint lacks: refused naming it."""
+    from torch.distributed.checkpoint import FileSystemReader
+    for shape, words in [((7, 4), "dim 0 of 7 is not cut into 2 equal parts"),
+                         ((6, 8), "its flat dim holds 12 elements, its boxes 24")]:
+        path = copy_of(written[2], str(tmp_path / ("shape%d" % shape[1])))
+        md = FileSystemReader(path).read_metadata()
+        md.mcore_data = {FLAT: {"nd_reformulated_orig_global_shape": shape}}
+        with open(os.path.join(path, ".metadata"), "wb") as f:
+            pickle.dump(md, f)
+        refused(path, strata.FormatError, words, 3)
+    path = copy_of(written[2], str(tmp_path / "noname"))
+    md = FileSystemReader(path).read_metadata()
+    md.mcore_data = {"nope": {"nd_reformulated_orig_global_shape": (4,)}}
+    with open(os.path.join(path, ".metadata"), "wb") as f:
+        pickle.dump(md, f)
+    refused(path, strata.FormatError, "mcore_data names 'nope', which is not a tensor", 3)
