@@ -342,3 +342,22 @@ def test_hostile_mcore_data(written, tmp_path):
     with open(os.path.join(path, ".metadata"), "wb") as f:
         pickle.dump(md, f)
     refused(path, strata.FormatError, "mcore_data names 'nope', which is not a tensor", 3)
+
+
+@needs_cli
+def test_export_to_safetensors(written, tmp_path):
+    """`strata export` of the 2-process checkpoint: safe_open reads every tensor back
+    bitwise, the legacy flattened one in its original shape."""
+    from safetensors import safe_open
+    out = str(tmp_path / "out")
+    subprocess.run([STRATA, "export", written[2], out, "--quiet"], check=True)
+    refs = references()
+    refs[FLAT] = ref(FLAT, FLAT_SHAPE, torch.float32)
+    got = {}
+    for name in os.listdir(out):
+        if name.endswith(".safetensors"):
+            with safe_open(os.path.join(out, name), "pt") as f:
+                got.update({k: f.get_tensor(k) for k in f.keys()})
+    assert sorted(got) == sorted(refs)
+    for k, v in refs.items():
+        assert same(got[k], v), k
