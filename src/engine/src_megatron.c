@@ -8,8 +8,8 @@
  * box. The description for other ranks is the foreign metadata (st_source_describe).
  * docs/FORMAT.md, "Megatron torch_dist as strata reads it".
  *
- * here: a directory without strata's metadata or commit record holding a metadata.json (at
- * most 64 KiB) that mentions "sharded_backend". open: errors STRATA_EFORMAT, STRATA_ENOTSUP
+ * here: a directory without strata's metadata or commit record holding a metadata.json that
+ * mentions "sharded_backend" (or is over its 64 KiB limit, which open refuses). open: errors STRATA_EFORMAT, STRATA_ENOTSUP
  * (a backend other than torch_dist, named; what the DCP source does not read), STRATA_ENOENT
  * (.metadata or a .distcp file missing), STRATA_EIO, STRATA_ENOMEM. No threads. */
 #include <errno.h>
@@ -54,11 +54,13 @@ static int st_megatron_here(const st_vfs *v, const char *path, int kind)
     char p[PATH_MAX];
     unsigned char *buf = NULL;
     size_t len = 0;
-    int yes = kind == 1 && !has_file(v, path, ST_META_FILE) &&
-              !has_file(v, path, ST_COMMIT_FILE) && has_file(v, path, ST_MG_CONFIG) &&
-              st_path_join(p, path, ST_MG_CONFIG) == 0 &&
-              st_vfs_read_all(v, p, ST_MG_MAX_CONFIG, ST_O_FOLLOW, &buf, &len) == 0 &&
-              memmem(buf, len, "\"sharded_backend\"", 17) != NULL;
+    int yes = 0;
+    if (kind == 1 && !has_file(v, path, ST_META_FILE) && !has_file(v, path, ST_COMMIT_FILE) &&
+        has_file(v, path, ST_MG_CONFIG) && st_path_join(p, path, ST_MG_CONFIG) == 0) {
+        int e = st_vfs_read_all(v, p, ST_MG_MAX_CONFIG, ST_O_FOLLOW, &buf, &len);
+        /* one over the limit is Megatron's to refuse (open says so), not unknown */
+        yes = e == -EFBIG || (e == 0 && memmem(buf, len, "\"sharded_backend\"", 17) != NULL);
+    }
     free(buf);
     st_clear_error();
     return yes;

@@ -318,6 +318,13 @@ def test_hostile_metadata_json(written, tmp_path, text, exc, words, code):
     refused(path, exc, words, code)
 
 
+def test_metadata_json_over_its_limit(written, tmp_path):
+    path = copy_of(written[1], str(tmp_path / "big"))
+    with open(os.path.join(path, "metadata.json"), "w") as f:
+        f.write('{"sharded_backend": "torch_dist", "pad": "%s"}' % ("x" * 70000))
+    refused(path, strata.FormatError, "metadata.json': over the limit of 65536 bytes", 3)
+
+
 def test_missing_dcp_metadata(written, tmp_path):
     path = copy_of(written[1], str(tmp_path / "nometa"))
     os.remove(os.path.join(path, ".metadata"))
