@@ -1,9 +1,11 @@
 """Megatron-Core torch_dist as a source: checkpoints written in this run by megatron-core
 0.16.1's dist_checkpointing.save (torch_dist backend, its own FileSystemWriterAsync and
 planner) on 1 and 2 gloo processes - TP-sharded model weights (row- and column-parallel,
-replicated biases), the distributed optimizer's state as Megatron 0.16.1 stores it
+replicated biases), the distributed optimizer's state in Megatron 0.16.1's layout
 ('dp_reshardable': each bucket a 1-D tensor whose pieces, one per parameter and padding, are
-flat ranges held by the data-parallel ranks), ShardedObjects, and common state (common.pt)
+flat ranges held by the data-parallel ranks; the ShardedTensors are built here as
+DistributedOptimizer.sharded_param_state_dp_reshardable builds them, since that class needs
+a DDP model on GPUs), ShardedObjects, and common state (common.pt)
 - opened by strata (format "megatron"), loaded into plain tensors, into other world sizes
 and into DTensors, and compared bitwise with what Megatron saved; `strata inspect` /
 `verify` name the format. A legacy N-D flattened tensor (megatron-core < 0.14: flat ranges
