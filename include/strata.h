@@ -370,9 +370,10 @@ uint32_t strata_ckpt_chunk_bytes(const strata_ckpt *ck); /* 0: no checksums (saf
 #define STRATA_FORMAT_STRATA 0
 #define STRATA_FORMAT_SAFETENSORS 1
 #define STRATA_FORMAT_DCP 2 /* PyTorch torch.distributed.checkpoint */
+#define STRATA_FORMAT_TORCH_SAVE 3 /* torch.save files, Hugging Face pytorch_model.bin */
 #define STRATA_FORMAT_MEGATRON 4 /* Megatron-Core torch_dist (DCP + metadata.json) */
 int strata_ckpt_format(const strata_ckpt *ck); /* STRATA_FORMAT_* */
-/* The format's name: "strata", "safetensors", "dcp", "megatron". */
+/* The format's name: "strata", "safetensors", "dcp", "torch.save", "megatron". */
 const char *strata_ckpt_format_name(const strata_ckpt *ck);
 
 typedef struct strata_tensor_info {

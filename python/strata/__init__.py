@@ -4,6 +4,17 @@ This package re-exports the binding of the C library (``strata._strata``, layer 
 savers, handles, loads, checkpoints, errors). ``strata.torch`` (layer 2) saves and loads
 PyTorch state dicts on top of it; it is imported on its own (``import strata.torch``) so that
 this package needs no torch.
+
+Pickles are read, never executed: ``strata._strata.unpickle(data, tensor=None, glob=None)``
+turns a pickle (a torch.save archive's data.pkl) and ``strata._strata.unpickle_archive(data,
+tensor=None, glob=None)`` the bytes of a whole torch.save archive (a DCP non-tensor item,
+raw bytes or a torch.save'd object) into Python values with strata's restricted reader:
+None, bool, int, float, str, bytes, tuple, list, dict, OrderedDict (torch.Size as a tuple);
+each tensor becomes ``tensor(name, dtype, shape, data)`` (name: its keys joined with ".";
+dtype: strata's name such as "f32"; data: its bytes for an archive, None for a bare pickle),
+each global used as a value ``glob(module, name)``; anything else is strata.FormatError.
+``strata._torchsave.archive_values(data)`` does the first with torch (tensors rebuilt as new
+CPU tensors, dtypes as torch dtypes).
 """
 from ._strata import (  # noqa: F401
     DEFAULT_CHUNK,
@@ -27,6 +38,8 @@ from ._strata import (  # noqa: F401
     probe,
     remove_incomplete,
     retain,
+    unpickle,
+    unpickle_archive,
     uri_path,
 )
 from . import _strata
@@ -42,5 +55,5 @@ __all__ = [
     "DEFAULT_CHUNK", "DTYPES", "ERRORS", "MAX_DIMS", "MAX_NAME", "MAX_TIERS", "VERSION",
     "Checkpoint", "Comm", "Error", "Handle", "Pool", "Saver", "State",
     "dtype_size", "export_safetensors", "hash_bytes", "load", "probe", "remove_incomplete",
-    "retain", "uri_path",
+    "retain", "unpickle", "unpickle_archive", "uri_path",
 ] + sorted(c.__name__ for c in ERRORS.values())

@@ -7,13 +7,14 @@ import bisect
 import collections.abc
 import ctypes
 import hashlib
+import io
 import random as _pyrandom
 import re
 
 import torch
 
 import strata as _S
-from strata import _values
+from strata import _torchsave, _values
 from strata._dtensor import _dtensor_boxes, _is_dtensor
 from strata._tensor import (_FROM_STRATA, _TO_STRATA, _check_tensor, _error, _hash_tensor,
                             _nbytes, _readable, _sdtype, _with_key, _writable)
@@ -270,13 +271,20 @@ class _SavePrep:
 class _Meta:
     """What load needs to know of the checkpoint: tensor dtypes and shapes, blob sizes."""
 
+    _VALUE = (None, -1)   # value_src of a value of a pickle (a torch.save source's)
+
     def __init__(self, d):
         self.step = d["step"]
         self.uri = d["uri"]
         self.format = d.get("f", "strata")
         self.tensors = {n: (dt, tuple(shape)) for n, dt, shape in d["t"]}
         self.blobs = {(n, o): b for n, o, b in d["b"]}
-        self.names = sorted(set(self.tensors) | set(n for n, _ in self.blobs))
+        # a torch.save source: its values are in its files' pickles (never executed)
+        self.values = {}
+        for name, pkl in d.get("p", []):
+            self.values.update(_torchsave.pickle_values(pkl.encode("latin-1"), name))
+        self.names = sorted(set(self.tensors) | set(n for n, _ in self.blobs)
+                            | set(self.values))
 
     @property
     def owners(self):
@@ -294,15 +302,21 @@ class _Meta:
             except _S.Error as e:
                 last = e
                 continue
-            return {"step": ck.step, "uri": i, "f": ck.format,
-                    "t": [[t["name"], t["dtype"], list(t["shape"])] for t in ck.tensors],
-                    "b": [[b["name"], b["owner"], b["bytes"]] for b in ck.blobs]}
+            d = {"step": ck.step, "uri": i, "f": ck.format,
+                 "t": [[t["name"], t["dtype"], list(t["shape"])] for t in ck.tensors],
+                 "b": [[b["name"], b["owner"], b["bytes"]] for b in ck.blobs]}
+            if ck.format == "torch.save":   # its blobs are its files' pickles
+                d["p"] = [[b["name"], _read_blob(u, b).decode("latin-1")] for b in ck.blobs]
+                d["b"] = []
+            return d
         if len(uris) > 1:
             raise _error(type(last).__name__, "no tier holds a readable checkpoint (%s); "
                          "the last: %s" % (", ".join(uris), last))
         raise last
 
     def value_src(self, key, rank):
+        if key in self.values:
+            return self._VALUE
         if (key, -1) in self.blobs:
             return -1, self.blobs[(key, -1)]
         if (key, rank) in self.blobs:
@@ -334,18 +348,23 @@ class _Meta:
 def _dcp_value(key, data, target):
     """A non-tensor value of a PyTorch DCP checkpoint: its blob is the torch.save archive of
     the object (docs/FORMAT.md, "DCP as strata reads it"), decoded by strata's restricted
-    torch.save reader (C; never Python's pickle). The seam: that reader's Python converter
-    (strata._strata.torch_save_value(bytes, what) -> value) comes with the torch.save source;
-    without it the value is refused, never unpickled."""
+    reader (_torchsave.archive_values: C, never Python's pickle), or the raw bytes of an
+    io.BytesIO (DCP writes those as they are: not a zip), returned as a new io.BytesIO."""
     if target is not None:
         raise _error("MismatchError", "%s: the checkpoint holds a value, the target is a "
                      "tensor" % key)
-    dec = getattr(_S, "torch_save_value", None)
-    if dec is None:
-        raise _error("UnsupportedError", "%s: a non-tensor value of a PyTorch DCP checkpoint "
-                     "(a torch.save archive): this build of strata cannot decode torch.save "
-                     "values yet; load it into a state dict without this key" % key)
-    return dec(data, key)
+    if not data.startswith(b"PK\x03\x04"):
+        return io.BytesIO(data)
+    return _torchsave.archive_values(data, name=key)
+
+
+def _read_blob(uri, b):
+    """The bytes of global blob b (a Checkpoint.blobs entry) of the checkpoint at uri."""
+    buf = ctypes.create_string_buffer(max(b["bytes"], 1))
+    st = _S.State()
+    st.add_blob(b["name"], data_ptr=ctypes.addressof(buf), nbytes=b["bytes"], owner=-1, keep=buf)
+    _S.load([uri], [st])
+    return ctypes.string_at(ctypes.addressof(buf), b["bytes"])
 
 
 def _ranges(xs):
@@ -384,6 +403,7 @@ class _LoadPrep:
         self.state = _S.State()
         self.copies = []    # (target, buffer): copy after the load
         self.blobs = []     # (key, buffer, size, setter, tensor target or None)
+        self.values = []    # (setter, value): values of a pickle
         self.new = []       # (setter, tensor): values saved as tensors
         self.finals = []    # post-order: tuple rebuilds, load_state_dict
         self.cuda = set()
@@ -480,6 +500,9 @@ class _LoadPrep:
                                  keep=t)
             self.new.append((setter, t))
             return
+        if src is m._VALUE:
+            self.values.append((setter, m.values[key]))
+            return
         self._blob(key, src, setter, None)
 
     def _blob(self, key, src, setter, target):
@@ -502,6 +525,9 @@ class _LoadPrep:
             src = m.value_src(key, self.rank)
             if src is None:
                 raise m.missing(key, self.rank, False)
+            if src is m._VALUE:
+                raise _error("MismatchError", "%s: the checkpoint holds a value (%s), the target "
+                             "is a tensor" % (key, type(m.values[key]).__name__))
             # a blob: an empty tensor, or a value (a mismatch). Refused here, before the load
             # writes anything, wherever its size tells: a target with elements can hold no
             # empty tensor, and the target's own would be exactly this many bytes
@@ -531,7 +557,7 @@ class _LoadPrep:
 
     def finish(self):
         """After the load: every blob decoded and checked, then the targets changed."""
-        values = []
+        values = list(self.values)
         for key, buf, size, setter, target in self.blobs:
             v = self._decode(key, ctypes.string_at(ctypes.addressof(buf), size), target)
             if target is None:

@@ -412,6 +412,19 @@ static PyMethodDef module_methods[] = {
      "retain(dir_uri, keep) -> number of checkpoints removed"},
     {"remove_incomplete", (PyCFunction)mod_remove_incomplete, METH_O,
      "remove_incomplete(uri): removes a checkpoint that has no valid commit record."},
+    {"unpickle", (PyCFunction)(void (*)(void))mod_unpickle, METH_VARARGS | METH_KEYWORDS,
+     "unpickle(data, tensor=None, glob=None, name='pickle') -> value\n\n"
+     "A pickle (a torch.save archive's data.pkl) read by strata's restricted reader into\n"
+     "Python values, nothing executed (_strata_pickle.c): None, bool, int, float, str, bytes,\n"
+     "tuple, list, dict, OrderedDict; torch.Size as a tuple; a tensor as tensor(name, dtype,\n"
+     "shape, None); a global value (a torch dtype) as glob(module, name). FormatError for\n"
+     "anything else or a forbidden global."},
+    {"unpickle_archive", (PyCFunction)(void (*)(void))mod_unpickle_archive,
+     METH_VARARGS | METH_KEYWORDS,
+     "unpickle_archive(data, tensor=None, glob=None, name='torch.save archive') -> value\n\n"
+     "The same for a whole torch.save archive in memory (a DCP non-tensor item): its zip and\n"
+     "data.pkl read by strata's rules; a tensor is tensor(name, dtype, shape, data), data\n"
+     "the tensor's bytes (bytes)."},
     {"export_safetensors", (PyCFunction)(void (*)(void))mod_export_safetensors,
      METH_VARARGS | METH_KEYWORDS,
      "export_safetensors(ckpt, out, *, prefix=None, max_file_bytes=None, dtype=None, "

@@ -115,5 +115,8 @@ PyObject *mod_probe(PyObject *m, PyObject *arg);
 PyObject *mod_retain(PyObject *m, PyObject *args, PyObject *kw);
 PyObject *mod_remove_incomplete(PyObject *m, PyObject *arg);
 PyObject *mod_export_safetensors(PyObject *m, PyObject *args, PyObject *kw);
+/* _strata_pickle.c */
+PyObject *mod_unpickle(PyObject *m, PyObject *args, PyObject *kw);
+PyObject *mod_unpickle_archive(PyObject *m, PyObject *args, PyObject *kw);
 
 #endif

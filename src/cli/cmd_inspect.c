@@ -23,7 +23,11 @@ static const char INSPECT_HELP[] =
     "JSON object. An incomplete checkpoint is shown if its metadata is readable, marked so.\n"
     "CKPT may also be a Hugging Face safetensors directory (model.safetensors, or the files\n"
     "of model.safetensors.index.json) or one .safetensors file: shown the same way, each\n"
-    "tensor one shard, and marked as having no checksums.\n";
+    "tensor one shard, and marked as having no checksums. So may a torch.save file (.pt,\n"
+    "  .pth, .bin; zip format) or a Hugging Face directory of pytorch_model.bin or the files\n"
+    "of pytorch_model.bin.index.json: each tensor one shard (its bytes in the archive), and\n"
+    "each file's pickle of values one blob; no strata checksums (verify checks the zip's\n"
+    "CRC-32s).\n";
 
 int cmd_inspect(int argc, char **argv)
 {
@@ -122,6 +126,11 @@ int cmd_inspect(int argc, char **argv)
                strata_ckpt_format(ck) == STRATA_FORMAT_DCP ? "PyTorch DCP"
                                                            : "Megatron-Core torch_dist",
                cli_esc(path), nt, nb, (unsigned long long)strata_ckpt_data_bytes(ck), nf);
+    else if (strata_ckpt_format(ck) == STRATA_FORMAT_TORCH_SAVE)
+        printf("torch.save %s: %zu tensors, %zu pickles of values, %llu data bytes in %zu "
+               "files; NO STRATA CHECKSUMS (only the zip's CRC-32 per entry, which verify "
+               "checks)\n",
+               cli_esc(path), nt, nb, (unsigned long long)strata_ckpt_data_bytes(ck), nf);
     else
     printf("checkpoint %s: %s, step %llu, %zu tensors, %zu blobs, %llu data bytes in %zu files, "
            "checksum chunk %u bytes\n",
@@ -179,7 +188,8 @@ static const char LS_HELP[] =
     "size on disk and step. States: committed (valid commit record matching valid\n"
     "metadata), incomplete (no commit record: an interrupted or failed save), CORRUPT (a\n"
     "commit record that does not match; never removed by gc). Hugging Face safetensors\n"
-    "directories are listed too, as safetensors (they have no checksums, nor a step).\n"
+    "directories are listed too, as safetensors (they have no checksums, nor a step), and\n"
+    "torch.save files and directories (pytorch_model.bin), as torch.save.\n"
     "DIR is a path or a file:// or mem:// URI (then the checkpoints are shown as URIs).\n";
 
 /* Calls fn for DIR itself and each subdirectory that holds strata files; with `foreign`
@@ -303,13 +313,15 @@ static const char VERIFY_HELP[] =
     "(a missing data file, an I/O error). A safetensors directory has no checksums: its\n"
     "bytes are read (a truncated file is found), not verified, and the output says so. A\n"
     "PyTorch DCP directory has no strata checksums either: every item's zip archive is read\n"
-    "whole and its entries' CRC-32s checked.\n";
+    "whole and its entries' CRC-32s checked. Nor has a torch.save source: the CRC-32 of\n"
+    "every zip entry of every file is checked (one line per entry that differs).\n";
 
 static void report_bad(void *ctx, const char *object, const char *file, const char *msg)
 {
-    (void)ctx;
-    fprintf(stderr, "CORRUPT: tensor '%s' in file '%s': %s\n", cli_esc(object), cli_esc(file),
-            cli_esc(msg));
+    const int *format = ctx;
+    fprintf(stderr, "CORRUPT: %s '%s' in file '%s': %s\n",
+            *format == STRATA_FORMAT_TORCH_SAVE ? "zip entry" : "tensor", cli_esc(object),
+            cli_esc(file), cli_esc(msg));
 }
 
 int cmd_verify(int argc, char **argv)
@@ -321,14 +333,18 @@ int cmd_verify(int argc, char **argv)
     int rc = strata_ckpt_open(&ck, argv[1], 0);
     if (rc)
         return cli_fail("verify", rc);
-    rc = strata_ckpt_verify(ck, report_bad, NULL);
-    if (!rc && (strata_ckpt_format(ck) == STRATA_FORMAT_DCP ||
-                strata_ckpt_format(ck) == STRATA_FORMAT_MEGATRON))
+    int format = strata_ckpt_format(ck);
+    rc = strata_ckpt_verify(ck, report_bad, &format);
+    if (!rc && (format == STRATA_FORMAT_DCP || format == STRATA_FORMAT_MEGATRON))
         printf("ok: %s: %zu tensors, %zu blobs, %llu data bytes read; every zip CRC-32 matches "
                "(%s has no strata checksums)\n", cli_esc(argv[1]),
                strata_ckpt_ntensors(ck), strata_ckpt_nblobs(ck),
                (unsigned long long)strata_ckpt_data_bytes(ck),
-               strata_ckpt_format(ck) == STRATA_FORMAT_DCP ? "PyTorch DCP" : "Megatron torch_dist");
+               format == STRATA_FORMAT_DCP ? "PyTorch DCP" : "Megatron torch_dist");
+    else if (!rc && format == STRATA_FORMAT_TORCH_SAVE)
+        printf("ok: %s: %zu tensors in %zu files; every zip entry's CRC-32 matched (torch.save "
+               "has no strata checksums: the CRC-32s are all there is)\n", cli_esc(argv[1]),
+               strata_ckpt_ntensors(ck), strata_ckpt_nfiles(ck));
     else if (!rc && !strata_ckpt_chunk_bytes(ck))
         printf("read: %s: %zu tensors, %llu data bytes read; safetensors has no checksums, so "
                "they could not be verified\n", cli_esc(argv[1]), strata_ckpt_ntensors(ck),

@@ -321,6 +321,9 @@ int st_exec_reads(const st_dir *d, const st_io_plan *p, int threads, int no_dire
  * reads; do the reads list[0..n) into bufs[i] (each st_read_buf_bytes), verifying every
  * chunk and scattering the runs of only_rank (-1: all ranks). */
 int st_open_data_files(const st_dir *d, const st_io_plan *p, int no_direct, st_file ***out);
+/* A foreign file f (file mf of d, whose identity was `was` when its header was read) is
+ * still that file, unchanged: STRATA_ECHANGED naming it otherwise. */
+int st_check_same_file(const st_dir *d, const st_mfile *mf, const st_mident *was, st_file *f);
 void st_close_data_files(const st_dir *d, const st_io_plan *p, st_file **files);
 int st_read_some(const st_dir *d, const st_io_plan *p, st_file **files, const size_t *list,
                  size_t n, char **bufs, int threads, int only_rank);

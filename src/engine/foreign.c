@@ -21,54 +21,14 @@ static int ends_with(const char *s, const char *suffix)
     return n > k && strcmp(s + n - k, suffix) == 0;
 }
 
-/* Is there a regular file (or a link to one) at dir/name? */
-static int has_file(const st_vfs *v, const char *dir, const char *name)
-{
-    char p[PATH_MAX];
-    int kind;
-    return st_path_join(p, dir, name) == 0 && v->stat(v, p, NULL, &kind) == 0 &&
-           (kind == 0 || kind == 2);
-}
-
 static int st_foreign_here(const st_vfs *v, const char *path, int kind)
 {
     if (kind != 1) /* a file, or a link to one */
         return ends_with(path, ".safetensors");
-    return kind == 1 && !has_file(v, path, ST_META_FILE) && !has_file(v, path, ST_COMMIT_FILE) &&
-           (has_file(v, path, ST_ST_INDEX_FILE) || has_file(v, path, ST_ST_SINGLE_FILE));
-}
-
-/* Splits a file's path into its directory (into dir, PATH_MAX) and name. */
-static const char *split(const char *path, char *dir)
-{
-    const char *slash = strrchr(path, '/');
-    if (!slash) {
-        strcpy(dir, ".");
-        return path;
-    }
-    size_t n = slash == path ? 1 : (size_t)(slash - path);
-    memcpy(dir, path, n);
-    dir[n] = 0;
-    return slash + 1;
-}
-
-/* Opens dir/name for reading (through a link), with its size and identity. */
-static int open_follow(const st_vfs *v, const char *dir, const char *name, const char *what,
-                       st_file **f, st_file_id *id)
-{
-    char p[PATH_MAX];
-    int rc = st_path_join(p, dir, name);
-    if (rc)
-        return rc;
-    int e = v->open(v, p, ST_O_READ | ST_O_FOLLOW, f);
-    if (!e && (e = v->ident(*f, id)) != 0)
-        v->close(*f);
-    if (e)
-        return st_fail(e == -ENOENT ? STRATA_ENOENT : st_from_errno(-e), "%s '%s': %s", what, p,
-                       e == -ENOENT        ? "is missing"
-                       : e == -ST_ENOTREG ? "is not a regular file"
-                                          : strerror(-e));
-    return 0;
+    return !st_source_has_file(v, path, ST_META_FILE) &&
+           !st_source_has_file(v, path, ST_COMMIT_FILE) &&
+           (st_source_has_file(v, path, ST_ST_INDEX_FILE) ||
+            st_source_has_file(v, path, ST_ST_SINGLE_FILE));
 }
 
 /* Appends the first 8 + N bytes of dir/name to the source description. */
@@ -77,7 +37,7 @@ static int put_header(const st_vfs *v, const char *dir, const char *name, st_buf
     st_file *f;
     st_file_id id;
     uint64_t n;
-    int rc = open_follow(v, dir, name, "safetensors file", &f, &id);
+    int rc = st_source_open_file(v, dir, name, "safetensors file", &f, &id);
     if (rc)
         return rc;
     /* taken before the header is read: a later change shows when the data is opened */
@@ -113,13 +73,13 @@ static int st_foreign_open(st_dir *d, unsigned char **raw, size_t *rawlen)
     const char *single = ST_ST_SINGLE_FILE;
     if (v->stat(v, d->path, NULL, &kind) == 0 && (kind == 0 || kind == 2)) {
         char dir[PATH_MAX];
-        single = split(d->path, dir);
+        single = st_source_split(d->path, dir);
         char name[PATH_MAX];
         snprintf(name, sizeof name, "%s", single);
         memcpy(d->path, dir, strlen(dir) + 1);
         st_st_src_begin(&b, 1);
         rc = put_header(v, d->path, name, &b);
-    } else if (has_file(v, d->path, ST_ST_INDEX_FILE)) {
+    } else if (st_source_has_file(v, d->path, ST_ST_INDEX_FILE)) {
         char shown[PATH_MAX + 300];
         snprintf(shown, sizeof shown, "%s/%s", d->path, ST_ST_INDEX_FILE);
         unsigned char *json = NULL;
@@ -173,7 +133,7 @@ static int st_foreign_adopt(st_dir *d, const unsigned char *raw, size_t len)
     const st_vfs *v = d->vfs;
     if (v->stat(v, d->path, NULL, &kind) == 0 && (kind == 0 || kind == 2)) {
         char dir[PATH_MAX];
-        split(d->path, dir);
+        st_source_split(d->path, dir);
         memcpy(d->path, dir, strlen(dir) + 1);
     }
     int rc = st_st_meta(&d->meta, raw, len, NULL, d->path);

@@ -214,20 +214,20 @@ static int run_read(void *arg, size_t task, int worker)
 /* A foreign file opened for its data must be the one its header was read from, unchanged
  * (nothing else could tell: foreign data has no checksums). The device is not compared: a
  * network file has another on each node. */
-static int check_same_file(const st_dir *d, const st_mfile *mf, const st_mident *was,
-                           st_file *f)
+int st_check_same_file(const st_dir *d, const st_mfile *mf, const st_mident *was, st_file *f)
 {
     st_file_id id;
+    const char *kind = d->src ? d->src->name : "foreign";
     int e = d->vfs->ident(f, &id);
     if (e)
-        return st_fail(st_from_errno(-e), "%s file '%s' of '%s': %s",
-                       d->src ? d->src->name : "foreign", mf->name, d->path, strerror(-e));
+        return st_fail(st_from_errno(-e), "%s file '%s' of '%s': %s", kind, mf->name, d->path,
+                       strerror(-e));
     if (id.ino == was->ino && id.size == mf->bytes && id.mtime_ns == was->mtime_ns &&
         id.ctime_ns == was->ctime_ns)
         return 0;
     return st_fail(STRATA_ECHANGED,
                    "%s file '%s' of '%s' changed after its header was read (%s): load it again",
-                   d->src ? d->src->name : "foreign", mf->name, d->path,
+                   kind, mf->name, d->path,
                    id.ino != was->ino     ? "another file is in its place"
                    : id.size != mf->bytes ? "its size differs"
                                           : "it was modified");
@@ -262,7 +262,7 @@ int st_open_data_files(const st_dir *d, const st_io_plan *p, int no_direct, st_f
                                               "directory in its place)"
                                             : strerror(-e));
         } else if (m->idents) {
-            rc = check_same_file(d, &m->files[f], &m->idents[f], files[f]);
+            rc = st_check_same_file(d, &m->files[f], &m->idents[f], files[f]);
         }
     }
     if (rc) {

@@ -1,10 +1,13 @@
 /* source.c - the table of load sources (source.h) and what they share. */
 #include "source.h"
 
+#include <errno.h>
+#include <stdio.h>
+
 #include "../core/error.h"
 
 const st_source *const st_sources[] = {&st_source_safetensors, &st_source_megatron,
-                                         &st_source_dcp};
+                                       &st_source_dcp, &st_source_torchsave};
 const size_t st_nsources = sizeof st_sources / sizeof st_sources[0];
 
 const st_source *st_source_find(const st_vfs *v, const char *path, int kind)
@@ -41,3 +44,45 @@ int st_source_adopt_meta(st_dir *d, const unsigned char *desc, size_t len)
     d->committed = 1;
     return 0;
 }
+
+/* ---- helpers of the sources' open ---- */
+
+int st_source_has_file(const st_vfs *v, const char *dir, const char *name)
+{
+    char p[PATH_MAX];
+    int kind;
+    return st_path_join(p, dir, name) == 0 && v->stat(v, p, NULL, &kind) == 0 &&
+           (kind == 0 || kind == 2);
+}
+
+const char *st_source_split(const char *path, char *dir)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash) {
+        strcpy(dir, ".");
+        return path;
+    }
+    size_t n = slash == path ? 1 : (size_t)(slash - path);
+    memcpy(dir, path, n);
+    dir[n] = 0;
+    return slash + 1;
+}
+
+int st_source_open_file(const st_vfs *v, const char *dir, const char *name, const char *what,
+                        st_file **f, st_file_id *id)
+{
+    char p[PATH_MAX];
+    int rc = st_path_join(p, dir, name);
+    if (rc)
+        return rc;
+    int e = v->open(v, p, ST_O_READ | ST_O_FOLLOW, f);
+    if (!e && (e = v->ident(*f, id)) != 0)
+        v->close(*f);
+    if (e)
+        return st_fail(e == -ENOENT ? STRATA_ENOENT : st_from_errno(-e), "%s '%s': %s", what, p,
+                       e == -ENOENT        ? "is missing"
+                       : e == -ST_ENOTREG ? "is not a regular file"
+                                          : strerror(-e));
+    return 0;
+}
+

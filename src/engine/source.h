@@ -49,6 +49,15 @@ int st_source_describe(const st_dir *d, unsigned char **desc, size_t *desclen);
  * d->committed. */
 int st_source_adopt_meta(st_dir *d, const unsigned char *desc, size_t len);
 
+/* Helpers of the sources' open: is there a regular file (or a link to one) at dir/name;
+ * path's directory into dir (PATH_MAX; "." if none), returning its name; dir/name opened
+ * for reading (through a link) with its identity (STRATA_ENOENT when missing, naming it as
+ * `what`). */
+int st_source_has_file(const st_vfs *v, const char *dir, const char *name);
+const char *st_source_split(const char *path, char *dir);
+int st_source_open_file(const st_vfs *v, const char *dir, const char *name, const char *what,
+                        st_file **f, st_file_id *id);
+
 /* The sources (one file each). */
 extern const st_source st_source_safetensors; /* foreign.c */
 extern const st_source st_source_megatron;    /* src_megatron.c */
@@ -59,5 +68,6 @@ extern const st_source st_source_dcp;         /* src_dcp.c */
  * st_meta_decode_foreign does). For the DCP source and those built on DCP (Megatron
  * torch_dist). Errors: as st_source_dcp's open. */
 int st_dcp_read_meta(const st_vfs *v, const char *dir, st_meta **out);
+extern const st_source st_source_torchsave;   /* src_torchsave.c */
 
 #endif

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "../core/error.h"
+#include "../meta/torchsave.h"
 #include "engine.h"
 
 #define SURVEY_MAX 65536 /* entries looked at in one directory (a file per rank) */
@@ -222,9 +223,10 @@ static int name_dir(const st_vfs *v, const char *dir, const char *path, const en
                        "the %zu under it is committed (strata ls %s lists them)", path, ckpts,
                        path);
     if (saved)
-        return st_fail(STRATA_EFORMAT, "'%s' holds PyTorch torch.save files (%zu, such as %s), "
-                       "not a strata checkpoint; torch.save files are a format strata cannot "
-                       "read yet", path, saved, a_saved);
+        return st_fail(STRATA_EFORMAT, "'%s' holds PyTorch torch.save files (%zu, such as %s) "
+                       "but neither %s nor %s: strata reads a torch.save file named by its "
+                       "path (%s/%s)", path, saved, a_saved, ST_TS_SINGLE_FILE,
+                       ST_TS_INDEX_FILE, path, a_saved);
     if (!l->n)
         return st_fail(STRATA_ENOENT, "'%s' is an empty directory, not a checkpoint", path);
     return st_fail(STRATA_ENOENT, "'%s' is not a checkpoint: it holds no strata files (COMMIT, "
@@ -236,10 +238,12 @@ int st_survey(const st_vfs *v, const char *path, int kind)
     if (kind != 1) { /* a file, a link to one (safetensors: taken before) */
         unsigned char b[4];
         size_t n = head(v, path, NULL, b, sizeof b);
-        if (is_zip(b, n) || is_pickle(b, n))
-            return st_fail(STRATA_EFORMAT, "'%s' is a PyTorch torch.save file (%s), not a "
-                           "checkpoint directory; a format strata cannot read yet", path,
-                           is_zip(b, n) ? "a zip archive" : "a pickle");
+        if (is_zip(b, n)) /* torch.save's are taken before (src_torchsave.c) */
+            return st_fail(STRATA_EFORMAT, "'%s' is a zip archive without a <dir>/data.pkl "
+                           "entry: not a torch.save file, nor a checkpoint", path);
+        if (is_pickle(b, n))
+            return st_fail(STRATA_EFORMAT, "'%s' is a bare pickle, not a torch.save file (a zip "
+                           "archive) nor a checkpoint; strata never runs pickle", path);
         return st_fail(STRATA_ENOENT, "checkpoint '%s' is not a directory", path);
     }
     /* a symlink to a directory ("latest", which the caller reads through): listed as
