@@ -526,8 +526,12 @@ class _LoadPrep:
             if src is None:
                 raise m.missing(key, self.rank, False)
             if src is m._VALUE:
+                v = m.values[key]
+                if (isinstance(v, torch.Tensor) and not t.numel() and v.shape == t.shape
+                        and (v.dtype == t.dtype or self.cast)):
+                    return      # an empty tensor of a torch.save file: nothing to fill
                 raise _error("MismatchError", "%s: the checkpoint holds a value (%s), the target "
-                             "is a tensor" % (key, type(m.values[key]).__name__))
+                             "is a tensor" % (key, type(v).__name__))
             # a blob: an empty tensor, or a value (a mismatch). Refused here, before the load
             # writes anything, wherever its size tells: a target with elements can hold no
             # empty tensor, and the target's own would be exactly this many bytes

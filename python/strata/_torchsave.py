@@ -60,7 +60,8 @@ def _has_tensor(v):
 
 def pickle_values(pkl, name="data.pkl"):
     """{key: value} of a torch.save source's pickle: every entry that holds no tensor, under
-    its key as strata.torch flattens (keys joined with "."; tensors are the index's)."""
+    its key as strata.torch flattens (keys joined with "."; tensors are the index's, but
+    for the empty ones, which are values here)."""
     from strata._statedict import _items, _join
     root = _S._strata.unpickle(pkl, tensor=TensorAt, glob=_glob, name=name)
     out = {}
@@ -69,6 +70,8 @@ def pickle_values(pkl, name="data.pkl"):
         for k, c in _items(v):
             ck = _join(key, k)
             if isinstance(c, TensorAt):
+                if 0 in c.shape:    # not in the index (no bytes): a value
+                    out[ck] = torch.empty(c.shape, dtype=_FROM_STRATA[c.dtype])
                 continue
             if _has_tensor(c):
                 walk(c, ck)

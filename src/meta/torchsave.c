@@ -540,8 +540,6 @@ static int fill_tensor(st_meta *m, st_mtensor *mt, const st_ts_tensor *t, uint32
     memcpy(mt->shape, t->shape, sizeof mt->shape);
     if (!mt->name)
         return STRATA_ENOMEM;
-    if (t->bytes == 0) /* an empty tensor: no shard, nothing to read */
-        return 0;
     size_t dl = (size_t)(t->ndim ? t->ndim : 1) * sizeof(uint64_t);
     st_mshard *sh = st_arena_alloc(&m->arena, sizeof *sh);
     if (!sh || !(sh->off = st_arena_alloc(&m->arena, dl)) ||
@@ -610,11 +608,12 @@ int st_ts_meta(st_meta **out, const st_ts_file *files, size_t nfiles, const st_s
     if (map && (rc = check_map(map, all, nt, files, where)))
         goto out;
     for (size_t i = 0; i < nt; i++) {
-        if (fill_tensor(m, &m->tensors[i], all[i].t, all[i].file))
+        if (!all[i].t->bytes) /* an empty tensor: not in the index */
+            continue;
+        if (fill_tensor(m, &m->tensors[m->ntensors++], all[i].t, all[i].file))
             goto oom;
         m->data_bytes += all[i].t->bytes;
     }
-    m->ntensors = nt;
     goto out;
 oom:
     rc = st_fail(STRATA_ENOMEM, "%s: out of memory", where);

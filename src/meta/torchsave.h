@@ -119,8 +119,9 @@ typedef struct st_ts_file {
 } st_ts_file;
 
 /* Builds the foreign metadata of a source of nfiles archives: one tensor per archive tensor
- * (sorted by name; a name in two files is EFORMAT), each one whole shard whose extent is its
- * bytes in its file; one global blob per file, named "<file>/<dir>/data.pkl", whose extent is
+ * that has elements (sorted by name; a name in two files is EFORMAT), each one whole shard
+ * whose extent is its bytes in its file (an empty tensor has no bytes to read and is left
+ * out: its dtype and shape are in the pickle, where strata.torch finds it); one global blob per file, named "<file>/<dir>/data.pkl", whose extent is
  * that stored entry (the pickle of the file's values: strata.torch decodes it). With map
  * (pytorch_model.bin.index.json), each weight_map entry must name a tensor of the file it
  * names and every tensor must be listed. Errors: STRATA_EFORMAT naming `where`,

@@ -8,6 +8,7 @@ files named like DCP's but holding text are no DCP checkpoint."""
 
 import json
 import os
+import pickle
 import warnings
 
 import pytest
@@ -67,17 +68,30 @@ def test_deepspeed(tmp_path):
 
 
 def test_torch_save_files(tmp_path):
+    """torch.save files are read (test_torchsave.py); what is left is named: the legacy
+    format (UnsupportedError), a directory of them without pytorch_model.bin, a zip that is
+    not torch.save's, a bare pickle."""
     zipped, legacy = str(tmp_path / "model.pt"), str(tmp_path / "legacy.pt")
     torch.save({"w": torch.ones(2)}, zipped)
     torch.save({"w": torch.ones(2)}, legacy, _use_new_zipfile_serialization=False)
-    refused(zipped, strata.FormatError, "PyTorch torch.save file (a zip archive)")
-    refused(legacy, strata.FormatError, "PyTorch torch.save file (a pickle)")
+    assert strata.Checkpoint(zipped).format == "torch.save"
+    refused(legacy, strata.UnsupportedError, "is in torch.save's legacy format")
     hf = tmp_path / "hf"
     hf.mkdir()
     torch.save({"w": torch.ones(2)}, str(hf / "pytorch_model.bin"))
     (hf / "config.json").write_text("{}")
-    refused(str(hf), strata.FormatError, "holds PyTorch torch.save files (1, such as "
-            "pytorch_model.bin)")
+    assert strata.Checkpoint(str(hf)).format == "torch.save"
+    other = tmp_path / "other"
+    other.mkdir()
+    torch.save({"w": torch.ones(2)}, str(other / "weights.pt"))
+    refused(str(other), strata.FormatError, "holds PyTorch torch.save files (1, such as "
+            "weights.pt) but neither pytorch_model.bin nor pytorch_model.bin.index.json")
+    import zipfile
+    with zipfile.ZipFile(str(tmp_path / "x.pt"), "w") as z:
+        z.writestr("a/b.txt", "not torch")
+    refused(str(tmp_path / "x.pt"), strata.FormatError, "a zip archive without a <dir>/data.pkl")
+    (tmp_path / "p.pt").write_bytes(pickle.dumps({"w": 1}, protocol=4))
+    refused(str(tmp_path / "p.pt"), strata.FormatError, "is a bare pickle")
 
 
 def test_names_alone_are_not_enough(tmp_path):
