@@ -333,8 +333,8 @@ typedef struct strata_ckpt strata_ckpt;
  * still validated). Errors: STRATA_ENOENT, STRATA_EFORMAT, STRATA_EINCOMPLETE, STRATA_ESCHEME.
  *
  * A path with no commit record that is not a strata checkpoint at all is named for what it
- * is: another framework's checkpoint (Megatron torch_dist, DeepSpeed, torch.save files; told
- * by content) is STRATA_EFORMAT naming the format, which strata cannot read yet;
+ * is: another framework's checkpoint (Megatron torch_dist, DeepSpeed; told by content) is
+ * STRATA_EFORMAT naming the format, which strata cannot read yet;
  * a directory of checkpoints (naming one under it), an empty or unrelated directory, or a
  * missing path is STRATA_ENOENT; STRATA_EINCOMPLETE is only for a directory holding strata's
  * files without a valid commit record. strata_load answers the same.
@@ -355,7 +355,18 @@ typedef struct strata_ckpt strata_ckpt;
  * checksums (strata_ckpt_chunk_bytes is 0); strata_ckpt_verify reads every archive and
  * checks its zip CRC-32s. No step; committed. Errors beyond the above: STRATA_ENOTSUP for
  * items strata does not read (transform_descriptors, complex dtypes, non-contiguous or
- * big-endian tensors). */
+ * big-endian tensors).
+ *
+ * torch.save files open here too (STRATA_FORMAT_TORCH_SAVE): a path to one file of torch's
+ * zip format (any name: told by content), or a directory holding pytorch_model.bin, or
+ * pytorch_model.bin.index.json and the files it names. Each tensor is one whole shard (its
+ * bytes in the archive), each file's pickle one global blob "<file>/<dir>/data.pkl" (the
+ * values; read, never executed). No checksums (strata_ckpt_chunk_bytes 0; strata_ckpt_verify
+ * checks every zip entry's CRC-32, reporting each that differs by entry name), no step,
+ * committed. Refused: STRATA_ENOTSUP for the legacy (pre-zip) format, a compressed entry, a
+ * tensor not contiguous in its storage or complex; STRATA_EFORMAT for a forbidden pickle
+ * global, a duplicate dict key, sizes that disagree (docs/FORMAT.md, "torch.save as strata
+ * reads it"). */
 #define STRATA_OPEN_INCOMPLETE (1u << 0)
 int strata_ckpt_open(strata_ckpt **out, const char *uri, unsigned flags);
 void strata_ckpt_free(strata_ckpt *ck);

@@ -375,9 +375,9 @@ check "mem:// and file:// URIs: ls lists and exits 0; inspect, verify, gc work" 
 check "gc removes a killed export's staging directory beside its OUT, OUT kept" bash -c "mkdir -p '$T/st1.strata-export-99-0000dead/set' && : >'$T/st1.strata-export-99-0000dead/EXPORT.LOCK' && '$S' gc '$T' | grep -q '^removed 1 staging directory left by killed exports' && test ! -e '$T/st1.strata-export-99-0000dead' && test -f '$T/st1/model.safetensors.index.json'"
 
 # what a path that is no strata checkpoint is (issue 18), not "incomplete": a directory of
-# checkpoints names one, an empty directory says so (STRATA_ENOENT, exit 1); a torch.save
-# file (written by the venv's torch) is STRATA_EFORMAT (exit 3) naming the format; a real
-# PyTorch DCP checkpoint is read
+# checkpoints names one, an empty directory says so (STRATA_ENOENT, exit 1); a real PyTorch
+# DCP checkpoint and a torch.save file (written by the venv's torch) are read (torch.save's
+# legacy format is STRATA_ENOTSUP)
 check "verify of a directory of checkpoints: names one under it, exit 1" bash -c "'$S' verify '$T' 2>&1 | grep -q \"is a directory of checkpoints, not one (.* committed under it); did you mean $T/.*? (strata ls $T lists them) (STRATA_ENOENT)\"; test \${PIPESTATUS[0]} = 1"
 check "inspect of an empty directory: says so, exit 1" bash -c "mkdir '$T/void' && '$S' inspect '$T/void' 2>&1 | grep -q \"'$T/void' is an empty directory, not a checkpoint (STRATA_ENOENT)\"; test \${PIPESTATUS[0]} = 1"
 PY=${VENV:-.venv}/bin/python
@@ -388,7 +388,10 @@ if [ -x "$PY" ] && "$PY" -c 'import torch.distributed.checkpoint' 2>/dev/null; t
     check "verify of a DCP checkpoint: zip CRC-32s checked, exit 0" bash -c "'$S' verify '$T/dcp' | grep -q \"^ok: $T/dcp: 1 tensors, 0 blobs, 24 data bytes read; every zip CRC-32 matches\""
     check "export of a DCP checkpoint: safetensors written" bash -c "'$S' export '$T/dcp' '$T/dcp.out' --quiet && test -f '$T/dcp.out/model.safetensors.index.json'"
     check "ls of a DCP checkpoint: listed as dcp" bash -c "'$S' ls '$T/dcp' | grep -q \"^dcp .* $T/dcp (no checksums)\""
-    check "verify of a torch.save file: named, exit 3" bash -c "'$S' verify '$T/model.pt' 2>&1 | grep -q \"is a PyTorch torch.save file (a zip archive).*STRATA_EFORMAT\"; test \${PIPESTATUS[0]} = 3"
+    check "verify of a torch.save file: its zip CRC-32s checked, no strata checksums said, exit 0" bash -c "'$S' verify '$T/model.pt' | grep -q \"^ok: $T/model.pt: 1 tensors in 1 files; every zip entry's CRC-32 matched (torch.save has no strata checksums\""
+    check "inspect of a torch.save file: its tensor, no strata checksums" bash -c "'$S' inspect '$T/model.pt' | grep -q \"^torch.save $T/model.pt: 1 tensors, 1 pickles of values, .*NO STRATA CHECKSUMS\" && '$S' inspect --json '$T/model.pt' | grep -q '\"format\":\"torch.save\",\"checksums\":false'"
+    "$PY" -W ignore -c "import sys, torch; torch.save({'w': torch.ones(2)}, sys.argv[1], _use_new_zipfile_serialization=False)" "$T/legacy.pt"
+    check "inspect of a legacy torch.save file: refused as unsupported, exit 1" bash -c "'$S' inspect '$T/legacy.pt' 2>&1 | grep -q \"is in torch.save's legacy format .*(STRATA_ENOTSUP)\"; test \${PIPESTATUS[0]} = 1"
 else
     echo "skip DCP and torch.save checks: no torch at $PY (make venv)"
 fi

@@ -11,8 +11,11 @@
  * index of a sharded set. For fuzz_pickle and fuzz_zip too: seed-valid-* must be parsed
  * (a pickle) or opened with every entry read (a zip), seed-reject-* refused with
  * STRATA_EFORMAT naming the input; for fuzz_dcp (a DCP .metadata) the same, a refusal being
- * STRATA_EFORMAT or STRATA_ENOTSUP; for fuzz_megatron (a metadata.json) the same. Runs from the repository root (or $STRATA_SRC_ROOT). A
- * corpus directory that is missing or empty is a failure. */
+ * STRATA_EFORMAT or STRATA_ENOTSUP; for fuzz_megatron (a metadata.json) the same. For
+ * fuzz_torchsave, seed-valid-* (torch.save files written by torch) must open, seed-reject-*
+ * be refused with the code its name ends in (-eformat, -enotsup) naming the input;
+ * seed-pkl-valid-* / seed-pkl-reject-* the same for a data.pkl alone (its tensors found).
+ * Runs from the repository root (or $STRATA_SRC_ROOT). A corpus directory that is missing or empty is a failure. */
 #include <dirent.h>
 #include <signal.h>
 
@@ -44,6 +47,9 @@
 #undef LLVMFuzzerTestOneInput
 #define LLVMFuzzerTestOneInput fuzz_megatron_one
 #include "../fuzz/fuzz_megatron.c"
+#undef LLVMFuzzerTestOneInput
+#define LLVMFuzzerTestOneInput fuzz_torchsave_one
+#include "../fuzz/fuzz_torchsave.c"
 #undef LLVMFuzzerTestOneInput
 #include "../src/cli/synth.c" /* layout_parse: the CLI is not in libstrata.a */
 
@@ -259,6 +265,40 @@ static void dcp_verdict(const char *name, const unsigned char *b, size_t n)
     }
 }
 
+static void torchsave_verdict(const char *name, const unsigned char *b, size_t n)
+{
+    int pkl = strncmp(name, "seed-pkl-", 9) == 0; /* a data.pkl alone */
+    const char *kind = pkl ? name + 9 : strncmp(name, "seed-", 5) == 0 ? name + 5 : "";
+    int valid = strncmp(kind, "valid-", 6) == 0, rc;
+    if (!valid && strncmp(kind, "reject-", 7) != 0)
+        return;
+    if (pkl) {
+        st_ts_doc d = {0};
+        if (!(rc = pk_parse(&d.pk, b, n, name)))
+            rc = st_ts_tensors(&d, name);
+        st_ts_doc_free(&d);
+    } else {
+        ft_src s = {b, n};
+        st_ts_archive a;
+        rc = st_ts_open(&a, n, ft_read, &s, name);
+        st_ts_close(&a);
+    }
+    if (valid && rc != 0)
+        fail_msg("%s: a torch.save file was refused: %s", name, strata_error_last());
+    if (!valid) {
+        if (rc == 0)
+            fail_msg("%s: an archive the reader must refuse was accepted", name);
+        assert_int_equal(rc, strstr(name, "-enotsup") ? STRATA_ENOTSUP : STRATA_EFORMAT);
+        assert_msg_has(name);
+    }
+}
+
+static void test_replay_torchsave(void **state)
+{
+    (void)state;
+    replay("fuzz_torchsave", fuzz_torchsave_one, torchsave_verdict);
+}
+
 static void test_replay_dcp(void **state)
 {
     (void)state;
@@ -347,6 +387,7 @@ int main(void)
         cmocka_unit_test(test_replay_zip),
         cmocka_unit_test(test_replay_megatron),
         cmocka_unit_test(test_replay_dcp),
+        cmocka_unit_test(test_replay_torchsave),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

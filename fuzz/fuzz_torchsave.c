@@ -1,0 +1,110 @@
+/* fuzz_torchsave.c - libFuzzer target for the torch.save interpreter (src/meta/torchsave.c):
+ * the zip, data.pkl and the tensors of its pickle placed in their storages.
+ *
+ * The input is the archive, read through a callback that refuses reads past its end (the
+ * reader never asks for one: such a read is abort()). An opened archive is held to the rules
+ * of torchsave.h: tensors sorted by name, unique, names 1..STRATA_MAX_NAME bytes; each
+ * tensor's bytes numel x its dtype's size, inside its storage's stored entry, which holds
+ * exactly the storage; then the metadata built from it must encode and decode (the same
+ * validator as every other rank's) unchanged in its tensors. A refusal must be
+ * STRATA_EFORMAT, STRATA_ENOTSUP or STRATA_ECHECKSUM naming the file (or STRATA_ENOMEM) and
+ * leave nothing behind. Also replayed by tests/test_fuzz_replay.c. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "meta/torchsave.h"
+#include "strata_types.h"
+
+#define FT_FAIL(...)                                                                         \
+    do {                                                                                     \
+        fprintf(stderr, "fuzz_torchsave: " __VA_ARGS__);                                    \
+        fprintf(stderr, "\n");                                                               \
+        abort();                                                                             \
+    } while (0)
+
+typedef struct {
+    const uint8_t *b;
+    size_t n;
+} ft_src;
+
+static int ft_read(void *ctx, void *buf, size_t len, uint64_t off)
+{
+    const ft_src *s = ctx;
+    if (off > s->n || len > s->n - off)
+        FT_FAIL("read of %zu bytes at %llu past the end (%zu bytes)", len,
+                (unsigned long long)off, s->n);
+    memcpy(buf, s->b + off, len);
+    return 0;
+}
+
+static void ft_check(const st_ts_archive *a, size_t size)
+{
+    const st_ts_doc *d = &a->doc;
+    for (size_t i = 0; i < d->n; i++) {
+        const st_ts_tensor *t = &d->t[i];
+        size_t nl = strlen(t->name);
+        if (nl < 1 || nl > STRATA_MAX_NAME)
+            FT_FAIL("tensor name of %zu bytes accepted", nl);
+        if (i && strcmp(d->t[i - 1].name, t->name) >= 0)
+            FT_FAIL("tensors '%s' and '%s' not sorted and unique", d->t[i - 1].name, t->name);
+        uint64_t numel = 1;
+        for (int k = 0; k < t->ndim; k++)
+            numel *= t->shape[k];
+        if ((unsigned)t->dtype >= STRATA_DTYPE_COUNT ||
+            numel * strata_dtype_size(t->dtype) != t->bytes)
+            FT_FAIL("tensor '%s': %llu bytes for its shape", t->name,
+                    (unsigned long long)t->bytes);
+        st_ts_storage k = {.key = t->storage}, *s = NULL;
+        for (size_t j = 0; j < d->nstorages && !s; j++)
+            if (strcmp(d->s[j].key, k.key) == 0)
+                s = &d->s[j];
+        if (!s || !s->entry || s->entry->method != 0 || s->entry->usize != s->bytes)
+            FT_FAIL("tensor '%s': its storage has no stored entry of its size", t->name);
+        if (t->at < s->entry->data_off || t->at - s->entry->data_off != t->offset ||
+            t->offset + t->bytes > s->bytes || t->at + t->bytes > size)
+            FT_FAIL("tensor '%s' lies outside its storage", t->name);
+    }
+    st_ts_file f = {"fuzz.pt", size, {1, 2, 3}, a};
+    st_meta *m = NULL, *back = NULL;
+    unsigned char *enc = NULL;
+    size_t len = 0;
+    int rc = st_ts_meta(&m, &f, 1, NULL, "fuzz");
+    if (rc == STRATA_ENOMEM)
+        return;
+    if (rc)
+        FT_FAIL("metadata of an accepted archive refused: %s", strata_error_last());
+    if (st_meta_encode(m, &enc, &len) == 0) {
+        rc = st_meta_decode_foreign(&back, enc, len);
+        if (rc && rc != STRATA_ENOMEM)
+            FT_FAIL("the metadata of an accepted archive does not decode: %s",
+                    strata_error_last());
+        if (!rc && back->ntensors != m->ntensors)
+            FT_FAIL("decoded metadata has %zu tensors, not %zu", back->ntensors, m->ntensors);
+    }
+    st_meta_free(back);
+    free(enc);
+    st_meta_free(m);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    ft_src s = {data, size};
+    st_ts_archive a;
+    int rc = st_ts_open(&a, size, ft_read, &s, "fuzz.pt");
+    if (rc == 0) {
+        ft_check(&a, size);
+        st_ts_close(&a);
+        return 0;
+    }
+    if (rc != STRATA_EFORMAT && rc != STRATA_ENOTSUP && rc != STRATA_ECHECKSUM &&
+        rc != STRATA_ENOMEM)
+        FT_FAIL("refused with %s (%s)", strata_error_name(rc), strata_error_last());
+    if (rc != STRATA_ENOMEM && !strstr(strata_error_last(), "fuzz.pt"))
+        FT_FAIL("message \"%s\" does not name the file", strata_error_last());
+    if (a.pkl || a.pkl_bytes || a.doc.n || a.zip.n)
+        FT_FAIL("a refused open left something behind");
+    return 0;
+}
