@@ -8,7 +8,13 @@
  * exactly the storage; then the metadata built from it must encode and decode (the same
  * validator as every other rank's) unchanged in its tensors. A refusal must be
  * STRATA_EFORMAT, STRATA_ENOTSUP or STRATA_ECHECKSUM naming the file (or STRATA_ENOMEM) and
- * leave nothing behind. Also replayed by tests/test_fuzz_replay.c. */
+ * leave nothing behind.
+ *
+ * An input that begins as a pickle (0x80) is fuzzed as a data.pkl alone, so that mutations
+ * reach the interpreter without having to keep a zip's CRC-32 right: parsed (pickle.h), then
+ * its tensors found (st_ts_tensors: sorted, unique, names 1..STRATA_MAX_NAME bytes, inside
+ * their storages, each storage with one dtype and size), refusals as above. Also replayed by
+ * tests/test_fuzz_replay.c. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,9 +94,49 @@ static void ft_check(const st_ts_archive *a, size_t size)
     st_meta_free(m);
 }
 
+static void ft_refused(int rc, const char *name)
+{
+    if (rc != STRATA_EFORMAT && rc != STRATA_ENOTSUP && rc != STRATA_ECHECKSUM &&
+        rc != STRATA_ENOMEM)
+        FT_FAIL("refused with %s (%s)", strata_error_name(rc), strata_error_last());
+    if (rc != STRATA_ENOMEM && !strstr(strata_error_last(), name))
+        FT_FAIL("message \"%s\" does not name the input", strata_error_last());
+}
+
+static void ft_pickle(const uint8_t *data, size_t size)
+{
+    st_ts_doc d = {0};
+    int rc = pk_parse(&d.pk, data, size, "fuzz.pkl");
+    if (!rc && !(rc = st_ts_tensors(&d, "fuzz.pkl"))) {
+        for (size_t i = 0; i < d.n; i++) {
+            const st_ts_tensor *t = &d.t[i];
+            size_t nl = strlen(t->name);
+            if (nl < 1 || nl > STRATA_MAX_NAME || (i && strcmp(d.t[i - 1].name, t->name) >= 0))
+                FT_FAIL("tensor names not sorted, unique, 1..%d bytes", STRATA_MAX_NAME);
+            const st_ts_storage *s = NULL;
+            for (size_t j = 0; j < d.nstorages && !s; j++)
+                if (strcmp(d.s[j].key, t->storage) == 0)
+                    s = &d.s[j];
+            if (!s || s->dtype != t->dtype || t->offset > s->bytes ||
+                t->bytes > s->bytes - t->offset)
+                FT_FAIL("tensor '%s' outside its storage", t->name);
+        }
+        for (size_t j = 1; j < d.nstorages; j++)
+            if (strcmp(d.s[j - 1].key, d.s[j].key) >= 0)
+                FT_FAIL("storages not sorted and unique");
+    } else {
+        ft_refused(rc, "fuzz.pkl");
+    }
+    st_ts_doc_free(&d);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    if (size && data[0] == 0x80) {
+        ft_pickle(data, size);
+        return 0;
+    }
     ft_src s = {data, size};
     st_ts_archive a;
     int rc = st_ts_open(&a, size, ft_read, &s, "fuzz.pt");
@@ -99,11 +145,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         st_ts_close(&a);
         return 0;
     }
-    if (rc != STRATA_EFORMAT && rc != STRATA_ENOTSUP && rc != STRATA_ECHECKSUM &&
-        rc != STRATA_ENOMEM)
-        FT_FAIL("refused with %s (%s)", strata_error_name(rc), strata_error_last());
-    if (rc != STRATA_ENOMEM && !strstr(strata_error_last(), "fuzz.pt"))
-        FT_FAIL("message \"%s\" does not name the file", strata_error_last());
+    ft_refused(rc, "fuzz.pt");
     if (a.pkl || a.pkl_bytes || a.doc.n || a.zip.n)
         FT_FAIL("a refused open left something behind");
     return 0;
