@@ -218,6 +218,39 @@ def test_hf_sharded_set_loads_and_exports(tmp_path):
     assert seen == set(sd)
 
 
+def load_hf_dtensors(d):
+    """The HF set's 2-dim tensors into Shard(0) / Shard(1) DTensors on 2 ranks, each rank's
+    boxes compared bitwise with the same boxes of the torch.load'ed shards."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    import strata.torch as st
+    ref = {}
+    for f in sorted(os.listdir(d)):
+        if f.endswith(".bin"):
+            ref.update(torch.load(os.path.join(d, f), weights_only=True))
+    mesh = init_device_mesh("cpu", (2,))
+    sd, want = {}, {}
+    for i, (k, v) in enumerate(sorted(ref.items())):
+        if v.dim() == 2:
+            sd[k] = distribute_tensor(torch.zeros_like(v), mesh, [Shard(i % 2)],
+                                      src_data_rank=None)
+            want[k] = distribute_tensor(v, mesh, [Shard(i % 2)], src_data_rank=None)
+        else:
+            sd[k] = torch.zeros_like(v)
+            want[k] = v
+    st.load(sd, d)
+    local = lambda t: t.to_local() if hasattr(t, "to_local") else t  # noqa: E731
+    return [k for k in want if not same(local(sd[k]), local(want[k]))], len(want)
+
+
+def test_hf_sharded_set_into_dtensors_on_two_processes(tmp_path):
+    d = tmp_path / "hf"
+    d.mkdir()
+    hf_set(str(d))
+    res = _dist.run(load_hf_dtensors, 2, str(d), timeout=180)
+    assert res == [([], 6), ([], 6)]
+
+
 def test_hf_index_naming_a_tensor_elsewhere_is_refused(tmp_path):
     d = tmp_path / "hf"
     d.mkdir()
