@@ -4,8 +4,9 @@
  * data.pkl are read and its tensors placed (src/meta/torchsave.h); the metadata built is
  * described to other ranks as st_meta_encode of it (st_source_describe).
  *
- * here: by content - a file that is a zip archive with a <dir>/data.pkl entry, or that
- * begins as torch.save's legacy format (then refused by open with STRATA_ENOTSUP); a
+ * here: by content - a file that is a zip archive with a <dir>/data.pkl entry (or a zip
+ * whose structure is broken: open names the problem), or that begins as torch.save's
+ * legacy format (then refused by open with STRATA_ENOTSUP); a
  * directory without strata's metadata or commit record holding one of the two files above.
  * open: STRATA_EFORMAT, STRATA_ENOTSUP, STRATA_ECHECKSUM (data.pkl), STRATA_ENOENT (a file
  * the index names is missing), STRATA_EIO, STRATA_ENOMEM. verify: the CRC-32 of every
@@ -56,7 +57,8 @@ static int kind_of(const st_vfs *v, const char *dir, const char *name)
     return got == (int64_t)sizeof b && memcmp(b, ST_TS_LEGACY_MAGIC, sizeof b) == 0 ? 2 : 0;
 }
 
-/* A zip archive with an entry <dir>/data.pkl? */
+/* A zip archive with an entry <dir>/data.pkl, or one whose zip structure is broken (a
+ * truncated torch.save file: open names what is wrong with it)? */
 static int has_pkl(const st_vfs *v, const char *path)
 {
     st_file *f;
@@ -68,12 +70,15 @@ static int has_pkl(const st_vfs *v, const char *path)
         return 0;
     }
     rd_ctx c = {v, f, path};
-    if (v->ident(f, &id) == 0 && st_zip_open(&z, id.size, rd_vfs, &c, path) == 0) {
-        for (size_t i = 0; i < z.n && !yes; i++) {
+    if (v->ident(f, &id) == 0) {
+        int rc = st_zip_open(&z, id.size, rd_vfs, &c, path);
+        yes = rc == STRATA_EFORMAT;
+        for (size_t i = 0; !rc && i < z.n && !yes; i++) {
             const char *slash = strchr(z.e[i].name, '/');
             yes = slash && strcmp(slash, "/data.pkl") == 0;
         }
-        st_zip_free(&z);
+        if (!rc)
+            st_zip_free(&z);
     }
     v->close(f);
     st_clear_error();
