@@ -121,7 +121,6 @@ static void rd_extent(st_rd *r, st_meta *m, st_extent *e, uint64_t bytes, int wi
 {
     uint64_t file = st_rd_var(r); /* checked before narrowing: 2^32 must not alias file 0 */
     uint64_t blk = st_rd_var(r);
-    e->sums = NULL; /* the arena's memory is not zeroed: a foreign extent has none */
     if (with_bytes)
         bytes = st_rd_var(r);
     if (r->err)
