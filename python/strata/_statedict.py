@@ -7,7 +7,6 @@ import bisect
 import collections.abc
 import ctypes
 import hashlib
-import io
 import random as _pyrandom
 import re
 
@@ -348,13 +347,11 @@ class _Meta:
 def _dcp_value(key, data, target):
     """A non-tensor value of a PyTorch DCP checkpoint: its blob is the torch.save archive of
     the object (docs/FORMAT.md, "DCP as strata reads it"), decoded by strata's restricted
-    reader (_torchsave.archive_values: C, never Python's pickle), or the raw bytes of an
-    io.BytesIO (DCP writes those as they are: not a zip), returned as a new io.BytesIO."""
+    reader (_torchsave.archive_values: C, never Python's pickle; an io.BytesIO, which DCP
+    saves the same way, comes back as one)."""
     if target is not None:
         raise _error("MismatchError", "%s: the checkpoint holds a value, the target is a "
                      "tensor" % key)
-    if not data.startswith(b"PK\x03\x04"):
-        return io.BytesIO(data)
     return _torchsave.archive_values(data, name=key)
 
 

@@ -2,7 +2,8 @@
  * (a bare pickle: a torch.save archive's data.pkl) and unpickle_archive (a whole torch.save
  * archive in memory, e.g. a DCP non-tensor item). Both parse with strata's restricted reader
  * (src/meta/pickle.h) and build only: None, bool, int (any size), float, str, bytes, tuple,
- * list, dict, collections.OrderedDict; torch.Size becomes a tuple. A tensor (a
+ * list, dict, collections.OrderedDict; torch.Size becomes a tuple, an io.BytesIO (DCP
+ * saves one as torch.save of it) an io.BytesIO at its position. A tensor (a
  * _rebuild_tensor_v2/_v3 or _rebuild_parameter call) becomes whatever the caller's
  * tensor(name, dtype, shape, data) returns: name its keys joined with "." (strata's tensor
  * name), dtype strata's name ("f32"), shape a tuple, data the tensor's bytes (unpickle_archive)
@@ -13,6 +14,7 @@
  * headers (setup.py compiles src/ into the extension): the pickle reader has no public API. */
 #include "_strata.h"
 
+#include "core/error.h"
 #include "meta/torchsave.h"
 
 typedef struct {
@@ -151,6 +153,30 @@ static PyObject *container(conv *c, const pk_val *v, size_t len)
     return o;
 }
 
+/* io.BytesIO: a REDUCE with no arguments, its BUILD state (bytes, position, dict or None). */
+static PyObject *bytes_io(const pk_val *v)
+{
+    const pk_val *st = v->state;
+    int64_t pos = 0;
+    if (v->args->kind != PK_TUPLE || v->args->n != 0 || !st || st->kind != PK_TUPLE ||
+        st->n != 3 || st->items[0]->kind != PK_BYTES || pk_int64(st->items[1], &pos) ||
+        pos < 0 || (st->items[2]->kind != PK_NONE && st->items[2]->kind != PK_DICT) ||
+        (st->items[2]->kind == PK_DICT && st->items[2]->n))
+        return st_clear_error(), raise_fmt(STRATA_EFORMAT, "an io.BytesIO whose state is not "
+                                           "(bytes, position, None or {})");
+    PyObject *io = PyImport_ImportModule("io");
+    PyObject *b = PyBytes_FromStringAndSize((const char *)st->items[0]->s,
+                                            (Py_ssize_t)st->items[0]->len);
+    PyObject *r = io && b ? PyObject_CallMethod(io, "BytesIO", "O", b) : NULL;
+    PyObject *ok = r ? PyObject_CallMethod(r, "seek", "L", (long long)pos) : NULL;
+    Py_XDECREF(io);
+    Py_XDECREF(b);
+    if (!ok)
+        Py_CLEAR(r);
+    Py_XDECREF(ok);
+    return r;
+}
+
 /* v at the name c->name[0..len) (len > STRATA_MAX_NAME: no name, e.g. a dict's key). */
 static PyObject *value(conv *c, const pk_val *v, size_t len)
 {
@@ -200,6 +226,8 @@ static PyObject *value(conv *c, const pk_val *v, size_t len)
         return raise_fmt(STRATA_EFORMAT, "a value %s.%s (a global): no glob callback given",
                          pk_global_module(v->g), pk_global_name(v->g));
     case PK_CALL:
+        if (v->g == PK_G_BYTES_IO)
+            return bytes_io(v);
         if (v->g == PK_G_TORCH_SIZE && v->args->kind == PK_TUPLE && v->args->n == 1 &&
             v->args->items[0]->kind == PK_TUPLE)
             return value(c, v->args->items[0], STRATA_MAX_NAME + 1);

@@ -90,7 +90,8 @@ typedef enum pk_global {
     X(DCP_WRITE_ITEM_TYPE, DCP_MOD ".planner", "WriteItemType", PK_G_CALL)                   \
     X(DCP_TENSOR_WRITE_DATA, DCP_MOD ".planner", "TensorWriteData", PK_G_CALL)               \
     X(GET_LAYOUT, "torch.serialization", "_get_layout", PK_G_CALL)                           \
-    X(POSIX_PATH, "pathlib", "PosixPath", PK_G_CALL)
+    X(POSIX_PATH, "pathlib", "PosixPath", PK_G_CALL)                                         \
+    X(BYTES_IO, "_io", "BytesIO", PK_G_CALL)
 #define DCP_MOD "torch.distributed.checkpoint"
 #define PK_X_(id, mod, name, flags) PK_G_##id,
     PK_GLOBALS(PK_X_)

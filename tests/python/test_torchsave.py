@@ -132,6 +132,26 @@ def test_archive_values_from_bytes():
         strata.unpickle_archive(buf.getvalue())
 
 
+def test_dcp_values_bytesio_included(tmp_path):
+    """DCP's non-tensor values are torch.save archives of the objects (an io.BytesIO too,
+    which needs the global _io.BytesIO): strata.torch decodes them without pickle."""
+    import torch.distributed.checkpoint as dcp
+    buf = io.BytesIO(b"loader state")
+    buf.seek(3)
+    path = str(tmp_path / "dcp")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"w": torch.arange(4.0), "buf": buf, "cfg": {"lr": 0.5, "big": 2 ** 80},
+                  "step": 7}, checkpoint_id=path)
+    sd = {"w": torch.zeros(4), "buf": None, "cfg": {"lr": None, "big": None}, "step": None}
+    st.load(sd, path)
+    assert torch.equal(sd["w"], torch.arange(4.0))
+    assert isinstance(sd["buf"], io.BytesIO) and sd["buf"].getvalue() == b"loader state"
+    assert sd["buf"].tell() == 3
+    assert sd["cfg"] == {"lr": 0.5, "big": 2 ** 80} and sd["step"] == 7
+
+
 # ---- DTensor layouts on 2 gloo processes ----------------------------------------------------
 
 def load_dtensors(path):
