@@ -15,7 +15,8 @@
  * fuzz_torchsave, seed-valid-* (torch.save files written by torch) must open, seed-reject-*
  * be refused with the code its name ends in (-eformat, -enotsup) naming the input;
  * seed-pkl-valid-* / seed-pkl-reject-* the same for a data.pkl alone (its tensors found).
- * Runs from the repository root (or $STRATA_SRC_ROOT). A corpus directory that is missing or empty is a failure. */
+ * Runs from the repository root (or $STRATA_SRC_ROOT). A corpus directory that is missing
+ * or empty is a failure. */
 #include <dirent.h>
 #include <signal.h>
 
