@@ -222,7 +222,7 @@ PY_DEPS := pyproject.toml setup.py MANIFEST.in \
            $(wildcard python/strata/*.py python/strata/*.c python/strata/*.h) \
            $(LIB_SRC) $(wildcard src/*/*.h) $(HEADERS)
 
-venv: $(VENV)/.strata-installed
+venv: $(VENV)/.strata-installed $(VENV)/.deepspeed-installed
 
 $(VENV)/.deps-installed:
 	@$(APT) tool_need python3 python3 && apt_need libxxhash-dev gcc && \
@@ -235,6 +235,20 @@ $(VENV)/.deps-installed:
 
 $(VENV)/.mcore-installed: $(VENV)/.deps-installed
 	$(VENV)/bin/pip install -q --no-deps megatron-core==$(MCORE_VERSION) psutil==$(PSUTIL_VERSION)
+	@touch $@
+
+# DeepSpeed (strata.deepspeed, tests/python/test_deepspeed.py) and its dependencies, each
+# pinned and installed with --no-deps after torch, so that pip never brings another torch;
+# DS_BUILD_OPS=0 compiles no op at install. At its first run DeepSpeed JIT-builds its CPU
+# shared-memory allreduce (~40-100 s, once; kept in ~/.cache/torch_extensions) with ninja
+# (pinned here) and g++.
+DEEPSPEED_PKGS = deepspeed==0.19.8 einops==0.8.2 hjson==3.1.0 msgpack==1.2.4 ninja==1.13.2 \
+                 psutil==$(PSUTIL_VERSION) py-cpuinfo==9.0.0 pydantic==2.14.4 pydantic_core==2.50.5 \
+                 annotated-types==0.8.0 typing-inspection==0.4.5 tqdm==4.70.1
+
+$(VENV)/.deepspeed-installed: $(VENV)/.deps-installed
+	@$(APT) tool_need g++ g++
+	DS_BUILD_OPS=0 $(VENV)/bin/pip install -q --no-deps $(DEEPSPEED_PKGS)
 	@touch $@
 
 $(VENV)/.strata-installed: $(VENV)/.deps-installed $(VENV)/.mcore-installed $(PY_DEPS)

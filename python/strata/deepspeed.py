@@ -1,0 +1,507 @@
+"""strata as DeepSpeed's checkpoint engine (DeepSpeed 0.19.8's CheckpointEngine interface).
+
+    import strata.deepspeed
+    strata.deepspeed.enable()                  # once, before deepspeed.initialize
+    engine, *_ = deepspeed.initialize(...)
+    engine.save_checkpoint(save_dir, tag)      # returns once planned; copied and written
+                                               # in the background
+    engine.load_checkpoint(save_dir)           # the newest committed tag ("latest")
+
+Every file that engine.save_checkpoint(save_dir, tag) writes, on every rank, becomes an
+entry of one strata checkpoint, save_dir/tag/strata, committed as a whole (one commit
+record); in save_dir/tag each file is a stub of a few bytes naming its entry (DeepSpeed's
+loader checks that the files exist). The save is lazy: its tensors are copied into the
+saver's reused pool while training goes on, and DeepSpeed's next engine.step() waits for
+that copy (only if it is unfinished) before the optimizer changes them - the engine is a
+"decoupled" one, so DeepSpeed calls commit() there. save_dir/latest is written (by a
+thread of rank 0, atomically) only once the tag is committed, and a tag's errors are
+raised by the first step, save or engine.destroy() after them. The next save_checkpoint
+first waits until the previous tag is committed (one tag in flight: bounded memory). A
+kill at any instant leaves the previous tag loadable.
+
+An entry is the file's object as a tree of plain values (the tagged format of
+docs/FORMAT.md, "Python values", no pickle) whose tensors are strata tensors
+"<file>#<i>"; besides dicts, lists, tuples and scalars the tree holds OrderedDict,
+torch.Size, torch.dtype, parameters, and DeepSpeed's own LossScaler, DynamicLossScaler,
+fragment_address and ZeroStageEnum (rebuilt from their fields, by an allow-list: nothing
+named in the file is imported). Any other object (a custom lr scheduler's state, a client
+object) needs enable(pickle=True), which pickles it and unpickles it at load (which can run
+code); without it the save fails naming the file, the place in it and the type.
+
+Threading: DeepSpeed's thread calls everything here; strata's threads copy, write and
+commit.
+"""
+
+import collections
+import enum
+import importlib
+import os
+import pickle as _pickle
+import re
+import threading
+
+import torch
+
+import strata as _S
+from strata import _values
+from strata._tensor import (_FROM_STRATA, _check_tensor, _error, _nbytes, _readable,
+                            _sdtype)
+
+__all__ = ["enable", "disable", "StrataCheckpointEngine"]
+
+STUB_MAGIC = b"STRATA-DEEPSPEED 1\n"
+SUBDIR = "strata"        # the strata checkpoint of a tag: save_dir/tag/strata
+
+# DeepSpeed's objects in its checkpoints, rebuilt from their fields (as pickle would, by
+# __new__ and __dict__) or, for enums, from their value; nothing else is ever imported
+_OBJECTS = {"deepspeed.runtime.fp16.loss_scaler.LossScaler",
+            "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+            "deepspeed.utils.tensor_fragment.fragment_address"}
+_ENUMS = {"deepspeed.runtime.zero.config.ZeroStageEnum"}
+
+
+def _qualname(t):
+    return "%s.%s" % (t.__module__, t.__qualname__)
+
+
+def _allowed(qn, table):
+    if qn not in table:
+        raise _error("FormatError", "a DeepSpeed entry names the class %r, which strata "
+                     "does not rebuild" % qn)
+    mod, _, name = qn.rpartition(".")
+    return getattr(importlib.import_module(mod), name)
+
+
+# ---- an object as plain values and tensors ----------------------------------------------
+
+class _Tree:
+    """One file's object as a tree of plain values (nodes [tag, ...]) and its tensors."""
+
+    def __init__(self, name, pickle):
+        self.name, self.pickle = name, pickle
+        self.tensors, self._seen = [], {}
+
+    def node(self, v, path):
+        t = type(v)
+        if v is None or t in (bool, int, float, str, bytes):
+            return ["v", v]
+        if isinstance(v, torch.Tensor):
+            return self.tensor(v, path)
+        if t in (list, tuple):
+            return ["l" if t is list else "t",
+                    [self.node(x, "%s[%d]" % (path, i)) for i, x in enumerate(v)]]
+        if t in (dict, collections.OrderedDict):
+            return ["d" if t is dict else "o",
+                    [[self.node(k, "%s<key>" % path), self.node(x, "%s[%r]" % (path, k))]
+                     for k, x in v.items()]]
+        if t is torch.Size:
+            return ["S", list(v)]
+        if t is torch.dtype:
+            return ["y", str(v).replace("torch.", "")]
+        qn = _qualname(t)
+        if qn in _ENUMS:
+            return ["e", qn, self.node(v.value, path)]
+        if qn in _OBJECTS:
+            return ["x", qn, self.node(dict(vars(v)), path)]
+        if not self.pickle:
+            raise _error("InvalidArgumentError",
+                         "%s%s: a %s cannot be saved without pickle: pass pickle=True to "
+                         "strata.deepspeed.enable() (loading then unpickles it, which can run "
+                         "code), or keep plain values there" % (self.name, path, qn))
+        return ["p", _pickle.dumps(v)]
+
+    def tensor(self, v, path):
+        if id(v) in self._seen:      # one tensor twice in a file (tied weights): once
+            return self._seen[id(v)]
+        _check_tensor(self.name + path, v)
+        flags = (1 if isinstance(v, torch.nn.Parameter) else 0) | (2 if v.requires_grad else 0)
+        if v.numel() == 0:
+            n = ["E", _sdtype(self.name + path, v), list(v.shape), flags]
+        else:
+            _sdtype(self.name + path, v)
+            n = ["T", len(self.tensors), flags]
+            self.tensors.append(_readable(v))
+        self._seen[id(v)] = n
+        return n
+
+
+def _tensor_name(entry, i):
+    return "%s#%d" % (entry, i)
+
+
+def _build(n, tensors, pickle, where):
+    """The object of node n (tensors: the entry's loaded tensors)."""
+    tag = n[0]
+    if tag == "v":
+        return n[1]
+    if tag in ("l", "t"):
+        xs = [_build(x, tensors, pickle, where) for x in n[1]]
+        return xs if tag == "l" else tuple(xs)
+    if tag in ("d", "o"):
+        d = {} if tag == "d" else collections.OrderedDict()
+        for k, x in n[1]:
+            d[_build(k, tensors, pickle, where)] = _build(x, tensors, pickle, where)
+        return d
+    if tag == "S":
+        return torch.Size(n[1])
+    if tag == "y":
+        dt = getattr(torch, n[1], None)
+        if not isinstance(dt, torch.dtype):
+            raise _error("FormatError", "%s: unknown dtype %r" % (where, n[1]))
+        return dt
+    if tag in ("T", "E"):
+        if tag == "T":
+            t = tensors[n[1]]
+        else:
+            t = torch.empty(n[2], dtype=_FROM_STRATA[n[1]])
+        flags = n[-1]
+        if flags & 1:
+            return torch.nn.Parameter(t, requires_grad=bool(flags & 2))
+        return t.requires_grad_(True) if flags & 2 else t
+    if tag == "e":
+        return _allowed(n[1], _ENUMS)(_build(n[2], tensors, pickle, where))
+    if tag == "x":
+        cls = _allowed(n[1], _OBJECTS)
+        o = cls.__new__(cls)
+        o.__dict__.update(_build(n[2], tensors, pickle, where))
+        return o
+    if tag == "p":
+        if not pickle:
+            raise _error("InvalidArgumentError", "%s: holds a pickled object; load it with "
+                         "strata.deepspeed.enable(pickle=True) (unpickling can run code)"
+                         % where)
+        return _pickle.loads(n[1])
+    raise _error("FormatError", "%s: a node of unknown kind %r" % (where, tag))
+
+
+# ---- the files of one tag ---------------------------------------------------------------
+
+def _write_atomic(path, data):
+    """path holds data or its old content, whatever stops this (temp, fsync, rename)."""
+    tmp = "%s.tmp-%d" % (path, os.getpid())
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_stub(path):
+    """(the strata checkpoint, the entry) a stub at path names; None if path is no stub."""
+    with open(path, "rb") as f:
+        head = f.read(len(STUB_MAGIC) + _S_MAX_NAME + 2)
+    if not head.startswith(STUB_MAGIC):
+        return None
+    entry = head[len(STUB_MAGIC):].rstrip(b"\n").decode("utf-8", "replace")
+    norm = os.path.normpath(path)
+    if (not entry or entry.startswith("/") or ".." in entry.split("/")
+            or not norm.endswith(os.sep + os.path.normpath(entry))):
+        raise _error("FormatError", "%s: a strata stub naming the entry %r, which is not this "
+                     "file's place in its tag directory" % (path, entry))
+    return os.path.join(norm[:-len(os.path.normpath(entry))], SUBDIR), entry
+
+
+_S_MAX_NAME = 1024
+
+
+class _TagSave:
+    """One tag's strata save in flight: its handle, its info, what the snapshot reads, and
+    on rank 0 the thread that writes save_dir/latest as soon as the tag is committed."""
+
+    def __init__(self, handle, info, keep, write_latest):
+        self.handle, self.info, self.keep = handle, info, keep
+        self.snapshot_done = False
+        self.error = None
+        self.thread = None
+        if write_latest:
+            self.thread = threading.Thread(target=self._latest, daemon=True,
+                                           name="strata-deepspeed-latest")
+            self.thread.start()
+
+    def _latest(self):
+        try:
+            self.handle.wait_durable()      # the commit (of every rank's files)
+            _write_atomic(os.path.join(self.info.save_dir, "latest"), self.info.tag.encode())
+        except BaseException as e:          # raised on DeepSpeed's thread by _finish
+            self.error = e
+
+
+class StrataCheckpointEngine:
+    """DeepSpeed's CheckpointEngine backed by strata (see the module's doc). Made by
+    DeepSpeed once enable() has run; pickle and save options as enable() was given."""
+
+    def __init__(self, config_params=None, *, pickle=False, pool=None, options=None):
+        self.name = "StrataCheckpointEngine"
+        self.pickle = pickle
+        self.pool = pool
+        self.options = dict(options or {})
+        self._info = None        # the tag whose files save() gathers
+        self._files = []         # [(entry, state_dict)]
+        self._inflight = None    # _TagSave
+
+    # -- DeepSpeed's interface
+
+    def create(self, info):
+        self._finish(wait=True)
+        self._info, self._files = info, []
+
+    def makedirs(self, path, exist_ok=False):
+        os.makedirs(path, exist_ok=exist_ok)
+
+    def save(self, state_dict, path):
+        if self._info is None:
+            raise _error("InvalidArgumentError", "%s: strata's DeepSpeed engine saves files "
+                         "only inside engine.save_checkpoint()" % path)
+        tagdir = os.path.normpath(os.path.join(self._info.save_dir, self._info.tag))
+        entry = os.path.relpath(os.path.normpath(path), tagdir)
+        if entry.startswith("..") or os.path.isabs(entry) or entry.split(os.sep)[0] == SUBDIR:
+            raise _error("InvalidArgumentError", "%s: outside the tag directory %s (or in its "
+                         "%s/ subdirectory)" % (path, tagdir, SUBDIR))
+        entry = entry.replace(os.sep, "/")
+        if any(e == entry for e, _ in self._files):
+            raise _error("InvalidArgumentError", "%s: saved twice in one tag" % path)
+        self._files.append((entry, state_dict))
+        with open(path, "wb") as f:
+            f.write(STUB_MAGIC + entry.encode() + b"\n")
+
+    def load(self, path, map_location=None):
+        stub = _read_stub(path) if os.path.isfile(path) else None
+        if stub is None:
+            if os.path.isfile(path):
+                if not self.pickle:
+                    raise _error("InvalidArgumentError",
+                                 "%s: a torch.save file (not saved through strata): load it "
+                                 "with strata.deepspeed.enable(pickle=True), which loads it "
+                                 "with torch.load (unpickling can run code)" % path)
+                return torch.load(path, map_location=map_location, weights_only=False)
+            raise _error("MissingError", "%s: no such file" % path)
+        obj = load_entry(stub[0], stub[1], pickle=self.pickle)
+        if isinstance(map_location, (str, torch.device)) and torch.device(map_location).type != "cpu":
+            obj = _to_device(obj, torch.device(map_location))
+        return obj
+
+    def commit(self, info):
+        """DeepSpeed's step hook (before the optimizer step): waits until the copy of the
+        tag's tensors has ended. Writing and committing go on in the background."""
+        s = self._inflight
+        if s is not None and not s.snapshot_done:
+            s.handle.wait_snapshot()
+            s.snapshot_done, s.keep = True, None
+        return True
+
+    def is_data_parallel_writer(self, dp_rank):
+        return dp_rank == 0
+
+    def is_decoupled(self):
+        return True
+
+    def set_commit_info(self, info):
+        pass
+
+    def get_commit_info(self):
+        """At each step: the tag whose snapshot the step must wait for (save_latest off:
+        DeepSpeed must not write latest, this engine does once the tag is committed), or
+        None; a tag found ended is closed here (its error raised). Every rank returns the
+        same (DeepSpeed follows a tag with a barrier): a tag is returned at the first step
+        after its save whether or not this rank's part has ended."""
+        s = self._inflight
+        if s is not None and not s.snapshot_done:
+            i = s.info
+            return type(i)(tag=i.tag, save_dir=i.save_dir, save_latest=False)
+        self._finish(wait=False)     # local: the commit is the saver thread's
+        return None
+
+    def cleanup(self):
+        self._finish(wait=True)
+
+    def preserves_storage_sharing(self):
+        return False    # no clone_tensors_for_torch_save: the snapshot copies lazily
+
+    # -- strata's side
+
+    def start(self):
+        """Starts the strata save of the gathered tag (every rank, after the last save()):
+        returns once planned."""
+        info, files = self._info, self._files
+        self._info, self._files = None, []
+        if info is None:
+            return
+        from strata.torch import _group, _save_saver
+        group = _group(None)
+        rank = group.rank if group is not None else 0
+        state, keep, err = None, [], None
+        try:
+            state = _S.State()
+            for entry, sd in files:
+                tree = _Tree(entry, self.pickle)
+                blob = _values.encode(tree.node(sd, ""))
+                buf = bytearray(blob)
+                keep.append(buf)
+                _add_blob(state, entry, buf)
+                for i, t in enumerate(tree.tensors):
+                    keep.append(t)
+                    state.add_shard(_tensor_name(entry, i), _sdtype(entry, t), tuple(t.shape),
+                                    None, None, data_ptr=t.data_ptr(), nbytes=_nbytes(t),
+                                    device=t.is_cuda, keep=t)
+        except Exception as e:   # every rank must reach the agreement below
+            err = e
+        _agree_files(group, rank, [e for e, _ in files], err)
+        if any(t.is_cuda for t in keep if isinstance(t, torch.Tensor)):
+            torch.cuda.synchronize()
+        m = re.search(r"(\d+)$", info.tag)
+        uri = os.path.join(info.save_dir, info.tag, SUBDIR)
+        h = _save_saver(group, self.pool).start([uri], [state], step=int(m.group(1)) if m else 0,
+                                                **self.options)
+        self._inflight = _TagSave(h, info, (state, keep), rank == 0 and info.save_latest)
+
+    def wait(self):
+        """Waits until the tag in flight is committed (and latest written); raises its error."""
+        self._finish(wait=True)
+
+    def _finish(self, wait):
+        s = self._inflight
+        if s is None or not (wait or s.handle.done()):
+            return
+        self._inflight = None
+        try:
+            if s.thread is not None:
+                s.thread.join()
+            s.handle.wait_durable()
+        finally:
+            s.handle.close()
+            s.keep = None
+        if s.error is not None:
+            raise s.error
+
+
+def _add_blob(state, name, buf):
+    import ctypes
+    c = (ctypes.c_char * max(len(buf), 1)).from_buffer(buf if buf else bytearray(1))
+    state.add_blob(name, data_ptr=ctypes.addressof(c), nbytes=len(buf), rank_local=True,
+                   keep=c)
+
+
+def _agree_files(group, rank, entries, err):
+    """Every rank learns whether every rank's files were encoded (else all raise, naming
+    the failing rank), and no file is saved by two ranks."""
+    import json
+    if group is None or group.size == 1:
+        if err is not None:
+            raise err
+        return
+    mine = json.dumps({"err": None if err is None else [type(err).__name__, str(err)],
+                       "files": entries}).encode()
+    import struct
+    n = max(struct.unpack("<Q", b)[0] for b in group.allgather_bytes(struct.pack("<Q", len(mine))))
+    got = [json.loads(b.rstrip(b"\0")) for b in group.allgather_bytes(mine + b"\0" * (n - len(mine)))]
+    if err is not None:
+        raise err
+    owner = {}
+    for r, g in enumerate(got):
+        if g["err"] is not None:
+            raise _error(g["err"][0], "strata.deepspeed save failed on rank %d: %s"
+                         % (r, g["err"][1]))
+        for e in g["files"]:
+            if e in owner:
+                raise _error("InvalidArgumentError", "%s: saved by ranks %d and %d in one tag"
+                             % (e, owner[e], r))
+            owner[e] = r
+
+
+def load_entry(ckpt, entry, pickle=False):
+    """The object DeepSpeed saved as entry (a file's path in its tag directory) in the
+    strata checkpoint ckpt (save_dir/tag/strata); in this process only. Raises
+    strata.MissingError / IncompleteError for a checkpoint not there or not committed,
+    NotFoundError for an entry it lacks."""
+    ck = _S.Checkpoint(ckpt)
+    owners = [b for b in ck.blobs if b["name"] == entry]
+    if not owners:
+        raise _error("NotFoundError", "%s: no entry %r" % (ckpt, entry))
+    state = _S.State()
+    blob = bytearray(owners[0]["bytes"])
+    _load_blob(state, entry, blob, owners[0]["owner"])
+    prefix = entry + "#"
+    tensors = {}
+    for t in ck.tensors:
+        if t["name"].startswith(prefix):
+            i = int(t["name"][len(prefix):])
+            x = torch.empty(tuple(t["shape"]), dtype=_FROM_STRATA[t["dtype"]])
+            tensors[i] = x
+            state.add_shard(t["name"], t["dtype"], tuple(t["shape"]), data_ptr=x.data_ptr(),
+                            nbytes=_nbytes(x), keep=x)
+    _S.load([ckpt], [state], None)
+    try:
+        kind, tree = _values.decode(bytes(blob))
+    except ValueError as e:
+        raise _error("FormatError", "%s: entry %r: %s" % (ckpt, entry, e)) from None
+    if kind != "value":
+        raise _error("FormatError", "%s: entry %r is not a tree" % (ckpt, entry))
+    try:
+        return _build(tree, tensors, pickle, "%s: %s" % (ckpt, entry))
+    except (IndexError, KeyError, TypeError, ValueError) as e:
+        raise _error("FormatError", "%s: entry %r: a malformed tree (%s: %s)"
+                     % (ckpt, entry, type(e).__name__, e)) from None
+
+
+def _load_blob(state, name, buf, owner):
+    import ctypes
+    c = (ctypes.c_char * max(len(buf), 1)).from_buffer(buf if buf else bytearray(1))
+    state.add_blob(name, data_ptr=ctypes.addressof(c), nbytes=len(buf), owner=owner, keep=c)
+
+
+def _to_device(v, dev):
+    if isinstance(v, torch.Tensor):
+        return v.to(dev)
+    if type(v) in (list, tuple):
+        return type(v)(_to_device(x, dev) for x in v)
+    if isinstance(v, dict):
+        d = type(v)()
+        for k, x in v.items():
+            d[k] = _to_device(x, dev)
+        return d
+    return v
+
+
+# ---- turning it on ----------------------------------------------------------------------
+
+_ORIG = {}
+
+
+def enable(*, pickle=False, pool=None, **options):
+    """Makes strata the checkpoint engine of every DeepSpeedEngine made after this call
+    (DeepSpeed 0.19.8 has no config entry for a third-party engine): its save_checkpoint
+    starts the tag's strata save once DeepSpeed has handed over the last file. pickle: allow
+    objects other than plain values and DeepSpeed's own (see the module's doc); pool: a
+    strata.Pool for the snapshots (default: the saver's own, min(1 GiB, the state), kept
+    and reused); options: chunk_bytes, io_threads, sync, direct, bg_nice (strata.Saver)."""
+    import deepspeed.runtime.engine as ds_engine
+    if not _ORIG:
+        _ORIG["create"] = ds_engine.create_checkpoint_engine
+        _ORIG["save"] = ds_engine.DeepSpeedEngine.save_checkpoint
+    orig_save = _ORIG["save"]
+
+    def create_checkpoint_engine(config_params, *args, **kwargs):
+        return StrataCheckpointEngine(config_params, pickle=pickle, pool=pool, options=options)
+
+    def save_checkpoint(self, *args, **kwargs):
+        ok = orig_save(self, *args, **kwargs)
+        if isinstance(self.checkpoint_engine, StrataCheckpointEngine):
+            self.checkpoint_engine.start()
+        return ok
+
+    save_checkpoint.__doc__ = orig_save.__doc__
+    ds_engine.create_checkpoint_engine = create_checkpoint_engine
+    ds_engine.DeepSpeedEngine.save_checkpoint = save_checkpoint
+
+
+def disable():
+    """Undoes enable(): engines made after it use DeepSpeed's own engine again."""
+    if _ORIG:
+        import deepspeed.runtime.engine as ds_engine
+        ds_engine.create_checkpoint_engine = _ORIG.pop("create")
+        ds_engine.DeepSpeedEngine.save_checkpoint = _ORIG.pop("save")

@@ -1,0 +1,199 @@
+"""strata as DeepSpeed's checkpoint engine (strata.deepspeed): DeepSpeed 0.19.8 on CPU, gloo.
+
+test_zero_kill_resume: ZeRO stages 1, 2 and 3 on 2 processes (tests/python/_ds_worker.py):
+saves through strata at step 10, a later save of each stage killed with SIGKILL at a random
+point, then a resume from DeepSpeed's `latest` whose state and losses must equal the
+uninterrupted run's bitwise. Two launches in all. The other tests run the engine in this
+process, without a process group.
+"""
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+deepspeed = pytest.importorskip("deepspeed")
+import strata  # noqa: E402
+import strata.deepspeed as sds  # noqa: E402
+from deepspeed.runtime.checkpoint_engine import CheckpointCommitInfo  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from _ds_worker import STAGES, STEPS  # noqa: E402
+
+
+def _launch(mode, out):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for r in range(2):
+        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+                   PYTHONWARNINGS="ignore")
+        log = open(os.path.join(out, "log-%s-%d" % (mode, r)), "w")
+        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "_ds_worker.py"),
+                                       mode, out], env=env, stdout=log, stderr=log))
+    return procs
+
+
+def _logs(out, mode):
+    return "\n".join(open(os.path.join(out, "log-%s-%d" % (mode, r))).read()[-3000:]
+                     for r in range(2))
+
+
+def _wait_file(path, procs, out, mode, timeout=600):
+    end = time.time() + timeout
+    while not os.path.exists(path):
+        if any(p.poll() is not None for p in procs) or time.time() > end:
+            for p in procs:
+                p.kill()
+            pytest.fail("%s: the ranks ended (or timed out) before %s\n%s"
+                        % (mode, path, _logs(out, mode)))
+        time.sleep(0.01)
+
+
+@pytest.mark.slow
+def test_zero_kill_resume(tmp_path, figures):
+    import json
+    out = str(tmp_path)
+    procs = _launch("ref", out)
+    _wait_file(os.path.join(out, "started1"), procs, out, "ref")   # stage 1's is in flight
+    delay = random.uniform(0, 0.15)         # the three take ~0.2 s here
+    time.sleep(delay)
+    for p in procs:
+        os.kill(p.pid, signal.SIGKILL)
+    for p in procs:
+        p.wait()
+    procs = _launch("resume", out)
+    for p in procs:
+        try:
+            rc = p.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            rc = "timeout"
+        assert rc == 0, "resume rank failed (%s)\n%s" % (rc, _logs(out, "resume"))
+    seen = []
+    for r in range(2):
+        with open(os.path.join(out, "resume-%d.json" % r)) as f:
+            rep = json.load(f)
+        for stage in STAGES:
+            x = rep[str(stage)]
+            where = "stage %d rank %d (%s)" % (stage, r, x["tag"])
+            assert x["tag"] in ("step10", "step%d" % STEPS), where
+            if x["tag"] != "step10":     # latest moves only once the tag is committed
+                assert x["later"] == "committed", where
+                assert rep["%d-by-tag" % stage]["tag"] == "step10", where
+            else:                        # killed before its commit (or before latest)
+                assert x["later"] in ("committed", "IncompleteError", "MissingError"), where
+            for x in [x] + [rep[k] for k in rep if k == "%d-by-tag" % stage]:
+                where = "stage %d rank %d (%s)" % (stage, r, x["tag"])
+                assert x["state_diff"] == [], "%s: loaded state differs: %s" % (
+                    where, x["state_diff"][:8])
+                assert x["losses"] == x["losses_want"], where
+                assert x["final_diff"] == [], "%s: final state differs: %s" % (
+                    where, x["final_diff"][:8])
+            if r == 0:
+                seen.append("stage %d: resumed from %s, the later save %s"
+                            % (stage, x["tag"], x["later"]))
+    figures("deepspeed kill", "SIGKILL %.3f s after stage 1's later save started; %s" % (delay, "; ".join(seen)))
+
+
+# ---- in this process ------------------------------------------------------------------
+
+def _save(engine, save_dir, tag, files):
+    """engine.save_checkpoint's calls for files {name: object}, then the strata save."""
+    engine.create(CheckpointCommitInfo(tag=tag, save_dir=save_dir, save_latest=True))
+    for name, obj in files.items():
+        path = os.path.join(save_dir, tag, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)     # as DeepSpeed does
+        engine.save(obj, path)
+    engine.start()
+    return engine
+
+
+def test_objects_roundtrip(tmp_path):
+    """DeepSpeed's own objects, OrderedDict, torch.Size, parameters, empty and shared
+    tensors come back as saved, without pickle; latest names the tag once committed."""
+    import collections
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+    w = torch.randn(5, 3)
+    obj = {"module": collections.OrderedDict(w=w, tied=w, empty=torch.empty(0, 7)),
+           "param": torch.nn.Parameter(torch.arange(11.0)),
+           "shapes": [collections.OrderedDict(w=torch.Size([5, 3]))],
+           "scaler": DynamicLossScaler(2.0 ** 12, 1000, 1.0, 2, True), "stage": ZeroStageEnum.gradients,
+           "map": {0: fragment_address(numel=7, start=3)}, "dtype": torch.bfloat16,
+           "step": torch.tensor(17), 1: (None, True, 2.5, "s", b"b")}
+    e = sds.StrataCheckpointEngine()
+    d = str(tmp_path)
+    _save(e, d, "global_step7", {"a.pt": obj, "sub/b.pt": {"x": torch.ones(3)}})
+    assert e.get_commit_info().tag == "global_step7"    # the step must wait for the copy
+    e.commit(e.get_commit_info())
+    e.wait()
+    assert open(os.path.join(d, "latest")).read() == "global_step7"
+    assert strata.Checkpoint(os.path.join(d, "global_step7", "strata")).step == 7
+    got = e.load(os.path.join(d, "global_step7", "a.pt"))
+    assert list(got) == list(obj) and type(got["module"]) is collections.OrderedDict
+    assert torch.equal(got["module"]["w"], w) and got["module"]["tied"] is got["module"]["w"]
+    assert got["module"]["empty"].shape == (0, 7)
+    assert type(got["param"]) is torch.nn.Parameter and got["param"].requires_grad
+    assert type(got["shapes"][0]["w"]) is torch.Size and got["shapes"][0]["w"] == (5, 3)
+    assert type(got["scaler"]) is DynamicLossScaler and vars(got["scaler"]) == vars(obj["scaler"])
+    assert got["stage"] is ZeroStageEnum.gradients and got["dtype"] is torch.bfloat16
+    assert got["map"] == {0: fragment_address(numel=7, start=3)}
+    assert got["step"].dtype == torch.int64 and int(got["step"]) == 17
+    assert got[1] == (None, True, 2.5, "s", b"b")
+    assert torch.equal(e.load(os.path.join(d, "global_step7", "sub", "b.pt"))["x"], torch.ones(3))
+
+
+class Opaque:
+    def __init__(self):
+        self.v = 3
+
+
+def test_pickle_opt_in(tmp_path):
+    """An object strata does not rebuild is refused by name without pickle=True, and needs
+    pickle=True again at load."""
+    d = str(tmp_path)
+    e = sds.StrataCheckpointEngine()
+    with pytest.raises(strata.InvalidArgumentError, match=r"m\.pt\['sched'\]\['fn'\]: a .*Opaque "
+                       r"cannot be saved without pickle"):
+        _save(e, d, "t1", {"m.pt": {"sched": {"fn": Opaque()}}})
+    assert not os.path.exists(os.path.join(d, "t1", "strata"))
+    p = sds.StrataCheckpointEngine(pickle=True)
+    _save(p, d, "t2", {"m.pt": {"sched": {"fn": Opaque()}}}).wait()
+    with pytest.raises(strata.InvalidArgumentError, match="holds a pickled object"):
+        e.load(os.path.join(d, "t2", "m.pt"))
+    assert p.load(os.path.join(d, "t2", "m.pt"))["sched"]["fn"].v == 3
+
+
+def test_load_errors(tmp_path):
+    """A tag not committed, a stub naming another place, a torch.save file without pickle,
+    a missing file: each its own error."""
+    d = str(tmp_path)
+    e = sds.StrataCheckpointEngine()
+    _save(e, d, "ok", {"m.pt": {"x": torch.ones(2)}}).wait()
+    os.remove(os.path.join(d, "ok", "strata", "COMMIT"))    # as a kill before the commit
+    with pytest.raises(strata.IncompleteError):
+        e.load(os.path.join(d, "ok", "m.pt"))
+    os.makedirs(os.path.join(d, "evil"))
+    with open(os.path.join(d, "evil", "m.pt"), "wb") as f:
+        f.write(sds.STUB_MAGIC + b"../ok/m.pt\n")
+    with pytest.raises(strata.FormatError, match="not this file's place"):
+        e.load(os.path.join(d, "evil", "m.pt"))
+    torch.save({"x": 1}, os.path.join(d, "plain.pt"))
+    with pytest.raises(strata.InvalidArgumentError, match="a torch.save file"):
+        e.load(os.path.join(d, "plain.pt"))
+    assert sds.StrataCheckpointEngine(pickle=True).load(os.path.join(d, "plain.pt")) == {"x": 1}
+    with pytest.raises(strata.MissingError):
+        e.load(os.path.join(d, "none.pt"))
+    with pytest.raises(strata.InvalidArgumentError, match="outside the tag directory"):
+        _save(e, d, "t3", {"../x.pt": {}})
