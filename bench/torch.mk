@@ -7,7 +7,10 @@
 # checkpoints go to BENCH_TORCH_DIR (default $(BUILD)/bench-torch, on the disk under test).
 # make bench-unified (run by bench-torch after it): strata loading and exporting a checkpoint
 # that PyTorch DCP wrote, beside DCP (bench/bench_unified.py; BENCH_UNIFIED_GB, default 2).
-.PHONY: bench-torch bench-unified
+# make bench-deepspeed (run by bench-torch after them): strata's DeepSpeed checkpoint engine
+# beside DeepSpeed's own in a ZeRO-2 loop on 2 gloo processes (bench/bench_deepspeed.py;
+# BENCH_DS_GB, default 1; writes bench/results/deepspeed.md).
+.PHONY: bench-torch bench-unified bench-deepspeed
 
 BENCH_TORCH_DIR ?= $(BUILD)/bench-torch
 
@@ -19,8 +22,12 @@ bench-torch: venv $(VENV)/.bench-torch-deps
 	@$(APT) tool_need fio fio
 	BENCH_DIR=$(BENCH_TORCH_DIR) PYTHONWARNINGS=ignore $(VENV)/bin/python bench/bench_torch.py
 	$(MAKE) --no-print-directory bench-unified
+	$(MAKE) --no-print-directory bench-deepspeed
 
 bench-unified: venv $(BUILD)/strata
 	@$(APT) tool_need fio fio
 	BENCH_DIR=$(BUILD)/bench-unified PYTHONWARNINGS=ignore GLOO_SOCKET_IFNAME=lo \
 	    $(VENV)/bin/python bench/bench_unified.py
+
+bench-deepspeed: venv
+	BENCH_DIR=$(BUILD)/bench-deepspeed PYTHONWARNINGS=ignore $(VENV)/bin/python bench/bench_deepspeed.py
