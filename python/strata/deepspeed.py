@@ -51,6 +51,7 @@ __all__ = ["enable", "disable", "StrataCheckpointEngine"]
 
 STUB_MAGIC = b"STRATA-DEEPSPEED 1\n"
 SUBDIR = "strata"        # the strata checkpoint of a tag: save_dir/tag/strata
+_S_MAX_NAME = 1024       # STRATA_MAX_NAME: the longest entry name a stub may hold
 
 # DeepSpeed's objects in its checkpoints, rebuilt from their fields (as pickle would, by
 # __new__ and __dict__) or, for enums, from their value; nothing else is ever imported
@@ -206,9 +207,6 @@ def _read_stub(path):
     return os.path.join(norm[:-len(os.path.normpath(entry))], SUBDIR), entry
 
 
-_S_MAX_NAME = 1024
-
-
 class _TagSave:
     """One tag's strata save in flight: its handle, its info, what the snapshot reads, and
     on rank 0 the thread that writes save_dir/latest as soon as the tag is committed."""
@@ -342,7 +340,7 @@ class StrataCheckpointEngine:
                 blob = _values.encode(tree.node(sd, ""))
                 buf = bytearray(blob)
                 keep.append(buf)
-                _add_blob(state, entry, buf)
+                _blob(state, entry, buf, rank_local=True)
                 for i, t in enumerate(tree.tensors):
                     keep.append(t)
                     state.add_shard(_tensor_name(entry, i), _sdtype(entry, t), tuple(t.shape),
@@ -379,11 +377,11 @@ class StrataCheckpointEngine:
             raise s.error
 
 
-def _add_blob(state, name, buf):
+def _blob(state, name, buf, **kw):
+    """Registers the bytearray buf (never empty: a value starts with its magic) as blob name."""
     import ctypes
-    c = (ctypes.c_char * max(len(buf), 1)).from_buffer(buf if buf else bytearray(1))
-    state.add_blob(name, data_ptr=ctypes.addressof(c), nbytes=len(buf), rank_local=True,
-                   keep=c)
+    c = (ctypes.c_char * len(buf)).from_buffer(buf)
+    state.add_blob(name, data_ptr=ctypes.addressof(c), nbytes=len(buf), keep=c, **kw)
 
 
 def _agree_files(group, rank, entries, err):
@@ -422,9 +420,11 @@ def load_entry(ckpt, entry, pickle=False):
     owners = [b for b in ck.blobs if b["name"] == entry]
     if not owners:
         raise _error("NotFoundError", "%s: no entry %r" % (ckpt, entry))
+    if owners[0]["bytes"] == 0:
+        raise _error("FormatError", "%s: entry %r is empty" % (ckpt, entry))
     state = _S.State()
     blob = bytearray(owners[0]["bytes"])
-    _load_blob(state, entry, blob, owners[0]["owner"])
+    _blob(state, entry, blob, owner=owners[0]["owner"])
     prefix = entry + "#"
     tensors = {}
     for t in ck.tensors:
@@ -443,15 +443,9 @@ def load_entry(ckpt, entry, pickle=False):
         raise _error("FormatError", "%s: entry %r is not a tree" % (ckpt, entry))
     try:
         return _build(tree, tensors, pickle, "%s: %s" % (ckpt, entry))
-    except (IndexError, KeyError, TypeError, ValueError) as e:
+    except (IndexError, KeyError, TypeError, ValueError, RuntimeError) as e:
         raise _error("FormatError", "%s: entry %r: a malformed tree (%s: %s)"
                      % (ckpt, entry, type(e).__name__, e)) from None
-
-
-def _load_blob(state, name, buf, owner):
-    import ctypes
-    c = (ctypes.c_char * max(len(buf), 1)).from_buffer(buf if buf else bytearray(1))
-    state.add_blob(name, data_ptr=ctypes.addressof(c), nbytes=len(buf), owner=owner, keep=c)
 
 
 def _to_device(v, dev):

@@ -197,3 +197,15 @@ def test_load_errors(tmp_path):
         e.load(os.path.join(d, "none.pt"))
     with pytest.raises(strata.InvalidArgumentError, match="outside the tag directory"):
         _save(e, d, "t3", {"../x.pt": {}})
+
+
+def test_class_not_allowed(tmp_path, monkeypatch):
+    """An entry naming a class off the allow-list is FormatError naming it, never imported."""
+    d = str(tmp_path)
+    name = "%s.%s" % (Opaque.__module__, Opaque.__qualname__)
+    monkeypatch.setattr(sds, "_OBJECTS", sds._OBJECTS | {name})   # as a crafted file would
+    _save(sds.StrataCheckpointEngine(), d, "t", {"m.pt": {"o": Opaque()}}).wait()
+    monkeypatch.setattr(sds, "_OBJECTS", sds._OBJECTS - {name})
+    with pytest.raises(strata.FormatError, match="names the class '%s', which strata does not "
+                       "rebuild" % name):
+        sds.StrataCheckpointEngine(pickle=True).load(os.path.join(d, "t", "m.pt"))
