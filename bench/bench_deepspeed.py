@@ -163,11 +163,12 @@ def run_engine(name, out):
         log = open(out + ".log%d" % r, "w")
         procs.append(subprocess.Popen([sys.executable, __file__, "rank", name, out], env=env,
                                       stdout=log, stderr=subprocess.STDOUT))
-    failed_at = None
-    while any(p.poll() is None for p in procs):   # a rank that fails leaves the other waiting
-        if failed_at is None and any(p.poll() for p in procs):
+    failed_at, start = None, time.time()
+    while any(p.poll() is None for p in procs):   # a rank that fails may leave the ranks
+        if failed_at is None and (any(p.poll() for p in procs) or any(   # waiting forever
+                "Error:" in open(out + ".log%d" % r).read() for r in range(2))):
             failed_at = time.time()
-        if failed_at is not None and time.time() - failed_at > 20:
+        if (failed_at is not None and time.time() - failed_at > 20) or time.time() - start > 1200:
             for p in procs:
                 if p.poll() is None:
                     p.kill()
@@ -217,6 +218,12 @@ def main():
         lines += ["", "strata / default engine: stall %.3f, time to durable %.3f" % (
             med["strata"]["stall"] / med["torch"]["stall"],
             med["strata"]["durable"] / med["torch"]["durable"])]
+    lines += ["", "stall = call + how much longer the step after the save took than the median "
+              "step; on a shared 2-core machine a step varies by a second or more between "
+              "runs, so the stall and the K-step excess carry that noise (a negative excess: "
+              "steps faster than the median). The fast engine runs with the python writer "
+              "and data_parallel=replica (its fast writer needs the async_io op; without "
+              "data_parallel DeepSpeed 0.19.8 fails with no mpu)."]
     text = "\n".join(lines) + "\n"
     with open(os.path.join(OUT_DIR, "deepspeed.md"), "w") as f:
         f.write(text)
