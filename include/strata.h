@@ -160,7 +160,7 @@ typedef struct strata_load_opts {
  * one); strata fills the fields of that version. strata_save and strata_load refuse a
  * version outside 1..STRATA_STATS_VERSION with STRATA_EINVAL before doing anything;
  * strata_wait_durable leaves such a struct untouched (the save's outcome stands). */
-#define STRATA_STATS_VERSION 2
+#define STRATA_STATS_VERSION 3
 typedef struct strata_stats {
     int version;
     int tier;              /* load: the index of the source that was loaded */
@@ -173,14 +173,24 @@ typedef struct strata_stats {
      * shard, like pipeline stages, cannot share work). */
     uint64_t max_writer_bytes, writers, balance_bound;
     uint64_t all_bytes; /* with a communicator: bytes written / read summed over all ranks */
-    int plan_cached;    /* save with a communicator: 1 if the saver's last plan was reused */
+    int plan_cached;    /* save with a communicator: 1 if the saver's last plan was reused;
+                           strata_loader_load: 1 if the loader's last load plan was reused */
     /* version 2, load: the I/O threads and the largest read it used. With a communicator
      * these are rank 0's on every rank (options or $STRATA_IO_THREADS of other ranks that
      * differ are overridden: the ranks' reads, rounds and shared buffers must agree). */
     int io_threads;
     uint32_t max_io_bytes;
+    /* version 3, load and export: how often the checkpoint's index was read and agreed on.
+     * meta_reads: the reads of its index (commit record + metadata.bin, or a source's own
+     * index and headers) by this rank; meta_bcasts: the broadcasts of it by the rank that
+     * read it to the others (with a communicator: one when the index is at most
+     * STRATA_LOADER_INLINE_BYTES, else two, the second with the rest; none without one).
+     * For strata_loader_load, counted since its strata_loader_open (a fallback to a later
+     * tier reads and broadcasts again); for strata_load, in the call; for
+     * strata_export_safetensors, the export's one open. */
+    uint64_t meta_reads, meta_bcasts;
 } strata_stats;
-#define STRATA_STATS_INIT {STRATA_STATS_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+#define STRATA_STATS_INIT {STRATA_STATS_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 
 /* ---- buffer pools ---------------------------------------------------------------------- */
 
@@ -324,9 +334,73 @@ int strata_save(strata_stats *stats, strata_saver *sv, const char *const *uris, 
 int strata_load(strata_stats *stats, strata_comm *comm, const char *const *uris, int nuris,
                 strata_state *const *states, int nstates, const strata_load_opts *opts);
 
+/* ---- the loader: a checkpoint opened once, loaded many times ------------------------- */
+
+/* What repeated loads of one checkpoint share (the load side of strata_saver): the source
+ * chosen among tiers, its index (read once and, with a communicator, agreed on by every
+ * rank with one broadcast), and the plan of the last load. strata_load is
+ * strata_loader_open + strata_loader_load + strata_loader_free.
+ *
+ * strata_loader_open opens the first of uris[0..nuris) (1 to STRATA_MAX_TIERS, fastest
+ * first) that holds a committed checkpoint whose index reads and validates (strata's
+ * own, or a source strata reads: see strata_ckpt_open), passing over the others. comm
+ * (borrowed; it must outlive the loader) NULL: this process only, the loads' ranks are
+ * states in this process; else every rank of comm calls it together: rank 0 alone reads
+ * the index (the commit record and metadata, or the source's index and headers) and
+ * broadcasts it - one broadcast of STRATA_LOADER_INLINE_BYTES + ~1 KiB carrying the
+ * outcome, the tier and an index that fits; a larger index follows in a second - and the
+ * other ranks rebuild it from those bytes without any I/O; every rank returns the same
+ * outcome. opts may be NULL (its version 1..STRATA_LOADER_OPTS_VERSION, flags 0, else
+ * STRATA_EINVAL). Errors: STRATA_EINVAL (no URIs, a URI empty or too long, bad options),
+ * and when no tier opens, the last tier's code (STRATA_ENOENT, STRATA_EINCOMPLETE,
+ * STRATA_EFORMAT, STRATA_ESCHEME, STRATA_EIO) with a message naming every tier's reason
+ * ("no copy could be loaded: <uri>: <why>; ..."; one tier: its own message); with a
+ * communicator also STRATA_EABORTED (the collective failed).
+ *
+ * strata_loader_index gives the index as a read-only strata_ckpt: the strata_ckpt_*
+ * accessors (tensors, dtypes, global shapes, blobs, files, format, chunk_bytes - 0: no
+ * checksums - step) answer for it, on every rank. It lives until strata_loader_free or the
+ * next strata_loader_load that falls back to another tier (which replaces it; call
+ * strata_loader_index again); never strata_ckpt_free it. strata_loader_tier: the index
+ * of the tier open now.
+ *
+ * strata_loader_load loads into the states as strata_load does (any saved layout into any
+ * requested layout, each needed chunk read once and verified; with a communicator every
+ * rank calls it together with its one state, nstates = 1), as many times as the caller
+ * wants, with other states or the same, without reading the index again. The load plan is
+ * kept on the loader: a load whose requests (every rank's names, dtypes, boxes, flat
+ * ranges, blobs and STRATA_LOAD_CAST; not the data addresses) equal the last load's reuses
+ * it (stats->plan_cached = 1). If the load fails on the tier open now (a bad checksum, a
+ * missing or changed data file) and later tiers remain, the loader opens the next tier
+ * that opens and loads from it (stats->tier says which; the index is then that tier's),
+ * as strata_load falls back; a failure in the request itself (STRATA_ENOTFOUND,
+ * STRATA_EMISMATCH, STRATA_EUNFILLED, STRATA_EINVAL) fails on any tier the same way.
+ * Errors: those of strata_load.
+ *
+ * One thread at a time per loader; loaders of different checkpoints are independent. */
+typedef struct strata_loader strata_loader;
+typedef struct strata_ckpt strata_ckpt; /* below: reading a checkpoint's description */
+
+#define STRATA_LOADER_INLINE_BYTES (64u << 10)
+
+#define STRATA_LOADER_OPTS_VERSION 1
+typedef struct strata_loader_opts {
+    int version;    /* STRATA_LOADER_OPTS_VERSION */
+    unsigned flags; /* none defined yet: 0 */
+} strata_loader_opts;
+#define STRATA_LOADER_OPTS_INIT {STRATA_LOADER_OPTS_VERSION, 0}
+
+int strata_loader_open(strata_loader **out, strata_comm *comm, const char *const *uris, int nuris,
+                       const strata_loader_opts *opts);
+const strata_ckpt *strata_loader_index(const strata_loader *ld);
+int strata_loader_tier(const strata_loader *ld);
+int strata_loader_load(strata_stats *stats, strata_loader *ld, strata_state *const *states,
+                       int nstates, const strata_load_opts *opts);
+/* Frees the loader (NULL: nothing). Not a collective. */
+void strata_loader_free(strata_loader *ld);
+
 /* ---- reading a checkpoint's description ------------------------------------------------ */
 
-typedef struct strata_ckpt strata_ckpt;
 
 /* Opens a checkpoint's metadata. A checkpoint without a valid commit record is refused
  * with STRATA_EINCOMPLETE unless flags has STRATA_OPEN_INCOMPLETE (then the metadata is

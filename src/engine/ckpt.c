@@ -173,10 +173,6 @@ void st_dir_close(st_dir *d)
 
 /* ---- public read-only view ---- */
 
-struct strata_ckpt {
-    st_dir d;
-};
-
 int strata_ckpt_open(strata_ckpt **out, const char *uri, unsigned flags)
 {
     *out = NULL;

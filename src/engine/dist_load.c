@@ -1,8 +1,8 @@
-/* dist_load.c - one rank's part of a load by every rank of a communicator. Every function
- * here is a collective. Rank 0 reads the commit record and metadata -> [bcast] ->
- * [allgather requests] -> every rank makes the same global plan and assigns each read to
- * one rank that needs it -> rounds of (read + verify my reads, [allgather status],
- * [alltoallv the bytes others need]). */
+/* dist_load.c - one rank's part of a load by every rank of a communicator, from a source
+ * the loader opened and agreed on (loader.c). Every function here is a collective.
+ * [allgather requests] -> every rank makes the same global plan (or keeps the last one,
+ * when every request repeats) and assigns each read to one rank that needs it -> rounds
+ * of (read + verify my reads, [allgather status], [alltoallv the bytes others need]). */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -12,16 +12,13 @@
 #include "dist.h"
 #include "source.h"
 
+/* Rank 0's I/O settings, every rank's: they size the reads of the one global plan, the
+ * rounds (reads per rank per round) and each rank's slot in the node's segment, so ranks
+ * that asked for others would go out of step. Every rank's request starts with its own;
+ * rank 0's are used. */
 typedef struct {
-    st_commit commit;
-    uint64_t meta_len;
-    uint32_t source; /* st_source_id: 0 strata's own, else meta is a source's description */
-    /* rank 0's I/O settings, every rank's: they size the reads of the one global plan,
-     * the rounds (reads per rank per round) and each rank's slot in the node's segment,
-     * so ranks that asked for others would go out of step */
     uint32_t io_threads, max_io, shm;
-    st_status st;
-} open_block;
+} io_settings;
 
 /* st_walk_read callbacks that count: the bytes of a read for each destination rank
  * (ctx: uint64_t[P]); for one rank only; and the ranks that need a read. */
@@ -346,96 +343,116 @@ out:
     return rc;
 }
 
-int st_load_dist(strata_comm *comm, const char *uri, strata_state *local,
+/* Every rank's request (its settings, then its encoded state), to every rank; rank 0's
+ * settings into *set. all and counts are then each rank's encoded state alone. */
+static int exchange_requests(strata_comm *comm, strata_state *local, const strata_load_opts *o,
+                             st_rank_view *my, io_settings *set, unsigned char **all,
+                             size_t *counts)
+{
+    const char *shm = getenv("STRATA_LOAD_SHM");
+    io_settings mine = {(uint32_t)st_io_threads(o->io_threads), o->max_io_bytes,
+                        !(shm && strcmp(shm, "0") == 0)};
+    st_buf req = {0};
+    *my = st_state_view(local);
+    my->cast = (o->flags & STRATA_LOAD_CAST) != 0; /* each rank's own: it travels in its request */
+    st_buf_put(&req, &mine, sizeof mine);
+    st_encode_state(&req, my);
+    if (req.oom)
+        return st_fail(STRATA_ENOMEM, "out of memory"); /* the others time out */
+    int rc = st_allgatherv(comm, req.p, req.n, all, counts);
+    free(req.p);
+    if (rc)
+        return rc;
+    memcpy(set, *all, sizeof *set);
+    return 0;
+}
+
+/* The key of the whole request: every rank's bytes, and where each one's begin. */
+static int dist_key(const unsigned char *all, const size_t *counts, int P, st_buf *key)
+{
+    size_t total = 0;
+    for (int r = 0; r < P; r++) {
+        st_buf_u64(key, counts[r]);
+        total += counts[r];
+    }
+    st_buf_put(key, all, total);
+    return key->oom ? st_fail(STRATA_ENOMEM, "out of memory") : 0;
+}
+
+/* Drops each rank's settings from its request in all (in place). */
+static void strip_settings(unsigned char *all, size_t *counts, int P)
+{
+    size_t from = 0, to = 0;
+    for (int r = 0; r < P; r++) {
+        size_t n = counts[r] - sizeof(io_settings);
+        memmove(all + to, all + from + sizeof(io_settings), n);
+        from += counts[r];
+        to += n;
+        counts[r] = n;
+    }
+}
+
+int st_load_dist(strata_comm *comm, const st_dir *d, st_load_cache *c, strata_state *local,
                  const strata_load_opts *o, strata_stats *stats)
 {
     double t0 = st_now();
     const int P = comm->size, me = comm->rank;
-    open_block ob = {0};
     strata_load_opts eff = *o;
-    unsigned char *meta = NULL, *all = NULL;
-    size_t mlen = 0, *counts = calloc((size_t)P, sizeof *counts);
-    st_dir d = {0};
-    int have_dir = 0, rc = 0;
-    st_arena arena = {0};
-    st_rank_view *views = calloc((size_t)P, sizeof *views);
-    st_io_plan plan;
-    int have_plan = 0;
-    st_buf req = {0};
-    if (!counts || !views) {
-        free(counts);
-        free(views);
-        return st_fail(STRATA_ENOMEM, "out of memory");
-    }
-    /* 1. the coordinator reads the commit record and metadata; everyone gets them */
-    if (me == ST_ROOT) {
-        const char *shm = getenv("STRATA_LOAD_SHM");
-        ob.io_threads = (uint32_t)st_io_threads(o->io_threads);
-        ob.max_io = o->max_io_bytes;
-        ob.shm = !(shm && strcmp(shm, "0") == 0);
-        int orc = st_dir_open_raw(&d, uri, 0, &meta, &mlen);
-        if (orc) {
-            st_status_set(&ob.st, orc, ST_ROOT);
-        } else {
-            have_dir = 1;
-            ob.commit = d.commit;
-            ob.meta_len = mlen;
-            ob.source = st_source_id(d.src);
+    unsigned char *all = NULL;
+    size_t *counts = calloc((size_t)P, sizeof *counts);
+    io_settings set;
+    st_rank_view my;
+    st_buf key = {0};
+    int rc, cached = 0;
+    if (!counts)
+        return st_fail(STRATA_ENOMEM, "out of memory"); /* the others time out */
+    /* 1. every rank's requests, to every rank */
+    if ((rc = exchange_requests(comm, local, o, &my, &set, &all, counts)))
+        goto out;
+    for (int r = 0; r < P; r++)
+        if (counts[r] < sizeof set) { /* the same bytes everywhere: every rank fails here */
+            rc = st_fail(STRATA_EFORMAT, "load: rank %d's request is truncated", r);
+            goto out;
         }
+    eff.io_threads = (int)set.io_threads;
+    eff.max_io_bytes = set.max_io;
+    if ((rc = dist_key(all, counts, P, &key)))
+        goto out; /* memory is gone: the others time out */
+    /* 2. the same global plan everywhere (its errors are everyone's), or the last one when
+     * every rank asks for the same as last time */
+    if (st_load_cache_hit(c, key.p, key.n)) {
+        c->views[me] = my;
+        ((st_rank_view *)c->plan.ranks)[me] = my;
+        cached = 1;
+    } else {
+        st_load_cache_clear(c);
+        strip_settings(all, counts, P);
+        if (!(c->views = calloc((size_t)P, sizeof *c->views))) {
+            rc = st_fail(STRATA_ENOMEM, "out of memory");
+            goto out;
+        }
+        if ((rc = st_decode_all(&c->arena, all, counts, P, me, &my, c->views)) ||
+            (rc = st_plan_load(&c->plan, d->meta, c->views, P, eff.max_io_bytes))) {
+            st_load_cache_clear(c);
+            goto out;
+        }
+        c->have = 1;
+        c->key = key.p;
+        c->keylen = key.n;
+        key.p = NULL;
     }
-    if ((rc = st_bcast(comm, &ob, sizeof ob, ST_ROOT)))
-        goto out;
-    if (ob.st.rc) {
-        rc = st_status_raise(&ob.st, me);
-        goto out;
-    }
-    eff.io_threads = (int)ob.io_threads;
-    eff.max_io_bytes = ob.max_io;
-    if (me != ST_ROOT && !(meta = malloc(ob.meta_len + 1))) {
-        rc = st_fail(STRATA_ENOMEM, "out of memory"); /* the others time out */
-        goto out;
-    }
-    if ((rc = st_bcast(comm, meta, ob.meta_len, ST_ROOT)))
-        goto out;
-    if (me != ST_ROOT) {
-        if ((rc = st_dir_adopt(&d, uri, &ob.commit, meta, ob.meta_len, ob.source)))
-            goto out; /* the same bytes fail the same way everywhere */
-        have_dir = 1;
-    }
-    /* 2. every rank's requests, to every rank */
-    st_rank_view my = st_state_view(local);
-    my.cast = (o->flags & STRATA_LOAD_CAST) != 0; /* each rank's own: it travels in its request */
-    st_encode_state(&req, &my);
-    if (req.oom) {
-        rc = st_fail(STRATA_ENOMEM, "out of memory");
-        goto out;
-    }
-    if ((rc = st_allgatherv(comm, req.p, req.n, &all, counts)))
-        goto out;
-    if ((rc = st_decode_all(&arena, all, counts, P, me, &my, views)))
-        goto out;
-    /* 3. the same global plan everywhere: its errors are everyone's */
-    if ((rc = st_plan_load(&plan, d.meta, views, P, eff.max_io_bytes)))
-        goto out;
-    have_plan = 1;
     uint64_t got = 0;
-    if ((rc = exchange_rounds(comm, &d, &plan, &eff, (int)ob.shm, &got)))
+    if ((rc = exchange_rounds(comm, d, &c->plan, &eff, (int)set.shm, &got)))
         goto out;
     /* payload bytes read, not alignment padding, as the in-process load counts */
-    *stats = (strata_stats){.data_bytes = d.meta->data_bytes, .bytes = got,
-                            .io_threads = eff.io_threads, .max_io_bytes = eff.max_io_bytes};
+    *stats = (strata_stats){.data_bytes = d->meta->data_bytes, .bytes = got,
+                            .plan_cached = cached, .io_threads = eff.io_threads,
+                            .max_io_bytes = eff.max_io_bytes};
     st_over_ranks(comm, got, &stats->all_bytes, NULL, NULL);
     stats->seconds = st_now() - t0;
 out:
-    if (have_plan)
-        st_io_plan_free(&plan);
-    if (have_dir)
-        st_dir_close(&d);
-    free(req.p);
-    free(meta);
+    free(key.p);
     free(all);
     free(counts);
-    free(views);
-    st_arena_free(&arena);
     return rc;
 }

@@ -87,11 +87,36 @@ void st_committer_drain(st_committer *q);
 int st_save_dist_start(strata_handle **out, strata_comm *comm, st_plan_cache **cache,
                        const char *const *uris, int ntiers, strata_state *local,
                        const strata_save_opts *o, strata_pool **pool, st_committer *q, int bg);
-/* Loads from one source: in-process ranks (load.c), or one rank of a distributed load. */
-int st_load_local(const char *uri, strata_state *const *ranks, int nranks,
+typedef struct st_dir st_dir; /* an opened checkpoint directory, below */
+
+/* The last load plan of a loader (loader.c) and the request it was made for: a load whose
+ * request encodes to the same key reuses it with the new data addresses. */
+typedef struct st_load_cache {
+    int have;
+    st_io_plan plan;
+    unsigned char *key; /* malloc'd */
+    size_t keylen;
+    st_arena arena;      /* distributed: the other ranks' requests, decoded */
+    st_rank_view *views; /* distributed: every rank's (this rank's: the last load's) */
+} st_load_cache;
+void st_load_cache_clear(st_load_cache *c);
+/* Is the request key[0..n) the cached one? If not, the cache is cleared (c->key then
+ * takes over key on the caller's success: st_load_cache_keep). */
+int st_load_cache_hit(const st_load_cache *c, const unsigned char *key, size_t n);
+
+/* Loads from an opened source (load.c): in-process ranks; or one rank of a distributed
+ * load (dist_load.c, a collective). *cached: whether the plan in c was reused. */
+int st_load_local(const st_dir *d, st_load_cache *c, strata_state *const *ranks, int nranks,
                   const strata_load_opts *o, strata_stats *stats);
-int st_load_dist(strata_comm *comm, const char *uri, strata_state *local,
+int st_load_dist(strata_comm *comm, const st_dir *d, st_load_cache *c, strata_state *local,
                  const strata_load_opts *o, strata_stats *stats);
+/* The arguments every save and load checks (saver.c): 1..ST_MAX_TIERS URIs, and the
+ * states (st_check_states; skipped for states NULL, nstates -1): at least one, none NULL,
+ * one with a communicator. */
+int st_check_where(const char *what, strata_comm *comm, const char *const *uris, int nuris,
+                   strata_state *const *states, int nstates);
+int st_check_states(const char *what, strata_comm *comm, strata_state *const *states,
+                    int nstates);
 
 /* ---- save steps (save.c), shared by the local and the distributed save ---- */
 
@@ -273,14 +298,19 @@ int st_async_start(strata_handle **out, st_save_plan *sp, const strata_save_opts
 typedef struct st_source st_source; /* source.h */
 
 /* An opened checkpoint directory. */
-typedef struct st_dir {
+struct st_dir {
     const st_vfs *vfs;
     const st_source *src; /* another format's reader (source.h); NULL: strata's own */
     char path[PATH_MAX];
     st_meta *meta;
     int committed;
     st_commit commit;
-} st_dir;
+};
+
+/* The public read-only view of an opened directory (ckpt.c; a loader holds one). */
+struct strata_ckpt {
+    st_dir d;
+};
 
 /* Joins dir and a plain name into out (PATH_MAX). STRATA_EINVAL if too long. */
 int st_path_join(char *out, const char *dir, const char *name);

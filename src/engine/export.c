@@ -1,10 +1,10 @@
 /* export.c - strata_export_safetensors: a checkpoint to Hugging Face safetensors files, with
- * bounded memory, through the engine's public calls (strata_ckpt_open, strata_load).
+ * bounded memory, through the engine's public calls (one strata_loader for every window).
  *
  * The layout is decided first (which file each tensor goes to, at which offset); then each
  * file is written header first and its tensors filled window by window: every window is a
  * flat element range of one tensor's row-major flattening (or several small whole tensors
- * packed together), loaded by strata_load (which merges shards, flat pieces and replicas
+ * packed together), loaded by strata_loader_load (which merges shards, flat pieces and replicas
  * and verifies every checksum it reads) into one reused buffer of EXPORT_BUF bytes and
  * converted in place if asked. A file's bytes are produced in order (header, then its
  * tensors' data back to back), so they go through one aligned staging buffer of
@@ -62,7 +62,7 @@ typedef struct {
 } ex_piece;
 
 typedef struct {
-    const char *ckpt;
+    strata_loader *ld; /* the checkpoint, opened once for every window */
     const strata_export_opts *o;
     ex_tensor *ts;
     size_t nts;
@@ -188,14 +188,13 @@ static int flush(ex_ctx *c)
         rc = strata_state_add_shard(st, &sh);
     }
     if (!rc) {
-        const char *uri = c->ckpt;
         strata_load_opts lo = STRATA_LOAD_OPTS_INIT;
         strata_stats ls = STRATA_STATS_INIT;
         lo.io_threads = c->o->io_threads;
         lo.max_io_bytes = EXPORT_MAX_IO;
         if (c->o->flags & STRATA_EXPORT_NO_DIRECT)
             lo.flags |= STRATA_LOAD_NO_DIRECT;
-        rc = strata_load(&ls, NULL, &uri, 1, &st, 1, &lo);
+        rc = strata_loader_load(&ls, c->ld, &st, 1, &lo);
         c->io_calls += ls.io_calls;
     }
     strata_state_free(st);
@@ -469,7 +468,7 @@ static void describe_selection(const strata_export_opts *o, char *buf, size_t n)
 }
 
 /* Lays the tensors out: names, dtypes, sizes, files, offsets. */
-static int layout(ex_ctx *c, strata_ckpt *ck)
+static int layout(ex_ctx *c, const strata_ckpt *ck)
 {
     const strata_export_opts *o = c->o;
     size_t plen = o->prefix ? strlen(o->prefix) : 0;
@@ -607,9 +606,10 @@ int strata_export_safetensors(strata_stats *stats, const char *ckpt_uri, const c
     if (!ckpt_uri || !out_dir)
         return st_fail(STRATA_EINVAL, "strata_export_safetensors: %s is NULL",
                        ckpt_uri ? "out_dir" : "ckpt_uri");
-    strata_ckpt *ck;
-    if ((rc = strata_ckpt_open(&ck, ckpt_uri, 0)))
+    strata_loader *ld;
+    if ((rc = strata_loader_open(&ld, NULL, &ckpt_uri, 1, NULL)))
         return rc;
+    const strata_ckpt *ck = strata_loader_index(ld);
     ex_ctx *c = calloc(1, sizeof *c);
     size_t nt = strata_ckpt_ntensors(ck);
     if (!c || !(c->ts = calloc(nt ? nt : 1, sizeof *c->ts)) ||
@@ -617,7 +617,7 @@ int strata_export_safetensors(strata_stats *stats, const char *ckpt_uri, const c
         rc = st_fail(STRATA_ENOMEM, "out of memory");
         goto done;
     }
-    c->ckpt = ckpt_uri;
+    c->ld = ld;
     c->o = &o;
     c->nts = nt;
     if ((rc = layout(c, ck)) || (rc = out_names(c)))
@@ -646,6 +646,7 @@ done:
         full.bytes = c->total_bytes;
         full.all_bytes = c->total_bytes;
         full.io_calls = c->io_calls;
+        full.meta_reads = 1; /* the loader's one open */
         full.seconds = st_now() - t0;
         st_stats_put(stats, &full);
     }
@@ -659,6 +660,6 @@ done:
         free(c->ts);
     }
     free(c);
-    strata_ckpt_free(ck);
+    strata_loader_free(ld);
     return rc;
 }

@@ -1,47 +1,81 @@
-/* load.c - loading ranks in this process from one source (any saved layout into any
- * requested layout), and strata_ckpt_verify (every chunk of every extent). */
+/* load.c - loading ranks in this process from an opened source (any saved layout into any
+ * requested layout, the plan kept for a load that repeats the request), and
+ * strata_ckpt_verify (every chunk of every extent). */
 #include <stdlib.h>
+#include <string.h>
 
 #include "../core/error.h"
 #include "../io/pool.h"
-#include "engine.h"
+#include "dist.h"
 #include "source.h"
 
 
-int st_load_local(const char *uri, strata_state *const *ranks, int nranks,
+void st_load_cache_clear(st_load_cache *c)
+{
+    if (c->have)
+        st_io_plan_free(&c->plan);
+    free(c->key);
+    free(c->views);
+    st_arena_free(&c->arena);
+    memset(c, 0, sizeof *c);
+}
+
+int st_load_cache_hit(const st_load_cache *c, const unsigned char *key, size_t n)
+{
+    return c->have && c->keylen == n && memcmp(c->key, key, n) == 0;
+}
+
+/* The key of an in-process request: every rank's encoded request (data addresses left
+ * out), and the largest read, which shapes the plan. */
+static int local_key(st_buf *b, const st_rank_view *rv, int nranks, uint64_t max_io)
+{
+    st_buf_u64(b, max_io);
+    st_buf_u32(b, (uint32_t)nranks);
+    for (int r = 0; r < nranks; r++)
+        st_encode_state(b, &rv[r]);
+    return b->oom ? st_fail(STRATA_ENOMEM, "out of memory") : 0;
+}
+
+int st_load_local(const st_dir *d, st_load_cache *c, strata_state *const *ranks, int nranks,
                   const strata_load_opts *o, strata_stats *stats)
 {
     double t0 = st_now();
     uint64_t max_io = o->max_io_bytes;
     st_rank_view *rv = calloc((size_t)nranks, sizeof *rv);
+    st_buf key = {0};
     if (!rv)
         return st_fail(STRATA_ENOMEM, "out of memory");
     for (int r = 0; r < nranks; r++) {
         rv[r] = st_state_view(ranks[r]);
         rv[r].cast = (o->flags & STRATA_LOAD_CAST) != 0;
     }
-    st_dir d;
-    int rc = st_dir_open(&d, uri, 0);
-    if (rc) {
-        free(rv);
-        return rc;
-    }
-    st_io_plan p;
-    rc = st_plan_load(&p, d.meta, rv, nranks, max_io);
-    uint64_t got = 0;
-    if (!rc) {
-        rc = st_exec_reads(&d, &p, o->io_threads, o->flags & STRATA_LOAD_NO_DIRECT, max_io, NULL,
-                           NULL, &got);
-        if (!rc) {
-            *stats = (strata_stats){.data_bytes = d.meta->data_bytes, .bytes = got,
-                                    .io_calls = p.nios, .io_threads = st_io_threads(o->io_threads),
-                                    .max_io_bytes = o->max_io_bytes};
-            stats->seconds = st_now() - t0;
+    int rc = local_key(&key, rv, nranks, max_io), cached = 0;
+    if (!rc && st_load_cache_hit(c, key.p, key.n)) {
+        /* the same request: the same plan, with this load's data addresses */
+        memcpy((st_rank_view *)c->plan.ranks, rv, (size_t)nranks * sizeof *rv);
+        cached = 1;
+    } else if (!rc) {
+        st_load_cache_clear(c);
+        if (!(rc = st_plan_load(&c->plan, d->meta, rv, nranks, max_io))) {
+            c->have = 1;
+            c->key = key.p;
+            c->keylen = key.n;
+            key.p = NULL;
         }
-        st_io_plan_free(&p);
     }
+    uint64_t got = 0;
+    if (!rc)
+        rc = st_exec_reads(d, &c->plan, o->io_threads, o->flags & STRATA_LOAD_NO_DIRECT, max_io,
+                           NULL, NULL, &got);
+    if (!rc) {
+        *stats = (strata_stats){.data_bytes = d->meta->data_bytes, .bytes = got,
+                                .io_calls = c->plan.nios, .plan_cached = cached,
+                                .io_threads = st_io_threads(o->io_threads),
+                                .max_io_bytes = o->max_io_bytes};
+        stats->seconds = st_now() - t0;
+    }
+    free(key.p);
     free(rv);
-    st_dir_close(&d);
     return rc;
 }
 

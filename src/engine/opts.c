@@ -11,7 +11,8 @@
 static const size_t save_opts_size[] = {0, offsetof(strata_save_opts, bg_nice),
                                         sizeof(strata_save_opts)};
 static const size_t load_opts_size[] = {0, sizeof(strata_load_opts)};
-static const size_t stats_size[] = {0, offsetof(strata_stats, io_threads), sizeof(strata_stats)};
+static const size_t stats_size[] = {0, offsetof(strata_stats, io_threads),
+                                     offsetof(strata_stats, meta_reads), sizeof(strata_stats)};
 
 static int check_version(int v, int current, const char *what)
 {

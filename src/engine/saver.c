@@ -1,4 +1,5 @@
-/* saver.c - the front door: strata_saver, strata_save_start, strata_save and strata_load.
+/* saver.c - the front door of saves: strata_saver, strata_save_start and strata_save (loads:
+ * loader.c).
  * Each call checks its arguments and options once, then picks the way it runs: ranks in
  * this process or one rank of a communicator, one destination or tiers, on the caller's
  * thread or through the pool in the background. */
@@ -81,9 +82,10 @@ static int choose_background(strata_saver *sv)
     return 0;
 }
 
-/* The checks every save and load shares: destinations and ranks. */
-static int check_where(const char *what, strata_comm *comm, const char *const *uris, int nuris,
-                       strata_state *const *states, int nstates)
+/* The checks every save and load shares: destinations, and ranks (states NULL with
+ * nstates -1: not checked, for an open). */
+int st_check_where(const char *what, strata_comm *comm, const char *const *uris, int nuris,
+                   strata_state *const *states, int nstates)
 {
     if (!uris || nuris < 1 || nuris > ST_MAX_TIERS)
         return st_fail(STRATA_EINVAL, "a %s needs 1 to %d URIs (got %d)", what, ST_MAX_TIERS,
@@ -91,6 +93,12 @@ static int check_where(const char *what, strata_comm *comm, const char *const *u
     for (int t = 0; t < nuris; t++)
         if (!uris[t] || !uris[t][0] || strlen(uris[t]) >= PATH_MAX)
             return st_fail(STRATA_EINVAL, "%s: URI %d is missing, empty or too long", what, t);
+    return nstates == -1 && !states ? 0 : st_check_states(what, comm, states, nstates);
+}
+
+int st_check_states(const char *what, strata_comm *comm, strata_state *const *states,
+                    int nstates)
+{
     if (!states || nstates < 1)
         return st_fail(STRATA_EINVAL, "a %s needs at least one rank state", what);
     if (comm && nstates != 1)
@@ -111,7 +119,7 @@ int strata_save_start(strata_handle **out, strata_saver *sv, const char *const *
     strata_save_opts o;
     int rc = st_save_opts_get(&o, opts);
     if (!rc)
-        rc = check_where("save", comm, uris, nuris, states, nstates);
+        rc = st_check_where("save", comm, uris, nuris, states, nstates);
     if (rc)
         return rc;
     /* the saver's pool; a pool of the saver's own with buffers too small for this save's
@@ -160,7 +168,7 @@ int strata_save(strata_stats *stats, strata_saver *sv, const char *const *uris, 
     if (!rc)
         rc = st_save_opts_get(&o, opts);
     if (!rc)
-        rc = check_where("save", comm, uris, nuris, states, nstates);
+        rc = st_check_where("save", comm, uris, nuris, states, nstates);
     if (rc)
         return rc;
     if (nuris == 1) { /* straight from the caller's buffers, no copy */
@@ -180,56 +188,4 @@ int strata_save(strata_stats *stats, strata_saver *sv, const char *const *uris, 
     if (!rc)
         st_stats_put(stats, &full);
     return rc;
-}
-
-/* One source of a load; with a communicator, every rank learns whether all succeeded. */
-static int load_one(strata_comm *comm, const char *uri, strata_state *const *states,
-                    int nstates, const strata_load_opts *o, strata_stats *full)
-{
-    if (!comm)
-        return st_load_local(uri, states, nstates, o, full);
-    int rc = st_load_dist(comm, uri, states[0], o, full), all = 0;
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", strata_error_last());
-    int crc = st_all_true(comm, rc == 0, &all);
-    if (crc)
-        return rc ? st_fail(rc, "%s", msg) : crc;
-    if (rc)
-        return st_fail(rc, "%s", msg);
-    return all ? 0 : st_fail(STRATA_EABORTED, "another rank failed to load it");
-}
-
-int strata_load(strata_stats *stats, strata_comm *comm, const char *const *uris, int nuris,
-                strata_state *const *states, int nstates, const strata_load_opts *opts)
-{
-    st_clear_error();
-    strata_load_opts o;
-    int rc = st_stats_check(stats);
-    if (!rc)
-        rc = st_load_opts_get(&o, opts);
-    if (!rc)
-        rc = check_where("load", comm, uris, nuris, states, nstates);
-    if (rc)
-        return rc;
-    char why[2048] = "";
-    size_t n = 0;
-    for (int t = 0; t < nuris; t++) {
-        strata_stats full = STRATA_STATS_INIT;
-        rc = load_one(comm, uris[t], states, nstates, &o, &full);
-        if (rc == 0) {
-            full.tier = t;
-            st_stats_put(stats, &full);
-            return 0;
-        }
-        if (nuris == 1)
-            return rc;
-        if (comm && comm->broken) /* the ranks can no longer agree on a next source */
-            return st_fail(rc, "%s: %s", uris[t], strata_error_last());
-        /* the destinations may hold a part of this copy: the next one overwrites all */
-        int k = snprintf(why + n, sizeof why - n, "%s%s: %s", t ? "; " : "", uris[t],
-                         strata_error_last());
-        if (k > 0)
-            n = ST_MIN(sizeof why - 1, n + (size_t)k);
-    }
-    return st_fail(rc, "no copy could be loaded: %s", why);
 }
