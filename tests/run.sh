@@ -39,7 +39,7 @@ done
 # the MPI tests run in the plain build only: MPICH itself is not built with the sanitizers
 mpi=mpi_test.sh
 [ -n "${SANITIZED:-}" ] && mpi=
-for script in cli_test.sh install_test.sh kill_test.sh kill_export_test.sh $mpi; do
+for script in cycles_test.sh cli_test.sh install_test.sh kill_test.sh kill_export_test.sh $mpi; do
     if [ -f "$here/$script" ]; then
         run_one "tests/$script" bash "$here/$script"
     fi

@@ -334,12 +334,15 @@ int st_dir_adopt(st_dir *d, const char *uri, const st_commit *c, const unsigned 
 int st_survey(const st_vfs *v, const char *path, int kind);
 /* The directory behind a public handle. */
 const st_dir *st_ckpt_dir(const strata_ckpt *ck);
-/* Is name a file strata writes into a checkpoint directory? */
+/* Is name a file strata writes into a checkpoint directory? (files.c, with st_path_join
+ * and st_scan_dir) */
 int st_is_strata_file(const char *name);
 /* Counts (and with unlink = 1 removes) strata's regular files in dir; anything else
  * (other names, symlinks, directories) counts as foreign and is never touched. */
 int st_scan_dir(const st_vfs *v, const char *dir, int unlink, int *strata, int *foreign,
                 uint64_t *bytes);
+/* Removes strata's regular files in dir but its LOCK and the data files of keep. */
+int st_scan_dir_keep(const st_vfs *v, const char *dir, const st_save_plan *keep);
 
 /* Executes the reads of a load plan: reads, verifies every chunk, scatters runs (dst NULL:
  * verify only). With report set, a bad chunk is reported and the walk goes on (the

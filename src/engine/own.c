@@ -1,6 +1,6 @@
 /* own.c - one owner per checkpoint directory (docs/FORMAT.md, Ownership): making it, its
- * LOCK, letting go after a commit or a failure (never removing a commit record another
- * save wrote), and the atomic replace of a committed checkpoint (STRATA_SAVE_REPLACE: the
+ * LOCK, its commit (metadata.bin and the commit record), letting go after a commit or a
+ * failure (never removing a commit record another save wrote), and the atomic replace of a committed checkpoint (STRATA_SAVE_REPLACE: the
  * new one is written beside it, then the two directories are exchanged). Threading: called
  * on a save's or collector's own thread; no state is shared but the file system's. */
 #include <errno.h>
@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../core/checksum.h"
 #include "../core/error.h"
 #include "engine.h"
 
@@ -380,4 +381,120 @@ void st_dests_release_final(st_dests *d)
         release_final(d->vfs[t], d->final[t], d->final_lock[t]);
         d->final_lock[t] = NULL;
     }
+}
+
+int st_clear_stale(const st_vfs *v, const char *dir, const st_save_plan *sp)
+{
+    char p[PATH_MAX];
+    int rc = st_path_join(p, dir, ST_COMMIT_FILE);
+    if (!rc && v->stat(v, p, NULL, NULL) == 0)
+        rc = st_fail(STRATA_EEXIST,
+                     "'%s' already holds a committed checkpoint; it is never overwritten", dir);
+    int foreign = 0;
+    if (!rc && !(rc = st_scan_dir(v, dir, 0, NULL, &foreign, NULL)) && foreign)
+        rc = st_fail(STRATA_EEXIST,
+                     "'%s' holds files that are not strata's; refusing to commit there", dir);
+    if (rc)
+        return rc;
+    return st_scan_dir_keep(v, dir, sp);
+}
+
+int st_remove_owned(const st_vfs *v, const char *path, int committed)
+{
+    char p[PATH_MAX];
+    int rc = st_path_join(p, path, ST_COMMIT_FILE), e;
+    if (rc)
+        return rc;
+    if (committed) {
+        if ((e = v->unlink(v, p)) != 0)
+            return st_fail(st_from_errno(-e), "cannot remove '%s': %s", p, strerror(-e));
+        v->sync_dir(v, path);
+    } else if (v->stat(v, p, NULL, NULL) == 0) {
+        return st_fail(STRATA_EEXIST,
+                       "'%s' has a commit record: it is not removed as incomplete", path);
+    }
+    int foreign = 0;
+    if ((rc = st_scan_dir(v, path, 1, NULL, &foreign, NULL)))
+        return rc;
+    if ((rc = st_path_join(p, path, ST_LOCK_FILE)))
+        return rc;
+    v->unlink(v, p); /* still locked by us: a save that opened it meanwhile retries */
+    if (!foreign && (e = v->rmdir(v, path)) != 0 && e != -ENOENT)
+        return st_fail(st_from_errno(-e), "cannot remove '%s': %s", path, strerror(-e));
+    return 0;
+}
+
+/* ---- the commit ---- */
+
+/* Writes name into dir as a new file: "<name>.tmp", fsynced (with sync), renamed to name
+ * without replacing one that is there (another save's, where locks do not exclude:
+ * STRATA_EEXIST, and its file is left alone). */
+static int write_new(const st_vfs *v, const char *dir, const char *name, const void *buf,
+                     size_t n, int sync)
+{
+    char tmp[PATH_MAX], to[PATH_MAX], tname[64];
+    snprintf(tname, sizeof tname, "%s.tmp", name);
+    int rc = st_path_join(tmp, dir, tname);
+    if (!rc)
+        rc = st_path_join(to, dir, name);
+    if (rc)
+        return rc;
+    st_file *f;
+    int e = v->open(v, tmp, ST_O_WRITE, &f);
+    if (e == 0) {
+        e = st_vfs_write_full(v, f, buf, n, 0);
+        if (e == 0 && sync)
+            e = v->sync(f);
+        int ce = v->close(f);
+        if (e == 0)
+            e = ce;
+    }
+    if (e) {
+        int rc2 = st_fail(st_from_errno(-e), "writing '%s': %s", tmp, strerror(-e));
+        v->unlink(v, tmp);
+        return rc2;
+    }
+    if ((e = v->rename(v, tmp, to)) == 0)
+        return 0;
+    v->unlink(v, tmp);
+    if (e == -EEXIST)
+        return st_fail(STRATA_EEXIST, "committing '%s': %s appeared meanwhile: another save "
+                       "wrote there at the same time (the file system's locks did not keep "
+                       "it out); its files are left alone",
+                       dir, name);
+    return st_fail(st_from_errno(-e), "committing '%s': renaming %s: %s", dir, tname,
+                   strerror(-e));
+}
+
+int st_commit_dir(const st_vfs *v, const char *dir, const st_meta *m, int sync,
+                  uint64_t save_id)
+{
+    unsigned char *mbuf;
+    size_t mlen;
+    int rc = st_meta_encode(m, &mbuf, &mlen);
+    if (rc)
+        return rc;
+    rc = write_new(v, dir, ST_META_FILE, mbuf, mlen, sync);
+    st_commit c = {.version = ST_COMMIT_VERSION, .step = m->step, .meta_size = mlen,
+                   .meta_hash = st_hash(mbuf, mlen), .data_bytes = m->data_bytes,
+                   .save_id = save_id};
+    free(mbuf);
+    if (rc)
+        return rc;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    c.time_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    unsigned char rec[ST_COMMIT_SIZE];
+    size_t rlen = st_commit_encode(&c, rec);
+    if ((rc = write_new(v, dir, ST_COMMIT_FILE, rec, rlen, sync)))
+        return rc;
+    int e = sync ? v->sync_dir(v, dir) : 0;
+    if (e == 0 && sync) { /* the checkpoint directory's own entry */
+        char parent[PATH_MAX];
+        st_parent_of(parent, dir);
+        e = v->sync_dir(v, parent);
+    }
+    if (e)
+        return st_fail(st_from_errno(-e), "committing '%s': %s", dir, strerror(-e));
+    return 0;
 }

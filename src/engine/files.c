@@ -1,0 +1,83 @@
+/* files.c - which files of a checkpoint directory are strata's (the names strata writes),
+ * counting or removing them, and joining paths: the ground the directory's readers
+ * (ckpt.c, survey.c) and its owner (own.c, retain.c) share. */
+#include <stdio.h>
+#include <string.h>
+
+#include "../core/error.h"
+#include "engine.h"
+
+int st_path_join(char *out, const char *dir, const char *name)
+{
+    int n = snprintf(out, PATH_MAX, "%s/%s", dir, name);
+    if (n < 0 || n >= PATH_MAX)
+        return st_fail(STRATA_EINVAL, "path too long: %s/%s", dir, name);
+    return 0;
+}
+
+
+/* Is name one of the files strata writes into a checkpoint directory? */
+int st_is_strata_file(const char *name)
+{
+    if (strcmp(name, ST_COMMIT_FILE) == 0 || strcmp(name, ST_META_FILE) == 0 ||
+        strcmp(name, ST_COMMIT_FILE ".tmp") == 0 || strcmp(name, ST_META_FILE ".tmp") == 0 ||
+        strcmp(name, ST_LOCK_FILE) == 0)
+        return 1;
+    return st_data_file_rank(name) >= 0;
+}
+
+typedef struct {
+    int strata, foreign, unlink;
+    uint64_t bytes;
+    const st_save_plan *keep; /* with unlink: the data files of this plan stay */
+} scan_ctx;
+
+/* Is name a data file of sp (data-<writer rank>.bin)? */
+static int in_plan(const st_save_plan *sp, const char *name)
+{
+    long r = st_data_file_rank(name);
+    if (r < 0 || r >= sp->nranks || sp->writer_file[r] < 0)
+        return 0;
+    return strcmp(sp->meta->files[sp->writer_file[r]].name, name) == 0;
+}
+
+static int scan_one(void *p, const char *name, uint64_t size, int kind)
+{
+    scan_ctx *c = p;
+    if (!st_is_strata_file(name) || kind != 0) {
+        c->foreign++; /* symlinks and directories with our names are not ours */
+        return ST_LIST_NEXT;
+    }
+    c->strata++;
+    c->bytes += size;
+    /* the lock file is the owner's: removed only by st_remove_failed and the collector,
+     * after everything else */
+    int keep = strcmp(name, ST_LOCK_FILE) == 0 || (c->keep && in_plan(c->keep, name));
+    return c->unlink && !keep ? ST_LIST_REMOVE : ST_LIST_NEXT;
+}
+
+int st_scan_dir(const st_vfs *v, const char *dir, int unlink, int *strata, int *foreign,
+                uint64_t *bytes)
+{
+    scan_ctx c = {.unlink = unlink};
+    int e = v->list(v, dir, scan_one, &c);
+    if (e)
+        return st_fail(st_from_errno(-e), "cannot %s '%s': %s",
+                       unlink ? "remove the files in" : "list", dir, strerror(-e));
+    if (strata)
+        *strata = c.strata;
+    if (foreign)
+        *foreign = c.foreign;
+    if (bytes)
+        *bytes = c.bytes;
+    return 0;
+}
+
+int st_scan_dir_keep(const st_vfs *v, const char *dir, const st_save_plan *keep)
+{
+    scan_ctx c = {.unlink = 1, .keep = keep};
+    int e = v->list(v, dir, scan_one, &c);
+    return e ? st_fail(st_from_errno(-e), "cannot clear stale files in '%s': %s", dir,
+                       strerror(-e))
+             : 0;
+}
