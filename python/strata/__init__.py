@@ -28,6 +28,7 @@ from ._strata import (  # noqa: F401
     Comm,
     Error,
     Handle,
+    Loader,
     Pool,
     Saver,
     State,
@@ -53,7 +54,7 @@ __version__ = "%d.%d.0" % VERSION
 
 __all__ = [
     "DEFAULT_CHUNK", "DTYPES", "ERRORS", "MAX_DIMS", "MAX_NAME", "MAX_TIERS", "VERSION",
-    "Checkpoint", "Comm", "Error", "Handle", "Pool", "Saver", "State",
+    "Checkpoint", "Comm", "Error", "Handle", "Loader", "Pool", "Saver", "State",
     "dtype_size", "export_safetensors", "hash_bytes", "load", "probe", "remove_incomplete",
     "retain", "unpickle", "unpickle_archive", "uri_path",
 ] + sorted(c.__name__ for c in ERRORS.values())

@@ -268,7 +268,8 @@ class _SavePrep:
 # ---- load -------------------------------------------------------------------------------
 
 class _Meta:
-    """What load needs to know of the checkpoint: tensor dtypes and shapes, blob sizes."""
+    """What load needs to know of the checkpoint: tensor dtypes and shapes, blob sizes, from
+    the index of the Loader that loads it (strata.Loader.index(): no second read)."""
 
     _VALUE = (None, -1)   # value_src of a value of a pickle (a torch.save source's)
 
@@ -293,25 +294,15 @@ class _Meta:
                             (re.search(r"@rank(\d+)$", n) for n in self.tensors) if m))
 
     @staticmethod
-    def read(uris):
-        last = None
-        for i, u in enumerate(uris):
-            try:
-                ck = _S.Checkpoint(u)
-            except _S.Error as e:
-                last = e
-                continue
-            d = {"step": ck.step, "uri": i, "f": ck.format,
-                 "t": [[t["name"], t["dtype"], list(t["shape"])] for t in ck.tensors],
-                 "b": [[b["name"], b["owner"], b["bytes"]] for b in ck.blobs]}
-            if ck.format == "torch.save":   # its blobs are its files' pickles
-                d["p"] = [[b["name"], _read_blob(u, b).decode("latin-1")] for b in ck.blobs]
-                d["b"] = []
-            return d
-        if len(uris) > 1:
-            raise _error(type(last).__name__, "no tier holds a readable checkpoint (%s); "
-                         "the last: %s" % (", ".join(uris), last))
-        raise last
+    def of_loader(ld):
+        """What _Meta takes, from the index of the strata.Loader ld (no second read); for a
+        torch.save source also its files' pickles (its blobs), loaded through ld (with a
+        group every rank calls this: each pickle is read once and reaches every rank)."""
+        d = ld.index()
+        if d["f"] == "torch.save":   # its blobs are its files' pickles
+            d["p"] = [[n, v.decode("latin-1")] for n, v in _load_blobs(ld, d["b"])]
+            d["b"] = []
+        return d
 
     def value_src(self, key, rank):
         if key in self.values:
@@ -355,13 +346,17 @@ def _dcp_value(key, data, target):
     return _torchsave.archive_values(data, name=key)
 
 
-def _read_blob(uri, b):
-    """The bytes of global blob b (a Checkpoint.blobs entry) of the checkpoint at uri."""
-    buf = ctypes.create_string_buffer(max(b["bytes"], 1))
+def _load_blobs(ld, blobs):
+    """[(name, bytes)] of the global blobs ([name, owner, size] of Loader.index()) through
+    the loader ld, in one load."""
+    bufs = [ctypes.create_string_buffer(max(size, 1)) for _, _, size in blobs]
     st = _S.State()
-    st.add_blob(b["name"], data_ptr=ctypes.addressof(buf), nbytes=b["bytes"], owner=-1, keep=buf)
-    _S.load([uri], [st])
-    return ctypes.string_at(ctypes.addressof(buf), b["bytes"])
+    for (name, owner, size), buf in zip(blobs, bufs):
+        st.add_blob(name, data_ptr=ctypes.addressof(buf), nbytes=size, owner=owner, keep=buf)
+    if blobs:
+        ld.load([st])
+    return [(name, ctypes.string_at(ctypes.addressof(buf), size))
+            for (name, _, size), buf in zip(blobs, bufs)]
 
 
 def _ranges(xs):

@@ -513,8 +513,8 @@ fail:
 PyMODINIT_FUNC PyInit__strata(void)
 {
     PyTypeObject *types[] = {&StateType, &PoolType, &CommType, &SaverType, &HandleType,
-                             &CkptType};
-    const char *names[] = {"State", "Pool", "Comm", "Saver", "Handle", "Checkpoint"};
+                             &CkptType, &LoaderType};
+    const char *names[] = {"State", "Pool", "Comm", "Saver", "Handle", "Checkpoint", "Loader"};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (PyType_Ready(types[i]) < 0)
             return NULL;

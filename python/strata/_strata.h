@@ -1,7 +1,7 @@
 /* _strata.h - what the C files of the extension strata._strata share (internal: never
  * installed). _strata.c: the module, its errors and argument helpers; _strata_state.c:
  * State; _strata_comm.c: Comm (host communicators); _strata_save.c: Pool, Saver, Handle;
- * _strata_read.c: load, Checkpoint, probe, retain, export. The rules the binding keeps
+ * _strata_read.c: Checkpoint, probe, retain, export; _strata_load.c: load, Loader. The rules the binding keeps
  * (the GIL, errors, lifetimes) are in _strata.c's opening comment. Every name here is
  * hidden in the extension (-fvisibility=hidden): only PyInit__strata is exported. */
 #ifndef STRATA_PY_STRATA_H
@@ -110,7 +110,10 @@ extern PyTypeObject PoolType, SaverType, HandleType;
 /* ---- reading (_strata_read.c) ---------------------------------------------------------- */
 
 extern PyTypeObject CkptType;
-PyObject *mod_load(PyObject *m, PyObject *args, PyObject *kw);
+/* A name of a checkpoint as str (bytes that are not UTF-8 as lone surrogates), and the name
+ * of its format ("strata", "safetensors", ...). */
+PyObject *ckpt_name_str(const char *s);
+const char *ckpt_format_str(const strata_ckpt *ck);
 PyObject *mod_probe(PyObject *m, PyObject *arg);
 PyObject *mod_retain(PyObject *m, PyObject *args, PyObject *kw);
 PyObject *mod_remove_incomplete(PyObject *m, PyObject *arg);
@@ -118,5 +121,10 @@ PyObject *mod_export_safetensors(PyObject *m, PyObject *args, PyObject *kw);
 /* _strata_pickle.c */
 PyObject *mod_unpickle(PyObject *m, PyObject *args, PyObject *kw);
 PyObject *mod_unpickle_archive(PyObject *m, PyObject *args, PyObject *kw);
+
+/* ---- loads (_strata_load.c) ------------------------------------------------------------ */
+
+extern PyTypeObject LoaderType;
+PyObject *mod_load(PyObject *m, PyObject *args, PyObject *kw);
 
 #endif

@@ -1,66 +1,6 @@
-/* _strata_read.c - strata._strata's reading: load, Checkpoint (open, verify), probe,
- * retain, remove_incomplete and export_safetensors. */
+/* _strata_read.c - strata._strata's reading: Checkpoint (open, verify), probe, retain,
+ * remove_incomplete and export_safetensors (loads: _strata_load.c). */
 #include "_strata.h"
-
-/* ---- load ------------------------------------------------------------------------------ */
-
-PyObject *mod_load(PyObject *m, PyObject *args, PyObject *kw)
-{
-    (void)m;
-    static char *kwlist[] = {"uris", "states", "comm", "io_threads", "max_io_bytes", "direct",
-                             "cast", NULL};
-    PyObject *ouris, *ostates, *ocomm = Py_None, *othreads = NULL, *omax = NULL;
-    int direct = 1, cast = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O$OOpp:load", kwlist, &ouris, &ostates, &ocomm,
-                                     &othreads, &omax, &direct, &cast))
-        return NULL;
-    if (ocomm != Py_None && !PyObject_TypeCheck(ocomm, &CommType))
-        return PyErr_Format(PyExc_TypeError, "comm must be a strata.Comm or None");
-    CommObject *comm = ocomm == Py_None ? NULL : (CommObject *)ocomm;
-    strata_load_opts o = STRATA_LOAD_OPTS_INIT;
-    long l;
-    uint64_t v;
-    if (othreads) {
-        if (get_int(othreads, "io_threads", 0, INT_MAX, &l) < 0)
-            return NULL;
-        o.io_threads = (int)l;
-    }
-    if (omax) {
-        if (get_u64(omax, "max_io_bytes", &v) < 0)
-            return NULL;
-        if (v > UINT32_MAX)
-            return raise_fmt(STRATA_EINVAL, "max_io_bytes %llu does not fit in 32 bits",
-                             (unsigned long long)v);
-        o.max_io_bytes = (uint32_t)v;
-    }
-    if (!direct)
-        o.flags |= STRATA_LOAD_NO_DIRECT;
-    if (cast)
-        o.flags |= STRATA_LOAD_CAST;
-    uri_list u;
-    state_list sl;
-    if (uris_get(&u, ouris) < 0)
-        return NULL;
-    if (states_get(&sl, ostates) < 0) {
-        uris_free(&u);
-        return NULL;
-    }
-    Py_XINCREF(comm);
-    comm_begin(comm);
-    strata_stats s = STRATA_STATS_INIT;
-    char msg[MSG_BYTES];
-    int rc;
-    strata_comm *c = comm ? comm->c : NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = strata_load(&s, c, u.p, u.n, sl.p, sl.n, &o);
-    snprintf(msg, sizeof msg, "%s", rc ? strata_error_last() : "");
-    Py_END_ALLOW_THREADS
-    uris_free(&u);
-    states_release(&sl);
-    PyObject *r = rc ? raise_comm(rc, msg, comm) : stats_dict(&s);
-    Py_XDECREF(comm);
-    return r;
-}
 
 /* ---- Checkpoint ------------------------------------------------------------------------ */
 
@@ -90,11 +30,14 @@ static PyObject *u64_tuple(const uint64_t *v, int n)
 
 /* A name or file name of a checkpoint: UTF-8, and bytes that are not (older checkpoints may
  * hold such names) as lone surrogates, as os.fsdecode does. */
-static PyObject *name_str(const char *s)
+PyObject *ckpt_name_str(const char *s)
 {
     s = s ? s : "";
     return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "surrogateescape");
 }
+#define name_str ckpt_name_str
+
+const char *ckpt_format_str(const strata_ckpt *ck) { return strata_ckpt_format_name(ck); }
 
 /* [item(ck, i) for i in range(n)]; item returns a new reference, NULL with an error. */
 static PyObject *ckpt_list(const strata_ckpt *ck, size_t n,
@@ -198,7 +141,7 @@ static PyObject *Ckpt_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     self->committed = (char)(strata_ckpt_committed(self->ck) != 0);
     self->chunk_bytes = strata_ckpt_chunk_bytes(self->ck);
     self->data_bytes = strata_ckpt_data_bytes(self->ck);
-    self->format = PyUnicode_FromString(strata_ckpt_format_name(self->ck));
+    self->format = PyUnicode_FromString(ckpt_format_str(self->ck));
     const strata_ckpt *ck = self->ck;
     if (!self->uri || !self->format ||
         !(self->tensors = ckpt_list(ck, strata_ckpt_ntensors(ck), tensor_dict)) ||

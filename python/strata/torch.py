@@ -447,26 +447,6 @@ def _versions(prep):
     return [(name, t, t._version) for name, t in prep.sources]
 
 
-def _read_meta(uris, group):
-    if group is None or group.size == 1:
-        return _Meta(_Meta.read(uris))
-    # JSON: the C parser decodes 297 tensors' entries ~20x faster than _values (pure
-    # Python), and parses as safely
-    data, err = b"", None
-    if group.rank == 0:
-        try:
-            data = json.dumps({"ok": _Meta.read(uris)}).encode()
-        except Exception as e:
-            err = e
-            data = json.dumps({"error": [type(e).__name__, str(e)]}).encode()
-    got = json.loads(group.bcast_bytes(data))
-    if err is not None:
-        raise err
-    if "error" in got:
-        raise _error(got["error"][0], got["error"][1])
-    return _Meta(got["ok"])
-
-
 def load(state_dict, path, process_group=None, *, pickle=False, cast=False, **options):
     """Loads the checkpoint at path (or the first of several tiers, fastest first, that is
     committed and reads back intact) into state_dict, in place: tensors (and DTensors, in
@@ -483,18 +463,20 @@ def load(state_dict, path, process_group=None, *, pickle=False, cast=False, **op
     filled with what the checkpoint holds under its key. Returns the load's stats.
     options: io_threads, max_io_bytes, direct."""
     group = _group(process_group)
-    uris = _uris(path)
-    meta = _read_meta(uris, group)
-    rank = group.rank if group is not None else 0
-    prep, err = None, None
-    try:
-        prep = _LoadPrep(state_dict, meta, rank, pickle, cast)
-    except Exception as e:
-        err = e
-    _agree(group, "strata.torch.load", err)
-    _sync_cuda(prep.cuda)
-    stats = _S.load(uris, [prep.state], group.comm if group is not None else None, cast=cast,
-                    **options)
+    # one open: the loader reads the index once (with a group, rank 0 reads it and one
+    # broadcast agrees on it), the state dict is matched against that index, and the load
+    # runs on the same loader - never a second read of the metadata
+    with _S.Loader(_uris(path), group.comm if group is not None else None) as ld:
+        meta = _Meta(_Meta.of_loader(ld))
+        rank = group.rank if group is not None else 0
+        prep, err = None, None
+        try:
+            prep = _LoadPrep(state_dict, meta, rank, pickle, cast)
+        except Exception as e:
+            err = e
+        _agree(group, "strata.torch.load", err)
+        _sync_cuda(prep.cuda)
+        stats = ld.load([prep.state], cast=cast, **options)
     _sync_loaded(prep.cuda)
     prep.finish()
     return stats
