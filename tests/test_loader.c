@@ -278,12 +278,41 @@ static void test_errors(void **state)
 
 /* ---- the distributed loader: ranks as threads, broadcasts counted ---- */
 
-static atomic_int nbcast;
+static atomic_int nbcast, ncoll;
 
 static int counting_bcast(void *ctx, void *buf, size_t n, int root)
 {
     atomic_fetch_add(&nbcast, 1);
     return tops.bcast(ctx, buf, n, root);
+}
+
+static int counting_allgather(void *ctx, const void *send, size_t n, void *recv)
+{
+    atomic_fetch_add(&ncoll, 1);
+    return tops.allgather(ctx, send, n, recv);
+}
+
+static int counting_alltoallv(void *ctx, const void *send, const size_t *sc, void *recv,
+                              const size_t *rc)
+{
+    atomic_fetch_add(&ncoll, 1);
+    return tops.alltoallv(ctx, send, sc, recv, rc);
+}
+
+/* P host communicators on hub h whose every collective is counted. */
+static void counting_comms(hub *h, tcomm *tc, strata_comm **comm, int P)
+{
+    static strata_comm_ops ops;
+    ops = tops;
+    ops.bcast = counting_bcast;
+    ops.allgather = counting_allgather;
+    ops.alltoallv = counting_alltoallv;
+    ops.dup = NULL;
+    hub_init(h, P);
+    for (int r = 0; r < P; r++) {
+        tc[r] = (tcomm){h, r};
+        assert_ok(strata_comm_host(&comm[r], &ops, &tc[r], r, P));
+    }
 }
 
 typedef struct {
@@ -335,16 +364,9 @@ static void test_dist(void **state)
     }
     const int P = 3;
     hub h;
-    hub_init(&h, P);
     tcomm tc[3];
     strata_comm *comm[3];
-    strata_comm_ops ops = tops;
-    ops.bcast = counting_bcast;
-    ops.dup = NULL;
-    for (int r = 0; r < P; r++) {
-        tc[r] = (tcomm){&h, r};
-        assert_ok(strata_comm_host(&comm[r], &ops, &tc[r], r, P));
-    }
+    counting_comms(&h, tc, comm, P);
     tu_set a, b, c;
     layout(&a, 3, 1, 0);
     layout(&b, 1, 3, 0);
@@ -392,6 +414,105 @@ static void test_dist(void **state)
     tu_set_free(&a);
     tu_set_free(&b);
     tu_set_free(&c);
+    for (int r = 0; r < P; r++)
+        strata_comm_free(comm[r]);
+    hub_free(&h);
+    tu_rmrf(ck);
+}
+
+typedef struct {
+    strata_loader *ld;
+    strata_state *st;
+    strata_load_opts lo;
+    int rc;
+    char msg[1024];
+} load_job;
+
+static void *load_run(void *p)
+{
+    load_job *j = p;
+    j->rc = strata_loader_load(NULL, j->ld, &j->st, 1, &j->lo);
+    snprintf(j->msg, sizeof j->msg, "%s", strata_error_last());
+    return NULL;
+}
+
+typedef struct {
+    strata_comm *comm;
+    const char *uri;
+    strata_loader *ld;
+    int rc;
+} open_job;
+
+static void *open_run(void *p)
+{
+    open_job *j = p;
+    j->rc = strata_loader_open(&j->ld, j->comm, &j->uri, 1, NULL);
+    return NULL;
+}
+
+/* A resharded load whose reads each belong to one rank (row blocks of one tensor, in many
+ * small reads): the ranks read them on their own, without a collective per round of reads
+ * (there used to be three per round of io_threads reads on each rank: status, exchange,
+ * done); only the few reads that two ranks share (the blocks' boundaries) go in rounds. */
+static void test_dist_private_reads(void **state)
+{
+    (void)state;
+    char ck[600];
+    snprintf(ck, sizeof ck, "%s/private", base);
+    static const uint64_t shape[] = {3000, 64};
+    tu_set src;
+    tu_set_init(&src, 1);
+    tu_set_shard(&src, 0, "t", STRATA_F32, 2, shape, NULL, NULL, 0, 0, 0, 1);
+    const char *u = ck;
+    strata_save_opts so = STRATA_SAVE_OPTS_INIT;
+    so.flags |= STRATA_SAVE_NO_SYNC;
+    so.chunk_bytes = 4096;
+    assert_ok(strata_save(NULL, NULL, &u, 1, src.st, 1, &so));
+    tu_set_free(&src);
+
+    const int P = 3;
+    hub h;
+    tcomm tc[3];
+    strata_comm *comm[3];
+    counting_comms(&h, tc, comm, P);
+    open_job oj[3];
+    pthread_t th[3];
+    for (int r = 0; r < P; r++) {
+        oj[r] = (open_job){comm[r], ck, NULL, 0};
+        assert_int_equal(pthread_create(&th[r], NULL, open_run, &oj[r]), 0);
+    }
+    for (int r = 0; r < P; r++) {
+        pthread_join(th[r], NULL);
+        assert_ok(oj[r].rc);
+    }
+    tu_set d;
+    tu_set_init(&d, P);
+    for (int r = 0; r < P; r++) {
+        uint64_t off[] = {1000 * (uint64_t)r, 0}, len[] = {1000, 64};
+        tu_set_shard(&d, r, "t", STRATA_F32, 2, shape, off, len, 0, 0, 0, 0);
+    }
+    load_job lj[3];
+    atomic_store(&ncoll, 0);
+    for (int r = 0; r < P; r++) {
+        lj[r] = (load_job){oj[r].ld, d.st[r], STRATA_LOAD_OPTS_INIT, 0, ""};
+        lj[r].lo.max_io_bytes = 8192; /* 2 chunks a read: ~31 reads per rank */
+        lj[r].lo.io_threads = 2;
+        assert_int_equal(pthread_create(&th[r], NULL, load_run, &lj[r]), 0);
+    }
+    for (int r = 0; r < P; r++) {
+        pthread_join(th[r], NULL);
+        if (lj[r].rc)
+            fail_msg("rank %d: %s: %s", r, strata_error_name(lj[r].rc), lj[r].msg);
+    }
+    assert_int_equal(tu_set_check(&d), 0);
+    /* per rank: the requests (2), the node and its segment (a few), one round of the
+     * shared boundary reads (status, done), the outcome and the stats (2) */
+    int per_rank = atomic_load(&ncoll) / P;
+    if (per_rank > 12)
+        fail_msg("%d collectives per rank for one load", per_rank);
+    for (int r = 0; r < P; r++)
+        strata_loader_free(oj[r].ld);
+    tu_set_free(&d);
     for (int r = 0; r < P; r++)
         strata_comm_free(comm[r]);
     hub_free(&h);
@@ -468,6 +589,7 @@ int main(void)
         cmocka_unit_test(test_tiers),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_dist),
+        cmocka_unit_test(test_dist_private_reads),
         cmocka_unit_test(test_export_one_open),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -98,6 +98,19 @@ static void take_run(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, uin
         m->rc = rc;
 }
 
+typedef struct {
+    const st_node_shm *shm;
+    int reader, cross; /* cross: a run goes to a rank of another node */
+} cross_ctx;
+
+static void find_cross(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, uint64_t at)
+{
+    (void)x0, (void)x1, (void)at;
+    cross_ctx *c = ctx;
+    if (run->rank != c->reader && !st_node_shared(c->shm, c->reader, run->rank))
+        c->cross = 1;
+}
+
 /* Payload bytes of read i (its chunks, without alignment padding). */
 static uint64_t read_payload(const st_io_plan *p, size_t i)
 {
@@ -109,8 +122,9 @@ static uint64_t read_payload(const st_io_plan *p, size_t i)
     return n;
 }
 
-/* Assigns each read to one of the ranks that need its bytes, the least loaded so far. */
-static int assign_readers(const st_io_plan *p, int P, int *reader)
+/* Assigns each read to one of the ranks that need its bytes, the least loaded so far;
+ * priv[i] = 1 where its reader is the only rank that needs it (nothing to send). */
+static int assign_readers(const st_io_plan *p, int P, int *reader, unsigned char *priv)
 {
     uint64_t *load = calloc((size_t)P, sizeof *load);
     needers c = {calloc((size_t)P, 1), malloc((size_t)P * sizeof *c.who), 0};
@@ -126,6 +140,7 @@ static int assign_readers(const st_io_plan *p, int P, int *reader)
             c.need[r] = 0;
         }
         reader[i] = best < 0 ? 0 : best;
+        priv[i] = c.n <= 1;
         load[reader[i]] += p->ios[i].len;
     }
     free(load);
@@ -166,8 +181,13 @@ static unsigned char *grow(unsigned char *buf, size_t *cap, size_t n)
     return buf;
 }
 
-/* The reads and exchanges, in rounds of up to o->io_threads reads per rank (o holds the
- * settings every rank agreed on); shm: use a node segment where ranks share a node. */
+/* The reads and exchanges. A read whose bytes only its reader needs (a shard that is
+ * this rank's alone: most of a resharded load) is private: read, verified and scattered
+ * by its reader on its I/O threads like a load in one process, with no collective, first.
+ * The others are shared, in rounds of up to o->io_threads reads per rank (o holds the
+ * settings every rank agreed on); shm: use a node segment where ranks share a node. At
+ * least one round runs, so that a failure of a private read reaches every rank with its
+ * message. */
 static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_io_plan *p,
                            const strata_load_opts *o, int shm_on, uint64_t *my_bytes)
 {
@@ -186,40 +206,52 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_io_plan 
     char **bufs = calloc((size_t)per_round, sizeof *bufs);
     st_file **files = NULL;
     int32_t *sts = malloc((size_t)P * sizeof *sts);
+    unsigned char *priv = malloc(p->nios + 1);
+    size_t *privs = malloc((p->nios + 1) * sizeof *privs), npriv = 0, nshared = 0;
     size_t bufsize = st_read_buf_bytes(p->meta, max_io), rounds = 0, scap = 0, rcap = 0;
     unsigned char *sbuf = NULL, *rbuf = NULL;
     int rc = 0;
     st_node_shm shm = {0};
     if (!reader || !mine || !round_of || !order || !count || !sc || !rc_ || !bytes || !cur ||
-        !jx || !bufs || !sts) {
+        !jx || !bufs || !sts || !priv || !privs) {
         rc = st_fail(STRATA_ENOMEM, "out of memory");
         goto out;
     }
-    if ((rc = assign_readers(p, P, reader)))
+    if ((rc = assign_readers(p, P, reader, priv)))
         goto out;
     for (size_t i = 0; i < p->nios; i++) {
+        if (reader[i] == me)
+            *my_bytes += read_payload(p, i);
+        if (priv[i]) {
+            if (reader[i] == me)
+                privs[npriv++] = i;
+            continue;
+        }
         round_of[i] = count[reader[i]]++ / (size_t)per_round;
         rounds = ST_MAX(rounds, round_of[i] + 1);
-        order[i] = i;
-        if (reader[i] == me) {
+        order[nshared++] = i;
+        if (reader[i] == me)
             mine[nmine++] = i;
-            *my_bytes += read_payload(p, i);
-        }
     }
     order_ctx oc = {round_of, reader};
-    qsort_r(order, p->nios, sizeof *order, cmp_order, &oc);
+    if (nshared)
+        qsort_r(order, nshared, sizeof *order, cmp_order, &oc);
     size_t next = 0; /* reads of earlier rounds in `order` */
     /* ranks of one node share their reads through a segment: each rank's read buffers
-     * are its slot there */
-    if ((rc = st_node_shm_open(comm, shm_on ? (size_t)per_round * bufsize : 0, &shm)))
+     * are its slot there (the same decision on every rank: the plan is the same) */
+    if (rounds && (rc = st_node_shm_open(comm, shm_on ? (size_t)per_round * bufsize : 0, &shm)))
         goto out;
-    /* a local failure (opening the files) still takes part in every round */
-    int local_rc = nmine ? st_open_data_files(d, p, o->flags & STRATA_LOAD_NO_DIRECT, &files) : 0;
-    for (int k = 0; k < per_round && !local_rc; k++)
+    /* a local failure (opening the files, a private read) still takes part in every round */
+    int local_rc = nmine || npriv
+                       ? st_open_data_files(d, p, o->flags & STRATA_LOAD_NO_DIRECT, &files)
+                       : 0;
+    if (!local_rc && npriv)
+        local_rc = st_read_some(d, p, files, privs, npriv, NULL, per_round, me, max_io);
+    for (int k = 0; k < per_round && !local_rc && rounds; k++)
         if (!(bufs[k] = shm.base ? (char *)st_node_slot(&shm, me) + (size_t)k * bufsize
                                  : st_scratch_get(bufsize)))
             local_rc = st_fail(STRATA_ENOMEM, "out of memory for read buffers");
-    for (size_t round = 0; round < rounds; round++) {
+    for (size_t round = 0; round < ST_MAX(rounds, 1); round++) {
         /* my reads this round: read, verify, scatter my own runs */
         size_t first = 0;
         while (first < nmine && round_of[mine[first]] < round)
@@ -228,7 +260,7 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_io_plan 
         while (first + n < nmine && round_of[mine[first + n]] == round)
             n++;
         if (!local_rc && n)
-            local_rc = st_read_some(d, p, files, mine + first, n, bufs, per_round, me);
+            local_rc = st_read_some(d, p, files, mine + first, n, bufs, per_round, me, max_io);
         int32_t my_st = local_rc;
         if ((rc = st_allgather(comm, &my_st, sizeof my_st, sts)))
             goto out;
@@ -256,8 +288,16 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_io_plan 
         /* what I receive: from each reader, the bytes of its reads this round that I need;
          * this round's reads are order[next .. end), by reader rank */
         size_t end = next;
-        while (end < p->nios && round_of[order[end]] == round)
+        while (end < nshared && round_of[order[end]] == round)
             end++;
+        /* the alltoallv only where a byte of this round goes to another node (every rank
+         * tells the same from the plan) */
+        int cross = 0;
+        for (size_t k = next; k < end && !cross; k++) {
+            cross_ctx cc = {&shm, reader[order[k]], 0};
+            st_walk_read(p, order[k], find_cross, &cc);
+            cross = cc.cross;
+        }
         memset(rc_, 0, (size_t)P * sizeof *rc_);
         for (size_t k = next; k < end; k++) {
             size_t i = order[k];
@@ -285,7 +325,7 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_io_plan 
                           NULL, 0};
             st_walk_read(p, mine[first + j], pack_run, &m);
         }
-        rc = st_alltoallv(comm, sbuf, sc, rbuf, rc_);
+        rc = cross ? st_alltoallv(comm, sbuf, sc, rbuf, rc_) : 0;
         if (!rc) {
             const unsigned char *in = rbuf; /* readers in rank order, their reads in order */
             memset(jx, 0, (size_t)P * sizeof *jx);
@@ -340,6 +380,8 @@ out:
     free(cur);
     free(bufs);
     free(sts);
+    free(priv);
+    free(privs);
     return rc;
 }
 

@@ -351,15 +351,16 @@ int st_exec_reads(const st_dir *d, const st_io_plan *p, int threads, int no_dire
                   uint64_t max_io, strata_verify_cb report, void *ctx, uint64_t *bytes_read);
 
 /* The pieces of st_exec_reads, for the distributed load: open the data files the plan
- * reads; do the reads list[0..n) into bufs[i] (each st_read_buf_bytes), verifying every
- * chunk and scattering the runs of only_rank (-1: all ranks). */
+ * reads; do the reads list[0..n) into bufs[i] (each st_read_buf_bytes; bufs NULL: into a
+ * scratch buffer per I/O thread, for reads of max_io), verifying every chunk and
+ * scattering the runs of only_rank (-1: all ranks). */
 int st_open_data_files(const st_dir *d, const st_io_plan *p, int no_direct, st_file ***out);
 /* A foreign file f (file mf of d, whose identity was `was` when its header was read) is
  * still that file, unchanged: STRATA_ECHANGED naming it otherwise. */
 int st_check_same_file(const st_dir *d, const st_mfile *mf, const st_mident *was, st_file *f);
 void st_close_data_files(const st_dir *d, const st_io_plan *p, st_file **files);
 int st_read_some(const st_dir *d, const st_io_plan *p, st_file **files, const size_t *list,
-                 size_t n, char **bufs, int threads, int only_rank);
+                 size_t n, char **bufs, int threads, int only_rank, uint64_t max_io);
 /* Walks the runs of read i that fall in its chunks, in a fixed order (segments, then runs
  * by source offset): fn(ctx, run, x0, x1, at) for the overlap [x0, x1) of each run with
  * the read, `at` its offset in the read's buffer. */

@@ -282,11 +282,21 @@ void st_close_data_files(const st_dir *d, const st_io_plan *p, st_file **files)
 }
 
 int st_read_some(const st_dir *d, const st_io_plan *p, st_file **files, const size_t *list,
-                 size_t n, char **bufs, int threads, int only_rank)
+                 size_t n, char **bufs, int threads, int only_rank, uint64_t max_io)
 {
+    int nt = st_io_threads(threads);
     exec_ctx x = {.d = d, .p = p, .files = files, .list = list, .bufs = bufs,
                   .only_rank = only_rank};
-    return st_parallel(st_io_threads(threads), n, run_read, &x);
+    if (!bufs) { /* a scratch buffer per worker, as st_exec_reads */
+        x.bufsize = st_read_buf_bytes(p->meta, max_io);
+        if (!(x.buf = calloc((size_t)nt, sizeof *x.buf)))
+            return st_fail(STRATA_ENOMEM, "out of memory");
+    }
+    int rc = st_parallel(nt, n, run_read, &x);
+    for (int i = 0; x.buf && i < nt; i++)
+        st_scratch_put(x.buf[i], x.bufsize);
+    free(x.buf);
+    return rc;
 }
 
 int st_exec_reads(const st_dir *d, const st_io_plan *p, int threads, int no_direct,
