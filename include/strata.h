@@ -362,7 +362,7 @@ int strata_load(strata_stats *stats, strata_comm *comm, const char *const *uris,
  * checksums - step) answer for it, on every rank. It lives until strata_loader_free or the
  * next strata_loader_load that falls back to another tier (which replaces it; call
  * strata_loader_index again); never strata_ckpt_free it. strata_loader_tier: the index
- * of the tier open now.
+ * of the tier open now. Both say none (NULL, -1) once a failed load found no tier left.
  *
  * strata_loader_load loads into the states as strata_load does (any saved layout into any
  * requested layout, each needed chunk read once and verified; with a communicator every
@@ -373,9 +373,11 @@ int strata_load(strata_stats *stats, strata_comm *comm, const char *const *uris,
  * it (stats->plan_cached = 1). If the load fails on the tier open now (a bad checksum, a
  * missing or changed data file) and later tiers remain, the loader opens the next tier
  * that opens and loads from it (stats->tier says which; the index is then that tier's),
- * as strata_load falls back; a failure in the request itself (STRATA_ENOTFOUND,
- * STRATA_EMISMATCH, STRATA_EUNFILLED, STRATA_EINVAL) fails on any tier the same way.
- * Errors: those of strata_load.
+ * as strata_load falls back (on any error, a request the tier cannot fill included; not
+ * once the communicator is broken). When no tier is left, the message names every tier's
+ * reason, and the loader has no tier open: later loads fail with STRATA_EINVAL saying so.
+ * The states' buffers may hold partial data after a failure. Errors: those of strata_load,
+ * STRATA_EINVAL (bad arguments or options; ld NULL; no tier left).
  *
  * One thread at a time per loader; loaders of different checkpoints are independent. */
 typedef struct strata_loader strata_loader;

@@ -196,6 +196,8 @@ static void test_tiers(void **state)
     /* no tier left: further loads say so */
     assert_rc(strata_loader_load(NULL, ld, d.st, 1, NULL), STRATA_EINVAL);
     assert_msg_has("no tier left");
+    assert_null(strata_loader_index(ld));
+    assert_int_equal(strata_loader_tier(ld), -1);
     tu_set_free(&d);
     strata_loader_free(ld);
     tu_rmrf(good);

@@ -175,6 +175,10 @@ static int loader_usable(LoaderObject *self)
         raise_fmt(STRATA_EINVAL, "strata.Loader: closed");
         return -1;
     }
+    if (strata_loader_tier(self->ld) < 0) {
+        raise_fmt(STRATA_EINVAL, "strata.Loader: no tier left (a load failed on every one)");
+        return -1;
+    }
     if (self->busy) {
         raise_fmt(STRATA_EINVAL, "strata.Loader: a load is in flight on another thread");
         return -1;

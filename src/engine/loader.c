@@ -203,7 +203,11 @@ int strata_loader_open(strata_loader **out, strata_comm *comm, const char *const
     return 0;
 }
 
-const strata_ckpt *strata_loader_index(const strata_loader *ld) { return &ld->ck; }
+const strata_ckpt *strata_loader_index(const strata_loader *ld)
+{
+    return ld->tier >= 0 ? &ld->ck : NULL;
+}
+
 int strata_loader_tier(const strata_loader *ld) { return ld->tier; }
 
 void strata_loader_free(strata_loader *ld)
