@@ -624,7 +624,8 @@ typedef struct strata_export_opts {
  * a header {"__metadata__": {"format": "pt"}, name: {dtype, shape, data_offsets}} padded
  * with spaces to a multiple of 8, then the data; and model.safetensors.index.json
  * ({"metadata": {"total_size": bytes}, "weight_map": {name: file}}). Blobs are not
- * exported. Memory stays bounded whatever the model: each tensor is loaded with strata_load
+ * exported. Memory stays bounded whatever the model: the checkpoint is opened once (one
+ * strata_loader, its index read once: stats->meta_reads) and each tensor is loaded from it
  * (every checksum verified) in windows of at most 64 MiB, flat element ranges, into one
  * reused buffer, and the files' bytes are written in order through an 8 MiB staging buffer
  * (peak RSS: `make bench`).
@@ -642,7 +643,7 @@ typedef struct strata_export_opts {
  * or a directory holding only files an export writes (an earlier export's output); anything
  * else there, and a symlink as out_dir, is refused with STRATA_EEXIST before anything is
  * written. opts may be NULL. stats (may be NULL) gets data_bytes (tensor bytes read), bytes
- * and all_bytes (tensor bytes written: total_size), io_calls, seconds.
+ * and all_bytes (tensor bytes written: total_size), io_calls, seconds, meta_reads (1).
  * A selection (include, exclude, model_only) that keeps no tensor is STRATA_ENOTFOUND,
  * nothing written; only selected tensors are loaded, counted and written.
  * Errors: those of strata_ckpt_open and strata_load (STRATA_ENOENT, STRATA_EINCOMPLETE,

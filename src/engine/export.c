@@ -82,6 +82,7 @@ typedef struct {
     uint64_t stage_off;   /* the file offset of stage[0] */
     uint64_t data_start;  /* where the data section begins in the current file */
     uint64_t total_bytes, done_bytes, io_calls;
+    uint64_t meta_reads; /* the loader's index reads so far (its last window's stats) */
 } ex_ctx;
 
 /* ---- writing --------------------------------------------------------------------------- */
@@ -196,6 +197,7 @@ static int flush(ex_ctx *c)
             lo.flags |= STRATA_LOAD_NO_DIRECT;
         rc = strata_loader_load(&ls, c->ld, &st, 1, &lo);
         c->io_calls += ls.io_calls;
+        c->meta_reads = ls.meta_reads;
     }
     strata_state_free(st);
     for (int i = 0; i < c->npieces && !rc; i++) {
@@ -646,7 +648,7 @@ done:
         full.bytes = c->total_bytes;
         full.all_bytes = c->total_bytes;
         full.io_calls = c->io_calls;
-        full.meta_reads = 1; /* the loader's one open */
+        full.meta_reads = c->meta_reads;
         full.seconds = st_now() - t0;
         st_stats_put(stats, &full);
     }
