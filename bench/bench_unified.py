@@ -12,7 +12,8 @@ cache dropped) into zeroed targets, the two systems in alternating order:
     rank's data checked bitwise against the values written;
   - export to safetensors: `strata export` against dcp_to_torch_save followed by
     safetensors' save_file (time and peak RSS of each, as a child process).
-The last line holds the ratios (strata / DCP, medians): load_4to4= load_4to3= load_4to1=
+It also counts how often strata read and broadcast the checkpoint's index per load, and
+read it per export (the goal: once each). The last line holds the ratios (strata / DCP, medians): load_4to4= load_4to3= load_4to1=
 read_rate_of_disk= export_time= export_peak_rss_mib=.
 """
 
@@ -120,16 +121,18 @@ def job_load(system, path, nprocs):
         ts.drop_caches()
     barrier()
     rb0 = ts.read_bytes()
+    stats = {}
     t0 = time.perf_counter()
     if system == "dcp":
         dcp.load(sd, checkpoint_id=path)
     else:
-        st.load(sd, path)
+        stats = st.load(sd, path)
     barrier()
     t = time.perf_counter() - t0
     read = ts.read_bytes() - rb0
     check(sd)
-    return {"s": t, "read": read}
+    return {"s": t, "read": read, "meta_reads": stats.get("meta_reads"),
+            "meta_bcasts": stats.get("meta_bcasts")}
 
 
 def timed_child(cmd):
@@ -193,6 +196,9 @@ def main():
                 s = max(g["s"] for g in got)
                 read = sum(g["read"] for g in got)
                 res.setdefault((system, n), []).append(s)
+                if system == "strata":  # the index: read once (rank 0), broadcast once
+                    res[("opens", n)] = (sum(g["meta_reads"] for g in got),
+                                         sum(g["meta_bcasts"] for g in got))
                 log("[round %d] %-6s 4 -> %d: %.3f s, %.2f GB/s, %.2f GiB read from storage"
                     % (rnd + 1, system, n, s, nbytes / s / 1e9, read / (1 << 30)))
         for system in systems:
@@ -225,6 +231,16 @@ def main():
         % (et["dcp"], ep["dcp"], et["strata"], ep["strata"], et["strata"] / et["dcp"],
            nbytes / et["strata"] / 1e9, nbytes / et["strata"] / 1e9 / disk))
     log("disk cold read (fio, median): %.3f GB/s" % disk)
+    for n in (4, 3, 1):
+        log("strata.torch.load 4 -> %d: the index read %d time(s), broadcast %d time(s) (all "
+            "ranks)" % ((n,) + res[("opens", n)]))
+    import strata.torch as st
+    out = os.path.join(BENCH_DIR, "export-count")
+    shutil.rmtree(out, ignore_errors=True)
+    ex = st.export_safetensors(ck, out)
+    shutil.rmtree(out, ignore_errors=True)
+    log("strata export: the index read %d time(s), %d data reads"
+        % (ex["meta_reads"], ex["io_calls"]))
     log("bench-unified ratios (strata / DCP, medians of %d): load_4to4=%.2f load_4to3=%.2f "
         "load_4to1=%.2f read_rate_of_disk=%.2f export_time=%.2f export_peak_rss_mib=%.0f"
         % (ROUNDS, ratios["load_4to4"], ratios["load_4to3"], ratios["load_4to1"],

@@ -7,6 +7,7 @@ import bisect
 import collections.abc
 import ctypes
 import hashlib
+import os
 import random as _pyrandom
 import re
 
@@ -283,6 +284,21 @@ class _Meta:
         self.values = {}
         for name, pkl in d.get("p", []):
             self.values.update(_torchsave.pickle_values(pkl.encode("latin-1"), name))
+        # Megatron torch_dist: the state every rank shares is in common.pt (a torch.save
+        # file beside the DCP files), read by strata's restricted reader; one it refuses
+        # (a global off the allow-list, e.g. an argparse.Namespace) fails only a load that
+        # asks for a key not found elsewhere, naming why (missing())
+        self.common_error = None
+        if self.format == "megatron":
+            try:
+                common = _torchsave.file_values(os.path.join(_S.uri_path(d["tier_uri"]),
+                                                             "common.pt"))
+                self.values.update((k, v) for k, v in common.items()
+                                   if k not in self.tensors)
+            except FileNotFoundError:
+                pass
+            except _S.Error as e:
+                self.common_error = e
         self.names = sorted(set(self.tensors) | set(n for n, _ in self.blobs)
                             | set(self.values))
 
@@ -299,6 +315,7 @@ class _Meta:
         torch.save source also its files' pickles (its blobs), loaded through ld (with a
         group every rank calls this: each pickle is read once and reaches every rank)."""
         d = ld.index()
+        d["tier_uri"] = ld.uri
         if d["f"] == "torch.save":   # its blobs are its files' pickles
             d["p"] = [[n, v.decode("latin-1")] for n, v in _load_blobs(ld, d["b"])]
             d["b"] = []
@@ -332,7 +349,15 @@ class _Meta:
                           "%s: the checkpoint holds it per rank, but not for rank %d (saved by "
                           "ranks %s): per-rank values are not resharded"
                           % (key, rank, _ranges(owners)))
+        if self.common_error is not None:
+            return _error("NotFoundError", "%s: not in the checkpoint's index, and its common.pt "
+                          "could not be read: %s" % (key, self.common_error))
         return _error("NotFoundError", "%s: not in the checkpoint" % key)
+
+
+def _copy_in(t, x):
+    with torch.no_grad():
+        t.copy_(x)
 
 
 def _dcp_value(key, data, target):
@@ -522,6 +547,11 @@ class _LoadPrep:
                 if (isinstance(v, torch.Tensor) and not t.numel() and v.shape == t.shape
                         and (v.dtype == t.dtype or self.cast)):
                     return      # an empty tensor of a torch.save file: nothing to fill
+                if (isinstance(v, torch.Tensor) and not _is_dtensor(t) and v.shape == t.shape
+                        and v.dtype == t.dtype):
+                    # a tensor among values (Megatron's common.pt): copied in after the load
+                    self.values.append((lambda x, t=t: _copy_in(t, x), v))
+                    return
                 raise _error("MismatchError", "%s: the checkpoint holds a value (%s), the target "
                              "is a tensor" % (key, type(v).__name__))
             # a blob: an empty tensor, or a value (a mismatch). Refused here, before the load

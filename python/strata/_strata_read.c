@@ -527,9 +527,10 @@ static PyObject *export_run(PyObject *args, PyObject *kw, const export_sel *sel)
         return NULL;
     }
     Py_XDECREF(x.pending);
-    return Py_BuildValue("{s:K,s:K,s:K,s:d}", "data_bytes", (unsigned long long)s.data_bytes,
+    return Py_BuildValue("{s:K,s:K,s:K,s:d,s:K}", "data_bytes", (unsigned long long)s.data_bytes,
                          "bytes", (unsigned long long)s.bytes, "io_calls",
-                         (unsigned long long)s.io_calls, "seconds", s.seconds);
+                         (unsigned long long)s.io_calls, "seconds", s.seconds, "meta_reads",
+                         (unsigned long long)s.meta_reads);
 }
 
 /* A pattern list (None, one str, or an iterable of str) as a NULL-terminated array

@@ -9,6 +9,8 @@ strata.torch flattens a state dict (a container without tensors is one value und
 
 archive_values(data) turns the bytes of a whole torch.save archive (a DCP non-tensor item)
 into its value, tensors rebuilt from the archive's bytes (copies, torch.frombuffer).
+file_values(path) does that for a whole file (Megatron's common.pt) and flattens it as
+pickle_values does.
 """
 
 import collections
@@ -81,3 +83,42 @@ def pickle_values(pkl, name="data.pkl"):
     if isinstance(root, (collections.abc.Mapping, list, tuple)):
         walk(root, "")
     return out
+
+
+MAX_FILE_VALUES = 256 << 20   # bytes of a torch.save file read whole for its values
+
+
+def file_values(path):
+    """{flattened key: value} of the torch.save file at path, read whole (at most
+    MAX_FILE_VALUES bytes) by strata's rules: Megatron's common.pt, the state every rank
+    shares. Tensors come back as new CPU tensors (values, not index entries)."""
+    from strata._statedict import _items, _join
+    with open(path, "rb") as f:
+        data = f.read(MAX_FILE_VALUES + 1)
+    if len(data) > MAX_FILE_VALUES:
+        raise _error("FormatError", "%s: over %d bytes, the most read for its values"
+                     % (path, MAX_FILE_VALUES))
+    root = archive_values(data, name=path)
+    out = {}
+
+    def walk(v, key):
+        for k, c in _items(v):
+            ck = _join(key, k)
+            if isinstance(c, (collections.abc.Mapping, list, tuple)) and _holds_tensor(c):
+                walk(c, ck)
+            else:
+                out[ck] = c
+
+    if isinstance(root, collections.abc.Mapping):
+        walk(root, "")
+    return out
+
+
+def _holds_tensor(v):
+    if isinstance(v, torch.Tensor):
+        return True
+    if isinstance(v, collections.abc.Mapping):
+        return any(_holds_tensor(c) for c in v.values())
+    if isinstance(v, (list, tuple)):
+        return any(_holds_tensor(c) for c in v)
+    return False

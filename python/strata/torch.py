@@ -505,7 +505,8 @@ def export_safetensors(path, out, *, prefix=None, max_file_bytes=None, dtype=Non
     (the exception as its __cause__). Not collective: call it in one process (the
     checkpoint must be committed). io_threads: the reads' threads; direct=False: never
     O_DIRECT (by default the files are written with it where the file system allows, leaving
-    the page cache alone). Returns {data_bytes, bytes, io_calls, seconds}.
+    the page cache alone). Returns {data_bytes, bytes, io_calls, seconds, meta_reads} (meta_reads:
+    the reads of the checkpoint's index: one, the export opens it once).
 
     Which tensors (all by default): include / exclude, a glob or a list of them (fnmatch on
     the checkpoint's names, "*" crossing dots; exclude wins); model_only="model" (or True)

@@ -269,6 +269,33 @@ def test_sharded_objects_are_never_unpickled(written):
     assert sd["rng_state/shard_1_2"] == [{"seed": 1001}]
 
 
+def test_common_state_values(written, tmp_path):
+    """The state every rank shares is in common.pt (megatron-core's torch.save of it): its
+    values load by strata's restricted reader, never unpickled; a common.pt strata refuses
+    fails only the keys found nowhere else, naming why."""
+    for world, path in written.items():
+        sd = {"iteration": 0, "args": {}}
+        st.load(sd, path)
+        assert sd["iteration"] == 12
+        assert sd["args"] == {"lr": 0.5, "tp": world}
+    bad = copy_of(written[1], str(tmp_path / "bad"))
+    planted = str(tmp_path / "planted")
+
+    class Plant:
+        def __reduce__(self):
+            return (os.system, ("touch " + planted,))
+    torch.save({"iteration": Plant()}, os.path.join(bad, "common.pt"))
+    name = sorted(MODEL)[0]
+    sd = {name: torch.zeros(MODEL[name][0], dtype=MODEL[name][1])}
+    st.load(sd, bad)        # the sharded state loads: common.pt is not needed
+    assert same(sd[name], ref(name, *MODEL[name][:2]))
+    with pytest.raises(strata.NotFoundError) as ei:
+        st.load({"iteration": 0}, bad)
+    assert "common.pt could not be read" in str(ei.value) and "system" in str(ei.value), \
+        str(ei.value)
+    assert not os.path.exists(planted)
+
+
 # ---- hostile inputs ---------------------------------------------------------------------------
 
 def copy_of(src, dst):
