@@ -71,35 +71,10 @@ static int get_dims(const pk_val *v, uint64_t *out, int *ndim)
  * *name set). */
 static int dtype_of(pk_global g, strata_dtype *dt, const char **name)
 {
-    static const struct {
-        pk_global g;
-        int dt;
-    } map[] = {
-        {PK_G_DTYPE_F64, STRATA_F64},      {PK_G_DTYPE_F32, STRATA_F32},
-        {PK_G_DTYPE_F16, STRATA_F16},      {PK_G_DTYPE_BF16, STRATA_BF16},
-        {PK_G_DTYPE_F8E4M3, STRATA_FP8_E4M3}, {PK_G_DTYPE_F8E5M2, STRATA_FP8_E5M2},
-        {PK_G_DTYPE_I64, STRATA_I64},      {PK_G_DTYPE_I32, STRATA_I32},
-        {PK_G_DTYPE_I16, STRATA_I16},      {PK_G_DTYPE_I8, STRATA_I8},
-        {PK_G_DTYPE_U8, STRATA_U8},        {PK_G_DTYPE_BOOL, STRATA_BOOL},
-        {PK_G_DTYPE_C64, -1},              {PK_G_DTYPE_C128, -1},
-        {PK_G_STORAGE_F64, STRATA_F64},    {PK_G_STORAGE_F32, STRATA_F32},
-        {PK_G_STORAGE_F16, STRATA_F16},    {PK_G_STORAGE_BF16, STRATA_BF16},
-        {PK_G_STORAGE_F8E4M3, STRATA_FP8_E4M3}, {PK_G_STORAGE_F8E5M2, STRATA_FP8_E5M2},
-        {PK_G_STORAGE_I64, STRATA_I64},    {PK_G_STORAGE_I32, STRATA_I32},
-        {PK_G_STORAGE_I16, STRATA_I16},    {PK_G_STORAGE_I8, STRATA_I8},
-        {PK_G_STORAGE_U8, STRATA_U8},      {PK_G_STORAGE_BOOL, STRATA_BOOL},
-        {PK_G_STORAGE_C64, -1},            {PK_G_STORAGE_C128, -1},
-    };
-    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
-        if (map[i].g == g) {
-            if (map[i].dt < 0) {
-                *name = pk_global_name(g);
-                return 2;
-            }
-            *dt = (strata_dtype)map[i].dt;
-            return 0;
-        }
-    return 1;
+    int r = pk_torch_dtype(g, dt);
+    if (r == 2)
+        *name = pk_global_name(g);
+    return r;
 }
 
 /* ---- .metadata ------------------------------------------------------------------------ */
@@ -215,7 +190,7 @@ static int read_tensor(st_dcp *d, st_dcp_item *it, const pk_val *sd, const char 
     }
     const char *dname = NULL;
     int r = dt && dt->kind == PK_GLOBAL ? dtype_of(dt->g, &it->dtype, &dname) : 1;
-    if (r == 1 || (dt->g >= PK_G_STORAGE_F64 && dt->g <= PK_G_STORAGE_UNTYPED))
+    if (r == 1 || pk_is_storage(dt->g))
         return bad(file, fqn, "its dtype is not a torch dtype");
     if (r == 2)
         return st_fail(STRATA_ENOTSUP, "%s: item '%.200s': dtype torch.%s is not one strata reads",

@@ -734,3 +734,43 @@ const pk_val *pk_dict_get(const pk_val *d, const char *key)
     }
     return NULL;
 }
+
+int pk_torch_dtype(pk_global g, strata_dtype *dt)
+{
+    static const struct {
+        pk_global g;
+        int dt; /* -1: a dtype strata does not hold */
+    } map[] = {
+        {PK_G_DTYPE_F64, STRATA_F64},      {PK_G_DTYPE_F32, STRATA_F32},
+        {PK_G_DTYPE_F16, STRATA_F16},      {PK_G_DTYPE_BF16, STRATA_BF16},
+        {PK_G_DTYPE_F8E4M3, STRATA_FP8_E4M3}, {PK_G_DTYPE_F8E5M2, STRATA_FP8_E5M2},
+        {PK_G_DTYPE_I64, STRATA_I64},      {PK_G_DTYPE_I32, STRATA_I32},
+        {PK_G_DTYPE_I16, STRATA_I16},      {PK_G_DTYPE_I8, STRATA_I8},
+        {PK_G_DTYPE_U8, STRATA_U8},        {PK_G_DTYPE_BOOL, STRATA_BOOL},
+        {PK_G_DTYPE_C64, -1},              {PK_G_DTYPE_C128, -1},
+        {PK_G_STORAGE_F64, STRATA_F64},    {PK_G_STORAGE_F32, STRATA_F32},
+        {PK_G_STORAGE_F16, STRATA_F16},    {PK_G_STORAGE_BF16, STRATA_BF16},
+        {PK_G_STORAGE_F8E4M3, STRATA_FP8_E4M3}, {PK_G_STORAGE_F8E5M2, STRATA_FP8_E5M2},
+        {PK_G_STORAGE_I64, STRATA_I64},    {PK_G_STORAGE_I32, STRATA_I32},
+        {PK_G_STORAGE_I16, STRATA_I16},    {PK_G_STORAGE_I8, STRATA_I8},
+        {PK_G_STORAGE_U8, STRATA_U8},      {PK_G_STORAGE_BOOL, STRATA_BOOL},
+        {PK_G_STORAGE_C64, -1},            {PK_G_STORAGE_C128, -1},
+    };
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+        if (map[i].g == g) {
+            if (map[i].dt < 0)
+                return 2;
+            *dt = (strata_dtype)map[i].dt;
+            return 0;
+        }
+    return 1;
+}
+
+int pk_is_storage(pk_global g)
+{
+    strata_dtype dt;
+    if (g == PK_G_STORAGE_UNTYPED)
+        return 1;
+    /* a storage type maps to a dtype as its dtype global does; told apart by name */
+    return pk_torch_dtype(g, &dt) != 1 && strstr(pk_global_name(g), "Storage") != NULL;
+}

@@ -138,6 +138,12 @@ void pk_free(pk_doc *doc);
 int pk_int64(const pk_val *v, int64_t *out);
 const char *pk_global_module(pk_global g);
 const char *pk_global_name(pk_global g);
+/* The strata dtype of a torch dtype global (torch.float32) or storage type
+ * (torch.FloatStorage): 0 (*dt set), 1 (neither), 2 (a torch dtype strata does not hold:
+ * complex). */
+int pk_torch_dtype(pk_global g, strata_dtype *dt);
+/* Is g a torch storage type (torch.FloatStorage, ..., torch.storage.UntypedStorage)? */
+int pk_is_storage(pk_global g);
 /* The entry for (module, name), or -1 if not on the list. */
 int pk_global_find(const char *module, size_t mlen, const char *name, size_t nlen);
 /* A dict's value for a str key, or NULL (the last pair with that key, as Python's). */

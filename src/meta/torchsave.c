@@ -11,33 +11,12 @@
 
 /* ---- the tensors of a pickle ---- */
 
+/* 0 (*dt set) or -1; *complex: a complex dtype (which strata does not hold). */
 static int storage_dtype(pk_global g, strata_dtype *dt, int *complex)
 {
-    static const struct {
-        pk_global g;
-        strata_dtype dt;
-    } map[] = {
-        {PK_G_STORAGE_F64, STRATA_F64},  {PK_G_STORAGE_F32, STRATA_F32},
-        {PK_G_STORAGE_F16, STRATA_F16},  {PK_G_STORAGE_BF16, STRATA_BF16},
-        {PK_G_STORAGE_I64, STRATA_I64},  {PK_G_STORAGE_I32, STRATA_I32},
-        {PK_G_STORAGE_I16, STRATA_I16},  {PK_G_STORAGE_I8, STRATA_I8},
-        {PK_G_STORAGE_U8, STRATA_U8},    {PK_G_STORAGE_BOOL, STRATA_BOOL},
-        {PK_G_STORAGE_F8E4M3, STRATA_FP8_E4M3}, {PK_G_STORAGE_F8E5M2, STRATA_FP8_E5M2},
-        {PK_G_DTYPE_F64, STRATA_F64},    {PK_G_DTYPE_F32, STRATA_F32},
-        {PK_G_DTYPE_F16, STRATA_F16},    {PK_G_DTYPE_BF16, STRATA_BF16},
-        {PK_G_DTYPE_I64, STRATA_I64},    {PK_G_DTYPE_I32, STRATA_I32},
-        {PK_G_DTYPE_I16, STRATA_I16},    {PK_G_DTYPE_I8, STRATA_I8},
-        {PK_G_DTYPE_U8, STRATA_U8},      {PK_G_DTYPE_BOOL, STRATA_BOOL},
-        {PK_G_DTYPE_F8E4M3, STRATA_FP8_E4M3}, {PK_G_DTYPE_F8E5M2, STRATA_FP8_E5M2},
-    };
-    *complex = g == PK_G_STORAGE_C64 || g == PK_G_STORAGE_C128 || g == PK_G_DTYPE_C64 ||
-               g == PK_G_DTYPE_C128;
-    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
-        if (map[i].g == g) {
-            *dt = map[i].dt;
-            return 0;
-        }
-    return -1;
+    int r = pk_torch_dtype(g, dt);
+    *complex = r == 2;
+    return r == 0 ? 0 : -1;
 }
 
 const pk_val *st_ts_tensor_call(const pk_val *v)
@@ -146,7 +125,7 @@ int st_ts_tensor_info(st_ts_tensor *out, uint64_t *storage_bytes, const pk_val *
         return st_fail(STRATA_EFORMAT, "%s: tensor '%s': bad storage key", file, nm);
     pk_global sg = pid->items[1]->g;
     int untyped = sg == PK_G_STORAGE_UNTYPED;
-    if (sg < PK_G_STORAGE_F64 || sg > PK_G_STORAGE_UNTYPED)
+    if (!pk_is_storage(sg))
         return st_fail(STRATA_EFORMAT, "%s: tensor '%s': %s.%s is not a storage type", file, nm,
                        pk_global_module(sg), pk_global_name(sg));
     if (untyped && !v3)
@@ -159,7 +138,7 @@ int st_ts_tensor_info(st_ts_tensor *out, uint64_t *storage_bytes, const pk_val *
         strata_dtype vd;
         const pk_val *dv = a->items[6];
         if (dv->kind != PK_GLOBAL || (storage_dtype(dv->g, &vd, &cplx) && !cplx) ||
-            (dv->g >= PK_G_STORAGE_F64 && dv->g <= PK_G_STORAGE_UNTYPED))
+            pk_is_storage(dv->g))
             return st_fail(STRATA_EFORMAT, "%s: tensor '%s': _rebuild_tensor_v3's dtype is not "
                            "a dtype", file, nm);
         if (!cplx && !untyped && vd != t.dtype)
