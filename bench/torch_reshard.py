@@ -28,6 +28,7 @@ import torch  # noqa: F401  (imported before forking, no op run: torch_dist.run_
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import torch_dist  # noqa: E402
+import torch_systems as ts  # noqa: E402
 
 GB = float(os.environ.get("BENCH_RESHARD_GB", "2"))
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
@@ -71,16 +72,6 @@ def job_save(root):
     return True
 
 
-def _drop():
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3")
-        return True
-    except OSError:
-        return False
-
-
 def job_load(root, rounds):
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -95,7 +86,7 @@ def job_load(root, rounds):
             for t in sd.values():
                 t._local_tensor.fill_(-1.0)
             dist.barrier()
-            dropped = _drop() if rank == 0 else True
+            dropped = ts.drop_caches() if rank == 0 else True
             dist.barrier()
             prof = None
             if sysname == "strata" and rank == 0 and os.environ.get("STRATA_PROFILE") == "1":
