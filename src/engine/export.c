@@ -5,8 +5,10 @@
  * file is written header first and its tensors filled window by window: every window is a
  * flat element range of one tensor's row-major flattening (or several small whole tensors
  * packed together), loaded by strata_loader_load (which merges shards, flat pieces and replicas
- * and verifies every checksum it reads) into one reused buffer of EXPORT_BUF bytes and
- * converted in place if asked. A file's bytes are produced in order (header, then its
+ * and verifies every checksum it reads) into one of two window buffers of EXPORT_BUF bytes and
+ * converted in place if asked. Window N+1 loads on a thread of its own while window N is
+ * converted and written on the caller's thread (which alone writes, reports progress and
+ * decides a stop), so reads and writes overlap. A file's bytes are produced in order (header, then its
  * tensors' data back to back), so they go through one aligned staging buffer of
  * EXPORT_STAGE bytes written with O_DIRECT at aligned offsets (the page cache is left
  * alone; buffered writes where O_DIRECT is refused or STRATA_EXPORT_NO_DIRECT asks); the
@@ -20,6 +22,7 @@
 #include <errno.h>
 #include <fnmatch.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,7 +35,6 @@
 #include "engine.h"
 #include "export_dir.h"
 
-#define EXPORT_BUF (64u << 20)         /* the one window buffer */
 #define EXPORT_ALIGN 64                /* pieces packed in the buffer start at multiples of this */
 #define EXPORT_MAX_PIECES 4096         /* whole small tensors packed into one load */
 #define EXPORT_DEFAULT_FILE 5000000000ull /* max_file_bytes 0: 5 GB */
@@ -61,6 +63,14 @@ typedef struct {
     size_t off;            /* in the buffer */
 } ex_piece;
 
+/* A window: pieces queued into its buffer, loaded at once. */
+typedef struct {
+    unsigned char *buf; /* EXPORT_BUF bytes */
+    ex_piece *pieces;   /* EXPORT_MAX_PIECES */
+    int npieces;
+    size_t used;
+} ex_win;
+
 typedef struct {
     strata_loader *ld; /* the checkpoint, opened once for every window */
     const strata_export_opts *o;
@@ -69,10 +79,8 @@ typedef struct {
     int nfiles;
     char **names; /* the files' names (nfiles + 1: the index last) */
     st_exdir dir; /* where they are written, and made visible at once */
-    unsigned char *buf;
-    ex_piece *pieces;
-    int npieces;
-    size_t used;
+    ex_win win[2]; /* win[cur] is being queued; the other, if pending, is loaded */
+    int cur, pending;
     /* the file being written: bytes in order through the staging buffer */
     st_file *f;
     int direct;
@@ -164,17 +172,15 @@ static int report(ex_ctx *c)
     return STRATA_EABORTED;
 }
 
-/* Loads the queued pieces, converts them and writes them to the current file. */
-static int flush(ex_ctx *c)
+/* Loads window w's pieces (on the load thread, or the caller's); adds to *ls. */
+static int load_window(ex_ctx *c, ex_win *w, strata_stats *ls)
 {
-    if (!c->npieces)
-        return 0;
     strata_state *st;
     int rc = strata_state_new(&st);
     if (rc)
         return rc;
-    for (int i = 0; i < c->npieces && !rc; i++) {
-        ex_piece *p = &c->pieces[i];
+    for (int i = 0; i < w->npieces && !rc; i++) {
+        ex_piece *p = &w->pieces[i];
         strata_shard sh = {0};
         sh.name = p->t->src_name;
         sh.dtype = p->t->src;
@@ -185,37 +191,105 @@ static int flush(ex_ctx *c)
             sh.flat_start = p->start;
             sh.flat_end = p->start + p->count;
         }
-        sh.data = c->buf + p->off;
+        sh.data = w->buf + p->off;
         rc = strata_state_add_shard(st, &sh);
     }
     if (!rc) {
         strata_load_opts lo = STRATA_LOAD_OPTS_INIT;
-        strata_stats ls = STRATA_STATS_INIT;
         lo.io_threads = c->o->io_threads;
         lo.max_io_bytes = EXPORT_MAX_IO;
         if (c->o->flags & STRATA_EXPORT_NO_DIRECT)
             lo.flags |= STRATA_LOAD_NO_DIRECT;
-        rc = strata_loader_load(&ls, c->ld, &st, 1, &lo);
-        c->io_calls += ls.io_calls;
-        c->meta_reads = ls.meta_reads;
+        rc = strata_loader_load(ls, c->ld, &st, 1, &lo);
     }
     strata_state_free(st);
-    for (int i = 0; i < c->npieces && !rc; i++) {
-        ex_piece *p = &c->pieces[i];
+    return rc;
+}
+
+/* A load on its own thread: its code and message come back through here. */
+typedef struct {
+    ex_ctx *c;
+    ex_win *w;
+    strata_stats ls;
+    int rc;
+    char msg[1024];
+} ex_load;
+
+static void *load_main(void *p)
+{
+    ex_load *l = p;
+    l->rc = load_window(l->c, l->w, &l->ls);
+    if (l->rc)
+        snprintf(l->msg, sizeof l->msg, "%s", strata_error_last());
+    return NULL;
+}
+
+/* Converts loaded window w's pieces and writes them to the current file; then reports. */
+static int write_window(ex_ctx *c, ex_win *w)
+{
+    int rc = 0;
+    for (int i = 0; i < w->npieces && !rc; i++) {
+        ex_piece *p = &w->pieces[i];
         if (p->t->dst != p->t->src)
-            st_convert(c->buf + p->off, p->t->dst, c->buf + p->off, p->t->src, p->count);
+            st_convert(w->buf + p->off, p->t->dst, w->buf + p->off, p->t->src, p->count);
         uint64_t n = p->count * p->t->dst_sz;
         /* the pieces come in file order, back to back */
         if (c->stage_off + c->fill != c->data_start + p->t->begin + p->start * p->t->dst_sz)
             rc = st_fail(STRATA_EINVAL, "export: piece of '%s' out of order (a bug)",
                          p->t->src_name);
         if (!rc)
-            rc = out_put(c, c->buf + p->off, n);
+            rc = out_put(c, w->buf + p->off, n);
         c->done_bytes += n;
     }
-    c->npieces = 0;
-    c->used = 0;
+    w->npieces = 0;
+    w->used = 0;
     return rc ? rc : report(c);
+}
+
+/* Starts loading the queued window (win[cur]) on a thread, writes the pending one (loaded
+ * before) meanwhile, and waits for the load: the queued window becomes the pending one. On
+ * any failure nothing stays pending and the first failure's code and message are kept. */
+static int flush(ex_ctx *c)
+{
+    ex_win *w = &c->win[c->cur], *prev = &c->win[1 - c->cur];
+    if (!w->npieces)
+        return 0;
+    ex_load l = {.c = c, .w = w, .ls = STRATA_STATS_INIT};
+    pthread_t th;
+    int threaded = c->pending && pthread_create(&th, NULL, load_main, &l) == 0;
+    int rc = 0;
+    if (c->pending) { /* window N is written while window N+1 loads */
+        rc = write_window(c, prev);
+        c->pending = 0;
+    }
+    if (threaded)
+        pthread_join(th, NULL);
+    else if (!rc) /* nothing to overlap with (or no thread): load here */
+        load_main(&l);
+    c->io_calls += l.ls.io_calls;
+    c->meta_reads = l.ls.meta_reads; /* the loader's, as of its last window */
+    if (!rc && l.rc)
+        rc = st_fail(l.rc, "%s", l.msg);
+    if (rc) {
+        w->npieces = 0;
+        w->used = 0;
+        return rc;
+    }
+    c->pending = 1;
+    c->cur = 1 - c->cur;
+    return 0;
+}
+
+/* Loads and writes whatever is queued or pending: the current file's last windows. */
+static int drain(ex_ctx *c)
+{
+    int rc = flush(c);
+    if (!rc && c->pending)
+        rc = write_window(c, &c->win[1 - c->cur]);
+    c->pending = 0;
+    c->win[0].npieces = c->win[1].npieces = 0;
+    c->win[0].used = c->win[1].used = 0;
+    return rc;
 }
 
 /* Queues tensor t's windows, flushing whenever the buffer is full. */
@@ -223,18 +297,19 @@ static int queue_tensor(ex_ctx *c, ex_tensor *t)
 {
     uint64_t pos = 0;
     while (pos < t->numel) {
-        size_t off = (c->used + EXPORT_ALIGN - 1) / EXPORT_ALIGN * EXPORT_ALIGN;
+        ex_win *w = &c->win[c->cur];
+        size_t off = (w->used + EXPORT_ALIGN - 1) / EXPORT_ALIGN * EXPORT_ALIGN;
         uint64_t space = off < EXPORT_BUF ? (EXPORT_BUF - off) / t->src_sz : 0;
         uint64_t take = t->numel - pos < space ? t->numel - pos : space;
         /* no room, no piece left, or a scalar that would be split: load what is queued */
-        if (take == 0 || c->npieces == EXPORT_MAX_PIECES || (take < t->numel && t->ndim == 0)) {
+        if (take == 0 || w->npieces == EXPORT_MAX_PIECES || (take < t->numel && t->ndim == 0)) {
             int rc = flush(c);
             if (rc)
                 return rc;
             continue;
         }
-        c->pieces[c->npieces++] = (ex_piece){t, pos, take, off};
-        c->used = off + take * t->src_sz;
+        w->pieces[w->npieces++] = (ex_piece){t, pos, take, off};
+        w->used = off + take * t->src_sz;
         pos += take;
     }
     return 0;
@@ -329,11 +404,12 @@ static int write_file(ex_ctx *c, int f, size_t lo, size_t hi)
     for (size_t i = lo; i < hi && !rc; i++)
         rc = queue_tensor(c, &c->ts[i]);
     if (!rc)
-        rc = flush(c);
+        rc = drain(c);
     if (!rc)
         rc = stage_write(c, 1);
-    c->npieces = 0;
-    c->used = 0;
+    c->pending = 0;
+    c->win[0].npieces = c->win[1].npieces = 0;
+    c->win[0].used = c->win[1].used = 0;
     return out_close(c, rc);
 }
 
@@ -615,7 +691,8 @@ int strata_export_safetensors(strata_stats *stats, const char *ckpt_uri, const c
     ex_ctx *c = calloc(1, sizeof *c);
     size_t nt = strata_ckpt_ntensors(ck);
     if (!c || !(c->ts = calloc(nt ? nt : 1, sizeof *c->ts)) ||
-        !(c->pieces = malloc(EXPORT_MAX_PIECES * sizeof *c->pieces))) {
+        !(c->win[0].pieces = malloc(EXPORT_MAX_PIECES * sizeof *c->win[0].pieces)) ||
+        !(c->win[1].pieces = malloc(EXPORT_MAX_PIECES * sizeof *c->win[1].pieces))) {
         rc = st_fail(STRATA_ENOMEM, "out of memory");
         goto done;
     }
@@ -624,11 +701,11 @@ int strata_export_safetensors(strata_stats *stats, const char *ckpt_uri, const c
     c->nts = nt;
     if ((rc = layout(c, ck)) || (rc = out_names(c)))
         goto done;
-    if (!(c->buf = malloc(EXPORT_BUF)) ||
+    if (!(c->win[0].buf = malloc(EXPORT_BUF)) || !(c->win[1].buf = malloc(EXPORT_BUF)) ||
         posix_memalign((void **)&c->stage, EXPORT_BLOCK, EXPORT_STAGE) != 0) {
         c->stage = NULL;
-        rc = st_fail(STRATA_ENOMEM, "out of memory for the export's %u + %u bytes of buffers",
-                     EXPORT_BUF, EXPORT_STAGE);
+        rc = st_fail(STRATA_ENOMEM, "out of memory for the export's 2 x %u + %u bytes of "
+                     "buffers", EXPORT_BUF, EXPORT_STAGE);
         goto done;
     }
     if ((rc = st_exdir_begin(&c->dir, out_dir)))
@@ -656,9 +733,11 @@ done:
         for (int f = 0; c->names && f <= c->nfiles; f++)
             free(c->names[f]);
         free(c->names);
-        free(c->buf);
+        for (int k = 0; k < 2; k++) {
+            free(c->win[k].buf);
+            free(c->win[k].pieces);
+        }
         free(c->stage);
-        free(c->pieces);
         free(c->ts);
     }
     free(c);

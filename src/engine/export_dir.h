@@ -8,6 +8,11 @@
 /* The staging directory beside OUT is OUT + EXDIR_MARK + "<pid>-<random hex>". */
 #define EXDIR_MARK ".strata-export-"
 #define EXPORT_INDEX "model.safetensors.index.json"
+/* export.c's window: each of its two window buffers holds this many bytes (the load of one
+ * overlaps the write of the other); tests size their tensors by it */
+#ifndef EXPORT_BUF
+#define EXPORT_BUF (32u << 20)
+#endif
 
 typedef struct st_exdir {
     const st_vfs *v;
