@@ -25,7 +25,7 @@ bench-torch: venv $(VENV)/.bench-torch-deps
 	$(MAKE) --no-print-directory bench-deepspeed
 
 bench-unified: venv $(BUILD)/strata
-	@$(APT) tool_need fio fio
+	@$(APT) tool_need fio fio; tool_need /usr/bin/time time
 	BENCH_DIR=$(BUILD)/bench-unified PYTHONWARNINGS=ignore GLOO_SOCKET_IFNAME=lo \
 	    $(VENV)/bin/python bench/bench_unified.py
 
