@@ -283,7 +283,7 @@ class _Meta:
         # a torch.save source: its values are in its files' pickles (never executed)
         self.values = {}
         for name, pkl in d.get("p", []):
-            self.values.update(_torchsave.pickle_values(pkl.encode("latin-1"), name))
+            self.values.update(_torchsave.pickle_values(pkl, name))
         # Megatron torch_dist: the state every rank shares is in common.pt (a torch.save
         # file beside the DCP files), read by strata's restricted reader; one it refuses
         # (a global off the allow-list, e.g. an argparse.Namespace) fails only a load that
@@ -317,7 +317,7 @@ class _Meta:
         d = ld.index()
         d["tier_uri"] = ld.uri
         if d["f"] == "torch.save":   # its blobs are its files' pickles
-            d["p"] = [[n, v.decode("latin-1")] for n, v in _load_blobs(ld, d["b"])]
+            d["p"] = _load_blobs(ld, d["b"])
             d["b"] = []
         return d
 

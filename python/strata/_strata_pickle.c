@@ -260,29 +260,41 @@ static int callables(conv *c, PyObject *tensor, PyObject *glob)
     return 0;
 }
 
+/* The arguments both calls take: (data, tensor=None, glob=None, name=<name>). On success
+ * buf holds data (the caller releases it) and c the callables. */
+static int unpickle_args(PyObject *args, PyObject *kw, Py_buffer *buf, conv *c,
+                         const char **name)
+{
+    static char *kwlist[] = {"data", "tensor", "glob", "name", NULL};
+    PyObject *tensor = Py_None, *glob = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*|OOs", kwlist, buf, &tensor, &glob, name))
+        return -1;
+    if (callables(c, tensor, glob)) {
+        PyBuffer_Release(buf);
+        return -1;
+    }
+    return 0;
+}
+
 PyObject *mod_unpickle(PyObject *m, PyObject *args, PyObject *kw)
 {
     (void)m;
-    static char *kwlist[] = {"data", "tensor", "glob", "name", NULL};
     Py_buffer buf;
-    PyObject *tensor = Py_None, *glob = Py_None;
     const char *name = "pickle";
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*|OOs", kwlist, &buf, &tensor, &glob, &name))
-        return NULL;
     conv c = {0};
+    if (unpickle_args(args, kw, &buf, &c, &name))
+        return NULL;
     pk_doc doc;
     PyObject *r = NULL;
     int rc;
-    if (!callables(&c, tensor, glob)) {
-        Py_BEGIN_ALLOW_THREADS
-        rc = pk_parse(&doc, buf.buf, (size_t)buf.len, name);
-        Py_END_ALLOW_THREADS
-        if (rc)
-            raise_last(rc);
-        else
-            r = convert(&c, doc.root);
-        pk_free(&doc);
-    }
+    Py_BEGIN_ALLOW_THREADS
+    rc = pk_parse(&doc, buf.buf, (size_t)buf.len, name);
+    Py_END_ALLOW_THREADS
+    if (rc)
+        raise_last(rc);
+    else
+        r = convert(&c, doc.root);
+    pk_free(&doc);
     PyBuffer_Release(&buf);
     return r;
 }
@@ -305,30 +317,26 @@ static int rd_mem(void *ctx, void *out, size_t len, uint64_t off)
 PyObject *mod_unpickle_archive(PyObject *m, PyObject *args, PyObject *kw)
 {
     (void)m;
-    static char *kwlist[] = {"data", "tensor", "glob", "name", NULL};
     Py_buffer buf;
-    PyObject *tensor = Py_None, *glob = Py_None;
     const char *name = "torch.save archive";
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*|OOs", kwlist, &buf, &tensor, &glob, &name))
-        return NULL;
     conv c = {0};
+    if (unpickle_args(args, kw, &buf, &c, &name))
+        return NULL;
     st_ts_archive a;
     PyObject *r = NULL;
     int rc;
-    if (!callables(&c, tensor, glob)) {
-        mem_src s = {buf.buf, (uint64_t)buf.len};
-        Py_BEGIN_ALLOW_THREADS
-        rc = st_ts_open(&a, s.n, rd_mem, &s, name);
-        Py_END_ALLOW_THREADS
-        if (rc) {
-            raise_last(rc);
-        } else {
-            c.a = &a;
-            c.data = buf.buf;
-            r = convert(&c, a.doc.pk.root);
-        }
-        st_ts_close(&a);
+    mem_src s = {buf.buf, (uint64_t)buf.len};
+    Py_BEGIN_ALLOW_THREADS
+    rc = st_ts_open(&a, s.n, rd_mem, &s, name);
+    Py_END_ALLOW_THREADS
+    if (rc) {
+        raise_last(rc);
+    } else {
+        c.a = &a;
+        c.data = buf.buf;
+        r = convert(&c, a.doc.pk.root);
     }
+    st_ts_close(&a);
     PyBuffer_Release(&buf);
     return r;
 }
