@@ -22,6 +22,7 @@
 
 #include "meta/torchsave.h"
 #include "strata_types.h"
+#include "fuzz_mem.h"
 
 #define FT_FAIL(...)                                                                         \
     do {                                                                                     \
@@ -29,21 +30,6 @@
         fprintf(stderr, "\n");                                                               \
         abort();                                                                             \
     } while (0)
-
-typedef struct {
-    const uint8_t *b;
-    size_t n;
-} ft_src;
-
-static int ft_read(void *ctx, void *buf, size_t len, uint64_t off)
-{
-    const ft_src *s = ctx;
-    if (off > s->n || len > s->n - off)
-        FT_FAIL("read of %zu bytes at %llu past the end (%zu bytes)", len,
-                (unsigned long long)off, s->n);
-    memcpy(buf, s->b + off, len);
-    return 0;
-}
 
 static void ft_check(const st_ts_archive *a, size_t size)
 {
@@ -137,9 +123,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         ft_pickle(data, size);
         return 0;
     }
-    ft_src s = {data, size};
+    fuzz_mem s = {data, size};
     st_ts_archive a;
-    int rc = st_ts_open(&a, size, ft_read, &s, "fuzz.pt");
+    int rc = st_ts_open(&a, size, fuzz_mem_read, &s, "fuzz.pt");
     if (rc == 0) {
         ft_check(&a, size);
         st_ts_close(&a);

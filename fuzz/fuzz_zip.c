@@ -16,6 +16,7 @@
 
 #include "meta/zip.h"
 #include "strata_types.h"
+#include "fuzz_mem.h"
 
 #define FZ_FAIL(...)                                                                         \
     do {                                                                                     \
@@ -23,21 +24,6 @@
         fprintf(stderr, "\n");                                                               \
         abort();                                                                             \
     } while (0)
-
-typedef struct {
-    const uint8_t *b;
-    size_t n;
-} fz_src;
-
-static int fz_read(void *ctx, void *buf, size_t len, uint64_t off)
-{
-    const fz_src *s = ctx;
-    if (off > s->n || len > s->n - off)
-        FZ_FAIL("read of %zu bytes at %llu past the end (%zu bytes)", len,
-                (unsigned long long)off, s->n);
-    memcpy(buf, s->b + off, len);
-    return 0;
-}
 
 /* relative, no NUL/backslash, no "." or ".." component */
 static int fz_name_ok(const char *s)
@@ -61,7 +47,7 @@ static int fz_cmp(const void *a, const void *b)
     return x->header_off < y->header_off ? -1 : x->header_off > y->header_off;
 }
 
-static void fz_check(const st_zip *z, fz_src *s)
+static void fz_check(const st_zip *z, fuzz_mem *s)
 {
     if (z->cd_off > z->file_size)
         FZ_FAIL("central directory past the end");
@@ -90,7 +76,7 @@ static void fz_check(const st_zip *z, fz_src *s)
         const st_zip_entry *e = &z->e[i];
         /* a compressed entry's usize is any number: it is refused before any read */
         unsigned char *buf = malloc(e->method == 0 && e->usize ? (size_t)e->usize : 1);
-        int rc = st_zip_read(z, e, buf, fz_read, s, "fuzz.zip");
+        int rc = st_zip_read(z, e, buf, fuzz_mem_read, s, "fuzz.zip");
         free(buf);
         if (e->method != 0 ? rc != STRATA_EFORMAT : rc != 0 && rc != STRATA_ECHECKSUM)
             FZ_FAIL("reading entry '%s' (method %u) gave %s", e->name, e->method,
@@ -101,9 +87,9 @@ static void fz_check(const st_zip *z, fz_src *s)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    fz_src s = {data, size};
+    fuzz_mem s = {data, size};
     st_zip z;
-    int rc = st_zip_open(&z, size, fz_read, &s, "fuzz.zip");
+    int rc = st_zip_open(&z, size, fuzz_mem_read, &s, "fuzz.zip");
     if (rc == 0) {
         fz_check(&z, &s);
         st_zip_free(&z);

@@ -226,12 +226,12 @@ static void zip_verdict(const char *name, const unsigned char *b, size_t n)
     int valid = strncmp(name, "seed-valid-", 11) == 0;
     if (!valid && strncmp(name, "seed-reject-", 12) != 0)
         return;
-    fz_src s = {b, n};
+    fuzz_mem s = {b, n};
     st_zip z;
-    int rc = st_zip_open(&z, n, fz_read, &s, name);
+    int rc = st_zip_open(&z, n, fuzz_mem_read, &s, name);
     for (size_t i = 0; rc == 0 && i < z.n; i++) {
         unsigned char *buf = malloc(z.e[i].method == 0 && z.e[i].usize ? z.e[i].usize : 1);
-        rc = st_zip_read(&z, &z.e[i], buf, fz_read, &s, name);
+        rc = st_zip_read(&z, &z.e[i], buf, fuzz_mem_read, &s, name);
         free(buf);
     }
     st_zip_free(&z);
@@ -279,9 +279,9 @@ static void torchsave_verdict(const char *name, const unsigned char *b, size_t n
             rc = st_ts_tensors(&d, name);
         st_ts_doc_free(&d);
     } else {
-        ft_src s = {b, n};
+        fuzz_mem s = {b, n};
         st_ts_archive a;
-        rc = st_ts_open(&a, n, ft_read, &s, name);
+        rc = st_ts_open(&a, n, fuzz_mem_read, &s, name);
         st_ts_close(&a);
     }
     if (valid && rc != 0)
