@@ -459,8 +459,9 @@ uint32_t strata_ckpt_chunk_bytes(const strata_ckpt *ck); /* 0: no checksums (saf
 #define STRATA_FORMAT_DCP 2 /* PyTorch torch.distributed.checkpoint */
 #define STRATA_FORMAT_TORCH_SAVE 3 /* torch.save files, Hugging Face pytorch_model.bin */
 #define STRATA_FORMAT_MEGATRON 4 /* Megatron-Core torch_dist (DCP + metadata.json) */
+#define STRATA_FORMAT_DEEPSPEED 5 /* DeepSpeed ZeRO, its default engine's torch.save files */
 int strata_ckpt_format(const strata_ckpt *ck); /* STRATA_FORMAT_* */
-/* The format's name: "strata", "safetensors", "dcp", "torch.save", "megatron". */
+/* The format's name: "strata", "safetensors", "dcp", "torch.save", "megatron", "deepspeed". */
 const char *strata_ckpt_format_name(const strata_ckpt *ck);
 
 typedef struct strata_tensor_info {

@@ -69,5 +69,15 @@ extern const st_source st_source_dcp;         /* src_dcp.c */
  * torch_dist). Errors: as st_source_dcp's open. */
 int st_dcp_read_meta(const st_vfs *v, const char *dir, st_meta **out);
 extern const st_source st_source_torchsave;   /* src_torchsave.c */
+extern const st_source st_source_zero;        /* src_zero.c */
+
+/* Opens the torch.save file dir/name as an archive into *a (torchsave.h) and describes it in
+ * *tf (name points to `name`; its identity taken before anything is read: a later change
+ * shows when the data is opened). Errors: STRATA_ENOENT (missing), STRATA_ENOTSUP (legacy
+ * format), st_ts_open's. src_torchsave.c. */
+struct st_ts_archive;
+struct st_ts_file;
+int st_ts_open_file(const st_vfs *v, const char *dir, const char *name,
+                    struct st_ts_archive *a, struct st_ts_file *tf);
 
 #endif

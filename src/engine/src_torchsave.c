@@ -98,10 +98,8 @@ static int ts_here(const st_vfs *v, const char *path, int kind)
              kind_of(v, path, ST_TS_SINGLE_FILE)));
 }
 
-/* Opens dir/name as an archive into *a, with its identity (taken before anything is read:
- * a later change shows when the data is opened). */
-static int open_archive(const st_vfs *v, const char *dir, const char *name, st_ts_archive *a,
-                        st_ts_file *tf)
+int st_ts_open_file(const st_vfs *v, const char *dir, const char *name, st_ts_archive *a,
+                    st_ts_file *tf)
 {
     char p[PATH_MAX];
     st_file *f;
@@ -181,7 +179,7 @@ static int ts_open(st_dir *d, unsigned char **desc, size_t *desclen)
     if (!a || !tf)
         rc = st_fail(STRATA_ENOMEM, "out of memory");
     for (size_t i = 0; i < n && !rc; i++)
-        rc = open_archive(v, d->path, names[i], &a[i], &tf[i]);
+        rc = st_ts_open_file(v, d->path, names[i], &a[i], &tf[i]);
     if (!rc)
         rc = st_ts_meta(&d->meta, tf, n, map.n ? &map : NULL, d->path);
     for (size_t i = 0; a && i < n; i++)

@@ -53,6 +53,9 @@ typedef enum pk_global {
     X(REBUILD_TENSOR_V2, "torch._utils", "_rebuild_tensor_v2", PK_G_CALL)                    \
     X(REBUILD_TENSOR_V3, "torch._utils", "_rebuild_tensor_v3", PK_G_CALL)                    \
     X(REBUILD_PARAMETER, "torch._utils", "_rebuild_parameter", PK_G_CALL)                    \
+    /* a tensor with Python attributes (DeepSpeed's ZeRO-3 fp32_flat_groups: ds_id) */        \
+    X(REBUILD_FROM_TYPE_V2, "torch._tensor", "_rebuild_from_type_v2", PK_G_CALL)             \
+    X(TORCH_TENSOR, "torch", "Tensor", 0)                                                    \
     X(TORCH_SIZE, "torch", "Size", PK_G_CALL)                                                \
     X(DTYPE_F64, "torch", "float64", 0) X(DTYPE_F32, "torch", "float32", 0)                  \
     X(DTYPE_F16, "torch", "float16", 0) X(DTYPE_BF16, "torch", "bfloat16", 0)                \
@@ -91,7 +94,13 @@ typedef enum pk_global {
     X(DCP_TENSOR_WRITE_DATA, DCP_MOD ".planner", "TensorWriteData", PK_G_CALL)               \
     X(GET_LAYOUT, "torch.serialization", "_get_layout", PK_G_CALL)                           \
     X(POSIX_PATH, "pathlib", "PosixPath", PK_G_CALL)                                         \
-    X(BYTES_IO, "_io", "BytesIO", PK_G_CALL)
+    X(BYTES_IO, "_io", "BytesIO", PK_G_CALL)                                                 \
+    /* DeepSpeed's optimizer state (*_optim_states.pt of its default checkpoint engine) */    \
+    X(DS_LOSS_SCALER, DS_MOD ".runtime.fp16.loss_scaler", "LossScaler", PK_G_CALL)           \
+    X(DS_DYN_LOSS_SCALER, DS_MOD ".runtime.fp16.loss_scaler", "DynamicLossScaler", PK_G_CALL) \
+    X(DS_ZERO_STAGE, DS_MOD ".runtime.zero.config", "ZeroStageEnum", PK_G_CALL)              \
+    X(DS_FRAGMENT_ADDRESS, DS_MOD ".utils.tensor_fragment", "fragment_address", PK_G_CALL)
+#define DS_MOD "deepspeed"
 #define DCP_MOD "torch.distributed.checkpoint"
 #define PK_X_(id, mod, name, flags) PK_G_##id,
     PK_GLOBALS(PK_X_)

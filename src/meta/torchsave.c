@@ -25,6 +25,16 @@ const pk_val *st_ts_tensor_call(const pk_val *v)
         return NULL;
     if (v->g == PK_G_REBUILD_PARAMETER && v->args->kind == PK_TUPLE && v->args->n >= 1)
         v = v->args->items[0];
+    if (v->kind == PK_CALL && v->g == PK_G_REBUILD_FROM_TYPE_V2) {
+        /* (func, type, args, state): a plain tensor's rebuild with attributes (state, left) */
+        const pk_val *a = v->args;
+        return a->kind == PK_TUPLE && a->n == 4 && a->items[0]->kind == PK_GLOBAL &&
+                       a->items[0]->g == PK_G_REBUILD_TENSOR_V2 &&
+                       a->items[1]->kind == PK_GLOBAL && a->items[1]->g == PK_G_TORCH_TENSOR &&
+                       a->items[2]->kind == PK_TUPLE
+                   ? v
+                   : NULL;
+    }
     return v->kind == PK_CALL && (v->g == PK_G_REBUILD_TENSOR_V2 ||
                                   v->g == PK_G_REBUILD_TENSOR_V3) ? v : NULL;
 }
@@ -102,7 +112,7 @@ static int dims(const pk_val *v, uint64_t *out, int *n)
 int st_ts_tensor_info(st_ts_tensor *out, uint64_t *storage_bytes, const pk_val *call,
                       const char *nm, const char *file)
 {
-    const pk_val *a = call->args;
+    const pk_val *a = call->g == PK_G_REBUILD_FROM_TYPE_V2 ? call->args->items[2] : call->args;
     int v3 = call->g == PK_G_REBUILD_TENSOR_V3;
     if (a->kind != PK_TUPLE || a->n < (v3 ? 7u : 6u) || a->n > (v3 ? 8u : 7u) ||
         a->items[0]->kind != PK_PID)

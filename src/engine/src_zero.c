@@ -1,0 +1,264 @@
+/* src_zero.c - the DeepSpeed ZeRO source (source.h): a tag directory written by DeepSpeed's
+ * default checkpoint engine (its torch.save files, ZeRO stage 1, 2 or 3, one model-parallel
+ * rank), or a save_dir whose `latest` file names such a tag. The files' archives are opened
+ * (central directory and pickle only) and read by src/meta/zero.h into named full tensors of
+ * flat pieces; a load reads only the byte ranges its requests need. The description for
+ * other ranks is the tag (when `latest` named it) and the foreign metadata.
+ * docs/FORMAT.md, "DeepSpeed ZeRO as strata reads it".
+ *
+ * here: a directory without strata's metadata or commit record holding a model-states file
+ * (mp_rank_00_model_states.pt, or zero_pp_rank_0_mp_rank_00_model_states.pt) and rank 0's
+ * [bf16_]zero_pp_rank_0_mp_rank_00_optim_states.pt, both zip archives (torch.save's format);
+ * or one holding `latest` that names such a directory. open: STRATA_ENOENT (a rank's file
+ * missing), STRATA_ENOTSUP (more than one model-parallel rank), zero.h's and the torch.save
+ * reader's errors. verify: the zip CRC-32 of every entry (the torch.save source's). No
+ * threads. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../core/error.h"
+#include "../meta/zero.h"
+#include "source.h"
+
+static const char *const optim_prefix[] = {"", "bf16_"};
+
+/* Is dir/name a file beginning as a zip archive? */
+static int is_zip(const st_vfs *v, const char *dir, const char *name)
+{
+    char p[PATH_MAX];
+    st_file *f;
+    unsigned char b[4];
+    if (st_path_join(p, dir, name) || v->open(v, p, ST_O_READ | ST_O_FOLLOW, &f)) {
+        st_clear_error();
+        return 0;
+    }
+    int64_t got = st_vfs_read_full(v, f, b, sizeof b, 0);
+    v->close(f);
+    return got == 4 && memcmp(b, "PK\x03\x04", 4) == 0;
+}
+
+/* The layout of tag directory dir: 12 (stage 1/2 names), 3 (stage 3 names) or 0 (not a
+ * ZeRO tag); *prefix the optim files' ("" or "bf16_"). */
+static int layout(const st_vfs *v, const char *dir, const char **prefix)
+{
+    char name[128];
+    int lay = st_source_has_file(v, dir, ST_ZERO_MODEL12) ? 12 : 0;
+    snprintf(name, sizeof name, ST_ZERO_MODEL_FMT, 0u);
+    if (!lay && st_source_has_file(v, dir, name))
+        lay = 3;
+    if (!lay || !is_zip(v, dir, lay == 12 ? ST_ZERO_MODEL12 : name))
+        return 0;
+    for (size_t i = 0; i < 2; i++) {
+        snprintf(name, sizeof name, ST_ZERO_OPTIM_FMT, optim_prefix[i], 0u);
+        if (st_source_has_file(v, dir, name) && is_zip(v, dir, name)) {
+            *prefix = optim_prefix[i];
+            return lay;
+        }
+    }
+    return 0;
+}
+
+/* The tag `latest` in dir names, into tag (a plain name; trailing white space dropped). */
+static int read_latest(const st_vfs *v, const char *dir, char *tag, size_t cap)
+{
+    char p[PATH_MAX];
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    int rc = st_path_join(p, dir, ST_ZERO_LATEST);
+    int e = rc ? 0 : st_vfs_read_all(v, p, ST_ZERO_MAX_LATEST, ST_O_FOLLOW, &buf, &len);
+    if (!rc && e)
+        rc = st_fail(e == -ENOENT ? STRATA_ENOENT : e == -EFBIG ? STRATA_EFORMAT
+                                                                : st_from_errno(-e),
+                     "DeepSpeed '%s': %s", p, e == -EFBIG ? "over its size limit" : strerror(-e));
+    while (!rc && len && (buf[len - 1] == '\n' || buf[len - 1] == '\r' || buf[len - 1] == ' '))
+        len--;
+    if (!rc && (len == 0 || len >= cap || !st_plain_name((const char *)buf, len) ||
+                memchr(buf, 0, len)))
+        rc = st_fail(STRATA_EFORMAT, "DeepSpeed '%s': does not name a tag (a plain directory "
+                     "name)", p);
+    if (!rc) {
+        memcpy(tag, buf, len);
+        tag[len] = 0;
+    }
+    free(buf);
+    return rc;
+}
+
+static int zero_here(const st_vfs *v, const char *path, int kind)
+{
+    const char *prefix;
+    char tag[256], p[PATH_MAX];
+    int yes = 0;
+    if (kind == 1 && !st_source_has_file(v, path, ST_META_FILE) &&
+        !st_source_has_file(v, path, ST_COMMIT_FILE)) {
+        yes = layout(v, path, &prefix) != 0;
+        if (!yes && st_source_has_file(v, path, ST_ZERO_LATEST) &&
+            read_latest(v, path, tag, sizeof tag) == 0 && st_path_join(p, path, tag) == 0)
+            yes = layout(v, p, &prefix) != 0;
+    }
+    st_clear_error();
+    return yes;
+}
+
+/* A second model-parallel rank's files are refused by name (strata reads mp_rank_00). */
+static int check_mp(const st_vfs *v, const char *dir, const char *prefix)
+{
+    char name[128];
+    const char *mp1[3] = {"mp_rank_01_model_states.pt",
+                          "zero_pp_rank_0_mp_rank_01_model_states.pt", name};
+    snprintf(name, sizeof name, "%szero_pp_rank_0_mp_rank_01_optim_states.pt", prefix);
+    for (size_t i = 0; i < 3; i++)
+        if (st_source_has_file(v, dir, mp1[i]))
+            return st_fail(STRATA_ENOTSUP, "DeepSpeed ZeRO checkpoint '%s' has files of a "
+                           "second model-parallel rank ('%s'): strata reads ZeRO checkpoints "
+                           "of one model-parallel rank (mp_rank_00) only", dir, mp1[i]);
+    return 0;
+}
+
+/* Opens the files of tag directory dir and builds *meta. */
+static int read_tag(const st_vfs *v, const char *dir, st_meta **meta)
+{
+    const char *prefix = "";
+    int lay = layout(v, dir, &prefix), stage = 0, rc;
+    uint32_t ranks = 0;
+    char where[PATH_MAX + 64];
+    snprintf(where, sizeof where, "DeepSpeed ZeRO checkpoint '%s'", dir);
+    if (!lay)
+        return st_fail(STRATA_ENOENT, "%s: no model-states file (%s or %s) and rank 0's optim "
+                       "file beside it", where, ST_ZERO_MODEL12,
+                       "zero_pp_rank_0_mp_rank_00_model_states.pt");
+    if ((rc = check_mp(v, dir, prefix)))
+        return rc;
+    /* rank 0's optim file says the stage and the number of ranks */
+    char (*names)[128] = NULL;
+    st_ts_archive *a = NULL, a0;
+    st_ts_file *tf = NULL, tf0;
+    char name0[128];
+    snprintf(name0, sizeof name0, ST_ZERO_OPTIM_FMT, prefix, 0u);
+    if ((rc = st_ts_open_file(v, dir, name0, &a0, &tf0)))
+        return rc;
+    rc = st_zero_optim_info(&a0, &stage, &ranks, name0);
+    st_ts_close(&a0);
+    if (!rc && (stage == 3) != (lay == 3))
+        rc = st_fail(STRATA_EFORMAT, "%s: '%s' says ZeRO stage %d, but the model-states files "
+                     "are named as stage %s writes them", where, name0, stage,
+                     lay == 3 ? "3" : "1 and 2");
+    if (rc)
+        return rc;
+    size_t nmodel = stage == 3 ? ranks : 1, n = nmodel + ranks;
+    names = calloc(n, sizeof *names);
+    a = calloc(n, sizeof *a);
+    tf = calloc(n, sizeof *tf);
+    if (!names || !a || !tf)
+        rc = st_fail(STRATA_ENOMEM, "out of memory");
+    for (size_t i = 0; i < n && !rc; i++) {
+        if (i < nmodel)
+            snprintf(names[i], sizeof names[i], "%s",
+                     stage == 3 ? "" : ST_ZERO_MODEL12);
+        if (i < nmodel && stage == 3)
+            snprintf(names[i], sizeof names[i], ST_ZERO_MODEL_FMT, (unsigned)i);
+        if (i >= nmodel)
+            snprintf(names[i], sizeof names[i], ST_ZERO_OPTIM_FMT, prefix,
+                     (unsigned)(i - nmodel));
+        if (!st_source_has_file(v, dir, names[i]))
+            rc = st_fail(STRATA_ENOENT, "%s: '%s' is missing (partition_count in '%s' says %u "
+                         "data-parallel ranks)", where, names[i], name0, ranks);
+        else
+            rc = st_ts_open_file(v, dir, names[i], &a[i], &tf[i]);
+    }
+    if (!rc) {
+        char extra[128];
+        snprintf(extra, sizeof extra, ST_ZERO_OPTIM_FMT, prefix, ranks);
+        if (st_source_has_file(v, dir, extra))
+            rc = st_fail(STRATA_EFORMAT, "%s: '%s' is there, but partition_count in '%s' says "
+                         "%u data-parallel ranks (a rank's file left from another save?)",
+                         where, extra, name0, ranks);
+    }
+    if (!rc)
+        rc = st_zero_meta(meta, tf, nmodel, stage, ranks, where);
+    for (size_t i = 0; a && i < n; i++)
+        st_ts_close(&a[i]);
+    free(a);
+    free(tf);
+    free(names);
+    return rc;
+}
+
+/* The description: the tag `latest` named ("" if none: u32 length, bytes) and the
+ * metadata's encoding. */
+static int zero_open(st_dir *d, unsigned char **desc, size_t *desclen)
+{
+    const st_vfs *v = d->vfs;
+    const char *prefix;
+    char tag[256] = "";
+    int rc = 0;
+    if (!layout(v, d->path, &prefix) && st_source_has_file(v, d->path, ST_ZERO_LATEST)) {
+        if ((rc = read_latest(v, d->path, tag, sizeof tag)))
+            return rc;
+        char p[PATH_MAX];
+        if ((rc = st_path_join(p, d->path, tag)))
+            return rc;
+        memcpy(d->path, p, strlen(p) + 1);
+    }
+    st_meta *m = NULL, *checked = NULL;
+    unsigned char *enc = NULL;
+    size_t elen = 0;
+    if ((rc = read_tag(v, d->path, &m)) || (rc = st_meta_encode(m, &enc, &elen)))
+        goto out;
+    /* validated as every other rank will */
+    if ((rc = st_meta_decode_foreign(&checked, enc, elen))) {
+        rc = st_wrap(rc, "DeepSpeed ZeRO checkpoint '%s'", d->path);
+        goto out;
+    }
+    d->meta = checked;
+    d->committed = 1;
+    memset(&d->commit, 0, sizeof d->commit);
+    if (desc) {
+        size_t tl = strlen(tag);
+        if (!(*desc = malloc(4 + tl + elen))) {
+            rc = st_fail(STRATA_ENOMEM, "out of memory");
+            goto out;
+        }
+        for (int i = 0; i < 4; i++) /* little-endian, as st_get_u32 reads it */
+            (*desc)[i] = (unsigned char)(tl >> (8 * i));
+        memcpy(*desc + 4, tag, tl);
+        memcpy(*desc + 4 + tl, enc, elen);
+        *desclen = 4 + tl + elen;
+    }
+out:
+    if (rc && checked) {
+        st_meta_free(checked);
+        d->meta = NULL;
+    }
+    if (m)
+        st_meta_free(m);
+    free(enc);
+    return rc;
+}
+
+static int zero_adopt(st_dir *d, const unsigned char *desc, size_t len)
+{
+    uint32_t tl = len >= 4 ? st_get_u32(desc) : UINT32_MAX;
+    if (tl > len - 4 || tl >= 256 || (tl && !st_plain_name((const char *)desc + 4, tl)))
+        return st_fail(STRATA_EFORMAT, "checkpoint '%s': the index another rank read: a bad "
+                       "tag", d->path);
+    if (tl) {
+        char tag[256], p[PATH_MAX];
+        memcpy(tag, desc + 4, tl);
+        tag[tl] = 0;
+        int rc = st_path_join(p, d->path, tag);
+        if (rc)
+            return rc;
+        memcpy(d->path, p, strlen(p) + 1);
+    }
+    return st_source_adopt_meta(d, desc + 4 + tl, len - 4 - tl);
+}
+
+static int zero_verify(const st_dir *d, strata_verify_cb report, void *ctx)
+{
+    return st_source_torchsave.verify(d, report, ctx);
+}
+
+const st_source st_source_zero = {"deepspeed", STRATA_FORMAT_DEEPSPEED, zero_here, zero_open,
+                                  zero_adopt, zero_verify};
