@@ -27,7 +27,9 @@ static const char INSPECT_HELP[] =
     "  .pth, .bin; zip format) or a Hugging Face directory of pytorch_model.bin or the files\n"
     "of pytorch_model.bin.index.json: each tensor one shard (its bytes in the archive), and\n"
     "each file's pickle of values one blob; no strata checksums (verify checks the zip's\n"
-    "CRC-32s).\n";
+    "CRC-32s). So may a DeepSpeed ZeRO checkpoint of its default engine (a tag directory, or\n"
+    "the save_dir whose `latest` names one): the fp32 weights and each optimizer moment as\n"
+    "named full tensors, each made of the ranks' flat pieces.\n";
 
 int cmd_inspect(int argc, char **argv)
 {
@@ -126,6 +128,11 @@ int cmd_inspect(int argc, char **argv)
                strata_ckpt_format(ck) == STRATA_FORMAT_DCP ? "PyTorch DCP"
                                                            : "Megatron-Core torch_dist",
                cli_esc(path), nt, nb, (unsigned long long)strata_ckpt_data_bytes(ck), nf);
+    else if (strata_ckpt_format(ck) == STRATA_FORMAT_DEEPSPEED)
+        printf("DeepSpeed ZeRO %s: step %llu, %zu tensors, %llu data bytes in %zu files; NO "
+               "strata CHECKSUMS (verify checks the zip CRC-32 of each entry)\n",
+               cli_esc(path), (unsigned long long)strata_ckpt_step(ck), nt,
+               (unsigned long long)strata_ckpt_data_bytes(ck), nf);
     else if (strata_ckpt_format(ck) == STRATA_FORMAT_TORCH_SAVE)
         printf("torch.save %s: %zu tensors, %zu pickles of values, %llu data bytes in %zu "
                "files; NO STRATA CHECKSUMS (only the zip's CRC-32 per entry, which verify "
@@ -314,13 +321,16 @@ static const char VERIFY_HELP[] =
     "bytes are read (a truncated file is found), not verified, and the output says so. A\n"
     "PyTorch DCP directory has no strata checksums either: every item's zip archive is read\n"
     "whole and its entries' CRC-32s checked. Nor has a torch.save source: the CRC-32 of\n"
-    "every zip entry of every file is checked (one line per entry that differs).\n";
+    "every zip entry of every file is checked (one line per entry that differs); so is a\n"
+    "DeepSpeed ZeRO checkpoint's.\n";
 
 static void report_bad(void *ctx, const char *object, const char *file, const char *msg)
 {
     const int *format = ctx;
     fprintf(stderr, "CORRUPT: %s '%s' in file '%s': %s\n",
-            *format == STRATA_FORMAT_TORCH_SAVE ? "zip entry" : "tensor", cli_esc(object),
+            *format == STRATA_FORMAT_TORCH_SAVE || *format == STRATA_FORMAT_DEEPSPEED
+                ? "zip entry"
+                : "tensor", cli_esc(object),
             cli_esc(file), cli_esc(msg));
 }
 
@@ -341,10 +351,11 @@ int cmd_verify(int argc, char **argv)
                strata_ckpt_ntensors(ck), strata_ckpt_nblobs(ck),
                (unsigned long long)strata_ckpt_data_bytes(ck),
                format == STRATA_FORMAT_DCP ? "PyTorch DCP" : "Megatron torch_dist");
-    else if (!rc && format == STRATA_FORMAT_TORCH_SAVE)
-        printf("ok: %s: %zu tensors in %zu files; every zip entry's CRC-32 matched (torch.save "
+    else if (!rc && (format == STRATA_FORMAT_TORCH_SAVE || format == STRATA_FORMAT_DEEPSPEED))
+        printf("ok: %s: %zu tensors in %zu files; every zip entry's CRC-32 matched (%s "
                "has no strata checksums: the CRC-32s are all there is)\n", cli_esc(argv[1]),
-               strata_ckpt_ntensors(ck), strata_ckpt_nfiles(ck));
+               strata_ckpt_ntensors(ck), strata_ckpt_nfiles(ck),
+               format == STRATA_FORMAT_DEEPSPEED ? "DeepSpeed's torch.save" : "torch.save");
     else if (!rc && !strata_ckpt_chunk_bytes(ck))
         printf("read: %s: %zu tensors, %llu data bytes read; safetensors has no checksums, so "
                "they could not be verified\n", cli_esc(argv[1]), strata_ckpt_ntensors(ck),
