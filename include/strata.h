@@ -442,7 +442,19 @@ void strata_loader_free(strata_loader *ld);
  * committed. Refused: STRATA_ENOTSUP for the legacy (pre-zip) format, a compressed entry, a
  * tensor not contiguous in its storage or complex; STRATA_EFORMAT for a forbidden pickle
  * global, a duplicate dict key, sizes that disagree (docs/FORMAT.md, "torch.save as strata
- * reads it"). */
+ * reads it").
+ *
+ * So does a DeepSpeed ZeRO checkpoint of DeepSpeed's default engine (STRATA_FORMAT_DEEPSPEED):
+ * a tag directory (mp_rank_00_model_states.pt or zero_pp_rank_<r>_mp_rank_00_model_states.pt,
+ * and [bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt per data-parallel rank; stages 1-3),
+ * or the save_dir whose `latest` names one. Its tensors are zero_to_fp32's (each parameter's
+ * fp32 weight, frozen parameters, buffers, shared aliases) and optim.state.<fqn>.<key> for
+ * each per-element optimizer state, every one made of flat pieces of the ranks' partitions
+ * (docs/FORMAT.md, "DeepSpeed ZeRO as strata reads it"). Step: global_steps; no blobs, no
+ * checksums (verify checks the zip CRC-32s); committed. Errors beyond torch.save's:
+ * STRATA_ENOENT (a rank's file missing), STRATA_EUNFILLED (the partitions do not cover a
+ * parameter), STRATA_EMISMATCH (param_shapes and the partitions disagree), STRATA_ENOTSUP (a
+ * partition not fp32, a second model-parallel rank). */
 #define STRATA_OPEN_INCOMPLETE (1u << 0)
 int strata_ckpt_open(strata_ckpt **out, const char *uri, unsigned flags);
 void strata_ckpt_free(strata_ckpt *ck);

@@ -15,6 +15,8 @@
  * fuzz_torchsave, seed-valid-* (torch.save files written by torch) must open, seed-reject-*
  * be refused with the code its name ends in (-eformat, -enotsup) naming the input;
  * seed-pkl-valid-* / seed-pkl-reject-* the same for a data.pkl alone (its tensors found).
+ * For fuzz_zero (a DeepSpeed ZeRO tag's files, fuzz/make_zero_seeds.py): seed-valid-* must
+ * be read into metadata, seed-reject-<code>-* refused with that code naming the input.
  * Runs from the repository root (or $STRATA_SRC_ROOT). A corpus directory that is missing
  * or empty is a failure. */
 #include <dirent.h>
@@ -51,6 +53,9 @@
 #undef LLVMFuzzerTestOneInput
 #define LLVMFuzzerTestOneInput fuzz_torchsave_one
 #include "../fuzz/fuzz_torchsave.c"
+#undef LLVMFuzzerTestOneInput
+#define LLVMFuzzerTestOneInput fuzz_zero_one
+#include "../fuzz/fuzz_zero.c"
 #undef LLVMFuzzerTestOneInput
 #include "../src/cli/synth.c" /* layout_parse: the CLI is not in libstrata.a */
 
@@ -300,6 +305,39 @@ static void test_replay_torchsave(void **state)
     replay("fuzz_torchsave", fuzz_torchsave_one, torchsave_verdict);
 }
 
+static void zero_verdict(const char *name, const unsigned char *b, size_t n)
+{
+    static const struct {
+        const char *tag;
+        int code;
+    } codes[] = {{"eformat-", STRATA_EFORMAT},     {"enotsup-", STRATA_ENOTSUP},
+                 {"eunfilled-", STRATA_EUNFILLED}, {"emismatch-", STRATA_EMISMATCH}};
+    int valid = strncmp(name, "seed-valid-", 11) == 0, want = 0;
+    for (size_t i = 0; !valid && strncmp(name, "seed-reject-", 12) == 0 && i < 4; i++)
+        if (strncmp(name + 12, codes[i].tag, strlen(codes[i].tag)) == 0)
+            want = codes[i].code;
+    if (!valid && !want)
+        return;
+    st_meta *m = NULL;
+    int rc = zf_zero(b, n, name, &m);
+    if (m)
+        st_meta_free(m);
+    if (valid && rc != 0)
+        fail_msg("%s: a ZeRO checkpoint was refused: %s", name, strata_error_last());
+    if (!valid) {
+        if (rc != want)
+            fail_msg("%s: refused with %d (%s), not %s", name, rc, strata_error_last(),
+                     strata_error_name(want));
+        assert_msg_has(name);
+    }
+}
+
+static void test_replay_zero(void **state)
+{
+    (void)state;
+    replay("fuzz_zero", fuzz_zero_one, zero_verdict);
+}
+
 static void test_replay_dcp(void **state)
 {
     (void)state;
@@ -389,6 +427,7 @@ int main(void)
         cmocka_unit_test(test_replay_megatron),
         cmocka_unit_test(test_replay_dcp),
         cmocka_unit_test(test_replay_torchsave),
+        cmocka_unit_test(test_replay_zero),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

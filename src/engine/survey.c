@@ -1,8 +1,8 @@
 /* survey.c - what a path holds when it is not a checkpoint to open: the subdirectories of a
  * directory on any storage backend (strata_list_dirs, for `ls` and `gc`), and, for a path
  * without a commit record, what it is instead - another framework's checkpoint that strata
- * cannot read yet (DeepSpeed, torch.save files; PyTorch DCP and Megatron torch_dist are
- * sources, src_dcp.c and src_megatron.c), a directory of strata checkpoints, an empty or unrelated directory -
+ * does not read (a DeepSpeed checkpoint without the ZeRO files its source reads, a directory
+ * of torch.save files), a directory of strata checkpoints, an empty or unrelated directory -
  * told by the files' content where the name could lie. */
 #include <errno.h>
 #include <stdio.h>
@@ -178,10 +178,9 @@ static int deepspeed_latest(const st_vfs *v, const char *dir, const entries *l)
 }
 
 /* The directory at path has no strata file: says what it is (STRATA_EFORMAT for a format
- * strata cannot read yet, STRATA_ENOENT for no checkpoint at all). */
+ * strata does not read, STRATA_ENOENT for no checkpoint at all). */
 static int name_dir(const st_vfs *v, const char *dir, const char *path, const entries *l)
 {
-    const char *cannot = "which strata cannot read yet";
     size_t saved = 0, ckpts = 0, committed = 0;
     const char *a_saved = NULL, *last = NULL;
     int deepspeed = 0;
@@ -213,7 +212,9 @@ static int name_dir(const st_vfs *v, const char *dir, const char *path, const en
     st_clear_error();
     if (deepspeed)
         return st_fail(STRATA_EFORMAT, "'%s' is a DeepSpeed checkpoint (a 'latest' tag or "
-                       "mp_rank_*_model_states.pt), %s", path, cannot);
+                       "mp_rank_*_model_states.pt) without the ZeRO files strata reads (a "
+                       "model-states file and zero_pp_rank_0_mp_rank_00_optim_states.pt in "
+                       "the tag; one without ZeRO is not read yet)", path);
     if (committed)
         return st_fail(STRATA_ENOENT, "'%s' is a directory of checkpoints, not one (%zu committed "
                        "under it); did you mean %s/%s? (strata ls %s lists them)", path,
