@@ -9,7 +9,9 @@
 # that PyTorch DCP wrote, beside DCP (bench/bench_unified.py; BENCH_UNIFIED_GB, default 2).
 # make bench-deepspeed (run by bench-torch after them): strata's DeepSpeed checkpoint engine
 # beside DeepSpeed's own in a ZeRO-2 loop on 2 gloo processes (bench/bench_deepspeed.py;
-# BENCH_DS_GB, default 1; writes bench/results/deepspeed.md).
+# BENCH_DS_GB, default 1; writes bench/results/deepspeed.md), then `strata export` of a ZeRO-2
+# checkpoint of DeepSpeed's default engine beside its zero_to_fp32.py (bench/bench_zero_export.py:
+# time and peak RSS, its section of the same file).
 .PHONY: bench-torch bench-unified bench-deepspeed
 
 BENCH_TORCH_DIR ?= $(BUILD)/bench-torch
@@ -29,5 +31,8 @@ bench-unified: venv $(BUILD)/strata
 	BENCH_DIR=$(BUILD)/bench-unified PYTHONWARNINGS=ignore GLOO_SOCKET_IFNAME=lo \
 	    $(VENV)/bin/python bench/bench_unified.py
 
-bench-deepspeed: venv
+bench-deepspeed: venv $(BUILD)/strata
 	BENCH_DIR=$(BUILD)/bench-deepspeed PYTHONWARNINGS=ignore $(VENV)/bin/python bench/bench_deepspeed.py
+	@$(APT) tool_need /usr/bin/time time
+	BENCH_DIR=$(BUILD)/bench-deepspeed PYTHONWARNINGS=ignore STRATA=$(BUILD)/strata \
+	    $(VENV)/bin/python bench/bench_zero_export.py
