@@ -380,6 +380,43 @@ static int stage12(zctx *c, const pk_val *shapes, const pk_val *const *osd)
 
 /* ---- stage 3 ---- */
 
+/* Stage 3: each rank's fp32_flat_groups (ng tensors, every rank's of rank 0's sizes) into
+ * gt[r * ng + k]; group k's size into gs[k], their sum into *S. */
+static int flat_groups(zctx *c, const pk_val *const *osd, size_t ng, const st_ts_tensor **gt,
+                       uint64_t *gs, uint64_t *S)
+{
+    int rc = 0;
+    for (uint32_t r = 0; r < c->ranks && !rc; r++) {
+        size_t f = c->nmodel + r;
+        const pk_val *gr = get(osd[r], "fp32_flat_groups");
+        if (!is_seq(gr) || gr->n != ng) {
+            rc = st_fail(STRATA_EMISMATCH, "%s: '%s': fp32_flat_groups has %zu groups, rank "
+                         "0's %zu", c->where, c->files[f].name, is_seq(gr) ? gr->n : 0, ng);
+            break;
+        }
+        for (size_t k = 0; k < ng && !rc; k++) {
+            const st_ts_tensor *t = tensor_at(c, f, "optimizer_state_dict.fp32_flat_groups.%zu", k);
+            uint64_t n = t ? numel_of(t) : 0;
+            if (!t)
+                rc = missing(c, f, "fp32_flat_groups (tensors)");
+            else if (t->dtype != STRATA_F32)
+                rc = st_fail(STRATA_ENOTSUP, "%s: '%s': the partition of group %zu is %s, not "
+                             "fp32 (DeepSpeed's master weights are fp32)", c->where,
+                             c->files[f].name, k, strata_dtype_name(t->dtype));
+            else if (r && n != gs[k])
+                rc = st_fail(STRATA_EMISMATCH, "%s: '%s': group %zu's partition holds %llu "
+                             "elements, rank 0's %llu", c->where, c->files[f].name, k,
+                             (unsigned long long)n, (unsigned long long)gs[k]);
+            gt[(size_t)r * ng + k] = t;
+            if (!r) {
+                gs[k] = n;
+                *S += n;
+            }
+        }
+    }
+    return rc;
+}
+
 static int stage3(zctx *c, const pk_val *shapes, const pk_val *const *osd)
 {
     uint32_t R = c->ranks;
@@ -393,34 +430,8 @@ static int stage3(zctx *c, const pk_val *shapes, const pk_val *const *osd)
     size_t *nm = calloc(ng ? ng : 1, sizeof *nm);
     int rc = !gt || !gs || !m || !nm ? OOM(c) : 0;
     uint64_t S = 0, *lo = gs + 2 * (ng ? ng : 1), *hi = lo + R;
-    for (uint32_t r = 0; r < R && !rc; r++) {
-        size_t f = c->nmodel + r;
-        const pk_val *gr = get(osd[r], "fp32_flat_groups");
-        if (!is_seq(gr) || gr->n != ng) {
-            rc = st_fail(STRATA_EMISMATCH, "%s: '%s': fp32_flat_groups has %zu groups, rank "
-                         "0's %zu", c->where, c->files[f].name, is_seq(gr) ? gr->n : 0, ng);
-            break;
-        }
-        for (size_t k = 0; k < ng && !rc; k++) {
-            const st_ts_tensor *t = tensor_at(c, f, "optimizer_state_dict.fp32_flat_groups.%zu", k);
-            uint64_t n = t ? numel_of(t) : 0;
-            if (!t)
-                rc = missing(c, f, "fp32_flat_groups (tensors)");
-            else if (t && t->dtype != STRATA_F32)
-                rc = st_fail(STRATA_ENOTSUP, "%s: '%s': the partition of group %zu is %s, not "
-                             "fp32 (DeepSpeed's master weights are fp32)", c->where,
-                             c->files[f].name, k, strata_dtype_name(t->dtype));
-            else if (r && n != gs[k])
-                rc = st_fail(STRATA_EMISMATCH, "%s: '%s': group %zu's partition holds %llu "
-                             "elements, rank 0's %llu", c->where, c->files[f].name, k,
-                             (unsigned long long)n, (unsigned long long)gs[k]);
-            gt[(size_t)r * ng + k] = t;
-            if (!r) {
-                gs[k] = n;
-                S += n;
-            }
-        }
-    }
+    if (!rc)
+        rc = flat_groups(c, osd, ng, gt, gs, &S);
     /* group k covers [gs[ng + k], gs[ng + k] + gs[k]) of each rank's flat state */
     for (size_t k = 0, at = 0; k < ng && !rc; k++) {
         gs[ng + k] = at;
