@@ -110,8 +110,14 @@ int strata_state_add_blob(strata_state *st, const char *name, unsigned flags, in
  * rank 0 swaps after the commit. */
 #define STRATA_SAVE_REPLACE (1u << 2)
 #define STRATA_REPLACE_SUFFIX ".strata-replace"
+/* Record with every chunk a second checksum (XXH64) beside its XXH3, so that a later save
+ * may name this one as its base (strata_save_opts.base). A save with a base does so
+ * always. Such a checkpoint has metadata version 2 (docs/FORMAT.md): strata releases
+ * before incremental saves refuse to read it ("metadata format version 2 is not
+ * supported"). Costs one more hash of the bytes written (about a tenth of a copy). */
+#define STRATA_SAVE_INCREMENTAL (1u << 3)
 
-#define STRATA_SAVE_OPTS_VERSION 2
+#define STRATA_SAVE_OPTS_VERSION 3
 typedef struct strata_save_opts {
     int version;           /* STRATA_SAVE_OPTS_VERSION, or an older one */
     unsigned flags;        /* STRATA_SAVE_* */
@@ -123,8 +129,24 @@ typedef struct strata_save_opts {
      * snapshot (0 = default 10); its writer threads run at 19, so they yield the CPU to
      * the training loop. -1 = leave both at the caller's. */
     int bg_nice;
+    /* version 3: an incremental save. The name of a committed strata checkpoint beside
+     * each destination (in the same parent directory: with tiers, each tier's own copy,
+     * which must be the same save on every tier, else the save is a full one; the
+     * destination itself with STRATA_SAVE_REPLACE), or NULL. A shard whose bytes equal the
+     * base's shard at the same place (same tensor, dtype, shape, box, flat range and
+     * chunk_bytes; every chunk's XXH3-64 and XXH64 equal to the base's) is not written
+     * (nor, asynchronously, copied): the base's data file holding it is hard-linked into
+     * the new checkpoint, which stays self-contained - loads, verify and export read it
+     * as any other, and removing the base (gc, retention, rm -r) frees none of its bytes.
+     * Shards in device memory, blobs, a base saved without STRATA_SAVE_INCREMENTAL, one
+     * of another chunk size, or a backend that cannot link: written as usual. A save with
+     * a communicator refuses a base (STRATA_ENOTSUP). Errors: the base's open (missing:
+     * STRATA_ENOENT, not committed: STRATA_EINCOMPLETE, not strata's: STRATA_EINVAL, a
+     * name with '/': STRATA_EINVAL); a base removed or replaced while the save links its
+     * files: STRATA_ECHANGED (the save is removed, nothing else touched). */
+    const char *base;
 } strata_save_opts;
-#define STRATA_SAVE_OPTS_INIT {STRATA_SAVE_OPTS_VERSION, 0, 0, 0, 0, 0}
+#define STRATA_SAVE_OPTS_INIT {STRATA_SAVE_OPTS_VERSION, 0, 0, 0, 0, 0, NULL}
 
 #define STRATA_LOAD_NO_DIRECT (1u << 0) /* never use O_DIRECT */
 /* Load a shard registered with another dtype than the saved tensor's by converting it
@@ -165,7 +187,9 @@ typedef struct strata_stats {
     int version;
     int tier;              /* load: the index of the source that was loaded */
     uint64_t data_bytes;   /* distinct shard + blob bytes in the checkpoint */
-    uint64_t bytes;        /* bytes written (save) or payload bytes read (load), this rank */
+    uint64_t bytes;        /* bytes written (save; shards an incremental save referred to
+                              its base are not counted) or payload bytes read (load), this
+                              rank */
     uint64_t io_calls;     /* pwrite/pread calls issued */
     double seconds;        /* wall time from the start to the end of the save or load */
     /* save: balance of the write work. max_writer_bytes is the largest rank's payload;
@@ -466,6 +490,13 @@ size_t strata_ckpt_nblobs(const strata_ckpt *ck);
 size_t strata_ckpt_nfiles(const strata_ckpt *ck);
 uint64_t strata_ckpt_data_bytes(const strata_ckpt *ck); /* payload bytes of all shards+blobs */
 uint32_t strata_ckpt_chunk_bytes(const strata_ckpt *ck); /* 0: no checksums (safetensors) */
+/* An incremental checkpoint's base (strata_save_opts.base): the name of the checkpoint it
+ * was saved against, beside it, or NULL for a full one (and for other formats). The base
+ * may be gone since: its bytes this checkpoint uses are in its own files. *own_bytes (may
+ * be NULL) gets the shard and blob bytes in the files its save wrote (all of
+ * strata_ckpt_data_bytes for a full one); the rest lie in files linked from the base
+ * (ref-<id>-<rank>.bin, docs/FORMAT.md). */
+const char *strata_ckpt_base(const strata_ckpt *ck, uint64_t *own_bytes);
 #define STRATA_FORMAT_STRATA 0
 #define STRATA_FORMAT_SAFETENSORS 1
 #define STRATA_FORMAT_DCP 2 /* PyTorch torch.distributed.checkpoint */

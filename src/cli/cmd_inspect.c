@@ -65,10 +65,18 @@ int cmd_inspect(int argc, char **argv)
         printf(",\"format\":\"%s\",\"checksums\":%s",
                strata_ckpt_format_name(ck),
                strata_ckpt_chunk_bytes(ck) ? "true" : "false");
-        printf(",\"committed\":%s,\"step\":%llu,\"data_bytes\":%llu,\"chunk_bytes\":%u,\"files\":[",
+        printf(",\"committed\":%s,\"step\":%llu,\"data_bytes\":%llu,\"chunk_bytes\":%u",
                strata_ckpt_committed(ck) ? "true" : "false",
                (unsigned long long)strata_ckpt_step(ck),
                (unsigned long long)strata_ckpt_data_bytes(ck), strata_ckpt_chunk_bytes(ck));
+        uint64_t own;
+        const char *base = strata_ckpt_base(ck, &own);
+        printf(",\"base\":");
+        if (base)
+            cli_json_str(stdout, base);
+        else
+            printf("null");
+        printf(",\"written_bytes\":%llu,\"files\":[", (unsigned long long)own);
         for (size_t i = 0; i < nf; i++) {
             strata_file_info fi;
             strata_ckpt_file(&fi, ck, i);
@@ -145,6 +153,12 @@ int cmd_inspect(int argc, char **argv)
            strata_ckpt_committed(ck) ? "committed" : "INCOMPLETE (no valid commit record)",
            (unsigned long long)strata_ckpt_step(ck), nt, nb,
            (unsigned long long)strata_ckpt_data_bytes(ck), nf, strata_ckpt_chunk_bytes(ck));
+    uint64_t own, all = strata_ckpt_data_bytes(ck);
+    const char *base = strata_ckpt_base(ck, &own);
+    if (base)
+        printf("  incremental: base %s; %llu of %llu data bytes written by this save (%.2f%%), "
+               "the rest in files linked from the base\n", cli_esc(base),
+               (unsigned long long)own, (unsigned long long)all, all ? 100.0 * own / all : 0.0);
     for (size_t i = 0; i < nf; i++) {
         strata_file_info fi;
         strata_ckpt_file(&fi, ck, i);

@@ -202,6 +202,22 @@ uint32_t strata_ckpt_chunk_bytes(const strata_ckpt *ck)
 {
     return ck->d.meta->foreign ? 0 : ck->d.meta->chunk;
 }
+const char *strata_ckpt_base(const strata_ckpt *ck, uint64_t *own_bytes)
+{
+    const st_meta *m = ck->d.meta;
+    if (own_bytes) {
+        *own_bytes = 0;
+        for (size_t t = 0; t < m->ntensors; t++)
+            for (size_t s = 0; s < m->tensors[t].nshards; s++) {
+                const st_extent *e = &m->tensors[t].shards[s].ext;
+                *own_bytes += st_file_linked(m, e->file) ? 0 : e->bytes;
+            }
+        for (size_t b = 0; b < m->nblobs; b++)
+            *own_bytes += st_file_linked(m, m->blobs[b].ext.file) ? 0 : m->blobs[b].ext.bytes;
+    }
+    return m->foreign ? NULL : m->base;
+}
+
 int strata_ckpt_format(const strata_ckpt *ck)
 {
     return ck->d.src ? ck->d.src->format : STRATA_FORMAT_STRATA;

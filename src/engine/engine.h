@@ -130,6 +130,29 @@ void st_save_stats(strata_stats *stats, const st_save_plan *sp, uint64_t io_call
 
 /* A new random save id (never 0), written into the save's commit record. */
 uint64_t st_save_id_new(void);
+
+/* ---- incremental saves (incr.c) ---- */
+typedef struct st_incr st_incr;
+typedef struct st_dests st_dests; /* below */
+/* The second, independent checksum of a chunk a save refers to instead of writing it:
+ * XXH64, seed 0. */
+uint64_t st_hash2(const void *p, size_t n);
+/* For a save with STRATA_SAVE_INCREMENTAL or a base (o->base): gives sp's shards second
+ * checksums (metadata version 2); with a base, opens it beside every destination of d
+ * (d->final[t]'s parent / o->base; each tier's must be the same save, else the save is a
+ * full one), refers every shard whose bytes equal the base's to the base's file (appended
+ * to sp's file table as a link) and drops it from sp's writes. *out (NULL when nothing is
+ * referred to) lists the links to make: st_incr_link once the save owns destination t.
+ * Errors: the base's open (STRATA_ENOENT, STRATA_EINCOMPLETE, ...) wrapped, naming it;
+ * STRATA_EINVAL for a base that is not a plain name or not a strata checkpoint. */
+int st_incr_plan(st_incr **out, st_save_plan *sp, const st_dests *d, const strata_save_opts *o);
+/* Makes destination t's links to its base's files (m: the save's metadata), then checks
+ * that the base is still the save matched. STRATA_ECHANGED if the base was removed or
+ * replaced meanwhile (nothing of another checkpoint is ever referred to). */
+int st_incr_link(const st_incr *x, const st_meta *m, const st_dests *d, int t);
+/* Bytes of shards referred to instead of written (0 for NULL). */
+uint64_t st_incr_matched(const st_incr *x);
+void st_incr_free(st_incr *x);
 /* The parent directory of path ("." for a bare name) into out (PATH_MAX). */
 void st_parent_of(char *out, const char *path);
 /* Ownership of a checkpoint directory: its lock file (ST_LOCK_FILE) locked by a save from
@@ -283,6 +306,8 @@ extern void (*st_async_test_hook)(strata_pool *pool);
 /* The hooks of a save in this process (save.c): ctx from st_local_commit_new. */
 extern const st_commit_ops st_local_commit;
 int st_local_commit_new(void **ctx, const char *const *uris, int n, const strata_save_opts *o);
+/* st_incr_plan of sp against the save's destinations; the links are made by prepare. */
+int st_local_commit_incr(void *ctx, st_save_plan *sp, const strata_save_opts *o);
 
 /* Starts an asynchronous save of sp (taken over by the handle, also on failure, as is
  * ctx) through the pool *pool (pool NULL: one of the handle's own; *pool NULL: one made now

@@ -23,7 +23,7 @@ int st_is_strata_file(const char *name)
         strcmp(name, ST_COMMIT_FILE ".tmp") == 0 || strcmp(name, ST_META_FILE ".tmp") == 0 ||
         strcmp(name, ST_LOCK_FILE) == 0)
         return 1;
-    return st_data_file_rank(name) >= 0;
+    return st_data_file_rank(name) >= 0 || st_is_ref_file(name);
 }
 
 typedef struct {
@@ -32,9 +32,12 @@ typedef struct {
     const st_save_plan *keep; /* with unlink: the data files of this plan stay */
 } scan_ctx;
 
-/* Is name a data file of sp (data-<writer rank>.bin)? */
+/* Is name a data file of sp (data-<writer rank>.bin) or a base's file it links? */
 static int in_plan(const st_save_plan *sp, const char *name)
 {
+    for (uint32_t f = 0; st_is_ref_file(name) && f < sp->meta->nfiles; f++)
+        if (st_file_linked(sp->meta, f) && strcmp(sp->meta->files[f].name, name) == 0)
+            return 1;
     long r = st_data_file_rank(name);
     if (r < 0 || r >= sp->nranks || sp->writer_file[r] < 0)
         return 0;

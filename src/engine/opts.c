@@ -9,6 +9,7 @@
 
 /* Bytes of each version of a struct: the offset of the first field added after it. */
 static const size_t save_opts_size[] = {0, offsetof(strata_save_opts, bg_nice),
+                                        offsetof(strata_save_opts, base),
                                         sizeof(strata_save_opts)};
 static const size_t load_opts_size[] = {0, sizeof(strata_load_opts)};
 static const size_t stats_size[] = {0, offsetof(strata_stats, io_threads),
@@ -31,7 +32,8 @@ int st_save_opts_get(strata_save_opts *out, const strata_save_opts *in)
         memcpy(out, in, save_opts_size[in->version]);
         out->version = STRATA_SAVE_OPTS_VERSION;
     }
-    const unsigned known = STRATA_SAVE_NO_SYNC | STRATA_SAVE_NO_DIRECT | STRATA_SAVE_REPLACE;
+    const unsigned known = STRATA_SAVE_NO_SYNC | STRATA_SAVE_NO_DIRECT | STRATA_SAVE_REPLACE |
+                           STRATA_SAVE_INCREMENTAL;
     if (out->flags & ~known)
         return st_fail(STRATA_EINVAL, "strata_save_opts.flags 0x%x has unknown bits", out->flags);
     if (!out->chunk_bytes)

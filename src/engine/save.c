@@ -32,9 +32,13 @@ void st_hash_write(const st_io_plan *lay, const st_save_plan *sp, size_t task,
     for (size_t si = w->seg0; si < w->seg1; si++) {
         const st_seg *s = &lay->segs[si];
         const st_piece *pc = &sp->pieces[s->piece];
+        uint64_t *s2 = st_sums2(sp->meta, pc->ext);
         for (uint64_t c = s->c0; c < s->c1; c++) {
             uint64_t lo = c * C;
-            pc->ext->sums[c] = st_hash(buf + pc->offset + lo - w->off, ST_MIN(C, pc->bytes - lo));
+            const unsigned char *p = buf + pc->offset + lo - w->off;
+            pc->ext->sums[c] = st_hash(p, ST_MIN(C, pc->bytes - lo));
+            if (s2)
+                s2[c] = st_hash2(p, ST_MIN(C, pc->bytes - lo));
         }
     }
 }
@@ -61,12 +65,15 @@ int st_fill_write(const st_io_plan *lay, const st_save_plan *sp, size_t task,
             pos = at + hi - lo;
             continue;
         }
+        uint64_t *s2 = hash ? st_sums2(sp->meta, pc->ext) : NULL;
         for (uint64_t c = s->c0; c < s->c1; c++) {
             uint64_t lo = c * C, n = ST_MIN(C, pc->bytes - lo);
             unsigned char *dst = buf + pc->offset + lo - w->off;
             memcpy(dst, (const unsigned char *)pc->src + lo, n);
             if (hash)
                 pc->ext->sums[c] = st_hash(dst, n);
+            if (s2)
+                s2[c] = st_hash2(dst, n);
             pos = pc->offset + lo + n - w->off;
         }
     }
@@ -77,9 +84,13 @@ int st_fill_write(const st_io_plan *lay, const st_save_plan *sp, size_t task,
     for (size_t si = w->seg0; hash && device && !rc && si < w->seg1; si++) {
         const st_seg *s = &lay->segs[si];
         const st_piece *pc = &sp->pieces[s->piece];
+        uint64_t *s2 = st_sums2(sp->meta, pc->ext);
         for (uint64_t c = s->c0; pc->device && c < s->c1; c++) {
             uint64_t lo = c * C;
-            pc->ext->sums[c] = st_hash(buf + pc->offset + lo - w->off, ST_MIN(C, pc->bytes - lo));
+            const unsigned char *p = buf + pc->offset + lo - w->off;
+            pc->ext->sums[c] = st_hash(p, ST_MIN(C, pc->bytes - lo));
+            if (s2)
+                s2[c] = st_hash2(p, ST_MIN(C, pc->bytes - lo));
         }
     }
     if (!rc)
@@ -170,6 +181,8 @@ int st_create_data_files(const st_vfs *v, const char *dir, const st_save_plan *s
     int rc = 0;
     for (uint32_t f = 0; f < sp->meta->nfiles && !rc; f++) {
         char p[PATH_MAX];
+        if (st_file_linked(sp->meta, f)) /* a base's file, linked by st_incr_link */
+            continue;
         if ((rc = st_path_join(p, dir, sp->meta->files[f].name)))
             break;
         int e = v->open(v, p, ST_O_WRITE | (direct ? ST_O_DIRECT : 0), &files[f]);
@@ -260,9 +273,12 @@ int st_plan_states(st_save_plan *sp, strata_state *const *ranks, int nranks,
 
 void st_save_stats(strata_stats *stats, const st_save_plan *sp, uint64_t io_calls, double t0)
 {
+    uint64_t written = 0; /* without what an incremental save referred to its base */
+    for (size_t i = 0; i < sp->npieces; i++)
+        written += sp->pieces[i].bytes;
     *stats = (strata_stats){.data_bytes = sp->meta->data_bytes,
-                            .bytes = sp->meta->data_bytes,
-                            .all_bytes = sp->meta->data_bytes,
+                            .bytes = written,
+                            .all_bytes = written,
                             .io_calls = io_calls,
                             .max_writer_bytes = sp->max_writer_bytes,
                             .balance_bound = sp->writer_bytes_bound,
@@ -281,11 +297,15 @@ int st_save_local(const char *uri, strata_state *const *ranks, int nranks,
     st_dests *d = calloc(1, sizeof *d); /* 8 tiers' paths: not on the caller's stack */
     uint64_t calls = 0, id = st_save_id_new();
     st_file *lock = NULL;
+    st_incr *incr = NULL;
     if (!d)
         rc = st_fail(STRATA_ENOMEM, "out of memory");
     else if ((rc = st_dests_resolve(d, &uri, 1, o->flags)) == 0 &&
+             (rc = st_incr_plan(&incr, &sp, d, o)) == 0 &&
              (rc = st_dest_own(d, 0, 1, &lock)) == 0) {
-        rc = st_write_data(d->vfs[0], d->dir[0], &sp, o, &calls);
+        rc = st_incr_link(incr, sp.meta, d, 0);
+        if (!rc)
+            rc = st_write_data(d->vfs[0], d->dir[0], &sp, o, &calls);
         if (!rc)
             rc = st_dest_commit(d, 0, sp.meta, ST_SYNC(o), id, &lock);
         if (rc && lock) /* a failed save leaves no half-written files behind */
@@ -294,6 +314,7 @@ int st_save_local(const char *uri, strata_state *const *ranks, int nranks,
     }
     if (!rc)
         st_save_stats(stats, &sp, calls, t0);
+    st_incr_free(incr);
     st_save_plan_free(&sp);
     if (d)
         st_dests_close(d);
@@ -337,6 +358,8 @@ typedef struct {
     int sync;
     uint64_t save_id;
     st_file *lock[ST_MAX_TIERS]; /* held from prepare to the end of tier_done */
+    st_incr *incr;               /* the links to the base, or NULL */
+    const st_meta *meta;         /* the save's (with incr) */
 } local_commit;
 
 static const st_dests *lc_dests(void *ctx) { return &((local_commit *)ctx)->dst; }
@@ -344,7 +367,8 @@ static const st_dests *lc_dests(void *ctx) { return &((local_commit *)ctx)->dst;
 static int lc_prepare(void *ctx, int t)
 {
     local_commit *c = ctx;
-    return st_dest_own(&c->dst, t, 1, &c->lock[t]);
+    int rc = st_dest_own(&c->dst, t, 1, &c->lock[t]);
+    return rc ? rc : st_incr_link(c->incr, c->meta, &c->dst, t);
 }
 
 static int lc_tier_done(void *ctx, int t, int rc, const st_save_plan *sp)
@@ -363,12 +387,21 @@ static void lc_release(void *ctx)
     local_commit *c = ctx;
     for (int t = 0; c && t < c->dst.n; t++)
         st_own_release(c->dst.vfs[t], c->lock[t]);
-    if (c)
+    if (c) {
         st_dests_close(&c->dst);
+        st_incr_free(c->incr);
+    }
     free(c);
 }
 
 const st_commit_ops st_local_commit = {0, lc_dests, lc_prepare, lc_tier_done, NULL, lc_release};
+
+int st_local_commit_incr(void *ctx, st_save_plan *sp, const strata_save_opts *o)
+{
+    local_commit *c = ctx;
+    c->meta = sp->meta;
+    return st_incr_plan(&c->incr, sp, &c->dst, o);
+}
 
 int st_local_commit_new(void **ctx, const char *const *uris, int n, const strata_save_opts *o)
 {

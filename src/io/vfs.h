@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define ST_VFS_VERSION 2 /* 2: exchange, undirect */
+#define ST_VFS_VERSION 3 /* 2: exchange, undirect; 3: link */
 
 /* open refuses anything but a regular file - a FIFO, a device, a socket, a directory - with
  * -ST_ENOTREG, without opening it or blocking on it (a symlink: -ELOOP). Linux has no
@@ -96,6 +96,12 @@ struct st_vfs {
     /* Drops O_DIRECT on an open file (a filesystem that accepted the flag at open but refuses
      * the first aligned write with EINVAL): later writes are buffered. 0 or -errno. */
     int (*undirect)(st_file *f);
+    /* ---- version 3 ---- */
+    /* Makes `to` a new name of the regular file `from` (a hard link: both names lead to
+     * one file, whose bytes live until the last name is removed). Never follows a symlink
+     * at `from` (-ST_ENOTREG for anything but a regular file) and never replaces `to`
+     * (-EEXIST). -EXDEV, -EPERM, -EOPNOTSUPP where the filesystem cannot; may be NULL. */
+    int (*link)(const st_vfs *v, const char *from, const char *to);
 };
 
 extern const st_vfs st_vfs_posix;

@@ -220,6 +220,14 @@ static int f_exchange(const st_vfs *v, const char *a, const char *b)
 
 static int f_undirect(st_file *f) { return INNER(f)->vfs->undirect(INNER(f)); }
 
+/* a link makes a name, as a rename does: op=rename faults it too */
+static int f_link(const st_vfs *v, const char *from, const char *to)
+{
+    const st_vfs *in = FV(v)->inner;
+    int e = hit(FV(v), OP_RENAME);
+    return e ? -e : in->version >= 3 && in->link ? in->link(in, from, to) : -EOPNOTSUPP;
+}
+
 static int f_unlink(const st_vfs *v, const char *path)
 {
     int e = hit(FV(v), OP_UNLINK);
@@ -303,7 +311,7 @@ static int fault_new(const st_vfs **out, const st_vfs *inner, const char *query)
         .rename = f_rename, .unlink = f_unlink, .rmdir = f_rmdir, .sync_dir = f_sync_dir,
         .list = f_list, .stat = f_stat, .allocate = f_allocate, .release = f_release,
         .mtime = f_mtime, .lock = f_lock, .ident = f_ident, .exchange = f_exchange,
-        .undirect = f_undirect,
+        .undirect = f_undirect, .link = f_link,
     };
     v->inner = inner;
     v->op = -1;

@@ -309,6 +309,17 @@ static int px_undirect(st_file *f)
     return 0;
 }
 
+static int px_link(const st_vfs *v, const char *from, const char *to)
+{
+    (void)v;
+    struct stat st;
+    if (lstat(from, &st))
+        return -errno;
+    if (!S_ISREG(st.st_mode))
+        return -ST_ENOTREG;
+    return linkat(AT_FDCWD, from, AT_FDCWD, to, 0) ? -errno : 0; /* 0: a symlink stays one */
+}
+
 const st_vfs st_vfs_posix = {
     .version = ST_VFS_VERSION,
     .scheme = "file",
@@ -334,4 +345,5 @@ const st_vfs st_vfs_posix = {
     .ident = px_ident,
     .exchange = px_exchange,
     .undirect = px_undirect,
+    .link = px_link,
 };

@@ -12,7 +12,7 @@
 /* ---- encoding ---- */
 
 static void put_extent(st_buf *b, const st_extent *e, uint32_t chunk, int with_bytes,
-                       int foreign)
+                       int foreign, int sums2)
 {
     st_buf_var(b, e->file);
     st_buf_var(b, foreign ? e->offset : e->offset / ST_ALIGN);
@@ -23,21 +23,33 @@ static void put_extent(st_buf *b, const st_extent *e, uint32_t chunk, int with_b
     uint64_t n = st_nchunks(e->bytes, chunk);
     for (uint64_t i = 0; i < n; i++)
         st_buf_u64(b, e->sums[i]);
+    for (uint64_t i = 0; sums2 && i < n; i++)
+        st_buf_u64(b, e->sums[n + i]);
 }
 
 int st_meta_encode(const st_meta *m, unsigned char **out, size_t *len)
 {
     st_buf b = {0};
+    const int v2 = !m->foreign && m->version == ST_META_VERSION_INCR;
     st_buf_put(&b, ST_META_MAGIC, 8);
-    st_buf_u32(&b, ST_META_VERSION);
+    st_buf_u32(&b, v2 ? ST_META_VERSION_INCR : ST_META_VERSION);
     st_buf_u32(&b, m->foreign ? ST_META_FOREIGN : 0);
     st_buf_u64(&b, 0); /* body length, patched below */
     st_buf_u64(&b, m->step);
     st_buf_var(&b, m->chunk);
+    if (v2) { /* the base */
+        st_buf_u8(&b, m->base != NULL);
+        if (m->base) {
+            st_buf_str(&b, m->base);
+            st_buf_u64(&b, m->base_id);
+        }
+    }
     st_buf_var(&b, m->nfiles);
     for (uint32_t i = 0; i < m->nfiles; i++) {
         st_buf_str(&b, m->files[i].name);
         st_buf_var(&b, m->files[i].bytes);
+        if (v2)
+            st_buf_u8(&b, (uint8_t)st_file_linked(m, i));
     }
     if (m->foreign) { /* each file's identity, when the source took it */
         st_buf_u8(&b, m->idents != NULL);
@@ -67,14 +79,14 @@ int st_meta_encode(const st_meta *m, unsigned char **out, size_t *len)
                 st_buf_var(&b, sh->fs);
                 st_buf_var(&b, sh->fe - sh->fs);
             }
-            put_extent(&b, &sh->ext, m->chunk, 0, m->foreign);
+            put_extent(&b, &sh->ext, m->chunk, 0, m->foreign, v2);
         }
     }
     st_buf_var(&b, m->nblobs);
     for (size_t i = 0; i < m->nblobs; i++) {
         st_buf_str(&b, m->blobs[i].name);
         st_buf_var(&b, (uint64_t)(m->blobs[i].owner + 1));
-        put_extent(&b, &m->blobs[i].ext, m->chunk, 1, m->foreign);
+        put_extent(&b, &m->blobs[i].ext, m->chunk, 1, m->foreign, 0);
     }
     if (b.oom) {
         free(b.p);
@@ -117,7 +129,8 @@ int st_plain_name(const char *name, size_t len)
     return 1;
 }
 
-static void rd_extent(st_rd *r, st_meta *m, st_extent *e, uint64_t bytes, int with_bytes)
+static void rd_extent(st_rd *r, st_meta *m, st_extent *e, uint64_t bytes, int with_bytes,
+                      int sums2)
 {
     uint64_t file = st_rd_var(r); /* checked before narrowing: 2^32 must not alias file 0 */
     uint64_t blk = st_rd_var(r);
@@ -146,17 +159,19 @@ static void rd_extent(st_rd *r, st_meta *m, st_extent *e, uint64_t bytes, int wi
     if (m->foreign) /* no checksums */
         return;
     uint64_t n = st_nchunks(bytes, m->chunk);
-    if (n > st_rd_left(r) / 8) {
+    if (n > st_rd_left(r) / (sums2 ? 16 : 8)) {
         st_rd_fail(r, "truncated checksum list");
         return;
     }
-    e->sums = st_arena_alloc(&m->arena, n * 8);
+    e->sums = st_arena_alloc(&m->arena, n * (sums2 ? 16 : 8));
     if (!e->sums) {
         st_rd_fail(r, "out of memory");
         return;
     }
     for (uint64_t i = 0; i < n; i++)
         e->sums[i] = st_rd_u64(r);
+    for (uint64_t i = 0; sums2 && i < n; i++)
+        e->sums[n + i] = st_rd_u64(r);
 }
 
 static int decode_body(st_rd *r, st_meta *m)
@@ -166,17 +181,39 @@ static int decode_body(st_rd *r, st_meta *m)
                               : chunk < 4096 || chunk > (64u << 20) || (chunk & (chunk - 1))))
         return st_rd_fail(r, "bad checksum chunk size"), -1;
     m->chunk = (uint32_t)chunk;
+    const int v2 = m->version == ST_META_VERSION_INCR;
+    if (v2) {
+        uint8_t has = st_rd_u8(r);
+        if (!r->err && has > 1)
+            return st_rd_fail(r, "bad base flag"), -1;
+        if (has) {
+            m->base = rd_str(r, &m->arena, 1);
+            m->base_id = st_rd_u64(r);
+            if (!r->err && !m->base_id)
+                return st_rd_fail(r, "base save id is 0"), -1;
+        }
+        if (r->err)
+            return -1;
+    }
 
     uint64_t nf = st_rd_count(r, 2, "file count exceeds the metadata size");
     if (r->err || nf > UINT32_MAX)
         return st_rd_fail(r, "bad file count"), -1;
     m->nfiles = (uint32_t)nf;
     m->files = st_arena_alloc(&m->arena, (nf ? nf : 1) * sizeof *m->files);
-    if (!m->files)
+    if (v2)
+        m->linked = st_arena_alloc(&m->arena, nf ? nf : 1);
+    if (!m->files || (v2 && !m->linked))
         return st_rd_fail(r, "out of memory"), -1;
     for (uint64_t i = 0; i < nf && !r->err; i++) {
         m->files[i].name = rd_str(r, &m->arena, 1);
         m->files[i].bytes = st_rd_var(r);
+        if (v2) {
+            uint8_t l = st_rd_u8(r);
+            if (!r->err && (l > 1 || (l && !m->base)))
+                st_rd_fail(r, l > 1 ? "bad file origin" : "a linked file without a base");
+            m->linked[i] = l;
+        }
     }
     if (m->foreign && !r->err) {
         uint8_t has = st_rd_u8(r);
@@ -223,7 +260,7 @@ static int decode_body(st_rd *r, st_meta *m)
             st_rd_fail(r, "tensor size overflows");
             break;
         }
-        size_t min_shard = 1 + 2 * (size_t)t->ndim + 2 + (m->foreign ? 0 : 8); /* sums */
+        size_t min_shard = 1 + 2 * (size_t)t->ndim + 2 + (m->foreign ? 0 : v2 ? 16 : 8); /* sums */
         t->nshards = st_rd_count(r, min_shard, "shard count exceeds the metadata size");
         if (r->err)
             break;
@@ -270,7 +307,7 @@ static int decode_body(st_rd *r, st_meta *m)
                 sh->fs = fs;
                 sh->fe = fs + n;
             }
-            rd_extent(r, m, &sh->ext, (sh->fe - sh->fs) * esz, 0);
+            rd_extent(r, m, &sh->ext, (sh->fe - sh->fs) * esz, 0, v2);
             t->bytes += sh->ext.bytes;
         }
         m->data_bytes += t->bytes;
@@ -290,7 +327,7 @@ static int decode_body(st_rd *r, st_meta *m)
         if (!r->err && o > INT32_MAX)
             st_rd_fail(r, "bad blob owner");
         b->owner = (int64_t)o - 1;
-        rd_extent(r, m, &b->ext, 0, 1);
+        rd_extent(r, m, &b->ext, 0, 1, 0);
         m->data_bytes += b->ext.bytes;
     }
     if (!r->err && r->p != r->end)
@@ -910,9 +947,10 @@ static int check_header(const unsigned char *buf, size_t len, uint32_t flags)
     if (memcmp(buf, ST_META_MAGIC, 8) != 0)
         return st_fail(STRATA_EFORMAT, "metadata has a bad magic number");
     uint32_t ver = st_get_u32(buf + 8);
-    if (ver != ST_META_VERSION)
-        return st_fail(STRATA_EFORMAT, "metadata format version %u is not supported (want %u)",
-                       ver, ST_META_VERSION);
+    if (ver != ST_META_VERSION && !(ver == ST_META_VERSION_INCR && !flags))
+        return st_fail(STRATA_EFORMAT, "metadata format version %u is not supported (this "
+                       "strata reads versions %u and %u)", ver, ST_META_VERSION,
+                       ST_META_VERSION_INCR);
     if (st_get_u32(buf + 12) != flags)
         return st_fail(STRATA_EFORMAT, flags || st_get_u32(buf + 12) != ST_META_FOREIGN
                                            ? "metadata has unknown header flags"
@@ -932,6 +970,7 @@ static int parse(st_meta **out, const unsigned char *buf, size_t len)
     if (!m)
         return st_fail(STRATA_ENOMEM, "out of memory");
     m->foreign = st_get_u32(buf + 12) == ST_META_FOREIGN;
+    m->version = st_get_u32(buf + 8);
     m->step = st_get_u64(buf + 24);
     st_rd r = {.p = buf + ST_META_HEADER, .end = buf + len - ST_META_TRAILER, .base = buf};
     if (decode_body(&r, m) != 0) {
@@ -1050,6 +1089,24 @@ int st_commit_same(const st_commit *a, const st_commit *b)
 void st_data_file_name(char out[ST_DATA_FILE_BYTES], int rank)
 {
     snprintf(out, ST_DATA_FILE_BYTES, "data-%06d.bin", rank);
+}
+
+void st_ref_file_name(char out[ST_REF_FILE_BYTES], uint64_t save_id, long rank)
+{
+    snprintf(out, ST_REF_FILE_BYTES, "ref-%016llx-%06ld.bin", (unsigned long long)save_id, rank);
+}
+
+int st_is_ref_file(const char *name)
+{
+    size_t n = strlen(name);
+    if (n < 31 || n > 40 || strncmp(name, "ref-", 4) != 0 || name[20] != '-' ||
+        strcmp(name + n - 4, ".bin") != 0)
+        return 0;
+    for (size_t i = 4; i < n - 4; i++)
+        if (i != 20 && !((name[i] >= '0' && name[i] <= '9') ||
+                         (i < 20 && name[i] >= 'a' && name[i] <= 'f')))
+            return 0;
+    return 1;
 }
 
 long st_data_file_rank(const char *name)

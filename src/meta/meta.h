@@ -9,7 +9,8 @@
 #include "strata_types.h"
 
 #define ST_META_MAGIC "STRATAMD"
-#define ST_META_VERSION 1u
+#define ST_META_VERSION 1u     /* a full save's */
+#define ST_META_VERSION_INCR 2u /* a save that can be a base, or has one (FORMAT.md) */
 #define ST_META_HEADER 32u
 #define ST_META_TRAILER 8u
 /* Header flag of a foreign index (st_meta_decode_foreign): never stored, only sent from
@@ -31,13 +32,19 @@
 void st_data_file_name(char out[ST_DATA_FILE_BYTES], int rank);
 /* The rank of a data file's name, or -1 if name is not one. */
 long st_data_file_rank(const char *name);
+/* A base's data file linked into an incremental checkpoint: ref-<16 hex digits: the id of
+ * the save that wrote it>-<rank, six or more digits>.bin. */
+#define ST_REF_FILE_BYTES 48
+void st_ref_file_name(char out[ST_REF_FILE_BYTES], uint64_t save_id, long rank);
+/* Is name one of those? */
+int st_is_ref_file(const char *name);
 
 /* Bytes of a data file holding [offset, offset + bytes), checksummed per chunk: chunk i
  * covers [i*chunk, min((i+1)*chunk, bytes)) and sums[i] is its XXH3-64. */
 typedef struct st_extent {
     uint32_t file;
     uint64_t offset, bytes;
-    uint64_t *sums;
+    uint64_t *sums; /* version 2 shards: 2 x nchunks, the XXH64s after the XXH3s (st_sums2) */
 } st_extent;
 
 typedef struct st_mshard {
@@ -89,6 +96,14 @@ typedef struct st_meta {
     size_t nblobs;
     st_mblob *blobs;
     uint64_t data_bytes;
+    /* version 2 (ST_META_VERSION_INCR; 1 otherwise): shards carry sums2; base names the
+     * checkpoint this one refers to (a plain name beside it in the same parent directory)
+     * and base_id its save id; NULL and 0 for a save without a base */
+    uint32_t version;
+    char *base;
+    uint64_t base_id;
+    uint8_t *linked; /* version 2, per file: 1 if a hard link of a base's data file (not
+                        written by this save); NULL otherwise */
 } st_meta;
 
 /* The alignment of extent starts in data files (reads round to it). */
@@ -100,6 +115,19 @@ static inline uint64_t st_meta_align(const st_meta *m)
 static inline uint64_t st_nchunks(uint64_t bytes, uint32_t chunk)
 {
     return bytes / chunk + (bytes % chunk != 0);
+}
+
+/* The second checksums (XXH64, seed 0) of a shard's chunks in version 2 metadata, the check
+ * that a chunk equals its base's; NULL otherwise (and for blobs, which have none). */
+static inline uint64_t *st_sums2(const st_meta *m, const st_extent *e)
+{
+    return m->version == ST_META_VERSION_INCR ? e->sums + st_nchunks(e->bytes, m->chunk) : NULL;
+}
+
+/* Is file f of m a link to a base's data file? */
+static inline int st_file_linked(const st_meta *m, uint32_t f)
+{
+    return m->linked && m->linked[f];
 }
 
 /* Encodes m into a new malloc'd buffer (*out, *len). STRATA_ENOMEM on failure. A foreign

@@ -1,0 +1,317 @@
+/* incr.c - incremental saves (docs/DESIGN.md, "Incremental saves"): a save given a base
+ * (a committed checkpoint beside its destination) does not write a shard whose every chunk
+ * equals the base's shard at the same place - same tensor, dtype, box, flat range and
+ * chunk size, equal XXH3-64 and then equal XXH64 - but refers to the base's bytes: the
+ * base's data file that holds them is hard-linked into the new checkpoint (as
+ * ref-<id>-<rank>.bin), so that the new checkpoint stays self-contained and removing the
+ * base frees nothing it uses. Matching runs on the caller's thread when the save starts,
+ * before anything is copied; the links are made once the save owns its directory.
+ * Threading: none of its own. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "../core/checksum.h"
+#include "../core/error.h"
+#include "source.h"
+
+/* One base data file linked into the new checkpoint. */
+typedef struct {
+    char from[ST_REF_FILE_BYTES]; /* its name in the base (data-N.bin or ref-...) */
+    uint32_t base_file;           /* its index in the base's file table */
+} incr_link;
+
+struct st_incr {
+    char base[STRATA_MAX_NAME + 1];
+    uint64_t base_id;
+    incr_link *links; /* nlinks: the new checkpoint's files [nfiles - nlinks, nfiles) */
+    uint32_t nlinks;
+    uint64_t matched_bytes;
+};
+
+uint64_t st_hash2(const void *p, size_t n) { return XXH64(p, n, 0); }
+
+void st_incr_free(st_incr *x)
+{
+    if (x)
+        free(x->links);
+    free(x);
+}
+
+uint64_t st_incr_matched(const st_incr *x) { return x ? x->matched_bytes : 0; }
+
+/* Gives every extent of sp room for second checksums (st_sums2: blobs too, whose are
+ * computed and never stored) and marks the metadata version 2: a save that a later one
+ * may use as its base. */
+static int want_sums2(st_save_plan *sp)
+{
+    st_meta *m = sp->meta;
+    m->version = ST_META_VERSION_INCR;
+    if (!(m->linked = st_arena_alloc(&m->arena, m->nfiles + 1)))
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    memset(m->linked, 0, m->nfiles + 1);
+    for (size_t i = 0; i < sp->npieces; i++) {
+        st_extent *e = sp->pieces[i].ext;
+        uint64_t nc = st_nchunks(e->bytes, m->chunk);
+        if (!(e->sums = st_arena_alloc(&m->arena, (size_t)(nc ? 2 * nc : 1) * 8)))
+            return st_fail(STRATA_ENOMEM, "out of memory");
+    }
+    return 0;
+}
+
+static int cmp_tensor_name(const void *a, const void *b)
+{
+    return strcmp((*(const st_mtensor *const *)a)->name, (*(const st_mtensor *const *)b)->name);
+}
+
+/* Orders shards of one tensor by (box offsets, flat start), the metadata order. */
+static int cmp_shard(int ndim, const st_mshard *a, const st_mshard *b)
+{
+    for (int d = 0; d < ndim; d++)
+        if (a->off[d] != b->off[d])
+            return a->off[d] < b->off[d] ? -1 : 1;
+    return a->fs < b->fs ? -1 : a->fs > b->fs;
+}
+
+/* The base's shard at the very place of s (same box and flat range), or NULL. */
+static const st_mshard *base_shard(const st_mtensor *bt, const st_mtensor *t, const st_mshard *s)
+{
+    size_t lo = 0, hi = bt->nshards;
+    while (lo < hi) { /* base shards are in metadata order; a base that is not only misses */
+        size_t mid = lo + (hi - lo) / 2;
+        int c = cmp_shard(t->ndim, &bt->shards[mid], s);
+        if (c == 0) {
+            const st_mshard *b = &bt->shards[mid];
+            for (int d = 0; d < t->ndim; d++)
+                if (b->len[d] != s->len[d])
+                    return NULL;
+            return b->fe == s->fe && b->flat == s->flat ? b : NULL;
+        }
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+/* Does every chunk of the piece's bytes have the base extent's two checksums? Stops at the
+ * first chunk that differs: a changed tensor costs one chunk's hash. */
+static int same_bytes(const st_piece *pc, const st_extent *be, const uint64_t *bs2,
+                      uint32_t chunk)
+{
+    const unsigned char *p = pc->src;
+    uint64_t nc = st_nchunks(pc->bytes, chunk);
+    for (uint64_t c = 0; c < nc; c++) {
+        size_t n = (size_t)ST_MIN((uint64_t)chunk, pc->bytes - c * chunk);
+        if (st_hash(p + c * chunk, n) != be->sums[c] || st_hash2(p + c * chunk, n) != bs2[c])
+            return 0;
+    }
+    return 1;
+}
+
+/* The new checkpoint's file index for base file bf, appending a link entry if new. */
+static int link_index(st_incr *x, st_meta *m, const st_meta *bm, uint32_t bf, uint32_t *out)
+{
+    for (uint32_t i = 0; i < x->nlinks; i++)
+        if (x->links[i].base_file == bf) {
+            *out = m->nfiles - x->nlinks + i;
+            return 0;
+        }
+    incr_link *l = realloc(x->links, (x->nlinks + 1) * sizeof *l);
+    st_mfile *f = st_arena_alloc(&m->arena, (m->nfiles + 1) * sizeof *f);
+    uint8_t *lk = st_arena_alloc(&m->arena, m->nfiles + 1);
+    if (l)
+        x->links = l;
+    if (!l || !f || !lk)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    const st_mfile *b = &bm->files[bf];
+    char to[ST_REF_FILE_BYTES];
+    if (st_is_ref_file(b->name)) /* already a link: keeps its name down the chain */
+        snprintf(to, sizeof to, "%s", b->name);
+    else
+        st_ref_file_name(to, x->base_id, st_data_file_rank(b->name));
+    memcpy(f, m->files, m->nfiles * sizeof *f);
+    memcpy(lk, m->linked, m->nfiles);
+    f[m->nfiles] = (st_mfile){st_arena_strndup(&m->arena, to, strlen(to)), b->bytes};
+    lk[m->nfiles] = 1;
+    if (!f[m->nfiles].name)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    m->files = f;
+    m->linked = lk;
+    snprintf(l[x->nlinks].from, sizeof l[x->nlinks].from, "%s", b->name);
+    l[x->nlinks].base_file = bf;
+    x->nlinks++;
+    *out = m->nfiles++;
+    return 0;
+}
+
+/* Can base file b be linked under a name of its own? (data-N.bin or ref-...: what strata
+ * writes; anything else is not used as a base's bytes.) */
+static int linkable(const st_meta *bm, uint32_t f)
+{
+    const char *n = bm->files[f].name;
+    return !st_file_linked(bm, f) ? st_data_file_rank(n) >= 0 : st_is_ref_file(n);
+}
+
+/* Refers every shard piece of sp that equals its base shard to the base, drops it from
+ * the writes and lays each writer's file out again without it. */
+static int match(st_incr *x, st_save_plan *sp, const st_meta *bm)
+{
+    st_meta *m = sp->meta;
+    const st_mtensor **bt = malloc((bm->ntensors + 1) * sizeof *bt);
+    uint64_t *fill = calloc(m->nfiles + 1, sizeof *fill);
+    int rc = bt && fill ? 0 : st_fail(STRATA_ENOMEM, "out of memory");
+    for (size_t i = 0; !rc && i < bm->ntensors; i++)
+        bt[i] = &bm->tensors[i];
+    if (!rc)
+        qsort(bt, bm->ntensors, sizeof *bt, cmp_tensor_name);
+    /* pieces are in metadata order: the shards of each tensor, then the blobs */
+    size_t pi = 0, kept = 0;
+    for (size_t t = 0; !rc && t < m->ntensors; t++) {
+        const st_mtensor *mt = &m->tensors[t], key = {.name = mt->name}, *kp = &key;
+        const st_mtensor **found = bm->ntensors ? bsearch(&kp, bt, bm->ntensors, sizeof *bt,
+                                                          cmp_tensor_name) : NULL;
+        const st_mtensor *b = found && (*found)->dtype == mt->dtype &&
+                                      (*found)->ndim == mt->ndim &&
+                                      !memcmp((*found)->shape, mt->shape, sizeof mt->shape)
+                                  ? *found : NULL;
+        for (size_t s = 0; !rc && s < mt->nshards; s++, pi++) {
+            st_piece *pc = &sp->pieces[pi];
+            st_mshard *sh = &mt->shards[s];
+            const st_mshard *bs = b ? base_shard(b, mt, sh) : NULL;
+            uint32_t file = 0;
+            if (pc->ext != &sh->ext)
+                return st_fail(STRATA_EINVAL, "internal: save plan out of metadata order");
+            if (bs && pc->src && !pc->device && bs->ext.bytes == pc->bytes &&
+                linkable(bm, bs->ext.file) &&
+                same_bytes(pc, &bs->ext, st_sums2(bm, &bs->ext), m->chunk) &&
+                !(rc = link_index(x, m, bm, bs->ext.file, &file))) {
+                uint64_t nc = st_nchunks(pc->bytes, m->chunk);
+                sh->ext.file = file;
+                sh->ext.offset = bs->ext.offset;
+                memcpy(sh->ext.sums, bs->ext.sums, 2 * nc * 8); /* both checksums */
+                x->matched_bytes += pc->bytes;
+                sp->writer_bytes[pc->writer] -= pc->bytes;
+                continue; /* not written */
+            }
+            sp->pieces[kept++] = *pc;
+        }
+    }
+    for (; !rc && pi < sp->npieces; pi++)
+        sp->pieces[kept++] = sp->pieces[pi];
+    if (!rc) { /* each writer's file again, in the same order, without the matched pieces */
+        sp->npieces = kept;
+        for (size_t i = 0; i < kept; i++) {
+            st_piece *pc = &sp->pieces[i];
+            pc->offset = pc->ext->offset = fill[pc->ext->file];
+            fill[pc->ext->file] = ST_ALIGN_UP(fill[pc->ext->file] + pc->bytes, ST_ALIGN);
+        }
+        for (uint32_t f = 0; f < m->nfiles; f++)
+            if (!st_file_linked(m, f))
+                m->files[f].bytes = fill[f];
+        sp->max_writer_bytes = 0;
+        for (int r = 0; r < sp->nranks; r++)
+            sp->max_writer_bytes = ST_MAX(sp->max_writer_bytes, sp->writer_bytes[r]);
+    }
+    free(bt);
+    free(fill);
+    return rc;
+}
+
+/* The path of base beside destination path dir (its parent joined with the name). */
+static int base_path(char *out, const char *dir, const char *base)
+{
+    char parent[PATH_MAX];
+    st_parent_of(parent, dir);
+    return st_path_join(out, parent, base);
+}
+
+int st_incr_plan(st_incr **out, st_save_plan *sp, const st_dests *d, const strata_save_opts *o)
+{
+    *out = NULL;
+    if (!o->base && !(o->flags & STRATA_SAVE_INCREMENTAL))
+        return 0;
+    int rc = want_sums2(sp);
+    if (rc || !o->base)
+        return rc;
+    if (!st_plain_name(o->base, strlen(o->base)) || strlen(o->base) > STRATA_MAX_NAME)
+        return st_fail(STRATA_EINVAL, "strata_save_opts.base '%s' is not the name of a "
+                       "checkpoint beside the destination (a plain name, no '/')", o->base);
+    st_incr *x = calloc(1, sizeof *x);
+    if (!x)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    snprintf(x->base, sizeof x->base, "%s", o->base);
+    st_dir bd[ST_MAX_TIERS];
+    int opened = 0, usable = 1;
+    for (int t = 0; t < d->n && !rc; t++) {
+        char p[PATH_MAX];
+        if ((rc = base_path(p, d->final[t], o->base)) || (rc = st_dir_open(&bd[t], p, 0))) {
+            rc = st_wrap(rc, "the base of an incremental save");
+            break;
+        }
+        opened++;
+        if (bd[t].src) /* safetensors, DCP, ...: a strata checkpoint's base is strata's */
+            rc = st_fail(STRATA_EINVAL, "base '%s' is a %s checkpoint: an incremental save's "
+                         "base must be a strata checkpoint", p, bd[t].src->name);
+        else if (t > 0 && bd[t].commit.save_id != bd[0].commit.save_id)
+            usable = 0; /* each tier's base must be the same save: else a full save */
+    }
+    if (!rc && (d->vfs[0]->version < 3 || !d->vfs[0]->link))
+        usable = 0; /* a backend that cannot link: a full save */
+    const st_meta *bm = opened ? bd[0].meta : NULL;
+    if (!rc && usable && bd[0].commit.save_id && bm->version == ST_META_VERSION_INCR &&
+        bm->chunk == sp->meta->chunk) {
+        x->base_id = bd[0].commit.save_id;
+        rc = match(x, sp, bm);
+        if (!rc && x->nlinks) {
+            sp->meta->base = st_arena_strndup(&sp->meta->arena, x->base, strlen(x->base));
+            sp->meta->base_id = x->base_id;
+            if (!sp->meta->base)
+                rc = st_fail(STRATA_ENOMEM, "out of memory");
+        }
+    }
+    for (int t = 0; t < opened; t++)
+        st_dir_close(&bd[t]);
+    if (rc || !x->nlinks) {
+        st_incr_free(x);
+        return rc;
+    }
+    *out = x;
+    return 0;
+}
+
+int st_incr_link(const st_incr *x, const st_meta *m, const st_dests *d, int t)
+{
+    if (!x)
+        return 0;
+    const st_vfs *v = d->vfs[t];
+    char bdir[PATH_MAX], from[PATH_MAX], to[PATH_MAX];
+    int rc = base_path(bdir, d->final[t], x->base);
+    for (uint32_t i = 0; !rc && i < x->nlinks; i++) {
+        const char *name = m->files[m->nfiles - x->nlinks + i].name;
+        if ((rc = st_path_join(from, bdir, x->links[i].from)) ||
+            (rc = st_path_join(to, d->dir[t], name)))
+            break;
+        int e = v->link ? v->link(v, from, to) : -EOPNOTSUPP;
+        if (e)
+            rc = st_fail(e == -ENOENT ? STRATA_ECHANGED : st_from_errno(-e),
+                         "linking '%s' of the base into '%s': %s%s", from, to, strerror(-e),
+                         e == -ENOENT ? " (the base was removed during the save)" : "");
+    }
+    /* the files linked are the base's only if the base is still the save that was matched:
+     * its commit record is removed first by whoever removes it, so one still there now was
+     * there when each link was made */
+    st_dir bd;
+    if (!rc && !(rc = st_dir_open(&bd, bdir, 0))) {
+        if (bd.commit.save_id != x->base_id)
+            rc = st_fail(STRATA_ECHANGED, "the base '%s' was replaced by another checkpoint "
+                         "during the save", bdir);
+        st_dir_close(&bd);
+    } else if (rc == STRATA_ENOENT || rc == STRATA_EINCOMPLETE) {
+        rc = st_wrap(STRATA_ECHANGED, "the base was removed during the save");
+    }
+    return rc;
+}

@@ -1,0 +1,497 @@
+/* test_incr.c - incremental saves (strata_save_opts.base): a LoRA-style state (a frozen
+ * base weight, small adapters and their AdamW moments) saved 20 times, bytes written
+ * counted from the files on disk, every step loaded bitwise and verified, retention keeping
+ * 3 (removing bases newer steps refer to), dense state writing everything, a corrupted
+ * referenced chunk reported by both checkpoints, a base removed while a save links it, and
+ * the bad bases refused. */
+#include "testutil.h"
+
+static char tmp[512];
+TU_TMPDIR_GROUP(tmp, "incr")
+
+#define CHUNK 16384u
+#define NT 5
+/* frozen [96, 512] f32 (192 KiB, 12 chunks); adapters and moments [8, 512] (16 KiB) */
+static const char *names[NT] = {"base.w", "lora.a", "lora.b", "opt.a.exp_avg", "opt.a.exp_avg_sq"};
+static const uint64_t rows[NT] = {96, 8, 8, 8, 8};
+#define COLS 512
+
+typedef struct {
+    float *t[NT];
+    unsigned char blob[100];
+    strata_state *st;
+} lora;
+
+static uint64_t tbytes(int i) { return rows[i] * COLS * 4; }
+
+static void lora_init(lora *s, uint64_t seed)
+{
+    memset(s, 0, sizeof *s);
+    assert_ok(strata_state_new(&s->st));
+    tu_rng r = {seed};
+    for (int i = 0; i < NT; i++) {
+        s->t[i] = malloc(tbytes(i));
+        for (uint64_t k = 0; k < rows[i] * COLS; k++)
+            s->t[i][k] = (float)(tu_next(&r) % 1000) / 7.0f;
+        uint64_t shape[2] = {rows[i], COLS};
+        strata_shard sh = {.name = names[i], .dtype = STRATA_F32, .ndim = 2,
+                           .global_shape = shape, .data = s->t[i]};
+        assert_ok(strata_state_add_shard(s->st, &sh));
+    }
+    assert_ok(strata_state_add_blob(s->st, "step", 0, -1, s->blob, sizeof s->blob));
+}
+
+static void lora_free(lora *s)
+{
+    for (int i = 0; i < NT; i++)
+        free(s->t[i]);
+    strata_state_free(s->st);
+}
+
+/* One training step: every tensor but those below `from` changes (from = 1: LoRA). */
+static void lora_step(lora *s, int step, int from)
+{
+    tu_rng r = {(uint64_t)step * 7919};
+    for (int i = from; i < NT; i++)
+        for (uint64_t k = 0; k < rows[i] * COLS; k += 1 + tu_below(&r, 64))
+            s->t[i][k] += 1.0f;
+    memset(s->blob, step, sizeof s->blob);
+}
+
+/* A copy of the values, to compare loads with. */
+typedef struct {
+    float *t[NT];
+    unsigned char blob[100];
+} snap;
+
+static void snap_take(snap *c, const lora *s)
+{
+    for (int i = 0; i < NT; i++) {
+        c->t[i] = malloc(tbytes(i));
+        memcpy(c->t[i], s->t[i], tbytes(i));
+    }
+    memcpy(c->blob, s->blob, sizeof c->blob);
+}
+
+static void snap_free(snap *c)
+{
+    for (int i = 0; i < NT; i++)
+        free(c->t[i]);
+}
+
+/* Loads path and compares every byte with c. */
+static void load_same(const char *path, const snap *c)
+{
+    lora d;
+    lora_init(&d, 999);
+    strata_state *st = d.st;
+    assert_ok(strata_load(NULL, NULL, (const char *[]){path}, 1, &st, 1, NULL));
+    for (int i = 0; i < NT; i++)
+        if (memcmp(d.t[i], c->t[i], tbytes(i)) != 0)
+            fail_msg("%s: tensor %s differs after load", path, names[i]);
+    assert_memory_equal(d.blob, c->blob, sizeof c->blob);
+    lora_free(&d);
+}
+
+static void verify_ok(const char *path)
+{
+    strata_ckpt *ck;
+    assert_ok(strata_ckpt_open(&ck, path, 0));
+    assert_ok(strata_ckpt_verify(ck, NULL, NULL));
+    strata_ckpt_free(ck);
+}
+
+/* Bytes of the data files a save wrote itself (data-*.bin) in path, from the disk. */
+static uint64_t written_on_disk(const char *path, int *nref)
+{
+    uint64_t n = 0;
+    char p[1024];
+    *nref = 0;
+    for (int f = 0; f < 4; f++) {
+        struct stat st;
+        snprintf(p, sizeof p, "%s/data-%06d.bin", path, f);
+        if (stat(p, &st) == 0)
+            n += (uint64_t)st.st_size;
+    }
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "ls %s | grep -c '^ref-' ", path);
+    FILE *pf = popen(cmd, "r");
+    assert_non_null(pf);
+    assert_int_equal(fscanf(pf, "%d", nref), 1);
+    pclose(pf);
+    return n;
+}
+
+static int save(const char *path, lora *s, int step, const char *base, int async,
+                strata_stats *stats)
+{
+    strata_save_opts o = STRATA_SAVE_OPTS_INIT;
+    o.chunk_bytes = CHUNK;
+    o.step = (uint64_t)step;
+    o.flags = STRATA_SAVE_INCREMENTAL | STRATA_SAVE_NO_SYNC;
+    o.base = base;
+    if (!async)
+        return strata_save(stats, NULL, (const char *[]){path}, 1, &s->st, 1, &o);
+    strata_handle *h;
+    int rc = strata_save_start(&h, NULL, (const char *[]){path}, 1, &s->st, 1, &o);
+    if (rc)
+        return rc;
+    rc = strata_wait_durable(stats, h);
+    strata_handle_free(h);
+    return rc;
+}
+
+static const uint64_t A4K = 4096;
+
+/* The LoRA chain: 20 saves, each but the first naming the previous as its base. */
+static void lora_chain(void **state)
+{
+    (void)state;
+    char dir[600], path[700], base[32];
+    snprintf(dir, sizeof dir, "%s/chain", tmp);
+    tu_rmrf(dir);
+    lora s;
+    lora_init(&s, 1);
+    snap want[20];
+    uint64_t adapters = 0;
+    for (int i = 1; i < NT; i++)
+        adapters += ST_ALIGN_UP(tbytes(i), A4K);
+    for (int k = 0; k < 20; k++) {
+        if (k)
+            lora_step(&s, k, 1);
+        snprintf(path, sizeof path, "%s/step-%02d", dir, k);
+        snprintf(base, sizeof base, "step-%02d", k - 1);
+        strata_stats st = STRATA_STATS_INIT;
+        assert_ok(save(path, &s, k, k ? base : NULL, k % 2, &st));
+        snap_take(&want[k], &s);
+        int nref;
+        uint64_t disk = written_on_disk(path, &nref);
+        uint64_t full = ST_ALIGN_UP(tbytes(0), A4K) + adapters + A4K; /* + the blob */
+        if (k == 0) {
+            assert_int_equal(disk, full);
+            assert_int_equal(nref, 0);
+            assert_int_equal(st.bytes, st.data_bytes);
+        } else { /* only the adapters, their moments and the blob */
+            assert_int_equal(disk, adapters + A4K);
+            assert_int_equal(nref, 1);
+            assert_int_equal(st.bytes, st.data_bytes - tbytes(0));
+        }
+    }
+    /* every step's frozen bytes are step 0's file, linked: one inode */
+    struct stat a, b;
+    snprintf(path, sizeof path, "%s/step-00/data-000000.bin", dir);
+    assert_int_equal(stat(path, &a), 0);
+    assert_int_equal(a.st_nlink, 20);
+    for (int k = 0; k < 20; k++) {
+        snprintf(path, sizeof path, "%s/step-%02d", dir, k);
+        load_same(path, &want[k]);
+        verify_ok(path);
+    }
+    /* keep 3: removes steps 0..16, the bases 17..19 refer to; each still loads */
+    int removed = 0;
+    assert_ok(strata_retain(&removed, dir, 3));
+    assert_int_equal(removed, 17);
+    snprintf(path, sizeof path, "%s/step-00", dir);
+    assert_false(tu_exists(path));
+    for (int k = 17; k < 20; k++) {
+        snprintf(path, sizeof path, "%s/step-%02d", dir, k);
+        load_same(path, &want[k]);
+        verify_ok(path);
+    }
+    /* the bytes live on in the files the survivors link: step 19's own link count */
+    char ref[800];
+    snprintf(path, sizeof path, "%s/step-19", dir);
+    strata_ckpt *ck;
+    assert_ok(strata_ckpt_open(&ck, path, 0));
+    strata_shard_info si;
+    strata_ckpt_shard(&si, ck, 0, 0);
+    assert_string_equal(strstr(si.file, "ref-") == si.file ? "ref" : si.file, "ref");
+    snprintf(ref, sizeof ref, "%s/%s", path, si.file);
+    strata_ckpt_free(ck);
+    assert_int_equal(stat(ref, &b), 0);
+    assert_int_equal(b.st_ino, a.st_ino);
+    assert_int_equal(b.st_nlink, 3);
+    /* manual removal of a base: rm -r step-18, step 19 still loads */
+    snprintf(path, sizeof path, "%s/step-18", dir);
+    tu_rmrf(path);
+    snprintf(path, sizeof path, "%s/step-19", dir);
+    load_same(path, &want[19]);
+    verify_ok(path);
+    /* a save on top of a chain whose bases are gone */
+    lora_step(&s, 20, 1);
+    snprintf(path, sizeof path, "%s/step-20", dir);
+    assert_ok(save(path, &s, 20, "step-19", 0, NULL));
+    snap w20;
+    snap_take(&w20, &s);
+    load_same(path, &w20);
+    snap_free(&w20);
+    for (int k = 0; k < 20; k++)
+        snap_free(&want[k]);
+    lora_free(&s);
+    tu_rmrf(dir);
+}
+
+/* Dense training: every tensor changes, every byte is written, nothing is linked. */
+static void dense_writes_all(void **state)
+{
+    (void)state;
+    char dir[600], p0[700], p1[700];
+    snprintf(dir, sizeof dir, "%s/dense", tmp);
+    tu_rmrf(dir);
+    snprintf(p0, sizeof p0, "%s/s0", dir);
+    snprintf(p1, sizeof p1, "%s/s1", dir);
+    lora s;
+    lora_init(&s, 2);
+    assert_ok(save(p0, &s, 0, NULL, 0, NULL));
+    lora_step(&s, 1, 0);
+    strata_stats st = STRATA_STATS_INIT;
+    assert_ok(save(p1, &s, 1, "s0", 1, &st));
+    assert_int_equal(st.bytes, st.data_bytes);
+    int nref;
+    uint64_t disk = written_on_disk(p1, &nref);
+    assert_int_equal(nref, 0);
+    assert_true(disk >= st.data_bytes);
+    snap w;
+    snap_take(&w, &s);
+    load_same(p1, &w);
+    snap_free(&w);
+    lora_free(&s);
+    tu_rmrf(dir);
+}
+
+typedef struct {
+    int n;
+    char object[64], file[64];
+} reports;
+
+static void on_bad(void *ctx, const char *object, const char *file, const char *msg)
+{
+    (void)msg;
+    reports *r = ctx;
+    if (!r->n++) {
+        snprintf(r->object, sizeof r->object, "%s", object);
+        snprintf(r->file, sizeof r->file, "%s", file);
+    }
+}
+
+/* A flipped byte in the frozen weight's bytes, which both checkpoints share: both report
+ * it, naming the tensor and their own file. */
+static void corrupt_shared_chunk(void **state)
+{
+    (void)state;
+    char dir[600], p0[700], p1[700], f[800];
+    snprintf(dir, sizeof dir, "%s/corrupt", tmp);
+    tu_rmrf(dir);
+    snprintf(p0, sizeof p0, "%s/s0", dir);
+    snprintf(p1, sizeof p1, "%s/s1", dir);
+    lora s;
+    lora_init(&s, 3);
+    assert_ok(save(p0, &s, 0, NULL, 0, NULL));
+    lora_step(&s, 1, 1);
+    assert_ok(save(p1, &s, 1, "s0", 0, NULL));
+    tu_join(f, p0, "data-000000.bin");
+    tu_flip_byte(f, 5 * CHUNK + 17, 0x40); /* base.w, chunk 5 */
+    const char *paths[2] = {p0, p1};
+    for (int i = 0; i < 2; i++) {
+        strata_ckpt *ck;
+        reports r = {0};
+        assert_ok(strata_ckpt_open(&ck, paths[i], 0));
+        assert_rc(strata_ckpt_verify(ck, on_bad, &r), STRATA_ECHECKSUM);
+        strata_ckpt_free(ck);
+        assert_int_equal(r.n, 1);
+        assert_string_equal(r.object, "base.w");
+        if (i == 0)
+            assert_string_equal(r.file, "data-000000.bin");
+        else
+            assert_true(strncmp(r.file, "ref-", 4) == 0);
+        lora d;
+        lora_init(&d, 4);
+        assert_rc(strata_load(NULL, NULL, &paths[i], 1, &d.st, 1, NULL), STRATA_ECHECKSUM);
+        assert_msg_has("base.w");
+        assert_msg_has(i == 0 ? "data-000000.bin" : "ref-");
+        lora_free(&d);
+    }
+    lora_free(&s);
+    tu_rmrf(dir);
+}
+
+/* Bad bases: missing, a path, not committed, not incremental-ready (a full save then). */
+static void bad_bases(void **state)
+{
+    (void)state;
+    char dir[600], p0[700], p1[700], f[800];
+    snprintf(dir, sizeof dir, "%s/bad", tmp);
+    tu_rmrf(dir);
+    snprintf(p0, sizeof p0, "%s/s0", dir);
+    snprintf(p1, sizeof p1, "%s/s1", dir);
+    lora s;
+    lora_init(&s, 5);
+    assert_rc(save(p1, &s, 1, "nope", 0, NULL), STRATA_ENOENT);
+    assert_msg_has("base");
+    assert_false(tu_exists(p1));
+    assert_rc(save(p1, &s, 1, "../s0", 1, NULL), STRATA_EINVAL);
+    assert_msg_has("plain name");
+    /* a full save without STRATA_SAVE_INCREMENTAL has no second checksums: all written */
+    strata_save_opts o = STRATA_SAVE_OPTS_INIT;
+    o.chunk_bytes = CHUNK;
+    o.flags = STRATA_SAVE_NO_SYNC;
+    assert_ok(strata_save(NULL, NULL, (const char *[]){p0}, 1, &s.st, 1, &o));
+    strata_stats st = STRATA_STATS_INIT;
+    assert_ok(save(p1, &s, 1, "s0", 0, &st));
+    assert_int_equal(st.bytes, st.data_bytes);
+    /* a base without its commit record */
+    tu_join(f, p1, "COMMIT");
+    assert_int_equal(unlink(f), 0);
+    snprintf(p0, sizeof p0, "%s/s2", dir);
+    assert_rc(save(p0, &s, 2, "s1", 0, NULL), STRATA_EINCOMPLETE);
+    /* with a communicator: not yet */
+    lora_free(&s);
+    tu_rmrf(dir);
+}
+
+/* The base is removed after the save matched it and before it links its files (the async
+ * coordinator's test hook runs between the two): the save fails with STRATA_ECHANGED,
+ * leaves nothing, and the other checkpoints stay loadable. */
+static char race_base[700];
+static void remove_base(strata_pool *p)
+{
+    (void)p;
+    tu_rmrf(race_base);
+}
+
+static void base_removed_during_save(void **state)
+{
+    (void)state;
+    char dir[600], p0[700], p1[700], p2[700];
+    snprintf(dir, sizeof dir, "%s/race", tmp);
+    tu_rmrf(dir);
+    snprintf(p0, sizeof p0, "%s/s0", dir);
+    snprintf(p1, sizeof p1, "%s/s1", dir);
+    snprintf(p2, sizeof p2, "%s/s2", dir);
+    lora s;
+    lora_init(&s, 6);
+    assert_ok(save(p0, &s, 0, NULL, 0, NULL));
+    lora_step(&s, 1, 1);
+    assert_ok(save(p1, &s, 1, "s0", 0, NULL));
+    snap w1;
+    snap_take(&w1, &s);
+    lora_step(&s, 2, 1);
+    snprintf(race_base, sizeof race_base, "%s", p1);
+    extern void (*st_async_test_hook)(strata_pool *);
+    st_async_test_hook = remove_base;
+    assert_rc(save(p2, &s, 2, "s1", 1, NULL), STRATA_ECHANGED);
+    st_async_test_hook = NULL;
+    assert_msg_has("base");
+    assert_false(tu_exists(p2)); /* a failed save leaves nothing */
+    /* s1 is gone (removed by the "collector"); s0 loads; a new save on s0 works */
+    assert_false(tu_exists(p1));
+    assert_ok(save(p2, &s, 2, "s0", 0, NULL));
+    snap w2;
+    snap_take(&w2, &s);
+    load_same(p2, &w2);
+    snap_free(&w1);
+    snap_free(&w2);
+    lora_free(&s);
+    tu_rmrf(dir);
+}
+
+/* Two tiers: each tier's base is its own copy; the new checkpoint on each links its own
+ * tier's file; a load falls back to the second tier; inspect's view (strata_ckpt_base) and
+ * a safetensors export read an incremental checkpoint as a full one. */
+static void tiers_export_inspect(void **state)
+{
+    (void)state;
+    char dir[600], a0[700], a1[700], b0[700], b1[700], out[700], f[800];
+    snprintf(dir, sizeof dir, "%s/tiers", tmp);
+    tu_rmrf(dir);
+    snprintf(a0, sizeof a0, "%s/fast/s0", dir);
+    snprintf(a1, sizeof a1, "%s/fast/s1", dir);
+    snprintf(b0, sizeof b0, "%s/slow/s0", dir);
+    snprintf(b1, sizeof b1, "%s/slow/s1", dir);
+    lora s;
+    lora_init(&s, 7);
+    strata_save_opts o = STRATA_SAVE_OPTS_INIT;
+    o.chunk_bytes = CHUNK;
+    o.flags = STRATA_SAVE_INCREMENTAL | STRATA_SAVE_NO_SYNC;
+    assert_ok(strata_save(NULL, NULL, (const char *[]){a0, b0}, 2, &s.st, 1, &o));
+    lora_step(&s, 1, 1);
+    o.base = "s0";
+    strata_stats st = STRATA_STATS_INIT;
+    assert_ok(strata_save(&st, NULL, (const char *[]){a1, b1}, 2, &s.st, 1, &o));
+    assert_int_equal(st.bytes, st.data_bytes - tbytes(0));
+    snap w;
+    snap_take(&w, &s);
+    const char *tiers[2][2] = {{a0, a1}, {b0, b1}};
+    for (int t = 0; t < 2; t++) { /* same inode as the tier's own base file */
+        struct stat x, y;
+        int nref;
+        tu_join(f, tiers[t][0], "data-000000.bin");
+        assert_int_equal(stat(f, &x), 0);
+        written_on_disk(tiers[t][1], &nref);
+        assert_int_equal(nref, 1);
+        strata_ckpt *ck;
+        assert_ok(strata_ckpt_open(&ck, tiers[t][1], 0));
+        uint64_t own = 0;
+        assert_string_equal(strata_ckpt_base(ck, &own), "s0");
+        assert_int_equal(own, strata_ckpt_data_bytes(ck) - tbytes(0));
+        strata_shard_info si;
+        strata_ckpt_shard(&si, ck, 0, 0);
+        snprintf(f, sizeof f, "%s/%s", tiers[t][1], si.file);
+        strata_ckpt_free(ck);
+        assert_int_equal(stat(f, &y), 0);
+        assert_int_equal(x.st_ino, y.st_ino);
+    }
+    strata_ckpt *ck;
+    assert_ok(strata_ckpt_open(&ck, a0, 0));
+    assert_null(strata_ckpt_base(ck, NULL));
+    strata_ckpt_free(ck);
+    /* the fast tier's copy is gone: the load falls back to the slow one */
+    tu_rmrf(a1);
+    tu_rmrf(b0);
+    lora d;
+    lora_init(&d, 8);
+    assert_ok(strata_load(&st, NULL, (const char *[]){a1, b1}, 2, &d.st, 1, NULL));
+    assert_int_equal(st.tier, 1);
+    for (int i = 0; i < NT; i++)
+        assert_memory_equal(d.t[i], w.t[i], tbytes(i));
+    lora_free(&d);
+    /* export: the frozen weight's bytes come from the linked file */
+    snprintf(out, sizeof out, "%s/export", dir);
+    assert_ok(strata_export_safetensors(NULL, b1, out, NULL));
+    strata_ckpt *ex;
+    assert_ok(strata_ckpt_open(&ex, out, 0));
+    lora e;
+    lora_init(&e, 9);
+    strata_state *est = e.st;
+    strata_state *only;
+    assert_ok(strata_state_new(&only));
+    for (int i = 0; i < NT; i++) {
+        uint64_t shape[2] = {rows[i], COLS};
+        strata_shard sh = {.name = names[i], .dtype = STRATA_F32, .ndim = 2,
+                           .global_shape = shape, .data = e.t[i]};
+        assert_ok(strata_state_add_shard(only, &sh));
+    }
+    (void)est;
+    assert_ok(strata_load(NULL, NULL, (const char *[]){out}, 1, &only, 1, NULL));
+    for (int i = 0; i < NT; i++)
+        assert_memory_equal(e.t[i], w.t[i], tbytes(i));
+    strata_state_free(only);
+    strata_ckpt_free(ex);
+    lora_free(&e);
+    snap_free(&w);
+    lora_free(&s);
+    tu_rmrf(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(lora_chain),
+        cmocka_unit_test(dense_writes_all),
+        cmocka_unit_test(corrupt_shared_chunk),
+        cmocka_unit_test(bad_bases),
+        cmocka_unit_test(base_removed_during_save),
+        cmocka_unit_test(tiers_export_inspect),
+    };
+    return cmocka_run_group_tests(tests, tu_group_setup, tu_group_teardown);
+}
