@@ -63,10 +63,20 @@ class CheckpointManager:
         mgr.close()
 
     With a process group every rank makes the same calls; rank 0 chooses the step and
-    applies retention."""
+    applies retention.
+
+    Incremental saves (incremental=True, the default, in one process): each save names as
+    its base the newest committed step below it on the first tier (every tier's copy of
+    it must be the same save, else the save is a full one), and tensors whose bytes equal
+    the base's are neither copied nor written: the base's file holding them is hard-linked
+    into the new checkpoint, which stays whole on its own (retention, gc and rm -r of the
+    base free none of its bytes). Every full_every-th save since the last full one (in
+    this manager) is a full save, so that files kept alive by links stay few. With a
+    process group of more than one rank, saves are full (incremental saves with a
+    communicator are not built yet)."""
 
     def __init__(self, root, *, keep=3, pool_bytes=1 << 30, process_group=None,
-                 async_save=True, pickle=False):
+                 async_save=True, pickle=False, incremental=True, full_every=10):
         if isinstance(root, (list, tuple)):
             self.tiers = [os.fspath(r) for r in root]
         else:
@@ -78,6 +88,11 @@ class CheckpointManager:
         self.process_group = process_group
         self.async_save = bool(async_save)
         self.pickle = pickle
+        self.incremental = bool(incremental)
+        self.full_every = int(full_every)
+        if self.full_every < 1:
+            raise ValueError("CheckpointManager: full_every must be at least 1")
+        self._since_full = None  # incremental saves since the last full one (None: none yet)
         self._pool = None
         self._saver = None
         self._pending = None
@@ -141,6 +156,31 @@ class CheckpointManager:
         e.__cause__ = exc
         return e
 
+    def _base(self, group, step):
+        """The base of the save of step: the name of the newest committed step below it on
+        the first tier, or None (a full save: not incremental, a process group, none
+        committed yet, or the full_every-th save)."""
+        if not self.incremental or group is not None:
+            return None
+        if self._since_full is None or self._since_full >= self.full_every:
+            return None
+        try:
+            d = _S.uri_path(self.tiers[0])
+        except _S.SchemeError:
+            return None
+        if not os.path.isdir(d):
+            return None
+        for s in sorted((int(m.group(1)) for m in map(_STEP_DIR.fullmatch, os.listdir(d))
+                         if m), reverse=True):
+            if s < step and _committed(os.path.join(d, "step-%08d" % s)):
+                return "step-%08d" % s
+        return None
+
+    def _saved(self, base, committed):
+        """Counts the save just ended toward full_every."""
+        if committed:
+            self._since_full = 0 if base is None else self._since_full + 1
+
     def save(self, step, state_dict):
         """Saves state_dict as step on every tier: returns the AsyncSave (async_save=True;
         its wait() returns the stats, or None where a tier failed) or the stats. The save in
@@ -156,20 +196,26 @@ class CheckpointManager:
         uris = [self.path(step, i) for i in range(len(self.tiers))]
         prep = _prepare_save(state_dict, group, self.pickle)
         saver = self._get_saver(group)
+        base = self._base(group, step)
+        kw = {"base": base, "incremental": True} if self.incremental and group is None else {}
+
+        def ended(exc):
+            self._saved(base, exc is None)
+            return self._ended(group, step, exc)
         if self.async_save:
             versions = _versions(prep)
-            h = saver.start(uris, [prep.state], step=step)
-            self._pending = _TierSave(h, prep, lambda exc: self._ended(group, step, exc))
+            h = saver.start(uris, [prep.state], step=step, **kw)
+            self._pending = _TierSave(h, prep, ended)
             self._pending._versions = versions
             return self._pending
         try:
-            stats = saver.save(uris, [prep.state], step=step)
+            stats = saver.save(uris, [prep.state], step=step, **kw)
         except _S.Error as e:
-            err = self._ended(group, step, e)
+            err = ended(e)
             if err is not None:
                 raise err from e
             return None
-        self._ended(group, step, None)
+        ended(None)
         return stats
 
     def _wait(self, raise_error):

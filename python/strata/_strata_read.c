@@ -7,8 +7,8 @@
 typedef struct {
     PyObject_HEAD
     strata_ckpt *ck;
-    PyObject *uri, *tensors, *blobs, *files, *format;
-    unsigned long long step, data_bytes;
+    PyObject *uri, *tensors, *blobs, *files, *format, *base;
+    unsigned long long step, data_bytes, written_bytes;
     unsigned int chunk_bytes;
     char committed;
     PyObject *weakrefs;
@@ -141,9 +141,13 @@ static PyObject *Ckpt_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     self->committed = (char)(strata_ckpt_committed(self->ck) != 0);
     self->chunk_bytes = strata_ckpt_chunk_bytes(self->ck);
     self->data_bytes = strata_ckpt_data_bytes(self->ck);
+    uint64_t own = 0;
+    const char *base = strata_ckpt_base(self->ck, &own);
+    self->written_bytes = own;
+    self->base = base ? PyUnicode_FromString(base) : Py_NewRef(Py_None);
     self->format = PyUnicode_FromString(ckpt_format_str(self->ck));
     const strata_ckpt *ck = self->ck;
-    if (!self->uri || !self->format ||
+    if (!self->uri || !self->format || !self->base ||
         !(self->tensors = ckpt_list(ck, strata_ckpt_ntensors(ck), tensor_dict)) ||
         !(self->blobs = ckpt_list(ck, strata_ckpt_nblobs(ck), blob_dict)) ||
         !(self->files = ckpt_list(ck, strata_ckpt_nfiles(ck), file_dict))) {
@@ -163,6 +167,7 @@ static void Ckpt_dealloc(CkptObject *self)
     Py_CLEAR(self->blobs);
     Py_CLEAR(self->files);
     Py_CLEAR(self->format);
+    Py_CLEAR(self->base);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -289,6 +294,10 @@ static PyMemberDef Ckpt_members[] = {
     {"step", T_ULONGLONG, offsetof(CkptObject, step), READONLY, "the step saved"},
     {"data_bytes", T_ULONGLONG, offsetof(CkptObject, data_bytes), READONLY,
      "payload bytes of all shards and blobs"},
+    {"base", T_OBJECT, offsetof(CkptObject, base), READONLY,
+     "an incremental checkpoint's base (the name of the checkpoint beside it), or None"},
+    {"written_bytes", T_ULONGLONG, offsetof(CkptObject, written_bytes), READONLY,
+     "payload bytes in files its save wrote (the rest: files linked from its base)"},
     {"chunk_bytes", T_UINT, offsetof(CkptObject, chunk_bytes), READONLY,
      "checksum chunk (0: no checksums, a safetensors source)"},
     {"format", T_OBJECT, offsetof(CkptObject, format), READONLY,

@@ -201,23 +201,29 @@ static int save_opts_get(strata_save_opts *o, PyObject *step, PyObject *chunk, P
 }
 
 /* Parses (uris, states, *, step, chunk_bytes, io_threads, sync, direct, bg_nice,
- * replace). */
+ * replace, base, incremental). o->base points into the args' str (alive for the call). */
 static int save_args(PyObject *args, PyObject *kw, const char *fname, uri_list *u, state_list *l,
                      strata_save_opts *o)
 {
-    static char *kwlist[] = {"uris",   "states", "step",    "chunk_bytes", "io_threads",
-                             "sync",   "direct", "bg_nice", "replace",     NULL};
+    static char *kwlist[] = {"uris",   "states",  "step", "chunk_bytes", "io_threads",
+                             "sync",   "direct",  "bg_nice", "replace", "base",
+                             "incremental", NULL};
     PyObject *ouris, *ostates, *step = NULL, *chunk = NULL, *threads = NULL, *nice = NULL;
-    int sync = 1, direct = 1, replace = 0;
+    const char *base = NULL;
+    int sync = 1, direct = 1, replace = 0, incremental = 0;
     char fmt[64];
-    snprintf(fmt, sizeof fmt, "OO|$OOOppOp:%s", fname);
+    snprintf(fmt, sizeof fmt, "OO|$OOOppOpzp:%s", fname);
     if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwlist, &ouris, &ostates, &step, &chunk,
-                                     &threads, &sync, &direct, &nice, &replace))
+                                     &threads, &sync, &direct, &nice, &replace, &base,
+                                     &incremental))
         return -1;
     if (save_opts_get(o, step, chunk, threads, sync, direct, nice) < 0)
         return -1;
     if (replace) /* STRATA_SAVE_REPLACE: swap the new checkpoint in atomically */
         o->flags |= STRATA_SAVE_REPLACE;
+    if (incremental) /* second checksums: a later save may use this one as its base */
+        o->flags |= STRATA_SAVE_INCREMENTAL;
+    o->base = base;
     if (uris_get(u, ouris) < 0)
         return -1;
     if (states_get(l, ostates) < 0) {
