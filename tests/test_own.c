@@ -272,6 +272,143 @@ static void test_gc_beside_saves(void **state)
     run_beside_gc(1, 2);
 }
 
+/* Incremental saves beside a collector: step i names step i-1 (or the newest step it
+ * knows committed) as its base; a frozen tensor "f" never changes, "c" holds i. The
+ * collector (retention keeping `keep`) removes bases while saves link their files. Every
+ * save either commits and loads bitwise at once, or is refused cleanly (the collector held
+ * it: STRATA_EBUSY; its base went meanwhile: STRATA_ECHANGED, STRATA_ENOENT,
+ * STRATA_EINCOMPLETE); at the end every committed checkpoint left loads bitwise and
+ * verifies. STRATA_OWN_TRIALS scales the 500 trials. */
+static int incr_save(const char *ck, int i, const char *base, int async)
+{
+    static const uint64_t fshape[2] = {301, 77}, cshape[1] = {1000};
+    tu_set s;
+    tu_set_init(&s, 1);
+    tu_set_shard(&s, 0, "f", STRATA_F32, 2, fshape, NULL, NULL, 0, 0, 0, 1);
+    tu_shard_rec *c = tu_set_shard(&s, 0, "c", STRATA_I32, 1, cshape, NULL, NULL, 0, 0, 0, 1);
+    for (int k = 0; k < 1000; k++)
+        ((int32_t *)c->sh.data)[k] = i;
+    strata_save_opts o = STRATA_SAVE_OPTS_INIT;
+    o.flags = STRATA_SAVE_NO_SYNC | STRATA_SAVE_INCREMENTAL;
+    o.chunk_bytes = 8192;
+    o.base = base;
+    int rc;
+    if (async) {
+        strata_handle *h;
+        rc = strata_save_start(&h, NULL, &ck, 1, s.st, 1, &o);
+        if (!rc) {
+            rc = strata_wait_durable(NULL, h);
+            strata_handle_free(h);
+        }
+    } else {
+        rc = strata_save(NULL, NULL, &ck, 1, s.st, 1, &o);
+    }
+    tu_set_free(&s);
+    return rc;
+}
+
+/* Loads ck: 0 and *i = the step it holds if its "f" is the pattern and "c" one value. */
+static int incr_load(const char *ck, int *i)
+{
+    static const uint64_t fshape[2] = {301, 77}, cshape[1] = {1000};
+    tu_set d;
+    tu_set_init(&d, 1);
+    tu_set_shard(&d, 0, "f", STRATA_F32, 2, fshape, NULL, NULL, 0, 0, 0, 0);
+    tu_shard_rec *c = tu_set_shard(&d, 0, "c", STRATA_I32, 1, cshape, NULL, NULL, 0, 0, 0, 0);
+    int rc = strata_load(NULL, NULL, &ck, 1, d.st, 1, NULL);
+    if (!rc) {
+        if (tu_check_shard(&d.sh[0].sh) >= 0)
+            fail_msg("%s: the frozen tensor loads but differs", ck);
+        *i = ((int32_t *)c->sh.data)[0];
+        for (int k = 0; k < 1000; k++)
+            if (((int32_t *)c->sh.data)[k] != *i)
+                fail_msg("%s: tensor c is not one step's", ck);
+        strata_ckpt *ck2;
+        assert_ok(strata_ckpt_open(&ck2, ck, 0));
+        assert_ok(strata_ckpt_verify(ck2, NULL, NULL));
+        strata_ckpt_free(ck2);
+    }
+    tu_set_free(&d);
+    return rc;
+}
+
+static void run_incr_beside_gc(int async, int keep, int n)
+{
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/incr-gc-%d-%d", base_dir, async, keep);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    pid_t gc = fork();
+    assert_true(gc >= 0);
+    if (gc == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        for (;;) {
+            int removed;
+            strata_retain(&removed, dir, keep);
+        }
+    }
+    int ok = 0, refused = 0, last = -1, prev = -1, linked = 0, gone = 0, changed = 0;
+    for (int i = 0; i < n; i++) {
+        char ck[700], base[32];
+        /* every other save names the step before the newest: the collector (keeping 1 or
+         * 2) is removing that one while the save links it */
+        int b = i % 2 && prev >= 0 ? prev : last;
+        snprintf(ck, sizeof ck, "%s/step-%04d", dir, i);
+        snprintf(base, sizeof base, "step-%04d", b);
+        int rc = incr_save(ck, i, b >= 0 ? base : NULL, async);
+        if (rc == STRATA_EBUSY || rc == STRATA_ECHANGED || rc == STRATA_ENOENT ||
+            rc == STRATA_EINCOMPLETE) {
+            refused++;
+            gone += rc != STRATA_EBUSY;
+            changed += rc == STRATA_ECHANGED; /* removed between the match and the links */
+            if (rc != STRATA_EBUSY && b == last)
+                last = -1; /* the base is gone: a full save next */
+            prev = -1;
+            continue;
+        }
+        if (rc)
+            fail_msg("%s: %s: %s", ck, strata_error_name(rc), strata_error_last());
+        int got = -1;
+        if (incr_load(ck, &got) || got != i)
+            fail_msg("%s returned success but does not load (%s)", ck, strata_error_last());
+        strata_ckpt *c;
+        assert_ok(strata_ckpt_open(&c, ck, 0));
+        linked += strata_ckpt_base(c, NULL) != NULL;
+        strata_ckpt_free(c);
+        prev = last;
+        last = i;
+        ok++;
+    }
+    kill(gc, SIGKILL);
+    waitpid(gc, NULL, 0);
+    /* what the collector left: every committed checkpoint loads bitwise */
+    int left = 0;
+    for (int i = 0; i < n; i++) {
+        char ck[700];
+        snprintf(ck, sizeof ck, "%s/step-%04d", dir, i);
+        strata_probe_info pi;
+        if (strata_probe(&pi, ck) || !pi.committed)
+            continue;
+        int got = -1;
+        if (incr_load(ck, &got) || got != i)
+            fail_msg("%s is committed but does not load: %s", ck, strata_error_last());
+        left++;
+    }
+    print_message("incremental saves beside gc (%s, keep %d): %d trials, %d committed and "
+                  "loaded (%d referring to a base), %d refused (%d: base removed meanwhile, %d of them "
+                  "while linked), %d left loading, 0 losses\n",
+                  async ? "async" : "sync", keep, n, ok, linked, refused, gone, changed, left);
+    assert_true(linked > 0);
+    tu_rmrf(dir);
+}
+
+static void test_incr_beside_gc(void **state)
+{
+    (void)state;
+    int n = trials(500) / 2;
+    run_incr_beside_gc(0, 1, n);
+    run_incr_beside_gc(1, 1, n);
+}
+
 /* Retention never removes a save in progress, whatever is committed around it: step100
  * started first, step200 committed meanwhile. */
 static void test_retain_spares_live_save(void **state)
@@ -668,6 +805,7 @@ int main(void)
         cmocka_unit_test(test_no_write_through_links),
         cmocka_unit_test(test_retain_spares_live_save),
         cmocka_unit_test(test_gc_beside_saves),
+        cmocka_unit_test(test_incr_beside_gc),
         cmocka_unit_test(test_nolock_loser_keeps_winner),
         cmocka_unit_test(test_nolock_refused),
         cmocka_unit_test(test_retain_rechecks_under_lock),
