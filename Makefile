@@ -198,13 +198,20 @@ $(BUILD)/bench/bench_cast: bench/bench_cast.c $(BUILD)/libstrata.a | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(ST_LDFLAGS) $(LDFLAGS) -o $@ bench/bench_cast.c $(BUILD)/libstrata.a $(LIBS)
 
-bench: deps all $(BUILD)/bench/bench_plan $(BUILD)/bench/bench_export $(BUILD)/bench/bench_cast
+$(BUILD)/bench/bench_incr: bench/bench_incr.c $(BUILD)/libstrata.a | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(ST_LDFLAGS) $(LDFLAGS) -o $@ bench/bench_incr.c $(BUILD)/libstrata.a $(LIBS)
+
+bench: deps all $(BUILD)/bench/bench_plan $(BUILD)/bench/bench_export $(BUILD)/bench/bench_cast \
+       $(BUILD)/bench/bench_incr
 	$(BUILD)/bench/bench_plan
 	@$(APT) tool_need fio fio && tool_need python3 python3
 	STRATA=$(BUILD)/strata BENCH_DIR=$(BUILD)/bench bash bench/bench_io.sh
 	$(BUILD)/strata bench async --dir $(BUILD) --size-mb 1024
 	$(BUILD)/bench/bench_export --dir $(BUILD)/bench --size-mb 1024
 	$(BUILD)/bench/bench_cast --dir $(BUILD)/bench --size-mb 1024
+	$(BUILD)/bench/bench_incr --dir $(BUILD)/bench --base-mb 1024 --adapter-mb 10 \
+	    --dense-mb 1024 --runs 7 --out bench/results/incremental.md
 
 # The Python package (python/strata: the extension strata._strata carries libstrata) in a
 # project-local venv, $(VENV): torch pinned (its CPU wheel installs from a local file here;

@@ -64,7 +64,7 @@ static void bench_overlap_grid(void)
                 off[d] = kind ? 0 : (i >> (2 * (7 - d))) & 3;
                 len[d] = kind ? t.shape[d] : 1;
             }
-            sh[i] = (st_mshard){off, len, kind ? i : 0, kind ? i + 1 : 1, kind, {0}};
+            sh[i] = (st_mshard){off, len, kind ? i : 0, kind ? i + 1 : 1, kind, {0}, 0};
         }
         printf("overlap check, %d shards, %s: %.3f s\n", N,
                kind ? "one-element flat pieces of one box" : "8-dim grid of one-element boxes",
@@ -93,7 +93,7 @@ static void issue_family(st_mtensor *t, st_mshard *sh, uint64_t *dims, size_t n,
         len[0] = i < n ? 2 : 1;
         len[1] = i < n ? i + 1 : n / 2 - 2;
         uint64_t fs = i < n ? i : n / 2 - 3;
-        sh[i] = (st_mshard){off, len, fs, fs + 1, 1, {0}};
+        sh[i] = (st_mshard){off, len, fs, fs + 1, 1, {0}, 0};
     }
 }
 
@@ -138,7 +138,7 @@ static void bench_overlap_sticks(void)
                     off[d] = d == j ? 0 : 3 * v[u++] + (uint64_t)j;
                     len[d] = d == j ? side : 1;
                 }
-                sh[i] = (st_mshard){off, len, 0, side, 0, {0}};
+                sh[i] = (st_mshard){off, len, 0, side, 0, {0}, 0};
             }
     printf("overlap check, %zu sticks woven along 3 dims: %.3f s\n", n, time_overlap(&t, 0));
     free(sh);

@@ -51,7 +51,7 @@ static void fmg_apply(const st_mg_reform *r)
     for (int d = 0; d <= r->ndim; d++)
         len[0][d] = 1;
     len[0][r->ndim] = numel;
-    s[0] = (st_mshard){off[0], len[0], 0, numel, 0, {0, 0, numel * 4, NULL}};
+    s[0] = (st_mshard){off[0], len[0], 0, numel, 0, {0, 0, numel * 4, NULL}, 0};
     t.shards = s;
     m.ntensors = 1;
     m.tensors = &t;

@@ -192,7 +192,7 @@ static void fm_overlap_gen(const uint8_t *data, size_t size)
                     fs = fm_mod(f[0], v, i1, f[1], i2, f[2], bn);
                     fe = fs + 1 + fm_mod(f[3], v, i1, f[4], i2, f[5], bn - fs);
                 }
-                *s = (st_mshard){off, len, fs, fe, (int)(fl & 1), {0}};
+                *s = (st_mshard){off, len, fs, fe, (int)(fl & 1), {0}, 0};
                 t.nshards++;
             }
     }

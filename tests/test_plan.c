@@ -555,7 +555,7 @@ static void ov_add(ov_case *c, const uint64_t *off, const uint64_t *len, uint64_
     size_t i = c->t.nshards++;
     memcpy(c->off[i], off, sizeof c->off[i]);
     memcpy(c->len[i], len, sizeof c->len[i]);
-    c->sh[i] = (st_mshard){c->off[i], c->len[i], fs, fe, 1, {0}};
+    c->sh[i] = (st_mshard){c->off[i], c->len[i], fs, fe, 1, {0}, 0};
 }
 
 /* A random set of regions: a grid of boxes (each whole, or cut into flat pieces), or random
@@ -878,7 +878,7 @@ static void ov_big_add(ov_big *b, const uint64_t *off, const uint64_t *len, uint
     memcpy(o, off, (size_t)b->t.ndim * sizeof *off);
     memcpy(l, len, (size_t)b->t.ndim * sizeof *len);
     uint64_t n = st_box_numel(b->t.ndim, len, NULL);
-    b->sh[i] = (st_mshard){o, l, fs, fe ? fe : n, !(fs == 0 && (fe == 0 || fe == n)), {0}};
+    b->sh[i] = (st_mshard){o, l, fs, fe ? fe : n, !(fs == 0 && (fe == 0 || fe == n)), {0}, 0};
 }
 
 /* Checks b: the answer must be want, and the work at most 64 n log2 n. */

@@ -18,6 +18,30 @@ def _committed(uri):
         return False
 
 
+def _can_link(tier):
+    """Does the file system of tier (made by the first save) make hard links? An
+    incremental save links its base's files; where it cannot, the manager saves in full."""
+    try:
+        d = _S.uri_path(tier)
+    except _S.SchemeError:
+        return False
+    a = os.path.join(d, ".strata-link-probe-%d" % os.getpid())
+    b = a + ".2"
+    try:
+        with open(a, "wb"):
+            pass
+        os.link(a, b)
+        return True
+    except OSError:
+        return False
+    finally:
+        for p in (a, b):
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+
+
 class _TierSave(AsyncSave):
     """A save of the manager's (its AsyncSave): when it ends, wait() has the manager run
     retention on the tiers that committed it, and reports its error once: a warning where
@@ -93,6 +117,7 @@ class CheckpointManager:
         if self.full_every < 1:
             raise ValueError("CheckpointManager: full_every must be at least 1")
         self._since_full = None  # incremental saves since the last full one (None: none yet)
+        self._links = None       # whether every tier's file system makes hard links
         self._pool = None
         self._saver = None
         self._pending = None
@@ -163,6 +188,10 @@ class CheckpointManager:
         if not self.incremental or group is not None:
             return None
         if self._since_full is None or self._since_full >= self.full_every:
+            return None
+        if self._links is None:
+            self._links = all(_can_link(t) for t in self.tiers)
+        if not self._links:
             return None
         try:
             d = _S.uri_path(self.tiers[0])

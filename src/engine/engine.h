@@ -137,6 +137,8 @@ typedef struct st_dests st_dests; /* below */
 /* The second, independent checksum of a chunk a save refers to instead of writing it:
  * XXH64, seed 0. */
 uint64_t st_hash2(const void *p, size_t n);
+/* st_hash and st_hash2 of one chunk in one pass over memory. */
+void st_hash_both(const void *p, size_t n, uint64_t *h1, uint64_t *h2);
 /* For a save with STRATA_SAVE_INCREMENTAL or a base (o->base): gives sp's shards second
  * checksums (metadata version 2); with a base, opens it beside every destination of d
  * (d->final[t]'s parent / o->base; each tier's must be the same save, else the save is a

@@ -7,6 +7,7 @@
  * base frees nothing it uses. Matching runs on the caller's thread when the save starts,
  * before anything is copied; the links are made once the save owns its directory.
  * Threading: none of its own. */
+#define XXH_STATIC_LINKING_ONLY /* the streaming states on the stack */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 
 #include "../core/checksum.h"
 #include "../core/error.h"
+#include "../io/pool.h"
 #include "source.h"
 
 /* One base data file linked into the new checkpoint. */
@@ -33,6 +35,29 @@ struct st_incr {
 
 uint64_t st_hash2(const void *p, size_t n) { return XXH64(p, n, 0); }
 
+/* Both checksums of one chunk in one pass over memory: 256 KiB at a time through each, so
+ * that the second hash reads from cache. */
+#define BOTH_BLOCK (256u << 10)
+void st_hash_both(const void *p, size_t n, uint64_t *h1, uint64_t *h2)
+{
+    if (n <= BOTH_BLOCK) {
+        *h1 = st_hash(p, n);
+        *h2 = st_hash2(p, n);
+        return;
+    }
+    XXH3_state_t a;
+    XXH64_state_t b;
+    XXH3_64bits_reset(&a);
+    XXH64_reset(&b, 0);
+    for (size_t at = 0; at < n; at += BOTH_BLOCK) {
+        size_t k = n - at < BOTH_BLOCK ? n - at : BOTH_BLOCK;
+        XXH3_64bits_update(&a, (const unsigned char *)p + at, k);
+        XXH64_update(&b, (const unsigned char *)p + at, k);
+    }
+    *h1 = XXH3_64bits_digest(&a);
+    *h2 = XXH64_digest(&b);
+}
+
 void st_incr_free(st_incr *x)
 {
     if (x)
@@ -42,9 +67,8 @@ void st_incr_free(st_incr *x)
 
 uint64_t st_incr_matched(const st_incr *x) { return x ? x->matched_bytes : 0; }
 
-/* Gives every extent of sp room for second checksums (st_sums2: blobs too, whose are
- * computed and never stored) and marks the metadata version 2: a save that a later one
- * may use as its base. */
+/* Gives every extent of sp room for second checksums (blobs too, whose are computed and
+ * never stored) and marks the metadata version 2. */
 static int want_sums2(st_save_plan *sp)
 {
     st_meta *m = sp->meta;
@@ -106,7 +130,14 @@ static int same_bytes(const st_piece *pc, const st_extent *be, const uint64_t *b
     uint64_t nc = st_nchunks(pc->bytes, chunk);
     for (uint64_t c = 0; c < nc; c++) {
         size_t n = (size_t)ST_MIN((uint64_t)chunk, pc->bytes - c * chunk);
-        if (st_hash(p + c * chunk, n) != be->sums[c] || st_hash2(p + c * chunk, n) != bs2[c])
+        uint64_t h1, h2;
+        if (c == 0) { /* the first chunk alone: a changed tensor costs one XXH3 */
+            if ((h1 = st_hash(p, n)) != be->sums[0] || st_hash2(p, n) != bs2[0])
+                return 0;
+            continue;
+        }
+        st_hash_both(p + c * chunk, n, &h1, &h2);
+        if (h1 != be->sums[c] || h2 != bs2[c])
             return 0;
     }
     return 1;
@@ -156,9 +187,28 @@ static int linkable(const st_meta *bm, uint32_t f)
     return !st_file_linked(bm, f) ? st_data_file_rank(n) >= 0 : st_is_ref_file(n);
 }
 
+/* The candidates (a piece and the base shard at its place), hashed on the I/O threads. */
+typedef struct {
+    const st_save_plan *sp;
+    const st_meta *bm;
+    size_t *piece, *tensor, *shard;
+    const st_mshard **bs;
+    char *same;
+} cand_ctx;
+
+static int run_same(void *arg, size_t k, int worker)
+{
+    (void)worker;
+    cand_ctx *c = arg;
+    const st_mshard *b = c->bs[k];
+    c->same[k] = (char)same_bytes(&c->sp->pieces[c->piece[k]], &b->ext, st_sums2(c->bm, b),
+                                  c->sp->meta->chunk);
+    return 0;
+}
+
 /* Refers every shard piece of sp that equals its base shard to the base, drops it from
  * the writes and lays each writer's file out again without it. */
-static int match(st_incr *x, st_save_plan *sp, const st_meta *bm)
+static int match(st_incr *x, st_save_plan *sp, const st_meta *bm, int threads)
 {
     st_meta *m = sp->meta;
     const st_mtensor **bt = malloc((bm->ntensors + 1) * sizeof *bt);
@@ -168,8 +218,15 @@ static int match(st_incr *x, st_save_plan *sp, const st_meta *bm)
         bt[i] = &bm->tensors[i];
     if (!rc)
         qsort(bt, bm->ntensors, sizeof *bt, cmp_tensor_name);
-    /* pieces are in metadata order: the shards of each tensor, then the blobs */
-    size_t pi = 0, kept = 0;
+    /* pieces are in metadata order: the shards of each tensor, then the blobs; first the
+     * candidates, hashed in parallel, then the pieces that equal theirs leave the writes */
+    cand_ctx cc = {sp, bm, calloc(sp->npieces + 1, sizeof *cc.piece),
+                   calloc(sp->npieces + 1, sizeof *cc.tensor),
+                   calloc(sp->npieces + 1, sizeof *cc.shard),
+                   calloc(sp->npieces + 1, sizeof *cc.bs), calloc(sp->npieces + 1, 1)};
+    if (!rc && (!cc.piece || !cc.tensor || !cc.shard || !cc.bs || !cc.same))
+        rc = st_fail(STRATA_ENOMEM, "out of memory");
+    size_t pi = 0, kept = 0, nc = 0;
     for (size_t t = 0; !rc && t < m->ntensors; t++) {
         const st_mtensor *mt = &m->tensors[t], key = {.name = mt->name}, *kp = &key;
         const st_mtensor **found = bm->ntensors ? bsearch(&kp, bt, bm->ntensors, sizeof *bt,
@@ -179,29 +236,46 @@ static int match(st_incr *x, st_save_plan *sp, const st_meta *bm)
                                       !memcmp((*found)->shape, mt->shape, sizeof mt->shape)
                                   ? *found : NULL;
         for (size_t s = 0; !rc && s < mt->nshards; s++, pi++) {
-            st_piece *pc = &sp->pieces[pi];
-            st_mshard *sh = &mt->shards[s];
-            const st_mshard *bs = b ? base_shard(b, mt, sh) : NULL;
-            uint32_t file = 0;
-            if (pc->ext != &sh->ext)
-                return st_fail(STRATA_EINVAL, "internal: save plan out of metadata order");
-            if (bs && pc->src && !pc->device && bs->ext.bytes == pc->bytes &&
-                linkable(bm, bs->ext.file) &&
-                same_bytes(pc, &bs->ext, st_sums2(bm, &bs->ext), m->chunk) &&
-                !(rc = link_index(x, m, bm, bs->ext.file, &file))) {
-                uint64_t nc = st_nchunks(pc->bytes, m->chunk);
-                sh->ext.file = file;
-                sh->ext.offset = bs->ext.offset;
-                memcpy(sh->ext.sums, bs->ext.sums, 2 * nc * 8); /* both checksums */
-                x->matched_bytes += pc->bytes;
-                sp->writer_bytes[pc->writer] -= pc->bytes;
-                continue; /* not written */
+            const st_piece *pc = &sp->pieces[pi];
+            const st_mshard *bs = b ? base_shard(b, mt, &mt->shards[s]) : NULL;
+            if (pc->ext != &mt->shards[s].ext)
+                rc = st_fail(STRATA_EINVAL, "internal: save plan out of metadata order");
+            else if (bs && bs->has2 && pc->src && !pc->device && bs->ext.bytes == pc->bytes &&
+                     linkable(bm, bs->ext.file)) {
+                cc.piece[nc] = pi;
+                cc.tensor[nc] = t;
+                cc.shard[nc] = s;
+                cc.bs[nc++] = bs;
             }
-            sp->pieces[kept++] = *pc;
         }
     }
-    for (; !rc && pi < sp->npieces; pi++)
-        sp->pieces[kept++] = sp->pieces[pi];
+    if (!rc && nc)
+        rc = st_parallel(threads, nc, run_same, &cc);
+    size_t k = 0;
+    for (pi = 0; !rc && pi < sp->npieces; pi++) {
+        st_piece *pc = &sp->pieces[pi];
+        for (; k < nc && cc.piece[k] < pi; k++)
+            ;
+        uint32_t file = 0;
+        if (k < nc && cc.piece[k] == pi && cc.same[k] &&
+            !(rc = link_index(x, m, bm, cc.bs[k]->ext.file, &file))) {
+            const st_mshard *bs = cc.bs[k];
+            uint64_t n = st_nchunks(pc->bytes, m->chunk);
+            pc->ext->file = file;
+            pc->ext->offset = bs->ext.offset;
+            memcpy(pc->ext->sums, bs->ext.sums, 2 * n * 8); /* both checksums */
+            m->tensors[cc.tensor[k]].shards[cc.shard[k]].has2 = 1;
+            x->matched_bytes += pc->bytes;
+            sp->writer_bytes[pc->writer] -= pc->bytes;
+            continue; /* not written */
+        }
+        sp->pieces[kept++] = *pc;
+    }
+    free(cc.piece);
+    free(cc.tensor);
+    free(cc.shard);
+    free(cc.bs);
+    free(cc.same);
     if (!rc) { /* each writer's file again, in the same order, without the matched pieces */
         sp->npieces = kept;
         for (size_t i = 0; i < kept; i++) {
@@ -234,7 +308,16 @@ int st_incr_plan(st_incr **out, st_save_plan *sp, const st_dests *d, const strat
     *out = NULL;
     if (!o->base && !(o->flags & STRATA_SAVE_INCREMENTAL))
         return 0;
+    /* A save without a usable base computes the second checksums of everything it writes
+     * (the start of a chain: full saves); one that matches against a base computes none
+     * for what it writes - a shard that changed now will likely change again (adapters,
+     * dense training), and one that stops changing is matched from the next full save on.
+     * So dense training pays for the second hash once per full save, not at every save. */
     int rc = want_sums2(sp);
+    sp->meta->write2 = 1;
+    for (size_t t = 0; t < sp->meta->ntensors; t++)
+        for (size_t s = 0; s < sp->meta->tensors[t].nshards; s++)
+            sp->meta->tensors[t].shards[s].has2 = 1;
     if (rc || !o->base)
         return rc;
     if (!st_plain_name(o->base, strlen(o->base)) || strlen(o->base) > STRATA_MAX_NAME)
@@ -265,7 +348,12 @@ int st_incr_plan(st_incr **out, st_save_plan *sp, const st_dests *d, const strat
     if (!rc && usable && bd[0].commit.save_id && bm->version == ST_META_VERSION_INCR &&
         bm->chunk == sp->meta->chunk) {
         x->base_id = bd[0].commit.save_id;
-        rc = match(x, sp, bm);
+        st_meta *m = sp->meta;
+        m->write2 = 0; /* matched ones get the base's (match) */
+        for (size_t t = 0; t < m->ntensors; t++)
+            for (size_t s = 0; s < m->tensors[t].nshards; s++)
+                m->tensors[t].shards[s].has2 = 0;
+        rc = match(x, sp, bm, st_io_threads(o->io_threads));
         if (!rc && x->nlinks) {
             sp->meta->base = st_arena_strndup(&sp->meta->arena, x->base, strlen(x->base));
             sp->meta->base_id = x->base_id;

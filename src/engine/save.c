@@ -32,13 +32,14 @@ void st_hash_write(const st_io_plan *lay, const st_save_plan *sp, size_t task,
     for (size_t si = w->seg0; si < w->seg1; si++) {
         const st_seg *s = &lay->segs[si];
         const st_piece *pc = &sp->pieces[s->piece];
-        uint64_t *s2 = st_sums2(sp->meta, pc->ext);
+        uint64_t *s2 = sp->meta->write2 ? pc->ext->sums + st_nchunks(pc->bytes, C) : NULL;
         for (uint64_t c = s->c0; c < s->c1; c++) {
             uint64_t lo = c * C;
             const unsigned char *p = buf + pc->offset + lo - w->off;
-            pc->ext->sums[c] = st_hash(p, ST_MIN(C, pc->bytes - lo));
             if (s2)
-                s2[c] = st_hash2(p, ST_MIN(C, pc->bytes - lo));
+                st_hash_both(p, ST_MIN(C, pc->bytes - lo), &pc->ext->sums[c], &s2[c]);
+            else
+                pc->ext->sums[c] = st_hash(p, ST_MIN(C, pc->bytes - lo));
         }
     }
 }
@@ -65,15 +66,16 @@ int st_fill_write(const st_io_plan *lay, const st_save_plan *sp, size_t task,
             pos = at + hi - lo;
             continue;
         }
-        uint64_t *s2 = hash ? st_sums2(sp->meta, pc->ext) : NULL;
+        uint64_t *s2 = hash && sp->meta->write2 ? pc->ext->sums + st_nchunks(pc->bytes, C)
+                                                : NULL;
         for (uint64_t c = s->c0; c < s->c1; c++) {
             uint64_t lo = c * C, n = ST_MIN(C, pc->bytes - lo);
             unsigned char *dst = buf + pc->offset + lo - w->off;
             memcpy(dst, (const unsigned char *)pc->src + lo, n);
-            if (hash)
-                pc->ext->sums[c] = st_hash(dst, n);
             if (s2)
-                s2[c] = st_hash2(dst, n);
+                st_hash_both(dst, n, &pc->ext->sums[c], &s2[c]);
+            else if (hash)
+                pc->ext->sums[c] = st_hash(dst, n);
             pos = pc->offset + lo + n - w->off;
         }
     }
@@ -84,13 +86,14 @@ int st_fill_write(const st_io_plan *lay, const st_save_plan *sp, size_t task,
     for (size_t si = w->seg0; hash && device && !rc && si < w->seg1; si++) {
         const st_seg *s = &lay->segs[si];
         const st_piece *pc = &sp->pieces[s->piece];
-        uint64_t *s2 = st_sums2(sp->meta, pc->ext);
+        uint64_t *s2 = sp->meta->write2 ? pc->ext->sums + st_nchunks(pc->bytes, C) : NULL;
         for (uint64_t c = s->c0; pc->device && c < s->c1; c++) {
             uint64_t lo = c * C;
             const unsigned char *p = buf + pc->offset + lo - w->off;
-            pc->ext->sums[c] = st_hash(p, ST_MIN(C, pc->bytes - lo));
             if (s2)
-                s2[c] = st_hash2(p, ST_MIN(C, pc->bytes - lo));
+                st_hash_both(p, ST_MIN(C, pc->bytes - lo), &pc->ext->sums[c], &s2[c]);
+            else
+                pc->ext->sums[c] = st_hash(p, ST_MIN(C, pc->bytes - lo));
         }
     }
     if (!rc)

@@ -70,7 +70,7 @@ int st_meta_encode(const st_meta *m, unsigned char **out, size_t *len)
         st_buf_var(&b, t->nshards);
         for (size_t s = 0; s < t->nshards; s++) {
             const st_mshard *sh = &t->shards[s];
-            st_buf_u8(&b, (uint8_t)(sh->flat ? 1 : 0));
+            st_buf_u8(&b, (uint8_t)((sh->flat ? 1 : 0) | (v2 && sh->has2 ? 2 : 0)));
             for (int d = 0; d < t->ndim; d++)
                 st_buf_var(&b, sh->off[d]);
             for (int d = 0; d < t->ndim; d++)
@@ -79,7 +79,7 @@ int st_meta_encode(const st_meta *m, unsigned char **out, size_t *len)
                 st_buf_var(&b, sh->fs);
                 st_buf_var(&b, sh->fe - sh->fs);
             }
-            put_extent(&b, &sh->ext, m->chunk, 0, m->foreign, v2);
+            put_extent(&b, &sh->ext, m->chunk, 0, m->foreign, v2 && sh->has2);
         }
     }
     st_buf_var(&b, m->nblobs);
@@ -260,7 +260,7 @@ static int decode_body(st_rd *r, st_meta *m)
             st_rd_fail(r, "tensor size overflows");
             break;
         }
-        size_t min_shard = 1 + 2 * (size_t)t->ndim + 2 + (m->foreign ? 0 : v2 ? 16 : 8); /* sums */
+        size_t min_shard = 1 + 2 * (size_t)t->ndim + 2 + (m->foreign ? 0 : 8); /* sums */
         t->nshards = st_rd_count(r, min_shard, "shard count exceeds the metadata size");
         if (r->err)
             break;
@@ -276,11 +276,12 @@ static int decode_body(st_rd *r, st_meta *m)
             sh->off = dims + s * 2 * (size_t)t->ndim;
             sh->len = sh->off + t->ndim;
             uint8_t fl = st_rd_u8(r);
-            if (fl > 1) {
+            if (fl > (v2 ? 3 : 1)) {
                 st_rd_fail(r, "unknown shard flags");
                 break;
             }
-            sh->flat = fl;
+            sh->flat = fl & 1;
+            sh->has2 = fl >> 1;
             for (int d = 0; d < t->ndim; d++)
                 sh->off[d] = st_rd_var(r);
             for (int d = 0; d < t->ndim; d++)
@@ -307,7 +308,7 @@ static int decode_body(st_rd *r, st_meta *m)
                 sh->fs = fs;
                 sh->fe = fs + n;
             }
-            rd_extent(r, m, &sh->ext, (sh->fe - sh->fs) * esz, 0, v2);
+            rd_extent(r, m, &sh->ext, (sh->fe - sh->fs) * esz, 0, sh->has2);
             t->bytes += sh->ext.bytes;
         }
         m->data_bytes += t->bytes;

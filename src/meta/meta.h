@@ -44,7 +44,8 @@ int st_is_ref_file(const char *name);
 typedef struct st_extent {
     uint32_t file;
     uint64_t offset, bytes;
-    uint64_t *sums; /* version 2 shards: 2 x nchunks, the XXH64s after the XXH3s (st_sums2) */
+    uint64_t *sums; /* version 2 shards with has2: 2 x nchunks, the XXH64s after the XXH3s
+                       (st_sums2) */
 } st_extent;
 
 typedef struct st_mshard {
@@ -52,6 +53,7 @@ typedef struct st_mshard {
     uint64_t fs, fe;     /* flat range of the box; whole box: 0, numel */
     int flat;
     st_extent ext;
+    int has2; /* version 2: ext.sums holds the second checksums too (shard flag bit 1) */
 } st_mshard;
 
 typedef struct st_mtensor {
@@ -104,6 +106,7 @@ typedef struct st_meta {
     uint64_t base_id;
     uint8_t *linked; /* version 2, per file: 1 if a hard link of a base's data file (not
                         written by this save); NULL otherwise */
+    int write2; /* a save's, in memory: its writes compute the second checksums */
 } st_meta;
 
 /* The alignment of extent starts in data files (reads round to it). */
@@ -117,11 +120,12 @@ static inline uint64_t st_nchunks(uint64_t bytes, uint32_t chunk)
     return bytes / chunk + (bytes % chunk != 0);
 }
 
-/* The second checksums (XXH64, seed 0) of a shard's chunks in version 2 metadata, the check
- * that a chunk equals its base's; NULL otherwise (and for blobs, which have none). */
-static inline uint64_t *st_sums2(const st_meta *m, const st_extent *e)
+/* The second checksums (XXH64, seed 0) of a shard's chunks, the check that a chunk equals
+ * its base's: in version 2 metadata, where the shard has them (has2); NULL otherwise. */
+static inline uint64_t *st_sums2(const st_meta *m, const st_mshard *s)
 {
-    return m->version == ST_META_VERSION_INCR ? e->sums + st_nchunks(e->bytes, m->chunk) : NULL;
+    return m->version == ST_META_VERSION_INCR && s->has2
+               ? s->ext.sums + st_nchunks(s->ext.bytes, m->chunk) : NULL;
 }
 
 /* Is file f of m a link to a base's data file? */

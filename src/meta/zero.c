@@ -682,7 +682,7 @@ static int to_meta(zctx *c, st_meta **out, size_t nfiles)
             const zpiece *p = &z->p[k];
             int whole = p->fs == 0 && p->fe == z->numel;
             mt->shards[k] = (st_mshard){box, box + z->ndim, p->fs, p->fe, !whole,
-                                        {p->file, p->at, (p->fe - p->fs) * esz, NULL}};
+                                        {p->file, p->at, (p->fe - p->fs) * esz, NULL}, 0};
             mt->bytes += (p->fe - p->fs) * esz;
         }
         mt->nshards = z->n;
