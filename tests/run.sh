@@ -30,7 +30,7 @@ fi
 # exchange only (no segment), and both (two pretend nodes)
 for t in "$@"; do
     case "$t" in
-    */test_dist | */test_stload | */test_loader)
+    */test_dist | */test_stload | */test_loader | */test_incr)
         run_one "$(basename "$t") (no shared segment)" env STRATA_LOAD_SHM=0 "$t"
         run_one "$(basename "$t") (two nodes)" env STRATA_LOAD_NODES=2 "$t"
         ;;

@@ -4,8 +4,11 @@
  * 3 (removing bases newer steps refer to), dense state writing everything, a corrupted
  * referenced chunk reported by both checkpoints, a base removed while a save links it, and
  * the bad bases refused. */
+#include <pthread.h>
+
 #include "meta/meta.h"
 #include "testutil.h"
+#include "threadcomm.h"
 
 static char tmp[512];
 TU_TMPDIR_GROUP(tmp, "incr")
@@ -578,6 +581,89 @@ static void meta_v2_decoder(void **state)
     tu_rmrf(dir);
 }
 
+/* The distributed load (two ranks as threads on a host communicator: rank 0 reads the
+ * index and broadcasts it, each rank reads its rows) of an incremental checkpoint whose
+ * base is gone: each rank gets its half of the frozen weight (from the linked file) and of
+ * the adapter. */
+typedef struct {
+    hub *h;
+    int rank, rc;
+    const char *path;
+    const snap *want;
+} dist_rank;
+
+static void *dist_load_one(void *arg)
+{
+    dist_rank *d = arg;
+    tcomm tc = {d->h, d->rank};
+    strata_comm *c;
+    d->rc = strata_comm_host(&c, &tops, &tc, d->rank, 2);
+    if (d->rc)
+        return NULL;
+    strata_state *st;
+    strata_state_new(&st);
+    float *rows_buf[2];
+    for (int i = 0; i < 2; i++) {
+        uint64_t shape[2] = {rows[i], COLS}, off[2] = {(uint64_t)d->rank * rows[i] / 2, 0},
+                 len[2] = {rows[i] / 2, COLS};
+        rows_buf[i] = malloc(tbytes(i) / 2);
+        strata_shard sh = {.name = names[i], .dtype = STRATA_F32, .ndim = 2,
+                           .global_shape = shape, .offsets = off, .lengths = len,
+                           .data = rows_buf[i]};
+        strata_state_add_shard(st, &sh);
+    }
+    d->rc = strata_load(NULL, c, &d->path, 1, &st, 1, NULL);
+    for (int i = 0; i < 2; i++) {
+        const float *w = d->want->t[i] + (size_t)d->rank * rows[i] / 2 * COLS;
+        if (!d->rc && memcmp(rows_buf[i], w, tbytes(i) / 2) != 0)
+            d->rc = -1000 - i;
+        free(rows_buf[i]);
+    }
+    strata_state_free(st);
+    strata_comm_free(c);
+    return NULL;
+}
+
+static void distributed_load(void **state)
+{
+    (void)state;
+    char dir[600], p0[700], p1[700];
+    snprintf(dir, sizeof dir, "%s/dist", tmp);
+    tu_rmrf(dir);
+    snprintf(p0, sizeof p0, "%s/s0", dir);
+    snprintf(p1, sizeof p1, "%s/s1", dir);
+    lora s;
+    lora_init(&s, 11);
+    assert_ok(save(p0, &s, 0, NULL, 0, NULL));
+    lora_step(&s, 1, 1);
+    assert_ok(save(p1, &s, 1, "s0", 1, NULL));
+    tu_rmrf(p0);
+    snap w;
+    snap_take(&w, &s);
+    hub h;
+    h.size = 2;
+    pthread_barrier_init(&h.bar, NULL, 2);
+    h.send = calloc(2, sizeof *h.send);
+    h.scounts = calloc(2, sizeof *h.scounts);
+    dist_rank d[2];
+    pthread_t th[2];
+    for (int r = 0; r < 2; r++) {
+        d[r] = (dist_rank){&h, r, 0, p1, &w};
+        assert_int_equal(pthread_create(&th[r], NULL, dist_load_one, &d[r]), 0);
+    }
+    for (int r = 0; r < 2; r++) {
+        pthread_join(th[r], NULL);
+        if (d[r].rc)
+            fail_msg("rank %d: %d (%s)", r, d[r].rc, strata_error_name(d[r].rc));
+    }
+    pthread_barrier_destroy(&h.bar);
+    free(h.send);
+    free(h.scounts);
+    snap_free(&w);
+    lora_free(&s);
+    tu_rmrf(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -588,6 +674,7 @@ int main(void)
         cmocka_unit_test(base_removed_during_save),
         cmocka_unit_test(tiers_export_inspect),
         cmocka_unit_test(meta_v2_decoder),
+        cmocka_unit_test(distributed_load),
     };
     return cmocka_run_group_tests(tests, tu_group_setup, tu_group_teardown);
 }
