@@ -664,6 +664,38 @@ static void distributed_load(void **state)
     tu_rmrf(dir);
 }
 
+/* STRATA_SAVE_REPLACE of a fixed path ("latest") with that path as its own base: the new
+ * checkpoint links the previous one's file, the previous one is removed by the replace,
+ * and the new one loads (three times over). */
+static void replace_own_base(void **state)
+{
+    (void)state;
+    char dir[600], p[700];
+    snprintf(dir, sizeof dir, "%s/replace", tmp);
+    tu_rmrf(dir);
+    snprintf(p, sizeof p, "%s/latest", dir);
+    lora s;
+    lora_init(&s, 12);
+    strata_save_opts o = STRATA_SAVE_OPTS_INIT;
+    o.chunk_bytes = CHUNK;
+    o.flags = STRATA_SAVE_NO_SYNC | STRATA_SAVE_INCREMENTAL | STRATA_SAVE_REPLACE;
+    assert_ok(strata_save(NULL, NULL, (const char *[]){p}, 1, &s.st, 1, &o));
+    o.base = "latest";
+    for (int k = 1; k <= 3; k++) {
+        lora_step(&s, k, 1);
+        strata_stats st = STRATA_STATS_INIT;
+        assert_ok(strata_save(&st, NULL, (const char *[]){p}, 1, &s.st, 1, &o));
+        assert_int_equal(st.bytes, st.data_bytes - tbytes(0));
+        snap w;
+        snap_take(&w, &s);
+        load_same(p, &w);
+        verify_ok(p);
+        snap_free(&w);
+    }
+    lora_free(&s);
+    tu_rmrf(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -675,6 +707,7 @@ int main(void)
         cmocka_unit_test(tiers_export_inspect),
         cmocka_unit_test(meta_v2_decoder),
         cmocka_unit_test(distributed_load),
+        cmocka_unit_test(replace_own_base),
     };
     return cmocka_run_group_tests(tests, tu_group_setup, tu_group_teardown);
 }
