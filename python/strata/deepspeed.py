@@ -43,7 +43,7 @@ import threading
 import torch
 
 import strata as _S
-from strata import _values
+from strata import _ds_zero, _values
 from strata._tensor import (_FROM_STRATA, _check_tensor, _error, _nbytes, _readable,
                             _sdtype)
 
@@ -78,9 +78,11 @@ def _allowed(qn, table):
 class _Tree:
     """One file's object as a tree of plain values (nodes [tag, ...]) and its tensors."""
 
-    def __init__(self, name, pickle):
+    def __init__(self, name, pickle, layout=None, named=None):
         self.name, self.pickle = name, pickle
         self.tensors, self._seen = [], {}
+        self.layout = layout or {}     # ZeRO flat partitions (_ds_zero.layout)
+        self.named = named if named is not None else {}  # {name: (shape, start, view)}
 
     def node(self, v, path):
         t = type(v)
@@ -116,7 +118,18 @@ class _Tree:
             return self._seen[id(v)]
         _check_tensor(self.name + path, v)
         flags = (1 if isinstance(v, torch.nn.Parameter) else 0) | (2 if v.requires_grad else 0)
-        if v.numel() == 0:
+        ps = _ds_zero.pieces(self.layout, v) if self.layout else None
+        if ps is not None and not any(p[2] in self.named for p in ps):
+            n = ["F", _sdtype(self.name + path, v), v.numel(), flags, []]
+            for off, cnt, name, start, shape in ps:
+                piece = _readable(v.detach().narrow(0, off, cnt))
+                if name is None:
+                    n[4].append(["T", len(self.tensors), 0])
+                    self.tensors.append(piece)
+                else:
+                    n[4].append(["n", name, start, cnt])
+                    self.named[name] = (shape, start, piece)
+        elif v.numel() == 0:
             n = ["E", _sdtype(self.name + path, v), list(v.shape), flags]
         else:
             _sdtype(self.name + path, v)
@@ -150,6 +163,22 @@ def _build(n, tensors, pickle, where):
         if not isinstance(dt, torch.dtype):
             raise _error("FormatError", "%s: unknown dtype %r" % (where, n[1]))
         return dt
+    if tag == "F":
+        if len(n) < 6:            # its named pieces not loaded (partitions=False)
+            return None
+        t, off = n[5], 0
+        for x in n[4]:
+            if x[0] == "T":       # a gap (padding): a plain tensor of the entry
+                g = tensors[x[1]].reshape(-1)
+                t.narrow(0, off, g.numel()).copy_(g)
+                off += g.numel()
+            else:
+                off += x[3]
+        if off != n[2]:
+            raise _error("FormatError", "%s: flat pieces of %d elements for %d"
+                         % (where, off, n[2]))
+        return (torch.nn.Parameter(t, requires_grad=bool(n[3] & 2)) if n[3] & 1
+                else t.requires_grad_(True) if n[3] & 2 else t)
     if tag in ("T", "E"):
         if tag == "T":
             t = tensors[n[1]]
@@ -207,6 +236,10 @@ def _read_stub(path):
     return os.path.join(norm[:-len(os.path.normpath(entry))], SUBDIR), entry
 
 
+def _stub_or_none(path):
+    return _read_stub(path) if os.path.isfile(path) else None
+
+
 class _TagSave:
     """One tag's strata save in flight: its handle, its info, what the snapshot reads, and
     on rank 0 the thread that writes save_dir/latest as soon as the tag is committed."""
@@ -241,6 +274,7 @@ class StrataCheckpointEngine:
         self._info = None        # the tag whose files save() gathers
         self._files = []         # [(entry, state_dict)]
         self._inflight = None    # _TagSave
+        self._layout = {}        # the ZeRO flat partitions when the save began (_ds_zero)
 
     # -- DeepSpeed's interface
 
@@ -282,6 +316,9 @@ class StrataCheckpointEngine:
         if isinstance(map_location, (str, torch.device)) and torch.device(map_location).type != "cpu":
             obj = _to_device(obj, torch.device(map_location))
         return obj
+
+    def _entry(self, ckpt, entry, partitions=True):
+        return load_entry(ckpt, entry, pickle=self.pickle, partitions=partitions)
 
     def commit(self, info):
         """DeepSpeed's step hook (before the optimizer step): waits until the copy of the
@@ -334,9 +371,9 @@ class StrataCheckpointEngine:
         rank = group.rank if group is not None else 0
         state, keep, err = None, [], None
         try:
-            state = _S.State()
+            state, named = _S.State(), {}
             for entry, sd in files:
-                tree = _Tree(entry, self.pickle)
+                tree = _Tree(entry, self.pickle, self._layout, named)
                 blob = _values.encode(tree.node(sd, ""))
                 buf = bytearray(blob)
                 keep.append(buf)
@@ -346,6 +383,11 @@ class StrataCheckpointEngine:
                     state.add_shard(_tensor_name(entry, i), _sdtype(entry, t), tuple(t.shape),
                                     None, None, data_ptr=t.data_ptr(), nbytes=_nbytes(t),
                                     device=t.is_cuda, keep=t)
+            for name, (shape, start, t) in named.items():     # ZeRO flat pieces
+                keep.append(t)
+                state.add_shard(name, _sdtype(name, t), shape, None, None,
+                                flat=(start, start + t.numel()), data_ptr=t.data_ptr(),
+                                nbytes=_nbytes(t), keep=t)
         except Exception as e:   # every rank must reach the agreement below
             err = e
         _agree_files(group, rank, [e for e, _ in files], err)
@@ -411,9 +453,10 @@ def _agree_files(group, rank, entries, err):
             owner[e] = r
 
 
-def load_entry(ckpt, entry, pickle=False):
+def load_entry(ckpt, entry, pickle=False, partitions=True):
     """The object DeepSpeed saved as entry (a file's path in its tag directory) in the
-    strata checkpoint ckpt (save_dir/tag/strata); in this process only. Raises
+    strata checkpoint ckpt (save_dir/tag/strata); in this process only. partitions=False:
+    ZeRO flat partitions (stored as named ranges) come back as None, unread. Raises
     strata.MissingError / IncompleteError for a checkpoint not there or not committed,
     NotFoundError for an entry it lacks."""
     ck = _S.Checkpoint(ckpt)
@@ -442,10 +485,64 @@ def load_entry(ckpt, entry, pickle=False):
     if kind != "value":
         raise _error("FormatError", "%s: entry %r is not a tree" % (ckpt, entry))
     try:
+        if partitions:
+            _load_flat(ck, ckpt, entry, tree)
         return _build(tree, tensors, pickle, "%s: %s" % (ckpt, entry))
     except (IndexError, KeyError, TypeError, ValueError, RuntimeError) as e:
         raise _error("FormatError", "%s: entry %r: a malformed tree (%s: %s)"
                      % (ckpt, entry, type(e).__name__, e)) from None
+
+
+def _flat_nodes(n):
+    """The "F" nodes (ZeRO flat partitions) of tree n."""
+    tag = n[0]
+    if tag == "F":
+        yield n
+    elif tag in ("l", "t"):
+        for x in n[1]:
+            yield from _flat_nodes(x)
+    elif tag in ("d", "o"):
+        for k, x in n[1]:
+            yield from _flat_nodes(k)
+            yield from _flat_nodes(x)
+    elif tag in ("e", "x"):
+        yield from _flat_nodes(n[2])
+
+
+def _load_flat(ck, ckpt, entry, tree):
+    """Reads the named ranges of every "F" node of tree into a new flat tensor, appended
+    to the node (its gaps are filled by _build from the entry's own tensors)."""
+    nodes = list(_flat_nodes(tree))
+    if not nodes:
+        return
+    idx = {t["name"]: t for t in ck.tensors}
+    state = _S.State()
+    for n in nodes:
+        t = torch.empty(n[2], dtype=_FROM_STRATA[n[1]])
+        off = 0
+        for x in n[4]:
+            if x[0] == "T":
+                gap = idx.get(_tensor_name(entry, x[1]))
+                if gap is None:
+                    raise _error("FormatError", "%s: entry %r: no tensor %r" % (
+                        ckpt, entry, _tensor_name(entry, x[1])))
+                off += int(torch.Size(gap["shape"]).numel())
+                continue
+            if x[0] != "n":
+                raise _error("FormatError", "%s: entry %r: a flat piece of unknown kind %r"
+                             % (ckpt, entry, x[0]))
+            _, name, start, cnt = x
+            info = idx.get(name)
+            if info is None or info["dtype"] != n[1] or off + cnt > n[2]:
+                raise _error("FormatError", "%s: entry %r: the flat piece %r [%d, +%d) at %d "
+                             "of %d has no %s tensor of that name" % (ckpt, entry, name, start,
+                                                                      cnt, off, n[2], n[1]))
+            dst = t.narrow(0, off, cnt)
+            state.add_shard(name, n[1], tuple(info["shape"]), flat=(start, start + cnt),
+                            data_ptr=dst.data_ptr(), nbytes=_nbytes(dst), keep=dst)
+            off += cnt
+        n.append(t)
+    _S.load([ckpt], [state], None)
 
 
 def _to_device(v, dev):
@@ -477,20 +574,39 @@ def enable(*, pickle=False, pool=None, **options):
     if not _ORIG:
         _ORIG["create"] = ds_engine.create_checkpoint_engine
         _ORIG["save"] = ds_engine.DeepSpeedEngine.save_checkpoint
-    orig_save = _ORIG["save"]
+        _ORIG["load_zero"] = ds_engine.DeepSpeedEngine._load_zero_checkpoint
+    orig_save, orig_load_zero = _ORIG["save"], _ORIG["load_zero"]
 
     def create_checkpoint_engine(config_params, *args, **kwargs):
         return StrataCheckpointEngine(config_params, pickle=pickle, pool=pool, options=options)
 
     def save_checkpoint(self, *args, **kwargs):
-        ok = orig_save(self, *args, **kwargs)
-        if isinstance(self.checkpoint_engine, StrataCheckpointEngine):
-            self.checkpoint_engine.start()
+        ce = self.checkpoint_engine
+        if isinstance(ce, StrataCheckpointEngine):
+            ce._finish(wait=True)     # (create() would: the layout is of the new tag)
+            ce._layout = _ds_zero.layout(self)
+        try:
+            ok = orig_save(self, *args, **kwargs)
+            if isinstance(ce, StrataCheckpointEngine):
+                ce.start()
+        finally:
+            if isinstance(ce, StrataCheckpointEngine):
+                ce._layout = {}
         return ok
+
+    def _load_zero_checkpoint(self, load_dir, tag, load_optimizer_states=True):
+        if (isinstance(self.checkpoint_engine, StrataCheckpointEngine) and load_optimizer_states
+                and not self.load_universal_checkpoint()
+                and self.seq_dp_world_size != self.loaded_checkpoint_dp_world_size
+                and _ds_zero.reshard_load(self, load_dir, tag, self.checkpoint_engine._entry,
+                                          _stub_or_none)):
+            return True
+        return orig_load_zero(self, load_dir, tag, load_optimizer_states)
 
     save_checkpoint.__doc__ = orig_save.__doc__
     ds_engine.create_checkpoint_engine = create_checkpoint_engine
     ds_engine.DeepSpeedEngine.save_checkpoint = save_checkpoint
+    ds_engine.DeepSpeedEngine._load_zero_checkpoint = _load_zero_checkpoint
 
 
 def disable():
@@ -499,3 +615,4 @@ def disable():
         import deepspeed.runtime.engine as ds_engine
         ds_engine.create_checkpoint_engine = _ORIG.pop("create")
         ds_engine.DeepSpeedEngine.save_checkpoint = _ORIG.pop("save")
+        ds_engine.DeepSpeedEngine._load_zero_checkpoint = _ORIG.pop("load_zero")

@@ -10,6 +10,15 @@
                 (DeepSpeed's `latest`) through strata's engine; its state must equal the dump
                 of that step bitwise, and training on must give the uninterrupted run's
                 losses and final state bitwise. Writes OUT/resume-<rank>.json.
+    reshard OUT on another world size (1 or 3 ranks), each stage of RESHARD: a new engine
+                loads tag step<SAVE_AT> (saved by ref on 2 ranks); its fp32 master weights
+                and AdamW moments, gathered whole, must equal ref's bitwise, its step, lr
+                scheduler and client state ref's, and the losses of training on (the same
+                global batch) ref's within 1e-5 relative. Writes OUT/reshard<N>-<rank>.json.
+
+The global batch is GLOBAL samples a step, drawn from the step's seed and split evenly
+among the ranks, so that every world size dividing GLOBAL trains on the same data; a
+step's loss is the mean over the global batch.
 
 Environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torch.distributed env://).
 """
@@ -24,8 +33,10 @@ import torch.distributed as dist
 import torch.nn as nn
 
 STAGES = (1, 2, 3)
+RESHARD = (1, 2)
 STEPS, SAVE_AT = 14, 10
-VOCAB, DIM, FF, SEQ, BATCH = 37, 23, 45, 7, 3     # odd sizes: uneven ZeRO partitions
+VOCAB, DIM, FF, SEQ, GLOBAL = 37, 23, 45, 7, 6     # odd sizes: uneven ZeRO partitions
+CLIENT = {"note": "client", "at": list(range(5))}  # client state of the step-SAVE_AT tag
 
 
 class Model(nn.Module):
@@ -43,21 +54,49 @@ def make_engine(stage, seed):
     import deepspeed
     torch.manual_seed(seed)
     model = Model()
-    cfg = {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": 1,
+    cfg = {"train_batch_size": GLOBAL, "gradient_accumulation_steps": 1,
+           "train_micro_batch_size_per_gpu": GLOBAL // dist.get_world_size(),
            "zero_optimization": {"stage": stage}, "steps_per_print": 10 ** 6,
-           "zero_allow_untested_optimizer": True}
+           "zero_allow_untested_optimizer": True,
+           "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 3e-3,
+                                                        "warmup_num_steps": 20}}}
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=cfg)
     return engine
 
 
 def train_step(engine, step):
-    g = torch.Generator().manual_seed(1000 * step + dist.get_rank())
-    x = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+    g = torch.Generator().manual_seed(1000 * step)
+    n = GLOBAL // dist.get_world_size()
+    x = torch.randint(0, VOCAB, (GLOBAL, SEQ), generator=g)[dist.get_rank() * n:][:n]
     loss = nn.functional.cross_entropy(engine(x).reshape(-1, VOCAB), x.reshape(-1))
     engine.backward(loss)
     engine.step()
-    return loss.item()
+    mean = loss.detach().clone() / dist.get_world_size()
+    dist.all_reduce(mean)
+    return mean.item()
+
+
+def full_state(engine):
+    """{name: tensor} of the fp32 master weights and AdamW moments, gathered whole (a
+    collective), named as strata.deepspeed stores them."""
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+    out = {}
+    for name, p in engine.module.named_parameters():
+        out[name] = safe_get_full_fp32_param(p).clone()
+        for key in ("exp_avg", "exp_avg_sq"):
+            out["optim.state.%s.%s" % (name, key)] = safe_get_full_optimizer_state(p, key).clone()
+    return out
+
+
+def scalars(engine):
+    """The step, lr scheduler and loss scaler, which a resume must restore too."""
+    opt = engine.optimizer.optimizer
+    steps = sorted({float(s["step"]) for s in opt.state.values() if "step" in s})
+    return {"global_steps": engine.global_steps, "global_samples": engine.global_samples,
+            "adam_steps": steps, "lr": [g["lr"] for g in opt.param_groups],
+            "sched": {k: v for k, v in engine.lr_scheduler.state_dict().items()},
+            "scale": engine.optimizer.loss_scaler.cur_scale}
 
 
 def flat_state(engine):
@@ -112,8 +151,15 @@ def ref(out):
         losses = []
         for step in range(STEPS):
             if step == SAVE_AT:
-                engine.save_checkpoint(os.path.join(out, "ck%d" % stage), tag="step%d" % step)
+                engine.save_checkpoint(os.path.join(out, "ck%d" % stage), tag="step%d" % step,
+                                       client_state=CLIENT)
                 torch.save(flat_state(engine), os.path.join(out, "s%d-%d-r%d.pt" % (stage, step, rank)))
+                if stage in RESHARD:
+                    full = full_state(engine)
+                    if rank == 0:
+                        torch.save(full, os.path.join(out, "full%d.pt" % stage))
+                        with open(os.path.join(out, "scalars%d.json" % stage), "w") as f:
+                            json.dump(scalars(engine), f)
             losses.append(train_step(engine, step))
         torch.save(flat_state(engine), os.path.join(out, "s%d-%d-r%d.pt" % (stage, STEPS, rank)))
         with open(os.path.join(out, "losses%d-r%d.json" % (stage, rank)), "w") as f:
@@ -167,6 +213,30 @@ def resume_one(out, stage, tag):
     return r
 
 
+def reshard(out):
+    import strata.deepspeed
+    strata.deepspeed.enable()
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    report = {}
+    for stage in RESHARD:
+        engine = make_engine(stage, seed=1)
+        path, client = engine.load_checkpoint(os.path.join(out, "ck%d" % stage),
+                                              tag="step%d" % SAVE_AT)
+        r = {"path": path, "client": {k: client.get(k) for k in CLIENT} == CLIENT}
+        want = torch.load(os.path.join(out, "full%d.pt" % stage))
+        r["full_diff"] = diff(full_state(engine), want)
+        with open(os.path.join(out, "scalars%d.json" % stage)) as f:
+            r["scalars_want"] = json.load(f)
+        r["scalars"] = json.loads(json.dumps(scalars(engine)))
+        with open(os.path.join(out, "losses%d-r0.json" % stage)) as f:
+            r["losses_want"] = json.load(f)[SAVE_AT:]
+        r["losses"] = [train_step(engine, step) for step in range(SAVE_AT, STEPS)]
+        engine.destroy()
+        report[stage] = r
+    with open(os.path.join(out, "reshard%d-%d.json" % (ws, rank)), "w") as f:
+        json.dump(report, f, indent=1)
+
+
 def resume(out):
     import strata.deepspeed
     strata.deepspeed.enable()
@@ -187,5 +257,5 @@ def resume(out):
 if __name__ == "__main__":
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    {"ref": ref, "resume": resume}[sys.argv[1]](sys.argv[2])
+    {"ref": ref, "resume": resume, "reshard": reshard}[sys.argv[1]](sys.argv[2])
     dist.destroy_process_group()

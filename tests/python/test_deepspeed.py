@@ -1,10 +1,12 @@
 """strata as DeepSpeed's checkpoint engine (strata.deepspeed): DeepSpeed 0.19.8 on CPU, gloo.
 
-test_zero_kill_resume: ZeRO stages 1, 2 and 3 on 2 processes (tests/python/_ds_worker.py):
-saves through strata at step 10, a later save of each stage killed with SIGKILL at a random
-point, then a resume from DeepSpeed's `latest` whose state and losses must equal the
-uninterrupted run's bitwise. Two launches in all. The other tests run the engine in this
-process, without a process group.
+The runs (tests/python/_ds_worker.py): ZeRO stages 1, 2 and 3 on 2 processes save through
+strata at step 10, then a later save of each stage is killed with SIGKILL at a random point
+(one launch, shared by the tests below, the `ref_run` fixture). test_zero_kill_resume
+resumes from DeepSpeed's `latest` on 2 processes: state and losses must equal the
+uninterrupted run's bitwise. test_reshard resumes step 10 of ZeRO 1 and 2 on 3 and on 1
+processes. test_fp32_weights loads a tag with strata.torch.load in this process. The other
+tests run the engine in this process, without a process group.
 """
 
 import os
@@ -25,16 +27,16 @@ from deepspeed.runtime.checkpoint_engine import CheckpointCommitInfo  # noqa: E4
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from _ds_worker import STAGES, STEPS  # noqa: E402
+from _ds_worker import RESHARD as _STAGES_RESHARD, STAGES, STEPS  # noqa: E402
 
 
-def _launch(mode, out):
+def _launch(mode, out, ws=2):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     procs = []
-    for r in range(2):
-        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
+    for r in range(ws):
+        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(ws),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
                    PYTHONWARNINGS="ignore")
         log = open(os.path.join(out, "log-%s-%d" % (mode, r)), "w")
@@ -43,9 +45,9 @@ def _launch(mode, out):
     return procs
 
 
-def _logs(out, mode):
+def _logs(out, mode, ws=2):
     return "\n".join(open(os.path.join(out, "log-%s-%d" % (mode, r))).read()[-3000:]
-                     for r in range(2))
+                     for r in range(ws))
 
 
 def _wait_file(path, procs, out, mode, timeout=600):
@@ -59,10 +61,11 @@ def _wait_file(path, procs, out, mode, timeout=600):
         time.sleep(0.01)
 
 
-@pytest.mark.slow
-def test_zero_kill_resume(tmp_path, figures):
-    import json
-    out = str(tmp_path)
+@pytest.fixture(scope="module")
+def ref_run(tmp_path_factory):
+    """The ref launch, killed at a random point of its later saves: (its directory, the
+    delay of the kill after stage 1's later save started)."""
+    out = str(tmp_path_factory.mktemp("ds"))
     procs = _launch("ref", out)
     _wait_file(os.path.join(out, "started1"), procs, out, "ref")   # stage 1's is in flight
     delay = random.uniform(0, 0.15)         # the three take ~0.2 s here
@@ -71,14 +74,25 @@ def test_zero_kill_resume(tmp_path, figures):
         os.kill(p.pid, signal.SIGKILL)
     for p in procs:
         p.wait()
-    procs = _launch("resume", out)
+    return out, delay
+
+
+def _run(mode, out, ws=2):
+    procs = _launch(mode, out, ws)
     for p in procs:
         try:
             rc = p.wait(timeout=600)
         except subprocess.TimeoutExpired:
             p.kill()
             rc = "timeout"
-        assert rc == 0, "resume rank failed (%s)\n%s" % (rc, _logs(out, "resume"))
+        assert rc == 0, "%s rank failed (%s)\n%s" % (mode, rc, _logs(out, mode, ws))
+
+
+@pytest.mark.slow
+def test_zero_kill_resume(ref_run, figures):
+    import json
+    out, delay = ref_run
+    _run("resume", out)
     seen = []
     for r in range(2):
         with open(os.path.join(out, "resume-%d.json" % r)) as f:
@@ -209,3 +223,46 @@ def test_class_not_allowed(tmp_path, monkeypatch):
     with pytest.raises(strata.FormatError, match="names the class '%s', which strata does not "
                        "rebuild" % name):
         sds.StrataCheckpointEngine(pickle=True).load(os.path.join(d, "t", "m.pt"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ws", [3, 1])
+def test_reshard(ref_run, ws, figures):
+    """Step 10 of ZeRO 1 and 2, saved on 2 ranks, resumed on ws: the fp32 master weights
+    and AdamW moments (gathered whole) bitwise, step, lr scheduler, loss scale and client
+    state equal, and the next losses within 1e-5 relative of the uninterrupted run's."""
+    import json
+    out, _ = ref_run
+    _run("reshard", out, ws)
+    worst = 0.0
+    for r in range(ws):
+        with open(os.path.join(out, "reshard%d-%d.json" % (ws, r))) as f:
+            rep = json.load(f)
+        for stage in _STAGES_RESHARD:
+            x = rep[str(stage)]
+            where = "stage %d on %d ranks, rank %d" % (stage, ws, r)
+            assert x["path"] is not None and x["client"], where
+            assert x["full_diff"] == [], "%s: differs: %s" % (where, x["full_diff"][:8])
+            assert x["scalars"] == x["scalars_want"], where
+            assert len(x["losses"]) == len(x["losses_want"]) > 0, where
+            for got, want in zip(x["losses"], x["losses_want"]):
+                rel = abs(got - want) / abs(want)
+                worst = max(worst, rel)
+                assert rel <= 1e-5, "%s: loss %r, uninterrupted %r" % (where, got, want)
+    figures("deepspeed reshard 2->%d" % ws, "ZeRO %s: weights and moments bitwise; losses of "
+            "steps %d-%d within %.2g relative" % (_STAGES_RESHARD, 10, 13, worst))
+
+
+@pytest.mark.slow
+def test_fp32_weights(ref_run):
+    """A strata-engine tag of ZeRO 1 and 2 (saved on 2 ranks) loaded by strata.torch.load
+    into plain tensors: bitwise the fp32 master weights the optimizer held at save time."""
+    import strata.torch
+    from _ds_worker import Model
+    out, _ = ref_run
+    for stage in _STAGES_RESHARD:
+        want = torch.load(os.path.join(out, "full%d.pt" % stage))
+        sd = {k: torch.full_like(v, float("nan")) for k, v in Model().state_dict().items()}
+        strata.torch.load(sd, os.path.join(out, "ck%d" % stage, "step10", "strata"))
+        for k, v in sd.items():
+            assert torch.equal(v.view(torch.int32), want[k].view(torch.int32)), (stage, k)
