@@ -21,7 +21,11 @@ kill at any instant leaves the previous tag loadable.
 
 An entry is the file's object as a tree of plain values (the tagged format of
 docs/FORMAT.md, "Python values", no pickle) whose tensors are strata tensors
-"<file>#<i>"; besides dicts, lists, tuples and scalars the tree holds OrderedDict,
+"<file>#<i>" - except ZeRO 1/2's flat partitions (fp32 weights, optimizer moments), which
+are ranges of named full tensors `<fqn>` and `optim.state.<fqn>.<key>` (_ds_zero.py), so
+that a tag is free of its world size: engine.load_checkpoint on another data-parallel
+world size reads the ranges its new partitions cover, and strata.torch.load of
+save_dir/tag/strata gives the fp32 master weights. Besides dicts, lists, tuples and scalars the tree holds OrderedDict,
 torch.Size, torch.dtype, parameters, and DeepSpeed's own LossScaler, DynamicLossScaler,
 fragment_address and ZeroStageEnum (rebuilt from their fields, by an allow-list: nothing
 named in the file is imported). Any other object (a custom lr scheduler's state, a client
@@ -533,10 +537,13 @@ def _load_flat(ck, ckpt, entry, tree):
                              % (ckpt, entry, x[0]))
             _, name, start, cnt = x
             info = idx.get(name)
-            if info is None or info["dtype"] != n[1] or off + cnt > n[2]:
-                raise _error("FormatError", "%s: entry %r: the flat piece %r [%d, +%d) at %d "
-                             "of %d has no %s tensor of that name" % (ckpt, entry, name, start,
-                                                                      cnt, off, n[2], n[1]))
+            if info is None or info["dtype"] != n[1]:
+                raise _error("FormatError", "%s: entry %r: a flat piece of %r, which the "
+                             "checkpoint lacks (or holds in another dtype than %s)"
+                             % (ckpt, entry, name, n[1]))
+            if off + cnt > n[2]:
+                raise _error("FormatError", "%s: entry %r: flat pieces of more than %d "
+                             "elements" % (ckpt, entry, n[2]))
             dst = t.narrow(0, off, cnt)
             state.add_shard(name, n[1], tuple(info["shape"]), flat=(start, start + cnt),
                             data_ptr=dst.data_ptr(), nbytes=_nbytes(dst), keep=dst)

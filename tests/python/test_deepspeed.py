@@ -168,6 +168,36 @@ def test_objects_roundtrip(tmp_path):
     assert torch.equal(e.load(os.path.join(d, "global_step7", "sub", "b.pt"))["x"], torch.ones(3))
 
 
+def test_flat_partitions(tmp_path):
+    """Flat partitions (as ZeRO's, here two with a given layout) are stored as ranges of
+    named full tensors and their gaps as the file's tensors: each file comes back bitwise,
+    strata.torch.load gives the full tensors, a partial load skips the partitions, and a
+    partition seen again (its names taken) is a plain tensor."""
+    import strata.torch
+    w, b, m = torch.randn(2, 3), torch.randn(3), torch.randn(5)
+    pa = torch.cat([torch.tensor([7.0]), w.reshape(-1), b])      # gap, w, b
+    pb = torch.cat([m, torch.tensor([-1.5, 0.0])])               # m, gap
+    e = sds.StrataCheckpointEngine()
+    e._layout = {pa.data_ptr(): (10, torch.float32, "%s", [(1, 6, "w", 0, (2, 3)),
+                                                           (7, 3, "b", 0, (3,))]),
+                 pb.data_ptr(): (7, torch.float32, "m.%s", [(0, 5, "w", 0, (5,))])}
+    d = str(tmp_path)
+    _save(e, d, "t", {"r0.pt": {"p": [pa], "x": torch.ones(2)}, "r1.pt": {"p": pb[:5]},
+                      "r2.pt": {"again": pa}}).wait()
+    ck = strata.Checkpoint(os.path.join(d, "t", "strata"))
+    assert {t["name"] for t in ck.tensors} == {"w", "b", "m.w", "r0.pt#0", "r0.pt#1",
+                                               "r2.pt#0"}    # pb[:5]: no gap
+    got = e.load(os.path.join(d, "t", "r0.pt"))
+    assert torch.equal(got["p"][0], pa) and torch.equal(got["x"], torch.ones(2))
+    assert torch.equal(e.load(os.path.join(d, "t", "r1.pt"))["p"], m)
+    assert torch.equal(e.load(os.path.join(d, "t", "r2.pt"))["again"], pa)
+    sd = {"w": torch.zeros(2, 3), "b": torch.zeros(3), "m.w": torch.zeros(5)}
+    strata.torch.load(sd, os.path.join(d, "t", "strata"))
+    assert torch.equal(sd["w"], w) and torch.equal(sd["b"], b) and torch.equal(sd["m.w"], m)
+    part = sds.load_entry(os.path.join(d, "t", "strata"), "r0.pt", partitions=False)
+    assert part["p"] == [None] and torch.equal(part["x"], torch.ones(2))
+
+
 class Opaque:
     def __init__(self):
         self.v = 3
@@ -254,15 +284,28 @@ def test_reshard(ref_run, ws, figures):
 
 
 @pytest.mark.slow
-def test_fp32_weights(ref_run):
+def test_fp32_weights(ref_run, tmp_path):
     """A strata-engine tag of ZeRO 1 and 2 (saved on 2 ranks) loaded by strata.torch.load
-    into plain tensors: bitwise the fp32 master weights the optimizer held at save time."""
+    into plain tensors, and exported as safetensors: bitwise the fp32 master weights (and
+    moments) the optimizer held at save time, under zero_to_fp32's names."""
+    import json
     import strata.torch
+    from safetensors.torch import load_file
     from _ds_worker import Model
     out, _ = ref_run
     for stage in _STAGES_RESHARD:
         want = torch.load(os.path.join(out, "full%d.pt" % stage))
+        ck = os.path.join(out, "ck%d" % stage, "step10", "strata")
         sd = {k: torch.full_like(v, float("nan")) for k, v in Model().state_dict().items()}
-        strata.torch.load(sd, os.path.join(out, "ck%d" % stage, "step10", "strata"))
+        strata.torch.load(sd, ck)
         for k, v in sd.items():
             assert torch.equal(v.view(torch.int32), want[k].view(torch.int32)), (stage, k)
+        ex = str(tmp_path / ("st%d" % stage))
+        strata.torch.export_safetensors(ck, ex, exclude=["*#*"])   # not the files' own
+        got = {}
+        for f in set(json.load(open(os.path.join(ex, "model.safetensors.index.json")))
+                     ["weight_map"].values()):
+            got.update(load_file(os.path.join(ex, f)))
+        assert sorted(got) == sorted(want), stage
+        for k, v in want.items():
+            assert torch.equal(got[k].view(torch.int32), v.view(torch.int32)), (stage, k)
