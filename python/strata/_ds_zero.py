@@ -13,8 +13,6 @@ reads, for each fragment of the live optimizer, that range into the live partiti
 Threading: DeepSpeed's thread only.
 """
 
-import os
-
 import torch
 
 import strata as _S
@@ -77,8 +75,7 @@ def _moment_fmt(key):
 def pieces(lay, v):
     """v as [(partition offset, numel, name or None, flat start, full shape)] covering it
     (name None: a gap, kept as a plain tensor), if v is a flat partition of lay; else None."""
-    if (v.dim() != 1 or v.numel() == 0 or v.device.type != "cpu" or not v.is_contiguous()
-            or v.data_ptr() not in lay):
+    if v.dim() != 1 or v.numel() == 0 or not v.is_contiguous() or v.data_ptr() not in lay:
         return None
     numel, dtype, fmt, frags = lay[v.data_ptr()]
     n = v.numel()
@@ -128,6 +125,7 @@ def reshard_load(engine, load_dir, tag, load_entry, stub_of):
     if len(saved_groups) != len(groups):
         raise _error("MismatchError", "%s: %d optimizer param groups saved, %d now"
                      % (name, len(saved_groups), len(groups)))
+    # (as DeepSpeed's own load, what is set before a failing read stays set)
     state, want = _S.State(), []
     for g, base in enumerate(opt.single_partition_of_fp32_groups):
         live = opt.optimizer.state.setdefault(base, {})   # empty before the first step
@@ -160,13 +158,9 @@ def reshard_load(engine, load_dir, tag, load_entry, stub_of):
                          % (ckpt, tname, t["dtype"], tuple(t["shape"]),
                             _TO_STRATA[dst.dtype], shape))
         state.add_shard(tname, t["dtype"], shape, flat=(ls, ls + cnt), data_ptr=dst.data_ptr(),
-                        nbytes=_nbytes(dst), keep=dst)
+                        nbytes=_nbytes(dst), device=dst.is_cuda, keep=dst)
     _S.load([ckpt], [state], None)
     opt._link_all_hp_params()     # as DeepSpeed's own load; and the fragments' views of
     opt._hp_optimizer_states_linked = False     # the optimizer states (DeepSpeed makes
     opt._lazy_init_hp_params_optimizer_state()  # them at the first step)
     return True
-
-
-def tag_has_strata(load_dir, tag, subdir):
-    return os.path.isdir(os.path.join(load_dir, tag, subdir))

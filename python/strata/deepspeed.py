@@ -25,10 +25,10 @@ docs/FORMAT.md, "Python values", no pickle) whose tensors are strata tensors
 are ranges of named full tensors `<fqn>` and `optim.state.<fqn>.<key>` (_ds_zero.py), so
 that a tag is free of its world size: engine.load_checkpoint on another data-parallel
 world size reads the ranges its new partitions cover, and strata.torch.load of
-save_dir/tag/strata gives the fp32 master weights. Besides dicts, lists, tuples and scalars the tree holds OrderedDict,
-torch.Size, torch.dtype, parameters, and DeepSpeed's own LossScaler, DynamicLossScaler,
-fragment_address and ZeroStageEnum (rebuilt from their fields, by an allow-list: nothing
-named in the file is imported). Any other object (a custom lr scheduler's state, a client
+save_dir/tag/strata gives the fp32 master weights. Besides dicts, lists, tuples and
+scalars the tree holds OrderedDict, torch.Size, torch.dtype, parameters, and DeepSpeed's
+own LossScaler, DynamicLossScaler, fragment_address and ZeroStageEnum (rebuilt from their
+fields, by an allow-list: nothing named in the file is imported). Any other object (a custom lr scheduler's state, a client
 object) needs enable(pickle=True), which pickles it and unpickles it at load (which can run
 code); without it the save fails naming the file, the place in it and the type.
 
@@ -391,7 +391,7 @@ class StrataCheckpointEngine:
                 keep.append(t)
                 state.add_shard(name, _sdtype(name, t), shape, None, None,
                                 flat=(start, start + t.numel()), data_ptr=t.data_ptr(),
-                                nbytes=_nbytes(t), keep=t)
+                                nbytes=_nbytes(t), device=t.is_cuda, keep=t)
         except Exception as e:   # every rank must reach the agreement below
             err = e
         _agree_files(group, rank, [e for e, _ in files], err)
