@@ -8,6 +8,8 @@ async_io op, libaio and a GPU build) and decoupled (DecoupledCheckpointEngine: t
 engine in a helper process, "decoupled": true). Each round starts each engine in fresh
 processes (the order rotates) and measures, on rank 0:
 
+    blocked   the time save_checkpoint took (call) plus, for strata, the longest any rank's
+              next step waited for the snapshot copy (the engine times its commit hook)
     stall     the time save_checkpoint took (call) plus how much longer than the median
               step (of 2K without a checkpoint) the step after it took: the step where a
               decoupled engine waits (strata: for the snapshot copy; decoupled: for the
@@ -115,6 +117,9 @@ def rank_main(engine_name, out):
     call = time.perf_counter() - t0
     after = steps(K)
     ce = engine.checkpoint_engine
+    # strata: the longest a rank's step waited for the snapshot copy (DeepSpeed's commit)
+    wait = torch.tensor([getattr(ce, "snapshot_wait_s", 0.0)], dtype=torch.float64)
+    dist.all_reduce(wait, op=dist.ReduceOp.MAX)
     if engine_name == "strata":
         ce.wait()
     elif ce.is_decoupled():
@@ -140,6 +145,7 @@ def rank_main(engine_name, out):
             size += sum(os.path.getsize(os.path.join(root, f)) for f in files)
         with open(out, "w") as f:
             json.dump({"stall": call + after[0] - med, "call": call,
+                       "blocked": call + float(wait[0]),
                        "excess": call + sum(after) - K * med, "durable": durable, "step": med,
                        "bytes": size}, f)
     engine.destroy()
@@ -199,29 +205,38 @@ def main():
              "`%s` (bench/bench_deepspeed.py); %d layers of Linear(%d, %d), AdamW; medians of "
              "%d rounds, each engine in fresh processes; a checkpoint every %d steps for the "
              "stall." % (cmd, layers(), WIDTH, WIDTH, ROUNDS, K), "",
-             "| engine | checkpoint bytes | step (s) | stall per checkpoint (s) | save_checkpoint "
-             "call (s) | excess over K steps (s) | time to durable (s) |",
-             "|---|---|---|---|---|---|---|"]
+             "| engine | checkpoint bytes | step (s) | blocked per checkpoint (s) | "
+             "save_checkpoint call (s) | stall: call + step excess (s) | excess over K steps "
+             "(s) | time to durable (s) |",
+             "|---|---|---|---|---|---|---|---|"]
     med = {}
     for e in ENGINES:
         ok = [x for x in results[e] if "error" not in x]
         if not ok:
-            lines.append("| %s | %s | | | | | |" % (e, results[e][0]["error"].replace("|", "/")[:160]))
+            lines.append("| %s | %s | | | | | | |" % (e, results[e][0]["error"].replace("|", "/")[:160]))
             continue
         m = {k: statistics.median(x[k] for x in ok)
-             for k in ("stall", "call", "excess", "durable", "step", "bytes")}
+             for k in ("blocked", "stall", "call", "excess", "durable", "step", "bytes")}
         med[e] = m
-        lines.append("| %s | %.2f GiB | %.3f | %.3f | %.3f | %.3f | %.3f |" % (
-            e, m["bytes"] / (1 << 30), m["step"], m["stall"], m["call"], m["excess"],
-            m["durable"]))
-    if "strata" in med and "torch" in med and med["torch"]["stall"] > 0:
-        lines += ["", "strata / default engine: stall %.3f, time to durable %.3f" % (
-            med["strata"]["stall"] / med["torch"]["stall"],
-            med["strata"]["durable"] / med["torch"]["durable"])]
-    lines += ["", "stall = call + how much longer the step after the save took than the median "
-              "step; on a shared 2-core machine a step varies by a second or more between "
-              "runs, so the stall and the K-step excess carry that noise (a negative excess: "
-              "steps faster than the median). The fast engine runs with the python writer "
+        lines.append("| %s | %.2f GiB | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |" % (
+            e, m["bytes"] / (1 << 30), m["step"], m["blocked"], m["call"], m["stall"],
+            m["excess"], m["durable"]))
+    if "strata" in med and "torch" in med and med["torch"]["blocked"] > 0:
+        lines += ["", "strata / default engine: blocked %.3f, stall (call + step excess) %.3f, "
+                  "time to durable %.3f" % (
+                      med["strata"]["blocked"] / med["torch"]["blocked"],
+                      med["strata"]["stall"] / med["torch"]["stall"],
+                      med["strata"]["durable"] / med["torch"]["durable"])]
+    lines += ["", "blocked = the time the training loop waited for the checkpoint: the "
+              "save_checkpoint call, plus (strata) the longest any rank's next step waited "
+              "for the snapshot copy in DeepSpeed's commit hook (timed by the engine, "
+              "StrataCheckpointEngine.snapshot_wait_s); DeepSpeed's torch and fast engines "
+              "do all their work in the call. stall = call + how much longer the step after "
+              "the save took than the median step: besides the blocking it counts the CPU "
+              "the background copy, checksums and writes take from training (niced) and the "
+              "noise of a shared 2-core machine, where a step varies by a second or more "
+              "between runs (a negative excess: steps faster than the median). The fast "
+              "engine runs with the python writer "
               "and data_parallel=replica (its fast writer needs the async_io op; without "
               "data_parallel DeepSpeed 0.19.8 fails with no mpu)."]
     text = "\n".join(lines) + "\n"

@@ -43,6 +43,7 @@ import os
 import pickle as _pickle
 import re
 import threading
+import time
 
 import torch
 
@@ -279,6 +280,7 @@ class StrataCheckpointEngine:
         self._files = []         # [(entry, state_dict)]
         self._inflight = None    # _TagSave
         self._layout = {}        # the ZeRO flat partitions when the save began (_ds_zero)
+        self.snapshot_wait_s = 0.0   # how long the last step waited for a snapshot copy
 
     # -- DeepSpeed's interface
 
@@ -329,7 +331,9 @@ class StrataCheckpointEngine:
         tag's tensors has ended. Writing and committing go on in the background."""
         s = self._inflight
         if s is not None and not s.snapshot_done:
+            t = time.perf_counter()
             s.handle.wait_snapshot()
+            self.snapshot_wait_s = time.perf_counter() - t
             s.snapshot_done, s.keep = True, None
         return True
 
