@@ -409,15 +409,63 @@ static void test_incr_beside_gc(void **state)
     run_incr_beside_gc(1, 1, n);
 }
 
+/* A gating wrapper: the first rename of a save through it (its metadata, before its
+ * commit record) waits until the test opens the gate, so the save is held in progress,
+ * owned and uncommitted, for as long as the test needs. */
+static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
+static int gate_reached, gate_open;
+typedef struct {
+    st_vfs base;
+    const st_vfs *inner;
+} gate_vfs;
+
+static int gate_rename(const st_vfs *v, const char *from, const char *to)
+{
+    const st_vfs *in = ((const gate_vfs *)v)->inner;
+    pthread_mutex_lock(&gate_mu);
+    gate_reached = 1;
+    pthread_cond_broadcast(&gate_cv);
+    while (!gate_open)
+        pthread_cond_wait(&gate_cv, &gate_mu);
+    pthread_mutex_unlock(&gate_mu);
+    return in->rename(in, from, to);
+}
+
+static void gate_release(const st_vfs *v)
+{
+    st_vfs_release(((const gate_vfs *)v)->inner);
+    free((void *)v);
+}
+
+static int gate_make(const st_vfs **out, const st_vfs *inner, const char *query)
+{
+    (void)query;
+    gate_vfs *g = calloc(1, sizeof *g);
+    assert_non_null(g);
+    g->base = *inner;
+    g->base.rename = gate_rename;
+    g->base.release = gate_release;
+    g->inner = inner;
+    *out = &g->base;
+    return 0;
+}
+
 /* Retention never removes a save in progress, whatever is committed around it: step100
- * started first, step200 committed meanwhile. */
+ * started first and is held (gated) before its commit while step200 commits; retention
+ * keeping 1 sweeps then and must leave step100 alone. (Before, the test only hoped that
+ * step100 was still running when the sweep came: on a loaded machine it could commit
+ * before step200 did, be the older of the two, and be removed by retention, rightly.) */
 static void test_retain_spares_live_save(void **state)
 {
     (void)state;
-    char dir[600], s100[700], s200[700];
+    char dir[600], s100[700], s200[700], g100[800];
     snprintf(dir, sizeof dir, "%s/live", base_dir);
     snprintf(s100, sizeof s100, "%s/step100", dir);
     snprintf(s200, sizeof s200, "%s/step200", dir);
+    snprintf(g100, sizeof g100, "gate+file://%s", s100);
+    assert_ok(st_vfs_register_wrapper("gate", gate_make));
+    gate_reached = gate_open = 0;
     tu_set big;
     tu_set_init(&big, 1);
     uint64_t shape[1] = {48u << 20};
@@ -427,35 +475,45 @@ static void test_retain_spares_live_save(void **state)
     strata_saver *sv;
     assert_ok(strata_saver_new(&sv, NULL, pool));
     strata_handle *h;
-    const char *u100 = s100;
+    const char *u100 = g100;
     strata_save_opts o = STRATA_SAVE_OPTS_INIT;
     o.chunk_bytes = 65536;
     assert_ok(strata_save_start(&h, sv, &u100, 1, big.st, 1, &o));
+    /* step100 has written its data and waits at the gate, uncommitted */
+    pthread_mutex_lock(&gate_mu);
+    while (!gate_reached)
+        pthread_cond_wait(&gate_cv, &gate_mu);
+    pthread_mutex_unlock(&gate_mu);
     assert_int_equal(save_as(s200, 0, 0), 0);
-    /* wait until the save writes in its directory, then sweep (if the save is already done
-     * by then, the sweep still must keep it: it is the newest) */
-    char d100[800];
-    tu_join(d100, s100, "data-000000.bin");
-    for (int i = 0; i < 2000 && !tu_exists(d100); i++)
-        usleep(1000);
     int removed = -1;
     assert_ok(strata_retain(&removed, dir, 1));
+    assert_int_equal(removed, 0);
+    assert_true(tu_exists(s100));
+    strata_probe_info pi;
+    assert_ok(strata_probe(&pi, s100));
+    assert_false(pi.has_commit); /* it was still in progress when the sweep ran */
+    pthread_mutex_lock(&gate_mu);
+    gate_open = 1;
+    pthread_cond_broadcast(&gate_cv);
+    pthread_mutex_unlock(&gate_mu);
     assert_ok(strata_wait_durable(NULL, h));
     strata_handle_free(h);
     tu_set d;
     tu_set_init(&d, 1);
     tu_set_shard(&d, 0, "big", STRATA_U8, 1, shape, NULL, NULL, 0, 0, 0, 0);
-    assert_ok(strata_load(NULL, NULL, &u100, 1, d.st, 1, NULL));
+    const char *p100 = s100;
+    assert_ok(strata_load(NULL, NULL, &p100, 1, d.st, 1, NULL));
     assert_int_equal(tu_set_check(&d), 0);
     tu_set_free(&d);
     tu_set_free(&big);
     strata_saver_free(sv);
     strata_pool_free(pool);
-    /* with step100 committed too, retention keeps the newest (step100) and removes
-     * step200 */
+    /* with step100 committed too (after step200), retention keeps the newest (step100)
+     * and removes step200 */
     assert_ok(strata_retain(&removed, dir, 1));
     assert_int_equal(removed, 1);
     assert_false(tu_exists(s200));
+    assert_true(tu_exists(s100));
     tu_rmrf(dir);
 }
 
