@@ -14,14 +14,20 @@ OPT     ?= -O2
 SAN     ?=
 CFLAGS  ?= $(OPT) -g
 ST_CFLAGS  = -std=c11 -D_GNU_SOURCE -fPIC -Iinclude -Wall -Wextra -Werror $(SAN)
-ALL_CFLAGS = $(ST_CFLAGS) $(CPPFLAGS) $(CFLAGS)
+ALL_CFLAGS = $(ST_CFLAGS) $(if $(CURL_ON),-DST_HAVE_CURL) $(CPPFLAGS) $(CFLAGS)
 # executables link only the shared libraries they use (MPICH only where MPI is called)
 ST_LDFLAGS = $(SAN) -Wl,--as-needed
-LIBS       = -lxxhash -lz -lpthread -ldl
+LIBS       = -lxxhash -lz -lpthread -ldl $(if $(CURL_ON),-lcurl)
 # MPICH's flags, looked up when a recipe that needs them runs - after `deps` has installed
 # it (recursive variables: a `:=` here would run pkg-config before MPICH is there)
 MPI_CFLAGS = $(shell pkg-config --cflags mpich 2>/dev/null)
 MPI_LIBS   = $(shell pkg-config --libs mpich 2>/dev/null || echo -lmpich)
+# libcurl (the s3:// backend, src/io/vfs_s3.c) is optional at build time: used when
+# pkg-config finds it (deps installs it), looked up once when a recipe first needs it;
+# CURL=0 builds without it, and an s3:// URI is then refused with STRATA_ENOTSUP.
+CURL ?= auto
+CURL_ON = $(eval CURL_ON := $(if $(filter 0,$(CURL)),,$(shell pkg-config --exists libcurl \
+              2>/dev/null && echo 1)))$(CURL_ON)
 
 # the version (strata_types.h) and the shared libraries' names
 VERSION_MAJOR := $(shell sed -n 's/.*define STRATA_VERSION_MAJOR \([0-9][0-9]*\).*/\1/p' include/strata_types.h)
@@ -51,7 +57,8 @@ LIBRARIES := $(BUILD)/libstrata.a $(BUILD)/libstrata.so $(BUILD)/libstrata_mpi.a
              $(BUILD)/libstrata_mpi.so
 
 # Debian packages used by the build, tests and tools (checked, installed when missing).
-DEB_PKGS = gcc make libxxhash-dev libcmocka-dev pkg-config mpich libmpich-dev zlib1g-dev
+DEB_PKGS = gcc make libxxhash-dev libcmocka-dev pkg-config mpich libmpich-dev zlib1g-dev \
+           libcurl4-openssl-dev
 
 # A shell function for recipes: `$(APT) apt_need PKG...` installs the Debian packages of
 # the list that are not installed (apt-get update first; sudo when not root; waits for
@@ -229,7 +236,7 @@ PY_DEPS := pyproject.toml setup.py MANIFEST.in \
            $(wildcard python/strata/*.py python/strata/*.c python/strata/*.h) \
            $(LIB_SRC) $(wildcard src/*/*.h) $(HEADERS)
 
-venv: $(VENV)/.strata-installed $(VENV)/.deepspeed-installed
+venv: $(VENV)/.strata-installed $(VENV)/.deepspeed-installed $(VENV)/.moto-installed
 
 $(VENV)/.deps-installed:
 	@$(APT) tool_need python3 python3 && apt_need libxxhash-dev gcc && \
@@ -256,6 +263,31 @@ DEEPSPEED_PKGS = deepspeed==0.19.8 einops==0.8.2 hjson==3.1.0 msgpack==1.2.4 nin
 $(VENV)/.deepspeed-installed: $(VENV)/.deps-installed
 	@$(APT) tool_need g++ g++
 	DS_BUILD_OPS=0 $(VENV)/bin/pip install -q --no-deps $(DEEPSPEED_PKGS)
+	@touch $@
+
+# moto's S3 server (tests/python/test_s3.py, tests/s3_test.sh, make bench's S3 figures) and
+# boto3 (the peer the S3 figures compare with): moto[server] 5.2.5 and every dependency it
+# pulls in, each pinned and installed with --no-deps, so that pip never touches torch (of
+# those, sympy, networkx, mpmath, jinja2, markupsafe, typing-extensions and pydantic's are
+# torch's or DeepSpeed's, pinned here at the versions those bring).
+MOTO_PKGS = moto[server]==5.2.5 antlr4-python3-runtime==4.13.2 attrs==26.1.0 aws-xray-sdk==2.15.0 \
+            blinker==1.9.0 boto3==1.44.8 botocore==1.44.8 certifi==2026.10.19.post1 cffi==2.1.1 \
+            cfn-lint==1.58.0 charset-normalizer==3.5.2 click==8.5.1 cryptography==50.0.2 \
+            docker==7.2.0 flask==3.1.3 flask-cors==6.0.5 graphql-core==3.3.2 idna==3.20 \
+            itsdangerous==2.2.0 jmespath==1.1.0 joserfc==1.8.0 jsonpatch==1.48 jsonpath-ng==1.16.0 \
+            jsonpointer==3.12 jsonschema==4.26.0 jsonschema-path==0.5.0 \
+            jsonschema-specifications==2025.9.1 lazy-object-proxy==1.13.0 \
+            openapi-schema-validator==0.9.0 openapi-spec-validator==0.9.0 pathable==0.6.0 \
+            py-partiql-parser==0.6.3 pycparser==3.12 pydantic-settings==2.16.3 pyparsing==3.3.3 \
+            python-dateutil==2.9.0.post0 python-dotenv==1.2.4 pyyaml==6.0.4 referencing==0.37.0 \
+            regex==2026.11.19 requests==2.34.2 responses==0.26.3 rfc3339-validator==0.1.4 \
+            rpds-py==2026.9.1 s3transfer==0.19.3 six==1.17.0 urllib3==2.8.0 werkzeug==3.1.9 \
+            wrapt==2.5.2 xmltodict==1.0.4 sympy==1.14.0 networkx==3.6.1 mpmath==1.3.0 \
+            jinja2==3.1.6 markupsafe==3.0.4 typing-extensions==4.16.0 pydantic==2.14.4 \
+            pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
+
+$(VENV)/.moto-installed: $(VENV)/.deps-installed
+	$(VENV)/bin/pip install -q --no-deps '$(firstword $(MOTO_PKGS))' $(wordlist 2,999,$(MOTO_PKGS))
 	@touch $@
 
 $(VENV)/.strata-installed: $(VENV)/.deps-installed $(VENV)/.mcore-installed $(PY_DEPS)

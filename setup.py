@@ -5,6 +5,7 @@ meta, plan, comm, engine; not the command, not MPI). The metadata is in pyprojec
 import glob
 import os
 import re
+import subprocess
 
 from setuptools import Extension, setup
 
@@ -21,6 +22,15 @@ def version():
     return "%s.%s.0" % (major, minor)
 
 
+def have_curl():
+    """libcurl (the s3:// backend) when its headers are there, as the Makefile decides;
+    STRATA_CURL=0 builds without it (an s3:// URI is then refused)."""
+    if os.environ.get("STRATA_CURL") == "0":
+        return False
+    return subprocess.call(["pkg-config", "--exists", "libcurl"], stderr=subprocess.DEVNULL) == 0
+
+
+CURL = have_curl()
 sources = sorted(glob.glob("python/strata/_strata*.c"))
 for d in LIB_DIRS:
     sources += sorted(glob.glob("src/%s/*.c" % d))
@@ -35,7 +45,8 @@ ext = Extension(
     extra_compile_args=[
         "-std=c11", "-D_GNU_SOURCE", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra",
     ],
-    libraries=["xxhash", "z", "pthread", "dl"],
+    define_macros=[("ST_HAVE_CURL", "1")] if CURL else [],
+    libraries=["xxhash", "z", "pthread", "dl"] + (["curl"] if CURL else []),
 )
 
 setup(
