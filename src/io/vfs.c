@@ -177,9 +177,11 @@ int st_vfs_resolve(const char *uri, const st_vfs **vfs, char *path_out, size_t c
             if (rc)
                 return rc;
             path = mem;
+        } else if (n == 2 && strncmp(uri, "s3", 2) == 0) {
+            return st_vfs_s3_resolve(uri, vfs, path_out, cap);
         } else {
             return st_fail(STRATA_ESCHEME,
-                           "unknown URI scheme '%.*s' in '%s' (known: file://, mem://)",
+                           "unknown URI scheme '%.*s' in '%s' (known: file://, mem://, s3://)",
                            (int)n, uri, uri);
         }
     }

@@ -115,6 +115,10 @@ extern const st_vfs st_vfs_posix;
  * for any other scheme, STRATA_EINVAL for a malformed URI. path_out gets the path with
  * trailing slashes removed. Release the instance with st_vfs_release. */
 int st_vfs_resolve(const char *uri, const st_vfs **vfs, char *path_out, size_t cap);
+/* "s3://bucket/prefix" (vfs_s3.c): the object-store backend, its paths the URIs themselves;
+ * STRATA_ENOTSUP in a build without libcurl, STRATA_EIO naming the bucket when it does not
+ * answer or refuses the credentials. */
+int st_vfs_s3_resolve(const char *uri, const st_vfs **vfs, char *path_out, size_t cap);
 void st_vfs_release(const st_vfs *v);
 
 /* A backend that wraps another (like SQLite's VFS shims): makes *out around inner,
