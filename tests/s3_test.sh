@@ -2,7 +2,8 @@
 # s3_test.sh - the s3:// backend against moto's S3 server on 127.0.0.1 (moto_server from the
 # project venv, $VENV; started here and stopped on exit): build/tests/test_s3 (round trips,
 # two savers, gc beside saves, killed saves, the fault wrapper, refused credentials), then
-# the command on s3:// URIs (demo, inspect, ls, verify, gc, export). A second moto runs with
+# the command on s3:// URIs (demo, inspect, ls, verify, gc, export), an MPI save and resharded
+# load, and saves through tests/s3_fault_proxy.py (503s, dropped connections). A second moto runs with
 # authentication on (INITIAL_NO_AUTH_ACTION_COUNT=0), so that it refuses every key.
 # Skipped (77) without the venv's moto or a build with libcurl.
 set -u
@@ -73,6 +74,24 @@ check "export from s3://" bash -c "'$S' export $U/ck1 '$T/exp' --quiet && ls '$T
 curl -s -f -X PUT --data-binary 'x' "$AWS_ENDPOINT_URL/strata-test/cli/half/data-000000.bin" >/dev/null
 check "ls shows an incomplete one" bash -c "'$S' ls $U | grep 'half' | grep -qi 'incomplete'"
 check "gc on s3:// removes it, keeps ck1" bash -c "'$S' gc $U && ! '$S' ls $U | grep -q half && '$S' verify $U/ck1"
+if [ -z "${SANITIZED:-}" ] && command -v mpiexec.mpich >/dev/null; then # MPICH is not sanitized
+    M="mpiexec.mpich -n 4"
+    check "MPI: 4 ranks save to s3://, 3 load resharded" bash -c "$M '$S' demo save --dir $U/mpi --layout tp=2,pp=1,dp=2,zero=1 --size-mb 24 | grep -q '^saved_bytes=.* ok=1' && mpiexec.mpich -n 3 '$S' demo load --dir $U/mpi --layout tp=1,pp=3,dp=1 --size-mb 24 | grep -q '^saved_bytes=.* ok=1'"
+fi
+# through a proxy that answers 503, drops connections before passing requests on, and
+# drops them after (the request took effect, its answer is lost): every save commits and
+# loads bitwise, and each kind of fault happened
+pport=$(free_port)
+"$PY" tests/s3_fault_proxy.py "$pport" "$port" >"$T/proxy.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 50); do curl -s -o /dev/null "http://127.0.0.1:$pport/strata-test" && break; sleep 0.1; done
+for i in 1 2 3; do
+    check "demo through injected 503s and dropped connections ($i)" env \
+        AWS_ENDPOINT_URL="http://127.0.0.1:$pport" STRATA_S3_PART_MB=5 bash -c \
+        "'$S' demo --size-mb 32 --dir $U/faults-$i | tail -n 1 | grep -q 'ok=1$' && '$S' verify $U/faults-$i"
+done
+check "the proxy injected every kind of fault" bash -c "grep -q '^503 ' '$T/proxy.log' && grep -q '^drop-before ' '$T/proxy.log' && grep -q '^drop-after ' '$T/proxy.log'"
+echo "faults injected: $(cut -d' ' -f1 "$T/proxy.log" | sort | uniq -c | tr -s ' \n' ' ')"
 check "a missing bucket names it" bash -c "'$S' inspect s3://strata-missing/x 2>&1 | grep -q \"s3://strata-missing: no such bucket\""
 
 echo "s3_test: $pass passed, $fail failed"

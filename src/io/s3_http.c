@@ -15,6 +15,7 @@
 struct s3_conn {
     s3_cfg cfg;
     char sigv4[96];
+    int debug; /* $STRATA_S3_DEBUG: every attempt on stderr */
     pthread_mutex_t mu;
     CURL **idle; /* easy handles not in use (their connections stay open) */
     int nidle, capidle;
@@ -31,6 +32,7 @@ int s3_conn_new(const s3_cfg *cfg, s3_conn **out)
         return -ENOMEM;
     c->cfg = *cfg;
     snprintf(c->sigv4, sizeof c->sigv4, "aws:amz:%s:s3", cfg->region);
+    c->debug = getenv("STRATA_S3_DEBUG") && *getenv("STRATA_S3_DEBUG") == '1';
     pthread_mutex_init(&c->mu, NULL);
     *out = c;
     return 0;
@@ -199,7 +201,7 @@ static int transient(CURLcode e)
     return e == CURLE_COULDNT_CONNECT || e == CURLE_OPERATION_TIMEDOUT || e == CURLE_SEND_ERROR ||
            e == CURLE_RECV_ERROR || e == CURLE_GOT_NOTHING || e == CURLE_PARTIAL_FILE ||
            e == CURLE_COULDNT_RESOLVE_HOST || e == CURLE_HTTP2 || e == CURLE_HTTP2_STREAM ||
-           e == CURLE_SSL_CONNECT_ERROR;
+           e == CURLE_SSL_CONNECT_ERROR || e == CURLE_WEIRD_SERVER_REPLY;
 }
 
 static void backoff(int attempt)
@@ -284,6 +286,9 @@ int s3_do(s3_conn *c, const s3_req *r, s3_resp *resp)
             break;
         }
         resp->curl_err = (int)ce;
+        if (c->debug)
+            fprintf(stderr, "strata s3: %s %s: attempt %d: %s, HTTP %ld\n", r->method, url, a + 1,
+                    ce == CURLE_OK ? "answered" : curl_easy_strerror(ce), resp->status);
         int again = ce != CURLE_OK ? transient(ce)
                                    : resp->status >= 500 || resp->status == 429;
         if (!again || a >= c->cfg.retries) {

@@ -275,7 +275,7 @@ static int complete_upload(s3_file *f)
         e = s3_status_errno(r.status);
         if (!e && r.body && strstr(r.body, "<Error>")) /* S3 may fail it inside a 200 */
             e = -EIO;
-        if (e == -ENOENT && r.attempts > 1) { /* done by an attempt whose answer was lost */
+        if (e == -ENOENT) { /* done by an attempt whose answer was lost? */
             s3_resp h;
             e = head(f->base.vfs, f->key, &h);
             s3_resp_free(&h);
@@ -364,6 +364,17 @@ static int s3_lock(const st_vfs *v, const char *path, st_file **out)
         if (!e)
             snprintf(f->etag, sizeof f->etag, "%s", r.etag);
         s3_resp_free(&r);
+        /* ours, put by an attempt whose answer was lost? (curl itself resends a request
+         * whose reused connection died, so the attempts counted here cannot tell) */
+        if (e == -EEXIST) {
+            s3_req g = {.method = "GET", .key = key};
+            if (s3_do(SV(v)->conn, &g, &r) == 0 && r.status == 200 && r.body &&
+                strcmp(r.body, f->body) == 0) {
+                snprintf(f->etag, sizeof f->etag, "%s", r.etag);
+                e = 0;
+            }
+            s3_resp_free(&r);
+        }
         if (e == -EEXIST) { /* held, or a dead owner's: free once older than the lease */
             e = head(v, key, &r);
             s3_resp_free(&r);
@@ -648,8 +659,8 @@ static int s3_rmdir(const st_vfs *v, const char *path)
 }
 
 /* Copies the object `from` to `to`, created only if there is none (If-None-Match: *), then
- * removes `from`. -EEXIST when `to` exists (unless it holds these very bytes, put by an
- * attempt whose answer was lost). */
+ * removes `from`. -EEXIST when `to` exists, unless it holds these very bytes (put by an
+ * attempt whose answer was lost; a commit record carries its save's random id). */
 static int s3_rename(const st_vfs *v, const char *from, const char *to)
 {
     const char *kf = key_of(v, from), *kt = key_of(v, to);
@@ -662,7 +673,7 @@ static int s3_rename(const st_vfs *v, const char *from, const char *to)
         e = s3_status_errno(r.status);
     if (!e) {
         e = put_simple(SV(v)->conn, kt, r.body ? r.body : "", r.len, "If-None-Match: *", &p);
-        if (e == -EEXIST && p.attempts > 1) {
+        if (e == -EEXIST) { /* these very bytes, put by an attempt whose answer was lost? */
             s3_req g2 = {.method = "GET", .key = kt};
             s3_resp t;
             if (s3_do(SV(v)->conn, &g2, &t) == 0 && t.status == 200 && t.len == r.len &&
