@@ -35,6 +35,7 @@ from ._strata import (  # noqa: F401
     dtype_size,
     export_safetensors,
     hash_bytes,
+    list_dirs,
     load,
     probe,
     remove_incomplete,
@@ -55,6 +56,6 @@ __version__ = "%d.%d.0" % VERSION
 __all__ = [
     "DEFAULT_CHUNK", "DTYPES", "ERRORS", "MAX_DIMS", "MAX_NAME", "MAX_TIERS", "VERSION",
     "Checkpoint", "Comm", "Error", "Handle", "Loader", "Pool", "Saver", "State",
-    "dtype_size", "export_safetensors", "hash_bytes", "load", "probe", "remove_incomplete",
-    "retain", "unpickle", "unpickle_archive", "uri_path",
+    "dtype_size", "export_safetensors", "hash_bytes", "list_dirs", "load", "probe",
+    "remove_incomplete", "retain", "unpickle", "unpickle_archive", "uri_path",
 ] + sorted(c.__name__ for c in ERRORS.values())

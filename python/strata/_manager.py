@@ -268,17 +268,15 @@ class CheckpointManager:
         best = None
         for t in self.tiers:
             try:
-                d = _S.uri_path(t)   # mem:// included
-            except _S.SchemeError:   # no local directory to list
+                names = _S.list_dirs(t)   # mem:// and s3:// included
+            except _S.Error:              # missing, or no listable storage there
                 continue
-            if not os.path.isdir(d):
-                continue
-            steps = sorted((int(m.group(1)) for m in map(_STEP_DIR.fullmatch, os.listdir(d))
-                            if m), reverse=True)
+            steps = sorted((int(m.group(1)) for m in map(_STEP_DIR.fullmatch, names) if m),
+                           reverse=True)
             for s in steps:
                 if best is not None and s <= best:
                     break
-                if _committed(os.path.join(d, "step-%08d" % s)):
+                if _committed(t.rstrip("/") + "/step-%08d" % s):
                     best = s
                     break
         return best

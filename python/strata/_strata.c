@@ -394,6 +394,60 @@ static PyObject *mod_uri_path(PyObject *m, PyObject *arg)
     return PyUnicode_DecodeFSDefault(path);
 }
 
+typedef struct {
+    char **names;
+    size_t n, cap;
+    size_t skip; /* strlen(dir_uri) + 1 */
+} dir_names;
+
+static int collect_dir(void *ctx, const char *uri)
+{
+    dir_names *d = ctx;
+    if (d->n == d->cap) {
+        size_t cap = d->cap ? 2 * d->cap : 64;
+        char **nn = realloc(d->names, cap * sizeof *nn);
+        if (!nn)
+            return 1;
+        d->names = nn;
+        d->cap = cap;
+    }
+    return !(d->names[d->n] = strdup(uri + d->skip)) || !++d->n;
+}
+
+/* list_dirs(uri) -> [names]: strata_list_dirs, the GIL released (an s3:// listing is a
+ * round trip or more). */
+static PyObject *mod_list_dirs(PyObject *m, PyObject *arg)
+{
+    (void)m;
+    PyObject *keep;
+    const char *uri = get_path(arg, &keep);
+    if (!uri)
+        return NULL;
+    size_t n = strlen(uri);
+    while (n > 1 && uri[n - 1] == '/')
+        n--;
+    dir_names d = {.skip = n + 1};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = strata_list_dirs(uri, collect_dir, &d);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(keep);
+    PyObject *out = rc ? NULL : PyList_New((Py_ssize_t)d.n);
+    for (size_t i = 0; out && i < d.n; i++) {
+        PyObject *s = PyUnicode_DecodeFSDefault(d.names[i]);
+        if (!s)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, (Py_ssize_t)i, s);
+    }
+    for (size_t i = 0; i < d.n; i++)
+        free(d.names[i]);
+    free(d.names);
+    if (rc)
+        return rc == STRATA_EABORTED ? PyErr_NoMemory() : raise_last(rc);
+    return out;
+}
+
 static PyMethodDef module_methods[] = {
     {"load", (PyCFunction)(void (*)(void))mod_load, METH_VARARGS | METH_KEYWORDS,
      "load(uris, states, comm=None, *, io_threads=0, max_io_bytes=0, direct=True, cast=False)"
@@ -406,6 +460,8 @@ static PyMethodDef module_methods[] = {
      "hash_bytes(data_ptr, nbytes) -> int: XXH3-64 of the bytes (GIL released)."},
     {"uri_path", (PyCFunction)mod_uri_path, METH_O,
      "uri_path(uri) -> str: the local path a URI names (mem://name under $STRATA_MEM_ROOT)"},
+    {"list_dirs", (PyCFunction)mod_list_dirs, METH_O,
+     "list_dirs(uri) -> [names]: the directories (prefixes, on s3://) directly under uri"},
     {"probe", (PyCFunction)mod_probe, METH_O,
      "probe(uri) -> {is_ckpt, has_commit, committed, has_metadata, step, disk_bytes}"},
     {"retain", (PyCFunction)(void (*)(void))mod_retain, METH_VARARGS | METH_KEYWORDS,
