@@ -272,8 +272,10 @@ int strata_saver_background(const char **why, const strata_saver *sv);
 typedef struct strata_handle strata_handle;
 
 /* Starts a save of the ranks' states to the destinations uris[0..nuris) (1 to
- * STRATA_MAX_TIERS; "file:///abs/path", a plain path, or "mem://name"; tiers fastest
- * first) and returns once the plan is made, before any I/O or copying.
+ * STRATA_MAX_TIERS; "file:///abs/path", a plain path, "mem://name", or
+ * "s3://bucket/prefix" in a build with libcurl (else STRATA_ENOTSUP; endpoint, region and
+ * credentials from AWS_*; STRATA_SAVE_REPLACE refused there); tiers fastest first) and
+ * returns once the plan is made, before any I/O or copying.
  *  - Ranks: without a communicator, `nstates` logical ranks in this process (index =
  *    rank); with one, this rank's one state (nstates = 1), and every rank of the
  *    communicator calls strata_save_start with the same destinations and options.
@@ -566,8 +568,8 @@ int strata_probe(strata_probe_info *out, const char *uri);
 /* The local path that uri names, into out (cap bytes): a plain path or file:// URI as
  * given, without trailing slashes; mem://name under the mem:// root ($STRATA_MEM_ROOT,
  * default /dev/shm/strata-<euid>: made 0700 when missing, refused as a save refuses it
- * when not this user's own). For callers that list a tier's checkpoints (strata_probe
- * each). STRATA_EINVAL (an empty, malformed or too long URI; a root not this user's;
+ * when not this user's own); an s3:// URI as given (after a HEAD of its bucket). For
+ * callers that list a tier's checkpoints (strata_probe each). STRATA_EINVAL (an empty, malformed or too long URI; a root not this user's;
  * out too small), STRATA_ESCHEME. */
 int strata_uri_path(char *out, size_t cap, const char *uri);
 
@@ -593,7 +595,8 @@ int strata_retain_report(int *removed, const char *dir_uri, int keep, strata_ski
                          void *ctx);
 
 /* Calls fn(ctx, uri) for each subdirectory directly under dir_uri (any scheme: file://,
- * mem://, a path), in name order, with uri = dir_uri "/" name, hidden names included;
+ * mem://, s3:// (its sub-prefixes; an empty prefix lists as an empty directory), a path), in
+ * name order, with uri = dir_uri "/" name, hidden names included;
  * symlinks are skipped (a checkpoint is never reached through a link). The uri lives during
  * the call. fn returning nonzero stops the walk (STRATA_EABORTED). Errors: STRATA_ENOENT
  * (no such directory), STRATA_ESCHEME, STRATA_EIO, STRATA_ENOMEM. */

@@ -110,6 +110,7 @@ extern const st_vfs st_vfs_posix;
  * POSIX paths; "mem://name" is the host-memory tier, name under $STRATA_MEM_ROOT
  * (default /dev/shm/strata-<euid>; made 0700 when missing, and refused with STRATA_EINVAL
  * unless it is a directory of this user's that no one else can write, not a symlink);
+ * "s3://bucket/prefix" is object storage (st_vfs_s3_resolve, below);
  * "<wrapper>+<uri>?<query>" wraps the backend of <uri> in a
  * registered wrapper (st_vfs_register_wrapper). Returns STRATA_ESCHEME (with a message)
  * for any other scheme, STRATA_EINVAL for a malformed URI. path_out gets the path with
