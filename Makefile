@@ -209,8 +209,9 @@ $(BUILD)/bench/bench_incr: bench/bench_incr.c $(BUILD)/libstrata.a | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(ST_LDFLAGS) $(LDFLAGS) -o $@ bench/bench_incr.c $(BUILD)/libstrata.a $(LIBS)
 
+# bench/bench_s3.py: s3:// against boto3's multipart transfer on one moto server (the venv's)
 bench: deps all $(BUILD)/bench/bench_plan $(BUILD)/bench/bench_export $(BUILD)/bench/bench_cast \
-       $(BUILD)/bench/bench_incr
+       $(BUILD)/bench/bench_incr $(VENV)/.strata-installed $(VENV)/.moto-installed
 	$(BUILD)/bench/bench_plan
 	@$(APT) tool_need fio fio && tool_need python3 python3
 	STRATA=$(BUILD)/strata BENCH_DIR=$(BUILD)/bench bash bench/bench_io.sh
@@ -219,6 +220,7 @@ bench: deps all $(BUILD)/bench/bench_plan $(BUILD)/bench/bench_export $(BUILD)/b
 	$(BUILD)/bench/bench_cast --dir $(BUILD)/bench --size-mb 1024
 	$(BUILD)/bench/bench_incr --dir $(BUILD)/bench --base-mb 1024 --adapter-mb 10 \
 	    --dense-mb 1024 --runs 7 --out bench/results/incremental.md
+	$(VENV)/bin/python bench/bench_s3.py --size-mb 256
 
 # The Python package (python/strata: the extension strata._strata carries libstrata) in a
 # project-local venv, $(VENV): torch pinned (its CPU wheel installs from a local file here;

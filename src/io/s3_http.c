@@ -181,6 +181,13 @@ static size_t on_header(char *p, size_t sz, size_t nm, void *ud)
     if (n > 5 && strncmp(p, "HTTP/", 5) == 0) { /* a new status line: forget the last */
         s->resp->status = strtol(p + 9 > p + n ? p + n : p + 9, NULL, 10);
         s->resp->etag[0] = 0;
+        s->resp->date = -1;
+    } else if (n > 5 && n < 128 && strncasecmp(p, "date:", 5) == 0) {
+        char d[128];
+        memcpy(d, p + 5, n - 5);
+        d[n - 5] = 0;
+        time_t t = curl_getdate(d, NULL);
+        s->resp->date = t > 0 ? (int64_t)t : -1;
     } else if (n > 5 && strncasecmp(p, "etag:", 5) == 0) {
         const char *v = p + 5;
         while (v < p + n && (*v == ' ' || *v == '\t'))
@@ -268,7 +275,7 @@ static CURLcode attempt(s3_conn *c, CURL *h, const s3_req *r, const char *url, s
 int s3_do(s3_conn *c, const s3_req *r, s3_resp *resp)
 {
     char url[4096] = "";
-    *resp = (s3_resp){.mtime = -1};
+    *resp = (s3_resp){.mtime = -1, .date = -1};
     int e = make_url(&c->cfg, r, url, sizeof url);
     if (e)
         return e;
@@ -279,7 +286,7 @@ int s3_do(s3_conn *c, const s3_req *r, s3_resp *resp)
     for (int a = 0;; a++) {
         sink s = {.r = r, .resp = resp};
         free(resp->body);
-        *resp = (s3_resp){.mtime = -1, .attempts = a + 1};
+        *resp = (s3_resp){.mtime = -1, .date = -1, .attempts = a + 1};
         CURLcode ce = attempt(c, h, r, url, resp, &s);
         if (s.overflow) {
             rc = -EFBIG;

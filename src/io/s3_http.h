@@ -41,6 +41,7 @@ typedef struct s3_resp {
     size_t len;       /* bytes of body, or written into out */
     uint64_t length;  /* Content-Length of a HEAD */
     int64_t mtime;    /* Last-Modified, s since the epoch, or -1 */
+    int64_t date;     /* the server's clock (Date), s since the epoch, or -1 */
     char etag[128];
 } s3_resp;
 

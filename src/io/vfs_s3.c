@@ -2,9 +2,10 @@
  * s3://bucket/prefix seen as files in directories. A file written is a multipart upload
  * (parts uploaded by the writing threads, straight from their buffers when a write covers
  * a whole part, completed at sync or close, aborted on failure); a file read is ranged GETs
- * of exactly what is asked, pinned to the object's ETag. There is no rename: a rename
- * copies the (small) object to its new name with If-None-Match: * (so the commit record
- * is created once, by one save) and removes the old one. A lock is a lease: the LOCK
+ * of exactly what is asked, pinned to the object's ETag. There is no rename: a "*.tmp"
+ * file (the commit's metadata.bin.tmp, COMMIT.tmp) is kept in memory when closed and PUT
+ * under its new name by the rename, with If-None-Match: * (so the commit record is created
+ * once, by one save); any other rename copies the object. A lock is a lease: the LOCK
  * object created with If-None-Match: *, renewed by a thread while held, free to take once
  * it is older than the lease ($STRATA_S3_LEASE_S, default 60 s). Paths are the URIs
  * themselves ("s3://bucket/prefix/name"). Built only with libcurl (ST_HAVE_CURL). */
@@ -39,12 +40,22 @@ int st_vfs_s3_resolve(const char *uri, const st_vfs **vfs, char *path_out, size_
 #define MIB (1024ull * 1024)
 #define MAX_PARTS 10000
 
+/* A "<name>.tmp" file written and closed: kept here, not uploaded, until it is renamed (the
+ * commit's metadata.bin and COMMIT: created under their names directly, from these bytes). */
+typedef struct held {
+    struct held *next;
+    char *path, *buf;
+    size_t len;
+} held;
+
 typedef struct {
     st_vfs base;
     s3_conn *conn;
     char root[300]; /* "s3://bucket" */
     uint64_t part;  /* part size */
     int lease_s;
+    pthread_mutex_t mu; /* held */
+    held *held;
 } s3_vfs;
 
 typedef struct part {
@@ -58,6 +69,8 @@ typedef struct {
     st_file base;
     char key[1024];
     int write, lock;
+    int hold; /* a "*.tmp" file: its bytes kept in memory (buf) for the rename */
+    char *buf;
     /* reading */
     uint64_t size;
     int64_t mtime;
@@ -210,7 +223,25 @@ static int64_t s3_pwrite(st_file *base, const void *buf, size_t n, uint64_t off)
     uint64_t p = SV(base->vfs)->part;
     const char *src = buf;
     pthread_mutex_lock(&f->mu);
-    int e = f->failed ? f->failed : f->finished ? -EBADF : grow(f, off + n);
+    int e = f->failed ? f->failed : f->finished ? -EBADF : 0;
+    if (!e && f->hold) { /* in memory until renamed */
+        if (off + n > f->size) {
+            char *nb = off + n > ((uint64_t)1 << 34) ? NULL : realloc(f->buf, off + n);
+            if (!nb)
+                e = -EFBIG;
+            else {
+                memset(nb + f->size, 0, off + n - f->size);
+                f->buf = nb;
+                f->size = off + n;
+            }
+        }
+        if (!e)
+            memcpy(f->buf + off, buf, n);
+        pthread_mutex_unlock(&f->mu);
+        return e ? e : (int64_t)n;
+    }
+    if (!e)
+        e = grow(f, off + n);
     pthread_mutex_unlock(&f->mu);
     for (uint64_t at = off; !e && at < off + n;) {
         uint32_t i = (uint32_t)(at / p);
@@ -380,7 +411,8 @@ static int s3_lock(const st_vfs *v, const char *path, st_file **out)
             s3_resp_free(&r);
             if (e == -ENOENT) {
                 e = -EBUSY; /* let go meanwhile: try again */
-            } else if (!e && r.mtime >= 0 && time(NULL) - r.mtime > SV(v)->lease_s) {
+            } else if (!e && r.mtime >= 0 && /* by the server's clock: no skew */
+                       (r.date >= 0 ? r.date : (int64_t)time(NULL)) - r.mtime > SV(v)->lease_s) {
                 char hdr[200];
                 snprintf(hdr, sizeof hdr, "If-Match: %s", r.etag);
                 s3_req d = {.method = "DELETE", .key = key, .hdr = {hdr}};
@@ -422,6 +454,35 @@ static void unlock(s3_file *f)
     pthread_cond_destroy(&f->cv);
 }
 
+/* Takes the held file at path out of the list (NULL if none). */
+static held *take_held(s3_vfs *v, const char *path)
+{
+    pthread_mutex_lock(&v->mu);
+    held **pp = &v->held, *h;
+    while ((h = *pp) && strcmp(h->path, path) != 0)
+        pp = &h->next;
+    if (h)
+        *pp = h->next;
+    pthread_mutex_unlock(&v->mu);
+    return h;
+}
+
+static void free_held(held *h)
+{
+    if (h) {
+        free(h->path);
+        free(h->buf);
+        free(h);
+    }
+}
+
+static int forget_held(s3_vfs *v, const char *path)
+{
+    held *h = take_held(v, path);
+    free_held(h);
+    return h != NULL;
+}
+
 /* ---- files ---- */
 
 static int s3_open(const st_vfs *v, const char *path, int flags, st_file **out)
@@ -435,7 +496,9 @@ static int s3_open(const st_vfs *v, const char *path, int flags, st_file **out)
     f->base.vfs = v;
     snprintf(f->key, sizeof f->key, "%s", key);
     if (flags & ST_O_WRITE) {
+        size_t kn = strlen(key);
         f->write = 1;
+        f->hold = kn > 4 && strcmp(key + kn - 4, ".tmp") == 0;
     } else {
         s3_resp r;
         int e = head(v, key, &r);
@@ -480,7 +543,7 @@ static int64_t s3_pread(st_file *base, void *buf, size_t n, uint64_t off)
 static int s3_sync(st_file *base)
 {
     s3_file *f = SF(base);
-    if (!f->write)
+    if (!f->write || f->hold) /* a held file is made durable by its rename */
         return 0;
     pthread_mutex_lock(&f->mu);
     int failed = f->failed, fin = f->finished;
@@ -497,6 +560,8 @@ static int s3_size(st_file *f, uint64_t *out)
 static int s3_truncate(st_file *base, uint64_t size)
 {
     s3_file *f = SF(base);
+    if (f->hold)
+        return -EOPNOTSUPP;
     pthread_mutex_lock(&f->mu);
     int e = size < f->size ? -EOPNOTSUPP : grow(f, size);
     pthread_mutex_unlock(&f->mu);
@@ -509,10 +574,30 @@ static int s3_close(st_file *base)
 {
     s3_file *f = SF(base);
     int e = 0;
-    if (f->lock)
+    if (f->lock) {
         unlock(f);
-    else if (f->write && !f->finished && !f->failed)
+    } else if (f->hold) { /* kept for the rename (an earlier one of that name replaced) */
+        s3_vfs *v = SV(base->vfs);
+        held *h = calloc(1, sizeof *h);
+        char full[1400];
+        snprintf(full, sizeof full, "%s/%s", v->root, f->key);
+        if (!h || !(h->path = strdup(full))) {
+            free(h);
+            e = -ENOMEM;
+        } else {
+            h->buf = f->buf;
+            h->len = (size_t)f->size;
+            f->buf = NULL;
+            forget_held(v, full);
+            pthread_mutex_lock(&v->mu);
+            h->next = v->held;
+            v->held = h;
+            pthread_mutex_unlock(&v->mu);
+        }
+    } else if (f->write && !f->finished && !f->failed) {
         e = finish(f);
+    }
+    free(f->buf);
     if (f->write && f->upload[0] && f->failed) /* nothing half-made stays behind */
         abort_upload(CONN(base), f->key, f->upload);
     for (uint32_t i = 0; i < f->nparts; i++)
@@ -609,6 +694,8 @@ static int s3_unlink(const st_vfs *v, const char *path)
     const char *key = key_of(v, path);
     if (!key || !*key)
         return -EISDIR;
+    if (forget_held(SV(v), path))
+        return 0; /* never uploaded */
     s3_req d = {.method = "DELETE", .key = key};
     s3_resp r;
     int e = s3_do(SV(v)->conn, &d, &r);
@@ -666,6 +753,22 @@ static int s3_rename(const st_vfs *v, const char *from, const char *to)
     const char *kf = key_of(v, from), *kt = key_of(v, to);
     if (!kf || !kt || !*kf || !*kt)
         return -EXDEV;
+    held *h = take_held(SV(v), from);
+    if (h) { /* written here, kept in memory: put under its name at once */
+        s3_resp p;
+        int e = put_simple(SV(v)->conn, kt, h->buf ? h->buf : "", h->len, "If-None-Match: *", &p);
+        s3_resp_free(&p);
+        if (e == -EEXIST) { /* our bytes, put by an attempt whose answer was lost? */
+            s3_req g2 = {.method = "GET", .key = kt};
+            s3_resp t;
+            if (s3_do(SV(v)->conn, &g2, &t) == 0 && t.status == 200 && t.len == h->len &&
+                (h->len == 0 || memcmp(t.body, h->buf, h->len) == 0))
+                e = 0;
+            s3_resp_free(&t);
+        }
+        free_held(h);
+        return e;
+    }
     s3_req g = {.method = "GET", .key = kf};
     s3_resp r, p;
     int e = s3_do(SV(v)->conn, &g, &r);
@@ -768,6 +871,11 @@ static int s3_list(const st_vfs *v, const char *dir, st_list_fn fn, void *ctx)
 
 static void s3_release(const st_vfs *v)
 {
+    for (held *h = SV(v)->held, *n; h; h = n) {
+        n = h->next;
+        free_held(h);
+    }
+    pthread_mutex_destroy(&SV(v)->mu);
     s3_conn_free(SV(v)->conn);
     free(SV(v));
 }
@@ -851,6 +959,7 @@ int st_vfs_s3_resolve(const char *uri, const st_vfs **vfs, char *path_out, size_
         return st_fail(STRATA_ENOMEM, "out of memory");
     }
     snprintf(v->root, sizeof v->root, "s3://%s", cfg.bucket);
+    pthread_mutex_init(&v->mu, NULL);
     v->part = (uint64_t)part * MIB;
     v->lease_s = (int)lease;
     v->base = (st_vfs){
