@@ -319,7 +319,7 @@ test-gpu: deps
 # pkg-config files: the install's directories, and MPICH's flags for strata-mpi
 $(BUILD)/strata.pc: src/strata.pc.in | deps
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' \
-	    -e 's|@VERSION@|$(VERSION)|g' $< >$@
+	    -e 's|@VERSION@|$(VERSION)|g' -e 's|@CURL_LIBS@|$(if $(CURL_ON),-lcurl)|g' $< >$@
 
 $(BUILD)/strata-mpi.pc: src/strata-mpi.pc.in | deps
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' \

@@ -1,7 +1,8 @@
 /* Save a 6x4 f32 matrix as two row halves (rank 0 and 1), load it as one column half and
  * an FSDP-style flat piece of the other. Build against an installed strata:
  *   cc reshard.c $(pkg-config --cflags --libs strata)
- * or the build tree: cc reshard.c -Iinclude build/libstrata.a -lxxhash -lz -lpthread -ldl */
+ * or the build tree: cc reshard.c -Iinclude build/libstrata.a -lxxhash -lz -lpthread -ldl -lcurl
+ * (-lcurl in a build with libcurl, the default where it is installed) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>

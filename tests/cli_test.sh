@@ -182,7 +182,7 @@ check "bad layout: exit 2" status_is 2 "$S" demo --from tp=x
 for l in tp=+2 tp=2, tp=2,tp=3 "tp= 2" tp=2,zero=2 tp=99999999999; do
     check "layout '$l' refused: exit 2" status_is 2 "$S" demo --from "$l" --size-mb 1
 done
-check "unknown URI scheme: exit 2 with STRATA_ESCHEME" bash -c "'$S' verify s3://bucket/ck 2>&1 | grep -q STRATA_ESCHEME; test \${PIPESTATUS[0]} = 2"
+check "unknown URI scheme: exit 2 with STRATA_ESCHEME" bash -c "'$S' verify gs://bucket/ck 2>&1 | grep -q STRATA_ESCHEME; test \${PIPESTATUS[0]} = 2"
 check "missing checkpoint: exit 1" status_is 1 "$S" verify "$T/nope"
 
 # hostile files (issue 10): a FIFO in place of COMMIT, metadata.bin or a data file blocks

@@ -110,7 +110,7 @@ static void test_scheme(void **state)
     tu_set s;
     tu_set_init(&s, 1);
     tu_set_blob(&s, 0, "x", 0, 0, 8, 1);
-    const char *uris[] = {"s3://bucket/x", "gs://b/ckpt", "hdfs://nn/a"};
+    const char *uris[] = {"gcs://bucket/x", "gs://b/ckpt", "hdfs://nn/a"};
     for (size_t i = 0; i < 3; i++) {
         assert_rc(strata_save(NULL, NULL, &uris[i], 1, s.st, 1, NULL), STRATA_ESCHEME);
         assert_msg_has(uris[i]);

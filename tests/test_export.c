@@ -337,7 +337,7 @@ static void test_bad_options(void **state)
     assert_msg_has("strata_stats.version");
     assert_rc(strata_export_safetensors(NULL, NULL, out, NULL), STRATA_EINVAL);
     assert_rc(strata_export_safetensors(NULL, ck, NULL, NULL), STRATA_EINVAL);
-    assert_rc(strata_export_safetensors(NULL, ck, "s3://bucket/x", NULL), STRATA_ESCHEME);
+    assert_rc(strata_export_safetensors(NULL, ck, "gs://bucket/x", NULL), STRATA_ESCHEME);
     snprintf(file, sizeof file, "%s/a-file", dir);
     tu_write_file(file, "x", 1);
     assert_rc(strata_export_safetensors(NULL, ck, file, NULL), STRATA_EEXIST);

@@ -308,7 +308,7 @@ static void *worker_main(void *p)
         w->failed = 1;
     /* the error message is per thread */
     char uri[64];
-    snprintf(uri, sizeof uri, "s3://bucket-%u/x", w->first);
+    snprintf(uri, sizeof uri, "gs://bucket-%u/x", w->first);
     strata_state *st;
     strata_state_new(&st);
     const char *u = uri;

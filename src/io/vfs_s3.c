@@ -324,8 +324,11 @@ static int finish(s3_file *f)
         return f->failed;
     int e = 0;
     if (!f->upload[0] && f->nparts <= 1) { /* small: one PUT */
-        e = put_simple(CONN(&f->base), f->key, f->nparts ? f->parts[0].buf : "",
-                       (size_t)f->size, NULL, NULL);
+        if (f->nparts && !f->parts[0].buf && !(f->parts[0].buf = calloc(1, f->size)))
+            e = -ENOMEM; /* sized, never written: zeros */
+        if (!e)
+            e = put_simple(CONN(&f->base), f->key, f->nparts ? f->parts[0].buf : "",
+                           (size_t)f->size, NULL, NULL);
     } else {
         for (uint32_t i = 0; i < f->nparts && !e; i++) {
             if (f->parts[i].done)

@@ -409,9 +409,9 @@ def test_incomplete_missing_scheme_exists_format(tmp_path):
     with pytest.raises(strata.MissingError):
         strata.Checkpoint(uri(tmp_path, "absent"))
     with pytest.raises(strata.SchemeError, match="s3"):
-        load_matrix("s3://bucket/ck")
+        load_matrix("gs://bucket/ck")
     with pytest.raises(strata.SchemeError, match="s3"):
-        strata.Saver().save("s3://bucket/ck", two_rank_states(matrix()))
+        strata.Saver().save("gs://bucket/ck", two_rank_states(matrix()))
     strata.remove_incomplete(where)
     assert not os.path.exists(os.path.join(where, "metadata.bin"))
     # metadata that is not metadata, under a valid commit record

@@ -270,7 +270,7 @@ def test_api_errors(tmp_path):
     with pytest.raises(TypeError):
         strata.export_safetensors(ck, out, prefix=b"net.")
     with pytest.raises(strata.SchemeError, match="s3"):
-        strata.export_safetensors(ck, "s3://bucket/out")
+        strata.export_safetensors(ck, "gs://bucket/out")
     # two names the same once the prefix is stripped
     st.save({"a.x": torch.ones(2), "b.a.x": torch.ones(2)}, str(tmp_path / "dup"))
     with pytest.raises(strata.InvalidArgumentError, match="same name"):
