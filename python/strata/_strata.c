@@ -387,7 +387,12 @@ static PyObject *mod_uri_path(PyObject *m, PyObject *arg)
     if (!uri)
         return NULL;
     char path[4096];
-    int rc = strata_uri_path(path, sizeof path, uri); /* at most a mkdir: the GIL stays held */
+    int rc;
+    /* a mkdir, or for s3:// a HEAD of the bucket (whose server may be a thread of this
+     * process: the GIL is let go) */
+    Py_BEGIN_ALLOW_THREADS
+    rc = strata_uri_path(path, sizeof path, uri);
+    Py_END_ALLOW_THREADS
     Py_DECREF(keep);
     if (rc)
         return raise_last(rc);
