@@ -86,7 +86,10 @@ static void usage(FILE *f)
             STRATA_VERSION_MAJOR, STRATA_VERSION_MINOR);
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         fprintf(f, "  %-8s %s\n", cmds[i].name, cmds[i].what);
-    fprintf(f, "\nCheckpoints are named by a path or a file:// URI.\n"
+    fprintf(f, "\nCheckpoints are named by a path, or a file://, mem:// or s3://bucket/prefix URI\n"
+               "(s3:// takes AWS_ENDPOINT_URL, AWS_REGION and the AWS_* credentials, and needs a\n"
+               "build with libcurl). inspect, verify and export also read, by their content,\n"
+               "PyTorch DCP, Megatron torch_dist, DeepSpeed ZeRO, torch.save files and safetensors.\n"
                "Exit status: 0 ok, 1 the operation failed, 2 usage error, 3 the checkpoint is\n"
                "corrupt or incomplete.\n");
 }
