@@ -124,8 +124,18 @@ int st_own(const st_vfs *v, const char *dir, int mode, st_file **lock)
         if (mode && (rc = make_dir(v, dir, mode == ST_OWN_REPLACE)))
             return rc;
         int e = v->lock(v, p, lock);
-        if (e == -ENOENT && mode && tries < 8)
-            continue; /* a collector removed the directory meanwhile: make it again */
+        if (e == -ENOENT && mode && tries < 64) {
+            /* a collector removed the (still empty) directory meanwhile: make it again,
+             * after a pause growing to 10 ms from the third try on, so that a collector
+             * looping without pause cannot keep hitting the gap between mkdir and lock
+             * (8 quick tries were once all lost to one) */
+            if (tries >= 2) {
+                long us = 100L << (tries - 2 < 7 ? tries - 2 : 7);
+                struct timespec ts = {0, (us < 10000 ? us : 10000) * 1000};
+                nanosleep(&ts, NULL);
+            }
+            continue;
+        }
         if (e == -EBUSY)
             return st_fail(STRATA_EBUSY, "'%s' is owned by another save or collector (%s is "
                            "locked); nothing was touched", dir, ST_LOCK_FILE);
