@@ -24,6 +24,18 @@ typedef struct {
     const char *dir;
 } save_ctx;
 
+/* The checksum of chunk c of piece pc, whose n bytes are at p; with the metadata's second
+ * checksums (an incremental save's) both in one pass. */
+static void hash_chunk(const st_save_plan *sp, const st_piece *pc, uint64_t c,
+                       const unsigned char *p, uint64_t n)
+{
+    if (sp->meta->write2)
+        st_hash_both(p, n, &pc->ext->sums[c],
+                     &pc->ext->sums[st_nchunks(pc->bytes, sp->meta->chunk) + c]);
+    else
+        pc->ext->sums[c] = st_hash(p, n);
+}
+
 void st_hash_write(const st_io_plan *lay, const st_save_plan *sp, size_t task,
                    const unsigned char *buf)
 {
@@ -32,14 +44,9 @@ void st_hash_write(const st_io_plan *lay, const st_save_plan *sp, size_t task,
     for (size_t si = w->seg0; si < w->seg1; si++) {
         const st_seg *s = &lay->segs[si];
         const st_piece *pc = &sp->pieces[s->piece];
-        uint64_t *s2 = sp->meta->write2 ? pc->ext->sums + st_nchunks(pc->bytes, C) : NULL;
         for (uint64_t c = s->c0; c < s->c1; c++) {
             uint64_t lo = c * C;
-            const unsigned char *p = buf + pc->offset + lo - w->off;
-            if (s2)
-                st_hash_both(p, ST_MIN(C, pc->bytes - lo), &pc->ext->sums[c], &s2[c]);
-            else
-                pc->ext->sums[c] = st_hash(p, ST_MIN(C, pc->bytes - lo));
+            hash_chunk(sp, pc, c, buf + pc->offset + lo - w->off, ST_MIN(C, pc->bytes - lo));
         }
     }
 }
@@ -66,16 +73,12 @@ int st_fill_write(const st_io_plan *lay, const st_save_plan *sp, size_t task,
             pos = at + hi - lo;
             continue;
         }
-        uint64_t *s2 = hash && sp->meta->write2 ? pc->ext->sums + st_nchunks(pc->bytes, C)
-                                                : NULL;
         for (uint64_t c = s->c0; c < s->c1; c++) {
             uint64_t lo = c * C, n = ST_MIN(C, pc->bytes - lo);
             unsigned char *dst = buf + pc->offset + lo - w->off;
             memcpy(dst, (const unsigned char *)pc->src + lo, n);
-            if (s2)
-                st_hash_both(dst, n, &pc->ext->sums[c], &s2[c]);
-            else if (hash)
-                pc->ext->sums[c] = st_hash(dst, n);
+            if (hash)
+                hash_chunk(sp, pc, c, dst, n);
             pos = pc->offset + lo + n - w->off;
         }
     }
@@ -86,14 +89,9 @@ int st_fill_write(const st_io_plan *lay, const st_save_plan *sp, size_t task,
     for (size_t si = w->seg0; hash && device && !rc && si < w->seg1; si++) {
         const st_seg *s = &lay->segs[si];
         const st_piece *pc = &sp->pieces[s->piece];
-        uint64_t *s2 = sp->meta->write2 ? pc->ext->sums + st_nchunks(pc->bytes, C) : NULL;
         for (uint64_t c = s->c0; pc->device && c < s->c1; c++) {
             uint64_t lo = c * C;
-            const unsigned char *p = buf + pc->offset + lo - w->off;
-            if (s2)
-                st_hash_both(p, ST_MIN(C, pc->bytes - lo), &pc->ext->sums[c], &s2[c]);
-            else
-                pc->ext->sums[c] = st_hash(p, ST_MIN(C, pc->bytes - lo));
+            hash_chunk(sp, pc, c, buf + pc->offset + lo - w->off, ST_MIN(C, pc->bytes - lo));
         }
     }
     if (!rc)
