@@ -142,6 +142,27 @@ static int put_simple(s3_conn *c, const char *key, const void *buf, size_t n, co
     return e;
 }
 
+/* PUTs buf as key only if there is no such object (If-None-Match: *); -EEXIST when there is,
+ * unless it holds these very bytes (put by an attempt whose answer was lost: curl itself
+ * resends a request whose reused connection died, so the attempts cannot tell). The
+ * object's ETag into etag (if not NULL: 128 bytes). */
+static int put_new(const st_vfs *v, const char *key, const void *buf, size_t n, char *etag)
+{
+    s3_resp r;
+    int e = put_simple(SV(v)->conn, key, buf ? buf : "", n, "If-None-Match: *", &r);
+    if (e == -EEXIST) {
+        s3_resp_free(&r);
+        s3_req g = {.method = "GET", .key = key};
+        if (s3_do(SV(v)->conn, &g, &r) == 0 && r.status == 200 && r.len == n &&
+            (n == 0 || memcmp(r.body, buf, n) == 0))
+            e = 0;
+    }
+    if (!e && etag)
+        snprintf(etag, sizeof r.etag, "%s", r.etag);
+    s3_resp_free(&r);
+    return e;
+}
+
 static int start_upload(s3_file *f)
 {
     s3_req q = {.method = "POST", .key = f->key, .query = "uploads="};
@@ -394,21 +415,7 @@ static int s3_lock(const st_vfs *v, const char *path, st_file **out)
     int e = -EBUSY;
     for (int tries = 0; tries < 2 && e == -EBUSY; tries++) {
         s3_resp r;
-        e = put_simple(SV(v)->conn, key, f->body, strlen(f->body), "If-None-Match: *", &r);
-        if (!e)
-            snprintf(f->etag, sizeof f->etag, "%s", r.etag);
-        s3_resp_free(&r);
-        /* ours, put by an attempt whose answer was lost? (curl itself resends a request
-         * whose reused connection died, so the attempts counted here cannot tell) */
-        if (e == -EEXIST) {
-            s3_req g = {.method = "GET", .key = key};
-            if (s3_do(SV(v)->conn, &g, &r) == 0 && r.status == 200 && r.body &&
-                strcmp(r.body, f->body) == 0) {
-                snprintf(f->etag, sizeof f->etag, "%s", r.etag);
-                e = 0;
-            }
-            s3_resp_free(&r);
-        }
+        e = put_new(v, key, f->body, strlen(f->body), f->etag);
         if (e == -EEXIST) { /* held, or a dead owner's: free once older than the lease */
             e = head(v, key, &r);
             s3_resp_free(&r);
@@ -758,37 +765,17 @@ static int s3_rename(const st_vfs *v, const char *from, const char *to)
         return -EXDEV;
     held *h = take_held(SV(v), from);
     if (h) { /* written here, kept in memory: put under its name at once */
-        s3_resp p;
-        int e = put_simple(SV(v)->conn, kt, h->buf ? h->buf : "", h->len, "If-None-Match: *", &p);
-        s3_resp_free(&p);
-        if (e == -EEXIST) { /* our bytes, put by an attempt whose answer was lost? */
-            s3_req g2 = {.method = "GET", .key = kt};
-            s3_resp t;
-            if (s3_do(SV(v)->conn, &g2, &t) == 0 && t.status == 200 && t.len == h->len &&
-                (h->len == 0 || memcmp(t.body, h->buf, h->len) == 0))
-                e = 0;
-            s3_resp_free(&t);
-        }
+        int e = put_new(v, kt, h->buf, h->len, NULL);
         free_held(h);
         return e;
     }
     s3_req g = {.method = "GET", .key = kf};
-    s3_resp r, p;
+    s3_resp r;
     int e = s3_do(SV(v)->conn, &g, &r);
     if (!e)
         e = s3_status_errno(r.status);
-    if (!e) {
-        e = put_simple(SV(v)->conn, kt, r.body ? r.body : "", r.len, "If-None-Match: *", &p);
-        if (e == -EEXIST) { /* these very bytes, put by an attempt whose answer was lost? */
-            s3_req g2 = {.method = "GET", .key = kt};
-            s3_resp t;
-            if (s3_do(SV(v)->conn, &g2, &t) == 0 && t.status == 200 && t.len == r.len &&
-                (r.len == 0 || memcmp(t.body, r.body, r.len) == 0))
-                e = 0;
-            s3_resp_free(&t);
-        }
-        s3_resp_free(&p);
-    }
+    if (!e)
+        e = put_new(v, kt, r.body, r.len, NULL);
     s3_resp_free(&r);
     if (!e)
         s3_unlink(v, from);
