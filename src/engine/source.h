@@ -79,5 +79,8 @@ struct st_ts_archive;
 struct st_ts_file;
 int st_ts_open_file(const st_vfs *v, const char *dir, const char *name,
                     struct st_ts_archive *a, struct st_ts_file *tf);
+/* The first bytes of dir/name (name NULL: of dir itself, a file): 1 a zip archive, 2
+ * torch.save's legacy format, 0 neither or unreadable (no error left set). */
+int st_ts_kind(const st_vfs *v, const char *dir, const char *name);
 
 #endif

@@ -39,8 +39,7 @@ static int rd_vfs(void *ctx, void *buf, size_t len, uint64_t off)
     return 0;
 }
 
-/* The first bytes of path: 1 a zip, 2 torch.save's legacy format, 0 neither. */
-static int kind_of(const st_vfs *v, const char *dir, const char *name)
+int st_ts_kind(const st_vfs *v, const char *dir, const char *name)
 {
     char p[PATH_MAX];
     st_file *f;
@@ -88,14 +87,14 @@ static int has_pkl(const st_vfs *v, const char *path)
 static int ts_here(const st_vfs *v, const char *path, int kind)
 {
     if (kind != 1) {
-        int k = kind_of(v, path, NULL);
+        int k = st_ts_kind(v, path, NULL);
         return k == 2 || (k == 1 && has_pkl(v, path));
     }
     return !st_source_has_file(v, path, ST_META_FILE) &&
            !st_source_has_file(v, path, ST_COMMIT_FILE) &&
            (st_source_has_file(v, path, ST_TS_INDEX_FILE) ||
             (st_source_has_file(v, path, ST_TS_SINGLE_FILE) &&
-             kind_of(v, path, ST_TS_SINGLE_FILE)));
+             st_ts_kind(v, path, ST_TS_SINGLE_FILE)));
 }
 
 int st_ts_open_file(const st_vfs *v, const char *dir, const char *name, st_ts_archive *a,

@@ -23,21 +23,6 @@
 
 static const char *const optim_prefix[] = {"", "bf16_"};
 
-/* Is dir/name a file beginning as a zip archive? */
-static int is_zip(const st_vfs *v, const char *dir, const char *name)
-{
-    char p[PATH_MAX];
-    st_file *f;
-    unsigned char b[4];
-    if (st_path_join(p, dir, name) || v->open(v, p, ST_O_READ | ST_O_FOLLOW, &f)) {
-        st_clear_error();
-        return 0;
-    }
-    int64_t got = st_vfs_read_full(v, f, b, sizeof b, 0);
-    v->close(f);
-    return got == 4 && memcmp(b, "PK\x03\x04", 4) == 0;
-}
-
 /* The layout of tag directory dir: 12 (stage 1/2 names), 3 (stage 3 names) or 0 (not a
  * ZeRO tag); *prefix the optim files' ("" or "bf16_"). */
 static int layout(const st_vfs *v, const char *dir, const char **prefix)
@@ -47,11 +32,11 @@ static int layout(const st_vfs *v, const char *dir, const char **prefix)
     snprintf(name, sizeof name, ST_ZERO_MODEL_FMT, 0u);
     if (!lay && st_source_has_file(v, dir, name))
         lay = 3;
-    if (!lay || !is_zip(v, dir, lay == 12 ? ST_ZERO_MODEL12 : name))
+    if (!lay || st_ts_kind(v, dir, lay == 12 ? ST_ZERO_MODEL12 : name) != 1)
         return 0;
     for (size_t i = 0; i < 2; i++) {
         snprintf(name, sizeof name, ST_ZERO_OPTIM_FMT, optim_prefix[i], 0u);
-        if (st_source_has_file(v, dir, name) && is_zip(v, dir, name)) {
+        if (st_source_has_file(v, dir, name) && st_ts_kind(v, dir, name) == 1) {
             *prefix = optim_prefix[i];
             return lay;
         }

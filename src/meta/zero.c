@@ -301,13 +301,13 @@ static int stage12(zctx *c, const pk_val *shapes, const pk_val *const *osd)
                 rc = missing(c, f, "single_partition_of_fp32_groups (tensors)");
                 break;
             }
-            if (part[r] && part[r]->dtype != STRATA_F32) {
+            if (part[r]->dtype != STRATA_F32) {
                 rc = st_fail(STRATA_ENOTSUP, "%s: '%s': the partition of group %zu is %s, not "
                              "fp32 (DeepSpeed's master weights are fp32)", c->where,
                              c->files[f].name, g, strata_dtype_name(part[r]->dtype));
                 break;
             }
-            len[r] = part[r] ? numel_of(part[r]) : 0; /* an empty partition: not placed */
+            len[r] = numel_of(part[r]);
             start[r] = total;
             total += len[r];
             int64_t pad = 0;
