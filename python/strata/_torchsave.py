@@ -50,13 +50,16 @@ def archive_values(data, name="torch.save archive"):
     return _S._strata.unpickle_archive(data, tensor=_tensor, glob=_glob, name=name)
 
 
-def _has_tensor(v):
-    if isinstance(v, TensorAt):
+def _has_tensor(v, cls=None):
+    """Does v hold (at any depth of mappings, lists and tuples) an instance of cls (default
+    TensorAt: a tensor of a source's index)?"""
+    cls = TensorAt if cls is None else cls
+    if isinstance(v, cls):
         return True
     if isinstance(v, collections.abc.Mapping):
-        return any(_has_tensor(c) for c in v.values())
+        return any(_has_tensor(c, cls) for c in v.values())
     if isinstance(v, (list, tuple)):
-        return any(_has_tensor(c) for c in v)
+        return any(_has_tensor(c, cls) for c in v)
     return False
 
 
@@ -104,7 +107,7 @@ def file_values(path):
     def walk(v, key):
         for k, c in _items(v):
             ck = _join(key, k)
-            if isinstance(c, (collections.abc.Mapping, list, tuple)) and _holds_tensor(c):
+            if isinstance(c, (collections.abc.Mapping, list, tuple)) and _has_tensor(c, torch.Tensor):
                 walk(c, ck)
             else:
                 out[ck] = c
@@ -113,12 +116,3 @@ def file_values(path):
         walk(root, "")
     return out
 
-
-def _holds_tensor(v):
-    if isinstance(v, torch.Tensor):
-        return True
-    if isinstance(v, collections.abc.Mapping):
-        return any(_holds_tensor(c) for c in v.values())
-    if isinstance(v, (list, tuple)):
-        return any(_holds_tensor(c) for c in v)
-    return False
