@@ -286,10 +286,7 @@ static int drain(ex_ctx *c)
     int rc = flush(c);
     if (!rc && c->pending)
         rc = write_window(c, &c->win[1 - c->cur]);
-    c->pending = 0;
-    c->win[0].npieces = c->win[1].npieces = 0;
-    c->win[0].used = c->win[1].used = 0;
-    return rc;
+    return rc; /* the windows are emptied by write_file, after a failure too */
 }
 
 /* Queues tensor t's windows, flushing whenever the buffer is full. */
