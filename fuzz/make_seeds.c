@@ -52,7 +52,7 @@ static void reset(int n)
 static void shard(int r, const char *name, strata_dtype dt, int nd, const uint64_t *shape,
                   const uint64_t *off, const uint64_t *len, int flat, uint64_t fs, uint64_t fe)
 {
-    strata_shard s = {name, dt, nd, shape, off, len, flat, fs, fe, NULL, 0};
+    strata_shard s = {name, dt, nd, shape, off, len, flat, fs, fe, NULL, 0, 0};
     s.data = buf(strata_shard_numel(&s) * strata_dtype_size(dt));
     check(strata_state_add_shard(st[r], &s), name);
 }

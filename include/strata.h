@@ -56,7 +56,23 @@ typedef struct strata_shard {
     void *data;                   /* save: read; load: written */
     int device;                   /* 1: data is CUDA device memory (cudart is loaded at run
                                      time; without a usable driver: STRATA_EDEVICE) */
+    unsigned flags;               /* STRATA_SHARD_* (0: none); other bits: STRATA_EINVAL */
 } strata_shard;
+
+/* The caller's promise that the shard's bytes equal, byte for byte, those of the same shard
+ * (same tensor name, dtype, global shape, box and flat range) in the base of every
+ * incremental save that uses this registration (strata_save_opts.base): frozen weights,
+ * which no step changes. Where the base holds that very shard (committed, saved with
+ * STRATA_SAVE_INCREMENTAL, same chunk_bytes, in a data file strata can link), the save
+ * takes the base's checksums and refers to its bytes without reading `data` at all - no
+ * hash, no copy into the pool, not even for device memory - so `data` may be unreadable
+ * then. strata cannot check the promise: a marked shard whose bytes changed since the base
+ * is saved holding the base's bytes, and that checkpoint verifies and loads them. Where the
+ * base holds no such shard (another box, dtype or shape, a tensor the base lacks, another
+ * chunk size, no base, a save with a communicator), the mark is ignored: the bytes are
+ * read, hashed and compared (or written) as for any shard - never trusted. With replicas in
+ * one process, a shard is taken as marked only if every rank registering it marked it. */
+#define STRATA_SHARD_UNCHANGED (1u << 0)
 
 /* Number of elements a shard holds (0 if the description is invalid). */
 uint64_t strata_shard_numel(const strata_shard *s);
@@ -138,8 +154,10 @@ typedef struct strata_save_opts {
      * (nor, asynchronously, copied): the base's data file holding it is hard-linked into
      * the new checkpoint, which stays self-contained - loads, verify and export read it
      * as any other, and removing the base (gc, retention, rm -r) frees none of its bytes.
-     * Shards in device memory, blobs, a base saved without STRATA_SAVE_INCREMENTAL, one
-     * of another chunk size, or a backend that cannot link: written as usual. A save with
+     * A shard marked STRATA_SHARD_UNCHANGED is referred to without being read where the
+     * base holds it (above). Unmarked shards in device memory, blobs, a base saved without
+     * STRATA_SAVE_INCREMENTAL, one of another chunk size, or a backend that cannot link:
+     * written as usual. A save with
      * a communicator refuses a base (STRATA_ENOTSUP). Errors: the base's open (missing:
      * STRATA_ENOENT, not committed: STRATA_EINCOMPLETE, not strata's: STRATA_EINVAL, a
      * name with '/': STRATA_EINVAL); a base removed or replaced while the save links its

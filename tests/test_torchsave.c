@@ -38,7 +38,7 @@ static unsigned char *load(const char *path, const char *name, strata_dtype dt, 
     memset(buf, 0xAB, bytes);
     strata_state *st;
     assert_ok(strata_state_new(&st));
-    strata_shard sh = {name, dt, ndim, shape, NULL, NULL, 0, 0, 0, buf, 0};
+    strata_shard sh = {name, dt, ndim, shape, NULL, NULL, 0, 0, 0, buf, 0, 0};
     assert_ok(strata_state_add_shard(st, &sh));
     const char *uris[] = {path};
     assert_ok(strata_load(NULL, NULL, uris, 1, &st, 1, NULL));

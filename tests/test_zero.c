@@ -81,7 +81,7 @@ static size_t check_tensor(const char *path, const char *tagdir, const strata_ck
     memset(got, 0xAB, numel * 4);
     strata_state *st;
     assert_ok(strata_state_new(&st));
-    strata_shard sh = {name, STRATA_F32, t.ndim, t.shape, NULL, NULL, 0, 0, 0, got, 0};
+    strata_shard sh = {name, STRATA_F32, t.ndim, t.shape, NULL, NULL, 0, 0, 0, got, 0, 0};
     assert_ok(strata_state_add_shard(st, &sh));
     const char *uris[] = {path};
     assert_ok(strata_load(NULL, NULL, uris, 1, &st, 1, NULL));

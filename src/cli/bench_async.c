@@ -208,7 +208,7 @@ int cmd_bench_async(int argc, char **argv)
         char name[64];
         snprintf(name, sizeof name, "layers.%d.weight", i);
         uint64_t shape[1] = {m.per};
-        strata_shard sh = {name, STRATA_F32, 1, shape, NULL, NULL, 0, 0, 0, m.t[i], 0};
+        strata_shard sh = {name, STRATA_F32, 1, shape, NULL, NULL, 0, 0, 0, m.t[i], 0, 0};
         strata_state_add_shard(st, &sh);
     }
     printf("strata bench async: %lld MiB state, %lld iterations per mode and round, a "

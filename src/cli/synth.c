@@ -374,7 +374,7 @@ int synth_register(strata_state *st, const synth_model *m, const synth_shard *sh
     for (int i = 0; i < n; i++) {
         const synth_tensor *t = &m->t[sh[i].tensor];
         strata_shard d = {t->name, t->dtype, t->ndim, t->shape, sh[i].off, sh[i].len,
-                          sh[i].flat, sh[i].fs, sh[i].fe, sh[i].data, 0};
+                          sh[i].flat, sh[i].fs, sh[i].fe, sh[i].data, 0, 0};
         int rc = strata_state_add_shard(st, &d);
         if (rc)
             return rc;

@@ -125,7 +125,8 @@ int st_cache_mine(const st_plan_cache *c, const st_rank_view *v, int me, st_save
         out->pieces[i] = (st_piece){0, q->local, q->src_off, q->offset, q->bytes,
                                     (const char *)data + q->src_off, &ext[i],
                                     shard ? v->sh[q->local].name : v->bl[q->local - v->nsh].name,
-                                    shard && v->sh[q->local].device};
+                                    shard && v->sh[q->local].device,
+                                    0 /* STRATA_SHARD_UNCHANGED: not across ranks yet */};
         m->data_bytes += q->bytes;
     }
     out->npieces = c->nmine;

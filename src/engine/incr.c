@@ -1,7 +1,8 @@
 /* incr.c - incremental saves (docs/DESIGN.md, "Incremental saves"): a save given a base
  * (a committed checkpoint beside its destination) does not write a shard whose every chunk
  * equals the base's shard at the same place - same tensor, dtype, box, flat range and
- * chunk size, equal XXH3-64 and then equal XXH64 - but refers to the base's bytes: the
+ * chunk size, equal XXH3-64 and then equal XXH64, or marked STRATA_SHARD_UNCHANGED by the
+ * caller, whose bytes are then not read at all - but refers to the base's bytes: the
  * base's data file that holds them is hard-linked into the new checkpoint (as
  * ref-<id>-<rank>.bin), so that the new checkpoint stays self-contained and removing the
  * base frees nothing it uses. Matching runs on the caller's thread when the save starts,
@@ -201,9 +202,22 @@ static int run_same(void *arg, size_t k, int worker)
     (void)worker;
     cand_ctx *c = arg;
     const st_mshard *b = c->bs[k];
-    c->same[k] = (char)same_bytes(&c->sp->pieces[c->piece[k]], &b->ext, st_sums2(c->bm, b),
-                                  c->sp->meta->chunk);
+    const st_piece *pc = &c->sp->pieces[c->piece[k]];
+    /* a marked piece is the caller's promise (STRATA_SHARD_UNCHANGED): its bytes are not
+     * read; the base's shard at its place was found, so the promise has a meaning */
+    c->same[k] = (char)(pc->unchanged ||
+                        same_bytes(pc, &b->ext, st_sums2(c->bm, b), c->sp->meta->chunk));
     return 0;
+}
+
+/* Can piece pc be referred to base shard bs? The same place (found by the caller), size and
+ * a linkable file; then either the caller's mark (no bytes read: device memory too, and a
+ * base shard with one checksum only), or host bytes to hash against both checksums. */
+static int candidate(const st_piece *pc, const st_mshard *bs, const st_meta *bm)
+{
+    if (!bs || !pc->src || bs->ext.bytes != pc->bytes || !linkable(bm, bs->ext.file))
+        return 0;
+    return pc->unchanged || (bs->has2 && !pc->device);
 }
 
 /* Refers every shard piece of sp that equals its base shard to the base, drops it from
@@ -240,8 +254,7 @@ static int match(st_incr *x, st_save_plan *sp, const st_meta *bm, int threads)
             const st_mshard *bs = b ? base_shard(b, mt, &mt->shards[s]) : NULL;
             if (pc->ext != &mt->shards[s].ext)
                 rc = st_fail(STRATA_EINVAL, "internal: save plan out of metadata order");
-            else if (bs && bs->has2 && pc->src && !pc->device && bs->ext.bytes == pc->bytes &&
-                     linkable(bm, bs->ext.file)) {
+            else if (candidate(pc, bs, bm)) {
                 cc.piece[nc] = pi;
                 cc.tensor[nc] = t;
                 cc.shard[nc] = s;
@@ -263,8 +276,10 @@ static int match(st_incr *x, st_save_plan *sp, const st_meta *bm, int threads)
             uint64_t n = st_nchunks(pc->bytes, m->chunk);
             pc->ext->file = file;
             pc->ext->offset = bs->ext.offset;
-            memcpy(pc->ext->sums, bs->ext.sums, 2 * n * 8); /* both checksums */
-            m->tensors[cc.tensor[k]].shards[cc.shard[k]].has2 = 1;
+            /* the base's checksums: both where it has them (a marked piece's base shard may
+             * have the first alone, which the next save can then match by mark only) */
+            memcpy(pc->ext->sums, bs->ext.sums, (bs->has2 ? 2 : 1) * n * 8);
+            m->tensors[cc.tensor[k]].shards[cc.shard[k]].has2 = bs->has2;
             x->matched_bytes += pc->bytes;
             sp->writer_bytes[pc->writer] -= pc->bytes;
             continue; /* not written */

@@ -109,6 +109,10 @@ static int normalise(st_entry *e, const strata_shard *s)
     e->bytes = (e->fe - e->fs) * esz;
     e->data = s->data;
     e->device = s->device != 0;
+    if (s->flags & ~(unsigned)STRATA_SHARD_UNCHANGED)
+        return st_fail(STRATA_EINVAL, "tensor '%s': unknown shard flags 0x%x", s->name,
+                       s->flags & ~(unsigned)STRATA_SHARD_UNCHANGED);
+    e->unchanged = (s->flags & STRATA_SHARD_UNCHANGED) != 0;
     if (e->device && e->bytes) {
         int rc = st_cuda_check();
         if (rc)

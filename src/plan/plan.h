@@ -18,6 +18,7 @@ typedef struct st_entry {
     void *data;
     uint64_t bytes;
     int device; /* data is CUDA device memory */
+    int unchanged; /* STRATA_SHARD_UNCHANGED: equal to the base's shard at its place */
 } st_entry;
 
 typedef struct st_blobent {
@@ -51,6 +52,7 @@ typedef struct st_piece {
     st_extent *ext;     /* in the plan's metadata; the writer fills ext->sums */
     const char *object; /* tensor or blob name, for messages */
     int device;         /* src is CUDA device memory */
+    int unchanged;      /* every holder marked it STRATA_SHARD_UNCHANGED (incr.c) */
 } st_piece;
 
 typedef struct st_save_plan {

@@ -34,6 +34,7 @@ typedef struct {
     uint64_t src_off; /* bytes into that registration's data */
     const void *src;
     int device;       /* src is CUDA device memory */
+    int unchanged;    /* every holder marked it STRATA_SHARD_UNCHANGED */
     size_t meta_pos;
 } item;
 
@@ -428,6 +429,11 @@ int st_plan_save(st_save_plan *out, const st_rank_view *ranks, int nranks, uint3
                 it[j].device = !it[j].blob && ranks[w->rank].sh[w->local].device;
                 break;
             }
+    for (size_t j = 0; j < ni; j++) { /* a replica's mark holds only if every holder's does */
+        it[j].unchanged = !it[j].blob;
+        for (size_t h = 0; it[j].unchanged && h < it[j].nh; h++)
+            it[j].unchanged = ranks[hold[it[j].h0 + h].rank].sh[hold[it[j].h0 + h].local].unchanged;
+    }
 
     /* 6. metadata skeleton */
     m = calloc(1, sizeof *m);
@@ -551,7 +557,7 @@ int st_plan_save(st_save_plan *out, const st_rank_view *ranks, int nranks, uint3
         m->data_bytes += x->bytes;
         out->pieces[out->npieces++] =
             (st_piece){x->writer, x->local,  x->src_off, ext->offset, x->bytes,
-                       x->src,    ext,       object,      x->device};
+                       x->src,    ext,       object,      x->device, x->unchanged};
     }
     for (size_t t = 0; t < nt && !rc; t++)
         rc = st_meta_check_overlap(&m->tensors[t]);
