@@ -6,6 +6,7 @@ import warnings
 
 import strata as _S
 from strata import _values
+from strata._statedict import _version_of
 from strata.torch import AsyncSave, _error, _group, _prepare_save, _versions, load
 
 _STEP_DIR = re.compile(r"step-(\d+)")
@@ -97,10 +98,28 @@ class CheckpointManager:
     base free none of its bytes). Every full_every-th save since the last full one (in
     this manager) is a full save, so that files kept alive by links stay few. With a
     process group of more than one rank, saves are full (incremental saves with a
-    communicator are not built yet)."""
+    communicator are not built yet).
+
+    Unchanged tensors not even read (an incremental save with a base):
+      - frozen= (as strata.torch.save's: True for the modules' parameters with
+        requires_grad=False, names, or a callable; save(frozen=...) overrides it for one
+        save): the caller's promise that those tensors equal the base's. Their bytes are
+        neither hashed nor copied; the promise is not checked.
+      - trust_version=True: a plain tensor (not a DTensor, not an inference tensor, read in
+        place) whose storage, address, shape, strides, dtype and _version counter are those
+        it had when this manager's last save - the base, committed on every tier - started
+        is taken as unchanged (the manager holds that save's tensors, so their memory cannot
+        be reused by others meanwhile; strata.torch.load moves the counter of what it
+        fills). Sound only where every write to such a tensor moves its counter: in-place
+        torch ops do (optimizer.step, copy_, under no_grad too, through views and
+        detach()); writes through .data, through numpy()/DLPack/ctypes/data_ptr(), through
+        another tensor made over the same memory (set_, frombuffer, from_blob), and a
+        storage freed and refilled in place (resize_, as FSDP does with unsharded
+        parameters) do not, and would be saved as the base's bytes. Off by default."""
 
     def __init__(self, root, *, keep=3, pool_bytes=1 << 30, process_group=None,
-                 async_save=True, pickle=False, incremental=True, full_every=10):
+                 async_save=True, pickle=False, incremental=True, full_every=10,
+                 frozen=None, trust_version=False):
         if isinstance(root, (list, tuple)):
             self.tiers = [os.fspath(r) for r in root]
         else:
@@ -116,6 +135,9 @@ class CheckpointManager:
         self.full_every = int(full_every)
         if self.full_every < 1:
             raise ValueError("CheckpointManager: full_every must be at least 1")
+        self.frozen = frozen
+        self.trust_version = bool(trust_version)
+        self._snap = None        # (step name, {key: (tensor, _version_of)}): the last save's
         self._since_full = None  # incremental saves since the last full one (None: none yet)
         self._links = None       # whether every tier's file system makes hard links
         self._pool = None
@@ -205,12 +227,42 @@ class CheckpointManager:
                 return "step-%08d" % s
         return None
 
-    def _saved(self, base, committed):
-        """Counts the save just ended toward full_every."""
+    def _saved(self, base, committed, snap):
+        """Counts the save just ended toward full_every; keeps its tensors' versions (snap)
+        for the _version rule where it committed on every tier, else forgets them."""
         if committed:
             self._since_full = 0 if base is None else self._since_full + 1
+        self._snap = snap if committed else None
 
-    def save(self, step, state_dict):
+    def _unmoved(self, base):
+        """The _version rule for a save on base (trust_version): a test of (key, tensor), or
+        None where base is not this manager's last save."""
+        snap = self._snap
+        if not self.trust_version or base is None or snap is None or snap[0] != base:
+            return None
+        rec = snap[1]
+
+        def test(key, t):
+            r = rec.get(key)
+            if r is None:
+                return False
+            held, v = r
+            return _version_of(t) == v and held._version == v[-1]
+        return test
+
+    def _record(self, step, prep):
+        """What the _version rule keeps of the save of step as it starts: its plain tensors
+        (held: their memory is not reused while held) and their _version_of."""
+        if not self.trust_version:
+            return None
+        rec = {}
+        for key, t in prep.plain:
+            v = _version_of(t)
+            if v is not None:
+                rec[key] = (t, v)
+        return "step-%08d" % step, rec
+
+    def save(self, step, state_dict, *, frozen=None):
         """Saves state_dict as step on every tier: returns the AsyncSave (async_save=True;
         its wait() returns the stats, or None where a tier failed) or the stats. The save in
         flight is waited for first; where it failed, its error is reported once, naming its
@@ -223,13 +275,15 @@ class CheckpointManager:
         group = self._group()
         step = int(step)
         uris = [self.path(step, i) for i in range(len(self.tiers))]
-        prep = _prepare_save(state_dict, group, self.pickle)
-        saver = self._get_saver(group)
         base = self._base(group, step)
+        prep = _prepare_save(state_dict, group, self.pickle,
+                             self.frozen if frozen is None else frozen, self._unmoved(base))
+        snap = self._record(step, prep)
+        saver = self._get_saver(group)
         kw = {"base": base, "incremental": True} if self.incremental and group is None else {}
 
         def ended(exc):
-            self._saved(base, exc is None)
+            self._saved(base, exc is None, snap)
             return self._ended(group, step, exc)
         if self.async_save:
             versions = _versions(prep)
@@ -299,6 +353,7 @@ class CheckpointManager:
                 raise _error("NotFoundError", "no committed checkpoint under %s"
                              % ", ".join(self.tiers))
         uris = [self.path(step, i) for i in range(len(self.tiers))]
+        self._snap = None   # (the load moves the counters of what it fills anyway)
         load(state_dict, uris, self.process_group, pickle=self.pickle)
         return int(step)
 

@@ -130,8 +130,9 @@ def _rebuild(orig, items):
     return t(items)
 
 
-def _flatten(state_dict):
-    """[(kind, key, value, per_rank)]: kind "tensor" or "value"."""
+def _flatten(state_dict, frozen_params=None):
+    """[(kind, key, value, per_rank)]: kind "tensor" or "value". frozen_params (a set, or
+    None) gets the keys of the parameters with requires_grad=False of every nn.Module met."""
     if not isinstance(state_dict, collections.abc.Mapping):
         raise TypeError("strata.torch: a state dict is a dict (of tensors, Stateful objects, "
                         "values); got %s" % type(state_dict).__name__)
@@ -146,6 +147,10 @@ def _flatten(state_dict):
             out.append(("tensor", key, v, pr))
             return False
         if _is_stateful(v):
+            if frozen_params is not None and isinstance(v, torch.nn.Module):
+                frozen_params.update(_join(key, n) for n, p in
+                                     v.named_parameters(remove_duplicate=False)
+                                     if not p.requires_grad)
             sd = v.state_dict()
             if not isinstance(sd, collections.abc.Mapping):
                 raise _error("InvalidArgumentError", "%s: state_dict() returned a %s, not a dict"
@@ -183,11 +188,62 @@ def _flatten(state_dict):
 
 # ---- save -------------------------------------------------------------------------------
 
+def _frozen_test(frozen, params):
+    """frozen= (save, async_save, CheckpointManager) as a test of (key, tensor) -> the name
+    of frozen= that marks it (True where a callable or True did), or None. frozen: None
+    (nothing), True (the parameters with requires_grad=False of the modules in the state
+    dict: their keys are params), a callable (key, tensor) -> bool, or names: a str or an
+    iterable of them, each a key of the flattened state dict or a prefix of keys ending
+    before a dot ("model.base" marks "model.base.weight")."""
+    if frozen is None or frozen is False:
+        return None
+    if frozen is True:
+        return lambda key, t: key in params or None
+    if callable(frozen):
+        return lambda key, t: bool(frozen(key, t)) or None
+    names = [frozen] if isinstance(frozen, str) else list(frozen)
+    for n in names:
+        if not isinstance(n, str) or not n:
+            raise _error("InvalidArgumentError", "frozen=: %r is not a name (a key of the "
+                         "state dict, or a prefix of keys ending before a dot)" % (n,))
+    names = set(names)
+
+    def test(key, t):
+        parts = key.split(".")
+        for i in range(1, len(parts) + 1):
+            k = ".".join(parts[:i])
+            if k in names:
+                return k
+        return None
+    test.names = names
+    return test
+
+
+def _version_of(t):
+    """What the _version rule compares (CheckpointManager(trust_version=True)): where t's
+    bytes are and its version counter - for a plain tensor (not a subclass such as DTensor)
+    read in place (contiguous, no conj/neg bit), not an inference tensor (which has no
+    counter); else None (never skipped by the rule)."""
+    if (type(t) not in (torch.Tensor, torch.nn.Parameter) or t.is_inference()
+            or not t.is_contiguous() or t.is_conj() or t.is_neg()):
+        return None
+    return (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes(), t.data_ptr(),
+            tuple(t.shape), t.stride(), t.dtype, t.device, t._version)
+
+
+def _bump_version(t):
+    """Moves t's version counter, as an in-place op would (none for an inference tensor)."""
+    if not t.is_inference():
+        torch.autograd.graph.increment_version(t)
+
+
 class _SavePrep:
     """One rank's strata.State for a state dict, and its replica hashes (only with other
-    ranks to compare with: alone, hashing every plain tensor would only add to the stall)."""
+    ranks to compare with: alone, hashing every plain tensor would only add to the stall).
+    frozen (frozen=, _frozen_test) and unmoved (a test of (key, tensor): the manager's
+    _version rule) choose the tensors registered unchanged=True (STRATA_SHARD_UNCHANGED)."""
 
-    def __init__(self, state_dict, rank, pickle, replicas=True):
+    def __init__(self, state_dict, rank, pickle, replicas=True, frozen=None, unmoved=None):
         self.rank = rank
         self.pickle = pickle
         self.replicas = replicas
@@ -195,14 +251,29 @@ class _SavePrep:
         self.checks = []
         self.cuda = set()
         self.sources = []   # (name, tensor the engine reads)
-        for kind, key, v, pr in _flatten(state_dict):
+        self.plain = []     # (key, tensor read in place): the _version rule's record
+        self.marked = []    # keys registered unchanged
+        params = set() if frozen is True else None
+        items = _flatten(state_dict, params)
+        self._frozen = _frozen_test(frozen, params)
+        self._unmoved = unmoved
+        matched = set()
+        for kind, key, v, pr in items:
             try:
                 if kind == "tensor":
-                    self._tensor(key, v, pr)
+                    by = self._frozen(key, v) if self._frozen is not None else None
+                    if by is not None:
+                        matched.add(by)
+                    mark = by is not None or (unmoved is not None and unmoved(key, v))
+                    self._tensor(key, v, pr, mark)
                 else:
                     self._value(key, v, pr)
             except _S.Error as e:
                 raise _with_key(e, key) from None
+        missing = sorted(getattr(self._frozen, "names", set()) - matched)
+        if missing:
+            raise _error("InvalidArgumentError", "frozen=: %r names no tensor of the state dict "
+                         "(a key, or a prefix of keys ending before a dot)" % missing[0])
 
     def _blob(self, key, data, pr, check=True):
         buf = ctypes.create_string_buffer(max(len(data), 1))
@@ -226,7 +297,7 @@ class _SavePrep:
             data = _values.encode_pickle(v)
         self._blob(key, data, pr)
 
-    def _tensor(self, key, t, pr):
+    def _tensor(self, key, t, pr, mark=False):
         _check_tensor(key, t)
         sdt = _sdtype(key, t)
         if _is_dtensor(t):
@@ -240,16 +311,22 @@ class _SavePrep:
                 return
             for offs, lens, view in _dtensor_boxes(key, t):
                 src = _readable(view)
-                self._shard(key, sdt, gshape, offs, lens, src)
+                self._shard(key, sdt, gshape, offs, lens, src, mark)
                 self._source(key, view, src)
+            if mark:
+                self.marked.append(key)
             return
         if t.numel() == 0:
             self._blob(key, _values.encode_empty_tensor(sdt, tuple(t.shape)), pr)
             return
         src = _readable(t)
         name = _pr_name(key, self.rank) if pr else key
-        self._shard(name, sdt, tuple(src.shape), None, None, src)
+        self._shard(name, sdt, tuple(src.shape), None, None, src, mark)
         self._source(name, t, src)
+        if mark:
+            self.marked.append(key)
+        if src is t or src.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
+            self.plain.append((key, src))
         if not pr and self.replicas:
             self.checks.append((key, _hash_tensor(src)))
 
@@ -259,11 +336,12 @@ class _SavePrep:
         if src is t or src.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
             self.sources.append((name, src))
 
-    def _shard(self, name, sdt, gshape, offs, lens, src):
+    def _shard(self, name, sdt, gshape, offs, lens, src, mark=False):
         if src.is_cuda:
             self.cuda.add(src.device)
         self.state.add_shard(name, sdt, gshape, offs, lens, data_ptr=src.data_ptr(),
-                             nbytes=_nbytes(src), device=src.is_cuda, keep=src)
+                             nbytes=_nbytes(src), device=src.is_cuda, keep=src,
+                             unchanged=mark)
 
 
 # ---- load -------------------------------------------------------------------------------
@@ -419,6 +497,7 @@ class _LoadPrep:
         self.cast = cast    # a dtype that differs is left to strata to convert
         self.state = _S.State()
         self.copies = []    # (target, buffer): copy after the load
+        self.inplace = []   # tensors the load writes through their address
         self.blobs = []     # (key, buffer, size, setter, tensor target or None)
         self.values = []    # (setter, value): values of a pickle
         self.new = []       # (setter, tensor): values saved as tensors
@@ -576,6 +655,8 @@ class _LoadPrep:
             buf, fix = _writable(view)
             if fix is not None:
                 self.copies.append(fix)
+            else:
+                self.inplace.append(buf)
             if buf.is_cuda:
                 self.cuda.add(buf.device)
             self.state.add_shard(name, sdt, gshape, offs, lens, data_ptr=buf.data_ptr(),
@@ -591,6 +672,8 @@ class _LoadPrep:
         with torch.no_grad():
             for target, buf in self.copies:
                 target.copy_(buf)
+        for t in self.inplace:   # written through its address: an in-place change, counted
+            _bump_version(t)     # as copy_ would (CheckpointManager's _version rule)
         for setter, v in values:
             setter(v)
         for setter, t in self.new:

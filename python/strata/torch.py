@@ -313,11 +313,12 @@ def _agree(group, what, err, checks=()):
                         "; also %s" % ", ".join(repr(b) for b in bad[1:6]) if len(bad) > 1 else ""))
 
 
-def _prepare_save(state_dict, group, pickle):
+def _prepare_save(state_dict, group, pickle, frozen=None, unmoved=None):
     rank = group.rank if group is not None else 0
     prep, err = None, None
     try:
-        prep = _SavePrep(state_dict, rank, pickle, group is not None and group.size > 1)
+        prep = _SavePrep(state_dict, rank, pickle, group is not None and group.size > 1,
+                         frozen, unmoved)
     except Exception as e:   # every rank must reach the collective below
         err = e
     _agree(group, "strata.torch.save", err, prep.checks if prep is not None else ())
@@ -334,17 +335,27 @@ def _save_saver(group, pool=None):
 
 
 def save(state_dict, path, process_group=None, *, step=0, pickle=False, replace=False,
-         **options):
+         frozen=None, **options):
     """Saves state_dict to path (a directory: a plain path, "file:///abs" or "mem://name";
     or a list of them, tiers fastest first) and returns once it is committed, with the
     save's stats. With a process group (the default one if initialised), every rank calls
     it. A committed checkpoint at path is never overwritten (ExistsError) unless
     replace=True: then the new one is written beside it and swapped in atomically after its
     commit, so path always holds a complete checkpoint (a fixed path such as "latest").
-    options: chunk_bytes, io_threads, sync, direct, bg_nice (strata.Saver.save)."""
+    options: chunk_bytes, io_threads, sync, direct, bg_nice, base, incremental
+    (strata.Saver.save).
+
+    frozen: with base= (an incremental save), the tensors the caller promises are byte for
+    byte those of the base at the same key: True (the parameters with requires_grad=False
+    of the modules in state_dict), names (a key, or a prefix of keys ending before a dot:
+    "model.base"; a name matching no tensor is InvalidArgumentError), or a callable
+    (key, tensor) -> bool. Where the base holds such a tensor as it is now (dtype, shape,
+    layout), its bytes are not read at all - no hash, no copy, no write - and the new
+    checkpoint refers to the base's; elsewhere the mark is ignored. The promise is not
+    checked: a marked tensor changed since the base is saved holding the base's values."""
     group = _group(process_group)
     uris = _uris(path)
-    prep = _prepare_save(state_dict, group, pickle)
+    prep = _prepare_save(state_dict, group, pickle, frozen)
     return _save_saver(group).save(uris, [prep.state], step=step, replace=replace, **options)
 
 
@@ -423,17 +434,18 @@ class AsyncSave:
 
 
 def async_save(state_dict, path, process_group=None, *, step=0, pool=None, pickle=False,
-               replace=False, **options):
+               replace=False, frozen=None, **options):
     """Starts saving state_dict to path and returns an AsyncSave once the plan is made: no
     tensor is copied on this thread (strata snapshots them in the background, into the
     pool: a strata.Pool, else the saver's own - with a process group kept with the group's
     saver, without one made for this save, up to 1 GiB, and freed once it is waited for).
     Do not change the tensors before wait_snapshot(). It commits in the background as soon
     as every rank has written it; wait() returns the outcome.
-    replace=True as in save()."""
+    replace=True, frozen= and base= as in save(): a frozen tensor the base holds is neither
+    hashed nor copied into the pool."""
     group = _group(process_group)
     uris = _uris(path)
-    prep = _prepare_save(state_dict, group, pickle)
+    prep = _prepare_save(state_dict, group, pickle, frozen)
     versions = _versions(prep)
     h = _save_saver(group, pool).start(uris, [prep.state], step=step, replace=replace,
                                        **options)
