@@ -31,6 +31,25 @@ static const char INSPECT_HELP[] =
     "the save_dir whose `latest` names one): the fp32 weights and each optimizer moment as\n"
     "named full tensors, each made of the ranks' flat pieces.\n";
 
+/* The bytes of the files an incremental checkpoint links from its base (ref-*.bin,
+ * docs/FORMAT.md), from its metadata; 0 for a full one or unreadable metadata. */
+static uint64_t linked_bytes(const char *path)
+{
+    strata_ckpt *ck;
+    uint64_t n = 0;
+    if (strata_ckpt_open(&ck, path, STRATA_OPEN_INCOMPLETE) != 0)
+        return 0;
+    for (size_t i = 0; strata_ckpt_format(ck) == STRATA_FORMAT_STRATA &&
+                       i < strata_ckpt_nfiles(ck); i++) {
+        strata_file_info fi;
+        strata_ckpt_file(&fi, ck, i);
+        if (strncmp(fi.name, "ref-", 4) == 0)
+            n += fi.bytes;
+    }
+    strata_ckpt_free(ck);
+    return n;
+}
+
 int cmd_inspect(int argc, char **argv)
 {
     const char *path = NULL;
@@ -76,7 +95,8 @@ int cmd_inspect(int argc, char **argv)
             cli_json_str(stdout, base);
         else
             printf("null");
-        printf(",\"written_bytes\":%llu,\"files\":[", (unsigned long long)own);
+        printf(",\"written_bytes\":%llu,\"linked_file_bytes\":%llu,\"files\":[",
+               (unsigned long long)own, (unsigned long long)linked_bytes(path));
         for (size_t i = 0; i < nf; i++) {
             strata_file_info fi;
             strata_ckpt_file(&fi, ck, i);
@@ -157,12 +177,14 @@ int cmd_inspect(int argc, char **argv)
     const char *base = strata_ckpt_base(ck, &own);
     if (base)
         printf("  incremental: base %s; %llu of %llu data bytes written by this save (%.2f%%), "
-               "the rest in files linked from the base\n", cli_esc(base),
-               (unsigned long long)own, (unsigned long long)all, all ? 100.0 * own / all : 0.0);
+               "the rest in files linked from the base (%llu bytes of files, stored once)\n",
+               cli_esc(base), (unsigned long long)own, (unsigned long long)all,
+               all ? 100.0 * own / all : 0.0, (unsigned long long)linked_bytes(path));
     for (size_t i = 0; i < nf; i++) {
         strata_file_info fi;
         strata_ckpt_file(&fi, ck, i);
-        printf("  file %-20s %14llu bytes\n", cli_esc(fi.name), (unsigned long long)fi.bytes);
+        printf("  file %-20s %14llu bytes%s\n", cli_esc(fi.name), (unsigned long long)fi.bytes,
+               base && strncmp(fi.name, "ref-", 4) == 0 ? " (linked)" : "");
     }
     printf("\n  %-48s %-9s %-18s %7s %14s\n", "tensor", "dtype", "shape", "shards", "bytes");
     for (size_t i = 0; i < nt; i++) {
@@ -206,7 +228,9 @@ static const char LS_HELP[] =
     "usage: strata ls DIR\n"
     "\n"
     "Lists every checkpoint directly under DIR (and DIR itself if it is one): its state,\n"
-    "size on disk and step. States: committed (valid commit record matching valid\n"
+    "size on disk (bytes: all its files; written: those its save wrote; linked: the files\n"
+    "an incremental checkpoint shares with its base by hard link, ref-*.bin, counted in\n"
+    "every checkpoint that links them but stored once) and step. States: committed (valid commit record matching valid\n"
     "metadata), incomplete (no commit record: an interrupted or failed save), CORRUPT (a\n"
     "commit record that does not match; never removed by gc). Hugging Face safetensors\n"
     "directories are listed too, as safetensors (they have no checksums, nor a step), and\n"
@@ -265,7 +289,8 @@ static void ls_one(void *ctx, const char *path, const strata_probe_info *pi)
 {
     int *count = ctx;
     if ((*count)++ == 0)
-        printf("%-11s %14s %10s  %s\n", "state", "bytes", "step", "checkpoint");
+        printf("%-11s %14s %14s %14s %10s  %s\n", "state", "bytes", "written", "linked", "step",
+               "checkpoint");
     char step[24] = "-";
     if (!pi) { /* another format's directory: its files' bytes, no step, no checksums */
         strata_ckpt *ck;
@@ -280,15 +305,21 @@ static void ls_one(void *ctx, const char *path, const strata_probe_info *pi)
             snprintf(fmt, sizeof fmt, "%s", strata_ckpt_format_name(ck));
             strata_ckpt_free(ck);
         }
-        printf("%-11s %14llu %10s  %s (no checksums)\n", fmt, (unsigned long long)bytes, step,
-               cli_esc(path));
+        printf("%-11s %14llu %14llu %14d %10s  %s (no checksums)\n", fmt,
+               (unsigned long long)bytes, (unsigned long long)bytes, 0, step, cli_esc(path));
         return;
     }
-    if (pi->committed || pi->has_metadata)
+    uint64_t linked = 0;
+    if (pi->committed || pi->has_metadata) {
         snprintf(step, sizeof step, "%llu", (unsigned long long)pi->step);
-    printf("%-11s %14llu %10s  %s\n",
+        linked = linked_bytes(path);
+    }
+    if (linked > pi->disk_bytes) /* a link's file gone since (a crash): not ours to count */
+        linked = pi->disk_bytes;
+    printf("%-11s %14llu %14llu %14llu %10s  %s\n",
            pi->committed ? "committed" : pi->has_commit ? "CORRUPT" : "incomplete",
-           (unsigned long long)pi->disk_bytes, step, cli_esc(path));
+           (unsigned long long)pi->disk_bytes, (unsigned long long)(pi->disk_bytes - linked),
+           (unsigned long long)linked, step, cli_esc(path));
 }
 
 /* For commands that take exactly one operand: -1 to go on, else the exit status. */

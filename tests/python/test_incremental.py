@@ -4,6 +4,7 @@ disk, every step loaded bitwise and verified, keep 3 removing bases that newer s
 to; full_every; dense training writing everything; incremental=False; kill -9 during an
 incremental save."""
 
+import json
 import os
 import signal
 import subprocess
@@ -427,3 +428,37 @@ def test_version_rule_inference_and_other_base(tmp_path):
     got, sd, ck = _mgr_twice(tmp_path / "b", lambda sd: None, other=other)
     assert torch.equal(got["w"], sd["w"])     # step 1's -2.0s would be wrong
     assert ck.written_bytes == ck.data_bytes
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STRATA = os.environ.get("STRATA") or os.path.join(ROOT, os.environ.get("BUILD", "build"),
+                                                  "strata")
+
+
+def test_ls_and_inspect_count_linked_bytes(tmp_path):
+    """strata ls: per checkpoint, the bytes of its files, those its save wrote and those it
+    links from its base (ref-*.bin); inspect: the linked files' bytes and each one marked."""
+    r = str(tmp_path)
+    frozen = torch.arange(1 << 18, dtype=torch.float32)       # 1 MiB
+    st.save({"f": frozen, "a": torch.zeros(1024)}, r + "/s0", incremental=True)
+    st.save({"f": frozen, "a": torch.ones(1024)}, r + "/s1", base="s0", incremental=True,
+            frozen=["f"])
+    out = subprocess.run([STRATA, "ls", r], capture_output=True, text=True, check=True).stdout
+    rows = {ln.split()[-1]: ln.split() for ln in out.splitlines()[1:]}
+    sizes = {d: {n: os.path.getsize(os.path.join(r, d, n)) for n in os.listdir(os.path.join(r, d))}
+             for d in ("s0", "s1")}
+    for d in ("s0", "s1"):
+        state, total, written, linked = rows[os.path.join(r, d)][:4]
+        refs = sum(b for n, b in sizes[d].items() if n.startswith("ref-"))
+        assert state == "committed"
+        assert int(total) == sum(sizes[d].values())
+        assert int(linked) == refs and (refs > 0) == (d == "s1")
+        assert int(written) == int(total) - refs
+    assert int(rows[os.path.join(r, "s1")][3]) == sizes["s0"]["data-000000.bin"]
+    out = subprocess.run([STRATA, "inspect", r + "/s1"], capture_output=True, text=True,
+                         check=True).stdout
+    assert "(%d bytes of files, stored once)" % sizes["s0"]["data-000000.bin"] in out
+    assert " bytes (linked)" in out
+    j = json.loads(subprocess.run([STRATA, "inspect", "--json", r + "/s1"], capture_output=True,
+                                  text=True, check=True).stdout)
+    assert j["linked_file_bytes"] == sizes["s0"]["data-000000.bin"] and j["base"] == "s0"
