@@ -306,6 +306,72 @@ static void test_async_copy_fails(void **state)
     free(host);
 }
 
+/* STRATA_SHARD_UNCHANGED on device memory: a frozen device weight that the base holds is
+ * referred to with no device copy at all (the counters), sync and async, and the
+ * checkpoint loads the base's values - even once the device bytes changed (a broken
+ * promise, which shows they were not read). Without the mark the same save copies and
+ * writes the changed bytes. */
+static void test_marked_not_copied(void **state)
+{
+    (void)state;
+    if (st_cuda_check() != 0)
+        skip();
+    open_runtime();
+    float *host = malloc(BYTES), *other = malloc(BYTES);
+    void *dev = device_pattern(5, host);
+    char dir[700], ck[4][720], blob[] = "step 1";
+    snprintf(dir, sizeof dir, "%s/marked", base_dir);
+    const char *names[4] = {"s0", "s1", "s2", "s3"};
+    for (int i = 0; i < 4; i++)
+        snprintf(ck[i], sizeof ck[i], "%s/%s", dir, names[i]);
+    strata_state *st[2]; /* [0] marked, [1] not */
+    for (int m = 0; m < 2; m++) {
+        assert_ok(strata_state_new(&st[m]));
+        strata_shard sh = {.name = "gpu.w", .dtype = STRATA_F32, .ndim = 2, .global_shape = shape,
+                           .data = dev, .device = 1, .flags = m ? 0 : STRATA_SHARD_UNCHANGED};
+        assert_ok(strata_state_add_shard(st[m], &sh));
+        assert_ok(strata_state_add_blob(st[m], "step", 0, 0, blob, strlen(blob)));
+    }
+    strata_save_opts o = STRATA_SAVE_OPTS_INIT;
+    o.flags = STRATA_SAVE_INCREMENTAL | STRATA_SAVE_NO_SYNC;
+    const char *u = ck[0];
+    assert_ok(strata_save(NULL, NULL, &u, 1, &st[0], 1, &o)); /* no base: read and written */
+    for (size_t i = 0; i < N; i++) /* the device bytes change: the promise is broken */
+        other[i] = -host[i];
+    assert_ok(st_cuda_copy(dev, other, BYTES, 0));
+    for (int k = 1; k < 4; k++) {
+        o.base = names[k - 1];
+        u = ck[k];
+        fake_counters a, b;
+        counters(&a);
+        strata_stats stats = STRATA_STATS_INIT;
+        strata_state *s = st[k == 3];
+        if (k == 2) { /* asynchronously */
+            strata_handle *h;
+            assert_ok(strata_save_start(&h, NULL, &u, 1, &s, 1, &o));
+            assert_ok(strata_wait_durable(&stats, h));
+            strata_handle_free(h);
+        } else {
+            assert_ok(strata_save(&stats, NULL, &u, 1, &s, 1, &o));
+        }
+        counters(&b);
+        if (k < 3) {
+            assert_int_equal(stats.bytes, strlen(blob));
+            if (rt.counters)
+                assert_int_equal(b.async_copies + b.sync_copies, a.async_copies + a.sync_copies);
+            load_and_compare(ck[k], host);
+        } else { /* unmarked: a device shard is written (never hashed against the base) */
+            assert_int_equal(stats.bytes, BYTES + strlen(blob));
+            load_and_compare(ck[k], other);
+        }
+    }
+    for (int m = 0; m < 2; m++)
+        strata_state_free(st[m]);
+    rt.free(dev);
+    free(host);
+    free(other);
+}
+
 int main(void)
 {
     const char *gpu = getenv("STRATA_TEST_GPU");
@@ -319,6 +385,7 @@ int main(void)
         cmocka_unit_test(test_cast_to_device),
         cmocka_unit_test(test_async_pinned),
         cmocka_unit_test(test_async_copy_fails),
+        cmocka_unit_test(test_marked_not_copied),
     };
     return cmocka_run_group_tests(tests, tu_group_setup, tu_group_teardown);
 }

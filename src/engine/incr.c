@@ -188,25 +188,24 @@ static int linkable(const st_meta *bm, uint32_t f)
     return !st_file_linked(bm, f) ? st_data_file_rank(n) >= 0 : st_is_ref_file(n);
 }
 
-/* The candidates (a piece and the base shard at its place), hashed on the I/O threads. */
+/* The candidates (a piece and the base shard at its place); those to hash (hash[0, nhash):
+ * the unmarked ones) are hashed on the I/O threads. */
 typedef struct {
     const st_save_plan *sp;
     const st_meta *bm;
-    size_t *piece, *tensor, *shard;
+    size_t *piece, *tensor, *shard, *hash;
     const st_mshard **bs;
     char *same;
 } cand_ctx;
 
-static int run_same(void *arg, size_t k, int worker)
+static int run_same(void *arg, size_t i, int worker)
 {
     (void)worker;
     cand_ctx *c = arg;
+    size_t k = c->hash[i];
     const st_mshard *b = c->bs[k];
-    const st_piece *pc = &c->sp->pieces[c->piece[k]];
-    /* a marked piece is the caller's promise (STRATA_SHARD_UNCHANGED): its bytes are not
-     * read; the base's shard at its place was found, so the promise has a meaning */
-    c->same[k] = (char)(pc->unchanged ||
-                        same_bytes(pc, &b->ext, st_sums2(c->bm, b), c->sp->meta->chunk));
+    c->same[k] = (char)same_bytes(&c->sp->pieces[c->piece[k]], &b->ext, st_sums2(c->bm, b),
+                                  c->sp->meta->chunk);
     return 0;
 }
 
@@ -237,10 +236,11 @@ static int match(st_incr *x, st_save_plan *sp, const st_meta *bm, int threads)
     cand_ctx cc = {sp, bm, calloc(sp->npieces + 1, sizeof *cc.piece),
                    calloc(sp->npieces + 1, sizeof *cc.tensor),
                    calloc(sp->npieces + 1, sizeof *cc.shard),
+                   calloc(sp->npieces + 1, sizeof *cc.hash),
                    calloc(sp->npieces + 1, sizeof *cc.bs), calloc(sp->npieces + 1, 1)};
-    if (!rc && (!cc.piece || !cc.tensor || !cc.shard || !cc.bs || !cc.same))
+    if (!rc && (!cc.piece || !cc.tensor || !cc.shard || !cc.hash || !cc.bs || !cc.same))
         rc = st_fail(STRATA_ENOMEM, "out of memory");
-    size_t pi = 0, kept = 0, nc = 0;
+    size_t pi = 0, kept = 0, nc = 0, nhash = 0;
     for (size_t t = 0; !rc && t < m->ntensors; t++) {
         const st_mtensor *mt = &m->tensors[t], key = {.name = mt->name}, *kp = &key;
         const st_mtensor **found = bm->ntensors ? bsearch(&kp, bt, bm->ntensors, sizeof *bt,
@@ -255,6 +255,10 @@ static int match(st_incr *x, st_save_plan *sp, const st_meta *bm, int threads)
             if (pc->ext != &mt->shards[s].ext)
                 rc = st_fail(STRATA_EINVAL, "internal: save plan out of metadata order");
             else if (candidate(pc, bs, bm)) {
+                /* a marked piece is the caller's promise (STRATA_SHARD_UNCHANGED): equal,
+                 * its bytes not read, now that the base's shard at its place was found */
+                if (!(cc.same[nc] = (char)pc->unchanged))
+                    cc.hash[nhash++] = nc;
                 cc.piece[nc] = pi;
                 cc.tensor[nc] = t;
                 cc.shard[nc] = s;
@@ -262,8 +266,8 @@ static int match(st_incr *x, st_save_plan *sp, const st_meta *bm, int threads)
             }
         }
     }
-    if (!rc && nc)
-        rc = st_parallel(threads, nc, run_same, &cc);
+    if (!rc && nhash) /* (no threads started for marked pieces alone) */
+        rc = st_parallel(threads, nhash, run_same, &cc);
     size_t k = 0;
     for (pi = 0; !rc && pi < sp->npieces; pi++) {
         st_piece *pc = &sp->pieces[pi];
@@ -289,6 +293,7 @@ static int match(st_incr *x, st_save_plan *sp, const st_meta *bm, int threads)
     free(cc.piece);
     free(cc.tensor);
     free(cc.shard);
+    free(cc.hash);
     free(cc.bs);
     free(cc.same);
     if (!rc) { /* each writer's file again, in the same order, without the matched pieces */
