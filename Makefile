@@ -77,7 +77,7 @@ APT = apt_need() { \
 }; \
 tool_need() { command -v "$$1" >/dev/null 2>&1 || apt_need "$$2"; };
 
-.PHONY: all lib deps demo test bench clean test-asan test-tsan test-valgrind check-header \
+.PHONY: all lib deps demo test bench bench-incr clean test-asan test-tsan test-valgrind check-header \
         check-clang fuzz stress install uninstall venv test-python test-gpu
 
 all: deps $(LIBRARIES) $(BUILD)/strata $(BUILD)/examples/reshard
@@ -218,9 +218,13 @@ bench: deps all $(BUILD)/bench/bench_plan $(BUILD)/bench/bench_export $(BUILD)/b
 	$(BUILD)/strata bench async --dir $(BUILD) --size-mb 1024
 	$(BUILD)/bench/bench_export --dir $(BUILD)/bench --size-mb 1024
 	$(BUILD)/bench/bench_cast --dir $(BUILD)/bench --size-mb 1024
-	$(BUILD)/bench/bench_incr --dir $(BUILD)/bench --base-mb 1024 --adapter-mb 10 \
-	    --dense-mb 1024 --runs 7 --out bench/results/incremental.md
+	$(MAKE) bench-incr
 	$(VENV)/bin/python bench/bench_s3.py --size-mb 256
+
+# bench/bench_incr.c alone (also part of `make bench`): LoRA full / hashed / marked, dense
+bench-incr: $(BUILD)/bench/bench_incr
+	$(BUILD)/bench/bench_incr --dir $(BUILD)/bench --base-mb 1024 --adapter-mb 10 \
+	    --dense-mb 1024 --runs 9 --out bench/results/incremental.md
 
 # The Python package (python/strata: the extension strata._strata carries libstrata) in a
 # project-local venv, $(VENV): torch pinned (its CPU wheel installs from a local file here;

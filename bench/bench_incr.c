@@ -1,10 +1,14 @@
 /* bench_incr.c - incremental saves (strata_save_opts.base) against full ones, for
- * `make bench`: a LoRA-style state (a frozen base of --base-mb, adapters of --adapter-mb and
- * their two AdamW moments) saved asynchronously and synced (time to durable: start to
- * strata_wait_durable), full and incremental, and a dense state (every tensor changes) in
- * both modes. Bytes written per save are taken from the data files on disk (data-*.bin,
- * not the ref-*.bin links). Prints medians of --runs saves of each kind and writes them as
- * markdown to --out (default stdout only).
+ * `make bench` (or `make bench-incr`): a LoRA-style state (a frozen base of --base-mb,
+ * adapters of --adapter-mb and their two AdamW moments) saved asynchronously and synced
+ * (time to durable: start to strata_wait_durable) in three modes - full, incremental with
+ * the frozen base found equal by hashing, and incremental with the frozen base marked
+ * STRATA_SHARD_UNCHANGED (not read) - and a dense state (every tensor changes) full and
+ * incremental. Bytes written per save are taken from the files on disk: the data files
+ * (data-*.bin, not the ref-*.bin links) and the rest (metadata.bin, COMMIT). Prints medians
+ * of --runs saves of each kind, the modes alternating after each training step, and the
+ * median of the per-step ratios to the full save of that step; writes them as markdown to
+ * --out (default stdout only).
  * Usage: bench_incr --dir D [--base-mb 1024] [--adapter-mb 10] [--dense-mb 256] [--runs 5]
  *                   [--out FILE] */
 #include <dirent.h>
@@ -14,6 +18,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "strata.h"
 
@@ -36,22 +41,23 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-/* Bytes of the data files a save wrote (data-*.bin) under path. */
-static uint64_t written(const char *path)
+/* Bytes of the files a save wrote under path: *data gets the data files' (data-*.bin),
+ * *meta the rest but the links (metadata.bin, COMMIT); ref-*.bin are the base's. */
+static void written(const char *path, uint64_t *data, uint64_t *meta)
 {
     DIR *d = opendir(path);
-    uint64_t n = 0;
     struct dirent *e;
     char p[4400];
+    *data = *meta = 0;
     while (d && (e = readdir(d))) {
         struct stat st;
         snprintf(p, sizeof p, "%s/%s", path, e->d_name);
-        if (!strncmp(e->d_name, "data-", 5) && stat(p, &st) == 0)
-            n += (uint64_t)st.st_size;
+        if (e->d_name[0] == '.' || !strncmp(e->d_name, "ref-", 4) || stat(p, &st) != 0)
+            continue;
+        *(strncmp(e->d_name, "data-", 5) ? meta : data) += (uint64_t)st.st_size;
     }
     if (d)
         closedir(d);
-    return n;
 }
 
 static void rmrf(const char *path)
@@ -68,9 +74,11 @@ typedef struct {
     uint64_t *elems;
     const char **names;
     strata_state *st;
+    strata_state *marked; /* the same buffers, the first `frozen` marked unchanged */
+    int frozen;
 } state;
 
-static void state_add(state *s, const char *name, uint64_t bytes)
+static void state_add(state *s, const char *name, uint64_t bytes, int frozen)
 {
     s->t = realloc(s->t, (size_t)(s->n + 1) * sizeof *s->t);
     s->elems = realloc(s->elems, (size_t)(s->n + 1) * sizeof *s->elems);
@@ -85,7 +93,9 @@ static void state_add(state *s, const char *name, uint64_t bytes)
     uint64_t shape[1] = {n};
     strata_shard sh = {.name = s->names[s->n], .dtype = STRATA_F32, .ndim = 1,
                        .global_shape = shape, .data = p};
-    if (strata_state_add_shard(s->st, &sh)) {
+    int rc = strata_state_add_shard(s->st, &sh);
+    sh.flags = frozen ? STRATA_SHARD_UNCHANGED : 0;
+    if (rc || strata_state_add_shard(s->marked, &sh)) {
         fprintf(stderr, "bench_incr: %s\n", strata_error_last());
         exit(1);
     }
@@ -100,19 +110,20 @@ static void step(state *s, int from, int k)
             s->t[i][j] += 1.0f;
 }
 
-/* One save of s to dir/name (base: NULL for a full one); returns seconds to durable. */
-static double save(state *s, const char *dir, const char *name, const char *base,
-                   strata_saver *sv, uint64_t *bytes)
+/* One save of st to dir/name (base: NULL for a full one; flag: STRATA_SAVE_INCREMENTAL or
+ * 0); returns seconds to durable, and the bytes of the files it wrote. */
+static double save(strata_state *st, const char *dir, const char *name, const char *base,
+                   unsigned flag, strata_saver *sv, uint64_t *data, uint64_t *meta)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     strata_save_opts o = STRATA_SAVE_OPTS_INIT;
-    o.flags = base || getenv("BENCH_INCR_FLAG") ? STRATA_SAVE_INCREMENTAL : 0;
+    o.flags = flag;
     o.base = base;
     const char *u = path;
     double t0 = now();
     strata_handle *h;
-    int rc = strata_save_start(&h, sv, &u, 1, &s->st, 1, &o);
+    int rc = strata_save_start(&h, sv, &u, 1, &st, 1, &o);
     if (!rc) {
         rc = strata_wait_durable(NULL, h);
         strata_handle_free(h);
@@ -122,55 +133,80 @@ static double save(state *s, const char *dir, const char *name, const char *base
         fprintf(stderr, "bench_incr: saving %s: %s\n", path, strata_error_last());
         exit(1);
     }
-    *bytes = written(path);
+    written(path, data, meta);
     return t;
 }
 
-/* runs x (a step, then a full save and an incremental one naming the previous
- * incremental save as its base), alternated so that both see the same machine; the first
- * incremental save (full, with STRATA_SAVE_INCREMENTAL, the chain's start) is not counted.
- * Each base is removed once used (retention keeping 1): its bytes stay linked. */
+#define MODES 3 /* full, incremental (hashed), incremental (marked) */
+
+typedef struct {
+    double t, data, meta, rt, rb; /* medians: seconds, bytes, ratio of time and bytes to full */
+} result;
+
+/* runs x (a step, then a save in each of nmodes modes: a full one, then incremental ones,
+ * each naming the previous save of its own chain as its base - mode 2 from the marked
+ * state), alternated so that all see the same machine (the order rotating from step to
+ * step, and the removals synced outside the timed saves); each chain's first save (full,
+ * with STRATA_SAVE_INCREMENTAL: the chain's start) is not counted. Each base is removed
+ * once used (retention keeping 1): its bytes stay linked. */
 static void series(state *s, int from, const char *dir, strata_saver *sv, int runs,
-                   double med_t[2], double med_b[2])
+                   int nmodes, result *res)
 {
-    double *t[2], *b[2];
-    for (int m = 0; m < 2; m++) {
-        t[m] = calloc((size_t)runs, sizeof *t[m]);
-        b[m] = calloc((size_t)runs, sizeof *b[m]);
-    }
-    char name[64], prev[64], old[4200];
-    uint64_t bytes;
+    double *v[MODES][5];
+    for (int m = 0; m < nmodes; m++)
+        for (int k = 0; k < 5; k++)
+            v[m][k] = calloc((size_t)runs, sizeof(double));
+    char name[64], prev[MODES][64], old[4200];
+    uint64_t data, meta;
     if (strlen(dir) > 4000)
         exit(2);
     rmrf(dir);
     mkdir(dir, 0755);
-    snprintf(prev, sizeof prev, "i-0");
-    setenv("BENCH_INCR_FLAG", "1", 1);
-    save(s, dir, prev, NULL, sv, &bytes);
+    for (int m = 1; m < nmodes; m++) {
+        snprintf(prev[m], sizeof prev[m], "c%d-0", m);
+        save(s->st, dir, prev[m], NULL, STRATA_SAVE_INCREMENTAL, sv, &data, &meta);
+    }
     for (int r = 0; r < runs; r++) {
         step(s, from, r + 1);
-        unsetenv("BENCH_INCR_FLAG"); /* the full save: as without incremental saves */
-        snprintf(name, sizeof name, "f-%d", r + 1);
-        t[0][r] = save(s, dir, name, NULL, sv, &bytes);
-        b[0][r] = (double)bytes;
-        snprintf(old, sizeof old, "%s/%s", dir, name);
-        rmrf(old);
-        setenv("BENCH_INCR_FLAG", "1", 1);
-        snprintf(name, sizeof name, "i-%d", r + 1);
-        t[1][r] = save(s, dir, name, prev, sv, &bytes);
-        b[1][r] = (double)bytes;
-        snprintf(old, sizeof old, "%s/%s", dir, prev);
-        rmrf(old);
-        snprintf(prev, sizeof prev, "%s", name);
+        for (int q = 0; q < nmodes; q++) {
+            int m = (q + r) % nmodes; /* each mode first, second, ... in turn */
+            snprintf(name, sizeof name, "c%d-%d", m, r + 1);
+            strata_state *st = m == 2 ? s->marked : s->st;
+            v[m][0][r] = save(st, dir, name, m ? prev[m] : NULL, m ? STRATA_SAVE_INCREMENTAL : 0,
+                              sv, &data, &meta);
+            v[m][1][r] = (double)data;
+            v[m][2][r] = (double)meta;
+            snprintf(old, sizeof old, "%s/%s", dir, m ? prev[m] : name);
+            rmrf(old);
+            sync(); /* the removal's journal commit: not in the next save's fsyncs */
+            if (m)
+                snprintf(prev[m], sizeof prev[m], "%s", name);
+        }
+        for (int m = 0; m < nmodes; m++) {
+            v[m][3][r] = v[m][0][r] / v[0][0][r];
+            v[m][4][r] = (v[m][1][r] + v[m][2][r]) / (v[0][1][r] + v[0][2][r]);
+        }
     }
-    unsetenv("BENCH_INCR_FLAG");
-    for (int m = 0; m < 2; m++) {
-        med_t[m] = median(t[m], runs);
-        med_b[m] = median(b[m], runs);
-        free(t[m]);
-        free(b[m]);
+    for (int m = 0; m < nmodes; m++) {
+        res[m] = (result){median(v[m][0], runs), median(v[m][1], runs), median(v[m][2], runs),
+                          median(v[m][3], runs), median(v[m][4], runs)};
+        for (int k = 0; k < 5; k++)
+            free(v[m][k]);
     }
     rmrf(dir);
+}
+
+static void row(char *out, size_t cap, const char *state, const char *mode, const result *r,
+                int ratios)
+{
+    size_t n = strlen(out);
+    snprintf(out + n, cap - n, "| %s | %s | %.2f MiB + %.1f KiB | %.3f s |", state, mode,
+             r->data / 1048576, r->meta / 1024, r->t);
+    n = strlen(out);
+    if (ratios)
+        snprintf(out + n, cap - n, " %.2f %% | %.1f %% |\n", 100 * r->rb, 100 * r->rt);
+    else
+        snprintf(out + n, cap - n, " | |\n");
 }
 
 int main(int argc, char **argv)
@@ -207,56 +243,66 @@ int main(int argc, char **argv)
     /* LoRA: the frozen base as 16 tensors (layers), adapters and their two moments */
     state lora = {0};
     strata_state_new(&lora.st);
+    strata_state_new(&lora.marked);
     for (int i = 0; i < 16; i++) {
         char n[64];
         snprintf(n, sizeof n, "base.layers.%d.weight", i);
-        state_add(&lora, n, (base_mb << 20) / 16);
+        state_add(&lora, n, (base_mb << 20) / 16, 1);
     }
     const char *kinds[3] = {"lora", "exp_avg", "exp_avg_sq"};
     for (int k = 0; k < 3; k++)
         for (int i = 0; i < 16; i++) {
             char n[64];
             snprintf(n, sizeof n, "%s.layers.%d", kinds[k], i);
-            state_add(&lora, n, (adapter_mb << 20) / 16);
+            state_add(&lora, n, (adapter_mb << 20) / 16, 0);
         }
-    double lt[2], lb[2];
-    series(&lora, 16, d, sv, runs, lt, lb);
+    result lr[MODES], dr[MODES];
+    series(&lora, 16, d, sv, runs, 3, lr);
     /* dense: every tensor changes */
     state dense = {0};
     strata_state_new(&dense.st);
+    strata_state_new(&dense.marked);
     for (int i = 0; i < 16; i++) {
         char n[64];
         snprintf(n, sizeof n, "dense.%d", i);
-        state_add(&dense, n, (dense_mb << 20) / 16);
+        state_add(&dense, n, (dense_mb << 20) / 16, 0);
     }
-    double dt[2], db[2];
-    series(&dense, 0, d, sv, runs, dt, db);
-    char report[4096];
+    series(&dense, 0, d, sv, runs, 2, dr);
+    char report[8192] = "", what[128];
     snprintf(report, sizeof report,
-             "| state | mode | bytes written per save (median) | time to durable (median) |\n"
-             "|---|---|---|---|\n"
-             "| LoRA: %llu MiB frozen + 3 x %llu MiB | full | %.1f MiB | %.3f s |\n"
-             "| | incremental | %.2f MiB (%.2f %% of full) | %.3f s (%.1f %% of full) |\n"
-             "| dense: %llu MiB, all changed | full | %.1f MiB | %.3f s |\n"
-             "| | incremental | %.1f MiB | %.3f s (%+.1f %% vs full) |\n",
-             (unsigned long long)base_mb, (unsigned long long)adapter_mb, lb[0] / 1048576,
-             lt[0], lb[1] / 1048576, 100 * lb[1] / lb[0], lt[1], 100 * lt[1] / lt[0],
-             (unsigned long long)dense_mb, db[0] / 1048576, dt[0], db[1] / 1048576, dt[1],
-             100 * (dt[1] - dt[0]) / dt[0]);
-    printf("bench_incr: medians of %d saves each, asynchronous, synced, one process\n%s",
-           runs, report);
+             "| state | mode | written per save: data + metadata (median) | time to durable "
+             "(median) | bytes / full (median of per-step ratios) | time / full (median of "
+             "per-step ratios) |\n|---|---|---|---|---|---|\n");
+    snprintf(what, sizeof what, "LoRA: %llu MiB frozen + 3 x %llu MiB changed",
+             (unsigned long long)base_mb, (unsigned long long)adapter_mb);
+    row(report, sizeof report, what, "full", &lr[0], 0);
+    row(report, sizeof report, "", "incremental, frozen base hashed", &lr[1], 1);
+    row(report, sizeof report, "", "incremental, frozen base marked", &lr[2], 1);
+    snprintf(what, sizeof what, "dense: %llu MiB, all changed", (unsigned long long)dense_mb);
+    row(report, sizeof report, what, "full", &dr[0], 0);
+    row(report, sizeof report, "", "incremental", &dr[1], 1);
+    double floor = 3.0 * (double)(adapter_mb << 20);
+    printf("bench_incr: medians of %d saves each, asynchronous, synced, one process\n%s"
+           "LoRA: the changed bytes are %.2f %% of the full save's data\n",
+           runs, report, 100 * floor / lr[0].data);
     if (out) {
         FILE *f = fopen(out, "w");
         if (f) {
-            fprintf(f, "# Incremental saves (make bench: bench/bench_incr.c)\n\n"
+            fprintf(f, "# Incremental saves (make bench-incr: bench/bench_incr.c)\n\n"
                        "Medians of %d saves of each kind (strata_save_start + "
                        "strata_wait_durable, synced to disk, one process); bytes written are "
-                       "the sizes of the data files each save wrote (data-*.bin), from the "
-                       "disk. Full and incremental saves alternate after each training step; each "
-                       "incremental save names the previous incremental one as its base, which "
-                       "is then removed (retention keeping 1). The machine: 2 cores shared "
-                       "with other jobs, so times are noisy.\n\n%s",
-                    runs, report);
+                       "the sizes of the files each save wrote, from the disk: the data files "
+                       "(data-*.bin) + metadata.bin and COMMIT (the ref-*.bin links are the "
+                       "base's). After each training step the modes save in turn (the order "
+                       "rotating from step to step; removals synced between saves); each "
+                       "incremental chain names its own previous save as its base, which is "
+                       "then removed (retention keeping 1). The ratios are the medians of each "
+                       "step's ratio to that step's full save. The machine: 2 cores shared "
+                       "with other jobs, so times are noisy.\n\n%s\n"
+                       "The LoRA state's changed bytes (adapters + two moments) are %.2f %% of "
+                       "its full save's: no incremental save of it can write less without "
+                       "compressing.\n",
+                    runs, report, 100 * floor / lr[0].data);
             fclose(f);
         }
     }
