@@ -252,16 +252,14 @@ class _SavePrep:
         self.cuda = set()
         self.sources = []   # (name, tensor the engine reads)
         self.plain = []     # (key, tensor read in place): the _version rule's record
-        self.marked = []    # keys registered unchanged
         params = set() if frozen is True else None
         items = _flatten(state_dict, params)
-        self._frozen = _frozen_test(frozen, params)
-        self._unmoved = unmoved
+        marks = _frozen_test(frozen, params)
         matched = set()
         for kind, key, v, pr in items:
             try:
                 if kind == "tensor":
-                    by = self._frozen(key, v) if self._frozen is not None else None
+                    by = marks(key, v) if marks is not None else None
                     if by is not None:
                         matched.add(by)
                     mark = by is not None or (unmoved is not None and unmoved(key, v))
@@ -270,7 +268,7 @@ class _SavePrep:
                     self._value(key, v, pr)
             except _S.Error as e:
                 raise _with_key(e, key) from None
-        missing = sorted(getattr(self._frozen, "names", set()) - matched)
+        missing = sorted(getattr(marks, "names", set()) - matched)
         if missing:
             raise _error("InvalidArgumentError", "frozen=: %r names no tensor of the state dict "
                          "(a key, or a prefix of keys ending before a dot)" % missing[0])
@@ -313,8 +311,6 @@ class _SavePrep:
                 src = _readable(view)
                 self._shard(key, sdt, gshape, offs, lens, src, mark)
                 self._source(key, view, src)
-            if mark:
-                self.marked.append(key)
             return
         if t.numel() == 0:
             self._blob(key, _values.encode_empty_tensor(sdt, tuple(t.shape)), pr)
@@ -323,8 +319,6 @@ class _SavePrep:
         name = _pr_name(key, self.rank) if pr else key
         self._shard(name, sdt, tuple(src.shape), None, None, src, mark)
         self._source(name, t, src)
-        if mark:
-            self.marked.append(key)
         if src is t or src.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
             self.plain.append((key, src))
         if not pr and self.replicas:
