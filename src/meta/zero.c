@@ -111,14 +111,8 @@ static uint64_t numel_of(const st_ts_tensor *t)
 static ztensor *add(zctx *c, const char *name, strata_dtype dt, int ndim, const uint64_t *shape,
                     uint64_t numel)
 {
-    if (c->n == c->cap) {
-        size_t cap = c->cap ? 2 * c->cap : 64;
-        ztensor *t = realloc(c->t, cap * sizeof *t);
-        if (!t)
-            return NULL;
-        c->t = t;
-        c->cap = cap;
-    }
+    if (st_grow(&c->t, &c->cap, c->n + 1, sizeof *c->t))
+        return NULL;
     ztensor *t = &c->t[c->n];
     memset(t, 0, sizeof *t);
     if (!(t->name = strdup(name)))
@@ -135,14 +129,8 @@ static int piece(zctx *c, ztensor *t, uint32_t file, uint64_t fs, uint64_t fe, u
 {
     if (fs == fe)
         return 0;
-    if (t->n == t->cap) {
-        size_t cap = t->cap ? 2 * t->cap : 4;
-        zpiece *p = realloc(t->p, cap * sizeof *p);
-        if (!p)
-            return OOM(c);
-        t->p = p;
-        t->cap = cap;
-    }
+    if (st_grow(&t->p, &t->cap, t->n + 1, sizeof *t->p))
+        return OOM(c);
     t->p[t->n++] = (zpiece){file, fs, fe, at};
     return 0;
 }
@@ -242,23 +230,39 @@ static void moments_free(zmom **m, size_t n)
     free(m);
 }
 
-/* The optimizer state tensors "optim.state.<name>.<key>" of parameter c->t[pi], added
- * after it (c->t[pi + 1 + k] for moment k). */
-static int add_moment_tensors(zctx *c, size_t pi, zmom **m, size_t nm)
+/* Adds the fp32 parameter `name` as c->t[*pi], followed by its optimizer state tensors
+ * "optim.state.<name>.<key>" (c->t[*pi + 1 + k] for moment k of m). */
+static int add_param(zctx *c, const char *name, int ndim, const uint64_t *shape, uint64_t numel,
+                     zmom *const *m, size_t nm, size_t *pi)
 {
-    char name[STRATA_MAX_NAME + 256];
+    char mname[STRATA_MAX_NAME + 256];
+    *pi = c->n;
+    if (!add(c, name, STRATA_F32, ndim, shape, numel))
+        return OOM(c);
     for (size_t k = 0; k < nm; k++) {
-        const ztensor *pt = &c->t[pi]; /* again each time: add may move the array */
-        snprintf(name, sizeof name, "optim.state.%s.%s", pt->name, m[k]->key);
-        if (strlen(name) > STRATA_MAX_NAME)
-            return st_fail(STRATA_EFORMAT, "%s: the name '%s' is over %d bytes", c->where, name,
+        snprintf(mname, sizeof mname, "optim.state.%s.%s", name, m[k]->key);
+        if (strlen(mname) > STRATA_MAX_NAME)
+            return st_fail(STRATA_EFORMAT, "%s: the name '%s' is over %d bytes", c->where, mname,
                            STRATA_MAX_NAME);
-        uint64_t shape[STRATA_MAX_DIMS];
-        memcpy(shape, pt->shape, sizeof shape);
-        if (!add(c, name, m[k]->t[0]->dtype, pt->ndim, shape, pt->numel))
+        if (!add(c, mname, m[k]->t[0]->dtype, ndim, shape, numel))
             return OOM(c);
     }
     return 0;
+}
+
+/* Elements [fs, fe) of parameter c->t[pi] and of its nm moments after it, held by rank r
+ * (file c->nmodel + r) from element `off` of its partition: the fp32 master weights in
+ * `part`, moment j in m[j]->t[r]. */
+static int place(zctx *c, size_t pi, uint32_t r, uint64_t fs, uint64_t fe,
+                 const st_ts_tensor *part, uint64_t off, zmom *const *m, size_t nm)
+{
+    uint32_t f = (uint32_t)(c->nmodel + r);
+    int rc = piece(c, &c->t[pi], f, fs, fe, part->at + off * 4);
+    for (size_t j = 0; j < nm && !rc; j++) {
+        const st_ts_tensor *t = m[j]->t[r];
+        rc = piece(c, &c->t[pi + 1 + j], f, fs, fe, t->at + off * strata_dtype_size(t->dtype));
+    }
+    return rc;
 }
 
 /* ---- stage 1 and 2 ---- */
@@ -342,23 +346,13 @@ static int stage12(zctx *c, const pk_val *shapes, const pk_val *const *osd)
             }
             if (n == 0)
                 continue;
-            size_t pi = c->n;
-            if (!add(c, (const char *)k->s, STRATA_F32, nd, shp, n))
-                rc = OOM(c);
-            else
-                rc = add_moment_tensors(c, pi, m, nm);
+            size_t pi;
+            rc = add_param(c, (const char *)k->s, nd, shp, n, m, nm, &pi);
             for (uint32_t r = 0; r < R && !rc; r++) {
                 uint64_t a = o > start[r] ? o : start[r];
                 uint64_t b = o + n < start[r] + len[r] ? o + n : start[r] + len[r];
-                if (a >= b)
-                    continue;
-                uint32_t f = (uint32_t)(c->nmodel + r);
-                rc = piece(c, &c->t[pi], f, a - o, b - o, part[r]->at + (a - start[r]) * 4);
-                for (size_t j = 0; j < nm && !rc; j++) {
-                    const st_ts_tensor *t = m[j]->t[r];
-                    size_t es = strata_dtype_size(t->dtype);
-                    rc = piece(c, &c->t[pi + 1 + j], f, a - o, b - o, t->at + (a - start[r]) * es);
-                }
+                if (a < b)
+                    rc = place(c, pi, r, a - o, b - o, part[r], a - start[r], m, nm);
             }
             o += n;
             if (__builtin_add_overflow(o, (uint64_t)pad, &o))
@@ -471,11 +465,8 @@ static int stage3(zctx *c, const pk_val *shapes, const pk_val *const *osd)
             size_t k0 = 0;
             while (k0 + 1 < ng && gs[ng + k0 + 1] <= O)
                 k0++;
-            size_t pi = c->n;
-            if (!add(c, (const char *)kv->s, STRATA_F32, nd, shp, n))
-                rc = OOM(c);
-            else
-                rc = add_moment_tensors(c, pi, m[k0], nm[k0]);
+            size_t pi;
+            rc = add_param(c, (const char *)kv->s, nd, shp, n, m[k0], nm[k0], &pi);
             for (uint32_t r = 0; r < R && !rc; r++) {
                 uint64_t el = (uint64_t)r * pn;
                 if (el >= n)
@@ -486,21 +477,14 @@ static int stage3(zctx *c, const pk_val *shapes, const pk_val *const *osd)
                     uint64_t a = O > gb ? O : gb, b = O + cnt < ge ? O + cnt : ge;
                     if (a >= b)
                         continue;
-                    uint32_t f = (uint32_t)(c->nmodel + r);
-                    const st_ts_tensor *t = gt[(size_t)r * ng + k];
-                    rc = piece(c, &c->t[pi], f, el + a - O, el + b - O, t->at + (a - gb) * 4);
-                    for (size_t j = 0; j < nm[k0] && !rc; j++) {
-                        if (k != k0 && (nm[k] <= j || strcmp(m[k][j]->key, m[k0][j]->key)))
+                    for (size_t j = 0; k != k0 && j < nm[k0] && !rc; j++)
+                        if (nm[k] <= j || strcmp(m[k][j]->key, m[k0][j]->key))
                             rc = st_fail(STRATA_EMISMATCH, "%s: parameter '%s' spans groups "
                                          "%zu and %zu, whose optimizer states differ",
                                          c->where, (const char *)kv->s, k0, k);
-                        else {
-                            const st_ts_tensor *mt2 = m[k][j]->t[r];
-                            size_t es = strata_dtype_size(mt2->dtype);
-                            rc = piece(c, &c->t[pi + 1 + j], f, el + a - O, el + b - O,
-                                       mt2->at + (a - gb) * es);
-                        }
-                    }
+                    if (!rc)
+                        rc = place(c, pi, r, el + a - O, el + b - O, gt[(size_t)r * ng + k],
+                                   a - gb, m[k], nm[k0]);
                 }
             }
             O += pn;
