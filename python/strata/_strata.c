@@ -331,16 +331,21 @@ PyObject *enter_self(PyObject *self, PyObject *unused)
 
 /* ---- stats ------------------------------------------------------------------------------ */
 
-PyObject *stats_dict(const strata_stats *s)
+/* The stats of a save, or of a load (load: with how often it read and broadcast the index,
+ * meta_reads and meta_bcasts - the last two arguments, unused by the save's format). */
+#define STATS_FORMAT "{s:K,s:K,s:K,s:d,s:K,s:K,s:K,s:K,s:O,s:i"
+PyObject *stats_dict(const strata_stats *s, int load)
 {
-    return Py_BuildValue("{s:K,s:K,s:K,s:d,s:K,s:K,s:K,s:K,s:O,s:i}", "data_bytes",
+    return Py_BuildValue(load ? STATS_FORMAT ",s:K,s:K}" : STATS_FORMAT "}", "data_bytes",
                          (unsigned long long)s->data_bytes, "bytes", (unsigned long long)s->bytes,
                          "io_calls", (unsigned long long)s->io_calls, "seconds", s->seconds,
                          "max_writer_bytes", (unsigned long long)s->max_writer_bytes, "writers",
                          (unsigned long long)s->writers, "balance_bound",
                          (unsigned long long)s->balance_bound, "all_bytes",
                          (unsigned long long)s->all_bytes, "plan_cached",
-                         s->plan_cached ? Py_True : Py_False, "tier", s->tier);
+                         s->plan_cached ? Py_True : Py_False, "tier", s->tier, "meta_reads",
+                         (unsigned long long)s->meta_reads, "meta_bcasts",
+                         (unsigned long long)s->meta_bcasts);
 }
 
 /* ---- module functions ------------------------------------------------------------------ */
@@ -457,7 +462,8 @@ static PyMethodDef module_methods[] = {
     {"load", (PyCFunction)(void (*)(void))mod_load, METH_VARARGS | METH_KEYWORDS,
      "load(uris, states, comm=None, *, io_threads=0, max_io_bytes=0, direct=True, cast=False)"
      " -> dict\n\n"
-     "strata_load: from the first source that loads (stats['tier'] says which). cast: a shard\n"
+     "strata_load: from the first source that loads (stats['tier'] says which; stats\n"
+     "['meta_reads'] / ['meta_bcasts'] count the index's reads and broadcasts). cast: a shard\n"
      "of another dtype than saved is converted (STRATA_LOAD_CAST: floats rounded once to\n"
      "nearest even; integers only where exact)."},
     {"dtype_size", (PyCFunction)mod_dtype_size, METH_O, "dtype_size(name) -> bytes per element"},

@@ -50,7 +50,7 @@ typedef struct {
 void uris_free(uri_list *u);
 int uris_get(uri_list *u, PyObject *arg);
 
-PyObject *stats_dict(const strata_stats *s);
+PyObject *stats_dict(const strata_stats *s, int load);
 PyObject *enter_self(PyObject *self, PyObject *unused);
 
 /* ---- State (_strata_state.c) ----------------------------------------------------------- */

@@ -33,14 +33,6 @@ static int load_opts_get(strata_load_opts *o, PyObject *othreads, PyObject *omax
     return 0;
 }
 
-static int dict_set_u64(PyObject *d, const char *key, uint64_t v)
-{
-    PyObject *x = PyLong_FromUnsignedLongLong(v);
-    int rc = x ? PyDict_SetItemString(d, key, x) : -1;
-    Py_XDECREF(x);
-    return rc;
-}
-
 static CommObject *comm_arg(PyObject *ocomm)
 {
     if (ocomm != Py_None && !PyObject_TypeCheck(ocomm, &CommType)) {
@@ -48,6 +40,36 @@ static CommObject *comm_arg(PyObject *ocomm)
         return NULL;
     }
     return ocomm == Py_None ? NULL : (CommObject *)ocomm;
+}
+
+/* The body of strata.load (ld NULL: strata_load of the URIs u) and Loader.load (ld: its
+ * strata_loader_load, *busy set while it runs): loads the states of ostates with the options
+ * o, the GIL let go. Returns the stats dict, or NULL with the error raised. */
+static PyObject *load_into(PyObject *ostates, CommObject *comm, const uri_list *u,
+                           strata_loader *ld, int *busy, const strata_load_opts *o)
+{
+    state_list sl;
+    if (states_get(&sl, ostates) < 0)
+        return NULL;
+    Py_XINCREF(comm);
+    comm_begin(comm);
+    if (busy)
+        *busy = 1;
+    strata_stats s = STRATA_STATS_INIT;
+    char msg[MSG_BYTES];
+    int rc;
+    strata_comm *c = comm ? comm->c : NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ld ? strata_loader_load(&s, ld, sl.p, sl.n, o)
+            : strata_load(&s, c, u->p, u->n, sl.p, sl.n, o);
+    snprintf(msg, sizeof msg, "%s", rc ? strata_error_last() : "");
+    Py_END_ALLOW_THREADS
+    if (busy)
+        *busy = 0;
+    states_release(&sl);
+    PyObject *r = rc ? raise_comm(rc, msg, comm) : stats_dict(&s, 1);
+    Py_XDECREF(comm);
+    return r;
 }
 
 PyObject *mod_load(PyObject *m, PyObject *args, PyObject *kw)
@@ -65,27 +87,10 @@ PyObject *mod_load(PyObject *m, PyObject *args, PyObject *kw)
     if ((!comm && ocomm != Py_None) || load_opts_get(&o, othreads, omax, direct, cast) < 0)
         return NULL;
     uri_list u;
-    state_list sl;
     if (uris_get(&u, ouris) < 0)
         return NULL;
-    if (states_get(&sl, ostates) < 0) {
-        uris_free(&u);
-        return NULL;
-    }
-    Py_XINCREF(comm);
-    comm_begin(comm);
-    strata_stats s = STRATA_STATS_INIT;
-    char msg[MSG_BYTES];
-    int rc;
-    strata_comm *c = comm ? comm->c : NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = strata_load(&s, c, u.p, u.n, sl.p, sl.n, &o);
-    snprintf(msg, sizeof msg, "%s", rc ? strata_error_last() : "");
-    Py_END_ALLOW_THREADS
+    PyObject *r = load_into(ostates, comm, &u, NULL, NULL, &o);
     uris_free(&u);
-    states_release(&sl);
-    PyObject *r = rc ? raise_comm(rc, msg, comm) : stats_dict(&s);
-    Py_XDECREF(comm);
     return r;
 }
 
@@ -197,29 +202,7 @@ static PyObject *Loader_load(LoaderObject *self, PyObject *args, PyObject *kw)
     strata_load_opts o;
     if (loader_usable(self) < 0 || load_opts_get(&o, othreads, omax, direct, cast) < 0)
         return NULL;
-    state_list sl;
-    if (states_get(&sl, ostates) < 0)
-        return NULL;
-    CommObject *comm = self->comm;
-    Py_XINCREF(comm);
-    comm_begin(comm);
-    self->busy = 1;
-    strata_stats s = STRATA_STATS_INIT;
-    char msg[MSG_BYTES];
-    int rc;
-    strata_loader *ld = self->ld;
-    Py_BEGIN_ALLOW_THREADS
-    rc = strata_loader_load(&s, ld, sl.p, sl.n, &o);
-    snprintf(msg, sizeof msg, "%s", rc ? strata_error_last() : "");
-    Py_END_ALLOW_THREADS
-    self->busy = 0;
-    states_release(&sl);
-    PyObject *r = rc ? raise_comm(rc, msg, comm) : stats_dict(&s);
-    if (r && (dict_set_u64(r, "meta_reads", s.meta_reads) < 0 ||
-              dict_set_u64(r, "meta_bcasts", s.meta_bcasts) < 0))
-        Py_CLEAR(r);
-    Py_XDECREF(comm);
-    return r;
+    return load_into(ostates, self->comm, NULL, self->ld, &self->busy, &o);
 }
 
 /* [(name, dtype, [shape...]) ...] of the index, as lists (what strata.torch's _Meta takes). */

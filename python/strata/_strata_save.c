@@ -284,7 +284,7 @@ static PyObject *Saver_save(SaverObject *self, PyObject *args, PyObject *kw)
     states_release(&l);
     if (rc)
         return raise_comm(rc, msg, self->comm);
-    return stats_dict(&s);
+    return stats_dict(&s, 0);
 }
 
 typedef struct {
@@ -449,7 +449,7 @@ static int handle_finish(HandleObject *self)
     self->final_msg = PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg), "replace");
     if (!self->final_msg)
         return -1;
-    if (!rc && !(self->final_stats = stats_dict(&s)))
+    if (!rc && !(self->final_stats = stats_dict(&s, 0)))
         return -1;
     return 0;
 }
