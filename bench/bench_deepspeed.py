@@ -28,13 +28,14 @@ BENCH_DS_ROUNDS (default 3), BENCH_DS_K (default 6), BENCH_DS_ENGINES (default
 
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
+from _launch import launch  # noqa: E402  (the ranks as DeepSpeed's launcher starts them)
+
 GIB = float(os.environ.get("BENCH_DS_GB", "1"))
 ROUNDS = int(os.environ.get("BENCH_DS_ROUNDS", "3"))
 K = int(os.environ.get("BENCH_DS_K", "6"))
@@ -158,17 +159,8 @@ def rank_main(engine_name, out):
 def run_engine(name, out):
     import shutil
     shutil.rmtree(os.path.join(BENCH_DIR, "ds-%s" % name), ignore_errors=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for r in range(2):
-        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", OMP_NUM_THREADS="1",
-                   CROSS_RANK="0", CROSS_SIZE="1", LOCAL_SIZE="2",   # as deepspeed's launcher
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONWARNINGS="ignore")
-        log = open(out + ".log%d" % r, "w")
-        procs.append(subprocess.Popen([sys.executable, __file__, "rank", name, out], env=env,
-                                      stdout=log, stderr=subprocess.STDOUT))
+    procs = launch([__file__, "rank", name, out], 2, log=lambda r: out + ".log%d" % r,
+                   env={"CROSS_RANK": "0", "CROSS_SIZE": "1", "LOCAL_SIZE": "2"})  # as its launcher
     failed_at, start = None, time.time()
     while any(p.poll() is None for p in procs):   # a rank that fails may leave the ranks
         if failed_at is None and (any(p.poll() for p in procs) or any(   # waiting forever

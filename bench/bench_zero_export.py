@@ -23,7 +23,6 @@ BENCH_DS_OUT (default bench/results), STRATA (default build/strata).
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+from _launch import launch, wait  # noqa: E402  (the ranks as DeepSpeed's launcher starts them)
 GIB = float(os.environ.get("BENCH_DS_GB", "1"))
 ROUNDS = int(os.environ.get("BENCH_DS_ROUNDS", "3"))
 BENCH_DIR = os.path.abspath(os.environ.get("BENCH_DIR", "build/bench-deepspeed"))
@@ -79,21 +80,11 @@ def rank_main(save_dir):
 
 
 def write_checkpoint(save_dir):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for r in range(2):
-        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-                   PYTHONWARNINGS="ignore")
-        log = open(os.path.join(BENCH_DIR, "zero-write-%d.log" % r), "w")
-        procs.append(subprocess.Popen([sys.executable, __file__, "rank", save_dir], env=env,
-                                      stdout=log, stderr=log))
-    for r, p in enumerate(procs):
-        if p.wait() != 0:
-            raise RuntimeError("rank %d failed:\n%s" % (r, open(os.path.join(
-                BENCH_DIR, "zero-write-%d.log" % r)).read()[-3000:]))
+    log = lambda r: os.path.join(BENCH_DIR, "zero-write-%d.log" % r)  # noqa: E731
+    rcs = wait(launch([__file__, "rank", save_dir], 2, log=log), timeout=None)
+    for r, rc in enumerate(rcs):
+        if rc != 0:
+            raise RuntimeError("rank %d failed:\n%s" % (r, open(log(r)).read()[-3000:]))
 
 
 def timed(cmd):

@@ -12,8 +12,6 @@ tests run the engine in this process, without a process group.
 import os
 import random
 import signal
-import socket
-import subprocess
 import sys
 import time
 
@@ -27,22 +25,13 @@ from deepspeed.runtime.checkpoint_engine import CheckpointCommitInfo  # noqa: E4
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import _launch as _launch_mod  # noqa: E402
 from _ds_worker import RESHARD as _STAGES_RESHARD, STAGES, STEPS  # noqa: E402
 
 
 def _launch(mode, out, ws=2):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for r in range(ws):
-        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(ws),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-                   PYTHONWARNINGS="ignore")
-        log = open(os.path.join(out, "log-%s-%d" % (mode, r)), "w")
-        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "_ds_worker.py"),
-                                       mode, out], env=env, stdout=log, stderr=log))
-    return procs
+    return _launch_mod.launch([os.path.join(HERE, "_ds_worker.py"), mode, out], ws,
+                              log=lambda r: os.path.join(out, "log-%s-%d" % (mode, r)))
 
 
 def _logs(out, mode, ws=2):
@@ -78,14 +67,8 @@ def ref_run(tmp_path_factory):
 
 
 def _run(mode, out, ws=2):
-    procs = _launch(mode, out, ws)
-    for p in procs:
-        try:
-            rc = p.wait(timeout=600)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            rc = "timeout"
-        assert rc == 0, "%s rank failed (%s)\n%s" % (mode, rc, _logs(out, mode, ws))
+    rcs = _launch_mod.wait(_launch(mode, out, ws))
+    assert rcs == [0] * ws, "%s rank failed (%s)\n%s" % (mode, rcs, _logs(out, mode, ws))
 
 
 @pytest.mark.slow

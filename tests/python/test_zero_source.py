@@ -12,15 +12,14 @@ hostile variants of the files, each refused with its own error.
 
 import os
 import shutil
-import socket
 import subprocess
-import sys
 
 import pytest
 import torch
 
 deepspeed = pytest.importorskip("deepspeed")
 import _dist  # noqa: E402
+import _launch  # noqa: E402
 import strata  # noqa: E402
 import strata.torch as st  # noqa: E402
 from _tensors import same  # noqa: E402
@@ -46,24 +45,10 @@ def written(tmp_path_factory):
     """{stage: save_dir} written by DeepSpeed's default engine, and {stage: zero_to_fp32's
     state dict} (also in <base>/ref<stage>.pt for the DTensor ranks)."""
     base = str(tmp_path_factory.mktemp("zero"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for r in range(2):
-        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-                   PYTHONWARNINGS="ignore")
-        log = open(os.path.join(base, "log%d" % r), "w")
-        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "_ds_zero_worker.py"),
-                                       base], env=env, stdout=log, stderr=log))
-    for p in procs:
-        try:
-            rc = p.wait(timeout=600)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            rc = "timeout"
-        assert rc == 0, open(os.path.join(base, "log0")).read()[-3000:]
+    procs = _launch.launch([os.path.join(HERE, "_ds_zero_worker.py"), base], 2,
+                           log=lambda r: os.path.join(base, "log%d" % r))
+    rcs = _launch.wait(procs)
+    assert rcs == [0, 0], (rcs, open(os.path.join(base, "log0")).read()[-3000:])
     dirs = {s: os.path.join(base, "z%d" % s) for s in STAGES}
     refs = {}
     for s, d in dirs.items():
