@@ -7,7 +7,6 @@ import bisect
 import collections.abc
 import ctypes
 import hashlib
-import os
 import random as _pyrandom
 import re
 
@@ -356,21 +355,12 @@ class _Meta:
         self.values = {}
         for name, pkl in d.get("p", []):
             self.values.update(_torchsave.pickle_values(pkl, name))
-        # Megatron torch_dist: the state every rank shares is in common.pt (a torch.save
-        # file beside the DCP files), read by strata's restricted reader; one it refuses
-        # (a global off the allow-list, e.g. an argparse.Namespace) fails only a load that
-        # asks for a key not found elsewhere, naming why (missing())
-        self.common_error = None
-        if self.format == "megatron":
-            try:
-                common = _torchsave.file_values(os.path.join(_S.uri_path(d["tier_uri"]),
-                                                             "common.pt"))
-                self.values.update((k, v) for k, v in common.items()
-                                   if k not in self.tensors)
-            except FileNotFoundError:
-                pass
-            except _S.Error as e:
-                self.common_error = e
+        # Megatron torch_dist: the state every rank shares, common.pt's values (of_loader);
+        # a common.pt the restricted reader refuses (a global off the allow-list, e.g. an
+        # argparse.Namespace) fails only a load that asks for a key not found elsewhere,
+        # naming why (missing())
+        self.common_error = d.get("c_error")
+        self.values.update((k, v) for k, v in d.get("c", {}).items() if k not in self.tensors)
         self.names = sorted(set(self.tensors) | set(n for n, _ in self.blobs)
                             | set(self.values))
 
@@ -387,10 +377,11 @@ class _Meta:
         torch.save source also its files' pickles (its blobs), loaded through ld (with a
         group every rank calls this: each pickle is read once and reaches every rank)."""
         d = ld.index()
-        d["tier_uri"] = ld.uri
         if d["f"] == "torch.save":   # its blobs are its files' pickles
             d["p"] = _load_blobs(ld, d["b"])
             d["b"] = []
+        elif d["f"] == "megatron":
+            d["c"], d["c_error"] = _common_values(ld, d)
         return d
 
     def value_src(self, key, rank):
@@ -454,6 +445,31 @@ def _load_blobs(ld, blobs):
         ld.load([st])
     return [(name, ctypes.string_at(ctypes.addressof(buf), size))
             for (name, _, size), buf in zip(blobs, bufs)]
+
+
+_MG_COMMON = "common.pt"
+
+
+def _common_values(ld, d):
+    """Megatron torch_dist: ({flattened key: value} of common.pt, the state every rank
+    shares; the strata.Error that refused it, or None). common.pt is the global blob
+    "common.pt" of the index (src_megatron.c), taken out of d["b"]: read through the loader
+    ld as every blob is (the file checked to be the one opened; with a group, read once and
+    reaching every rank), parsed by strata's restricted torch.save reader. A read that fails
+    raises the loader's error."""
+    blob = [b for b in d["b"] if b[0] == _MG_COMMON and b[1] == -1]
+    if not blob:
+        return {}, None
+    d["b"] = [b for b in d["b"] if b is not blob[0]]
+    name = ld.uri.rstrip("/") + "/" + _MG_COMMON
+    if blob[0][2] > _torchsave.MAX_FILE_VALUES:
+        return {}, _error("FormatError", "%s: over %d bytes, the most read for its values"
+                          % (name, _torchsave.MAX_FILE_VALUES))
+    data = _load_blobs(ld, blob)[0][1]
+    try:
+        return _torchsave.file_values(data, name), None
+    except _S.Error as e:
+        return {}, e
 
 
 def _ranges(xs):

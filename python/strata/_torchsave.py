@@ -9,8 +9,8 @@ strata.torch flattens a state dict (a container without tensors is one value und
 
 archive_values(data) turns the bytes of a whole torch.save archive (a DCP non-tensor item)
 into its value, tensors rebuilt from the archive's bytes (copies, torch.frombuffer).
-file_values(path) does that for a whole file (Megatron's common.pt) and flattens it as
-pickle_values does.
+file_values(data, name) does that for a whole file's bytes (Megatron's common.pt) and flattens
+it as pickle_values does.
 """
 
 import collections
@@ -91,17 +91,13 @@ def pickle_values(pkl, name="data.pkl"):
 MAX_FILE_VALUES = 256 << 20   # bytes of a torch.save file read whole for its values
 
 
-def file_values(path):
-    """{flattened key: value} of the torch.save file at path, read whole (at most
-    MAX_FILE_VALUES bytes) by strata's rules: Megatron's common.pt, the state every rank
-    shares. Tensors come back as new CPU tensors (values, not index entries)."""
+def file_values(data, name):
+    """{flattened key: value} of the bytes of a whole torch.save file (name: what messages
+    call it), read by strata's rules: Megatron's common.pt, the state every rank shares,
+    read through the loader (a blob of its index). Tensors come back as new CPU tensors
+    (values, not index entries)."""
     from strata._statedict import _items, _join
-    with open(path, "rb") as f:
-        data = f.read(MAX_FILE_VALUES + 1)
-    if len(data) > MAX_FILE_VALUES:
-        raise _error("FormatError", "%s: over %d bytes, the most read for its values"
-                     % (path, MAX_FILE_VALUES))
-    root = archive_values(data, name=path)
+    root = archive_values(data, name=name)
     out = {}
 
     def walk(v, key):

@@ -68,6 +68,14 @@ extern const st_source st_source_dcp;         /* src_dcp.c */
  * st_meta_decode_foreign does). For the DCP source and those built on DCP (Megatron
  * torch_dist). Errors: as st_source_dcp's open. */
 int st_dcp_read_meta(const st_vfs *v, const char *dir, st_meta **out);
+/* st_source_dcp's verify of d, whose first nfiles files are the DCP files (those after
+ * them, a source built on DCP's to check itself). */
+int st_dcp_verify_files(const st_dir *d, uint32_t nfiles, strata_verify_cb report, void *ctx);
+/* Checks the CRC-32 of every entry of the zip archive that is the first len bytes of the
+ * open file f (shown: its path), reporting what is wrong as item `name` of `file`. 0,
+ * STRATA_ECHECKSUM (reported), or another error (STRATA_EIO, STRATA_ENOMEM). */
+int st_dcp_verify_archive(const st_vfs *v, st_file *f, const char *shown, const char *name,
+                          const char *file, uint64_t len, strata_verify_cb report, void *ctx);
 extern const st_source st_source_torchsave;   /* src_torchsave.c */
 extern const st_source st_source_zero;        /* src_zero.c */
 

@@ -23,22 +23,15 @@
 
 #define HEAD_WINDOW 4096u
 
-static int has_file(const st_vfs *v, const char *dir, const char *name)
-{
-    char p[PATH_MAX];
-    int kind;
-    return st_path_join(p, dir, name) == 0 && v->stat(v, p, NULL, &kind) == 0 &&
-           (kind == 0 || kind == 2);
-}
-
 static int st_dcp_here(const st_vfs *v, const char *path, int kind)
 {
     char p[PATH_MAX];
     st_file *f;
     unsigned char b[2];
     /* metadata.json beside it: Megatron torch_dist, a DCP directory its own source reads */
-    if (kind != 1 || has_file(v, path, ST_META_FILE) || has_file(v, path, ST_COMMIT_FILE) ||
-        has_file(v, path, "metadata.json") ||
+    if (kind != 1 || st_source_has_file(v, path, ST_META_FILE) ||
+        st_source_has_file(v, path, ST_COMMIT_FILE) ||
+        st_source_has_file(v, path, "metadata.json") ||
         st_path_join(p, path, ST_DCP_METADATA) ||
         v->open(v, p, ST_O_READ | ST_O_FOLLOW, &f) != 0) {
         st_clear_error();
@@ -379,24 +372,25 @@ static int st_dcp_open(st_dir *d, unsigned char **desc, size_t *desclen)
 
 #define VERIFY_WINDOW (4u << 20)
 
-/* Reads every entry of the archive at chunk k whole (in windows) and checks its CRC-32. */
-static int verify_item(const st_vfs *v, const char *dir, const st_dcp *dc, st_file *f,
-                       const st_dcp_item *it, const st_dcp_chunk *k, unsigned char *buf,
-                       strata_verify_cb report, void *ctx)
+/* Reads every entry of the zip archive at [off, off + len) of f (shown: the file's path)
+ * whole, in windows of buf, and checks its CRC-32; what is wrong is reported as item `name`
+ * of `file`. 0, STRATA_ECHECKSUM (reported) or another error. */
+static int verify_zip(const st_vfs *v, st_file *f, const char *shown, const char *name,
+                      const char *file, uint64_t off, uint64_t len, unsigned char *buf,
+                      strata_verify_cb report, void *ctx)
 {
-    char shown[PATH_MAX + 300], what[PATH_MAX + 600], msg[PATH_MAX + 1200];
-    snprintf(shown, sizeof shown, "%s/%s", dir, dc->files[k->file]);
-    snprintf(what, sizeof what, "%s: item '%.200s' at %llu", shown, it->fqn,
-             (unsigned long long)k->offset);
-    item_rd r = {v, f, shown, k->offset, k->length, NULL, 0, 0, {0}, 0, 0};
+    char what[PATH_MAX + 600], msg[PATH_MAX + 1200];
+    snprintf(what, sizeof what, "%s: item '%.200s' at %llu", shown, name,
+             (unsigned long long)off);
+    item_rd r = {v, f, shown, off, len, NULL, 0, 0, {0}, 0, 0};
     st_zip z;
-    int rc = st_zip_open(&z, k->length, item_read, &r, what), bad = 0;
+    int rc = st_zip_open(&z, len, item_read, &r, what), bad = 0;
     for (size_t i = 0; !rc && i < z.n; i++) {
         const st_zip_entry *e = &z.e[i];
         if (e->method != 0) {
             snprintf(msg, sizeof msg, "%s: entry %s is compressed (zip method %u)", what,
                      e->name, e->method);
-            report(ctx, it->fqn, dc->files[k->file], msg);
+            report(ctx, name, file, msg);
             bad = 1;
             continue;
         }
@@ -410,12 +404,12 @@ static int verify_item(const st_vfs *v, const char *dir, const st_dcp *dc, st_fi
         if (!rc && (uint32_t)crc != e->crc) {
             snprintf(msg, sizeof msg, "%s: zip CRC-32 of %s is %08x, its archive says %08x",
                      what, e->name, (unsigned)crc, (unsigned)e->crc);
-            report(ctx, it->fqn, dc->files[k->file], msg);
+            report(ctx, name, file, msg);
             bad = 1;
         }
     }
     if (rc && rc != STRATA_ENOMEM && rc != STRATA_EIO) { /* a damaged archive: reported */
-        report(ctx, it->fqn, dc->files[k->file], strata_error_last());
+        report(ctx, name, file, strata_error_last());
         bad = 1;
         rc = 0;
     }
@@ -424,7 +418,17 @@ static int verify_item(const st_vfs *v, const char *dir, const st_dcp *dc, st_fi
     return rc ? rc : bad ? STRATA_ECHECKSUM : 0;
 }
 
-static int st_dcp_verify(const st_dir *d, strata_verify_cb report, void *ctx)
+int st_dcp_verify_archive(const st_vfs *v, st_file *f, const char *shown, const char *name,
+                          const char *file, uint64_t len, strata_verify_cb report, void *ctx)
+{
+    unsigned char *win = malloc(VERIFY_WINDOW);
+    int rc = win ? verify_zip(v, f, shown, name, file, 0, len, win, report, ctx)
+                 : st_fail(STRATA_ENOMEM, "out of memory");
+    free(win);
+    return rc;
+}
+
+int st_dcp_verify_files(const st_dir *d, uint32_t nfiles, strata_verify_cb report, void *ctx)
 {
     const st_vfs *v = d->vfs;
     const st_meta *m = d->meta;
@@ -444,7 +448,7 @@ static int st_dcp_verify(const st_dir *d, strata_verify_cb report, void *ctx)
     free(buf);
     if (rc)
         return rc;
-    if (!(rc = files_open(v, d->path, &dc, &fs)) && dc.nfiles != m->nfiles)
+    if (!(rc = files_open(v, d->path, &dc, &fs)) && dc.nfiles != nfiles)
         rc = st_fail(STRATA_ECHANGED, "DCP checkpoint '%s': its .metadata changed after it was "
                      "opened", d->path);
     for (size_t f = 0; !rc && f < dc.nfiles; f++) {
@@ -462,8 +466,10 @@ static int st_dcp_verify(const st_dir *d, strata_verify_cb report, void *ctx)
     for (size_t i = 0; !rc && i < dc.nitems; i++)
         for (size_t c = 0; !rc && c < dc.items[i].nchunks; c++) {
             const st_dcp_chunk *k = &dc.items[i].chunks[c];
-            int r = verify_item(v, d->path, &dc, fs.f[k->file], &dc.items[i], k, win, report,
-                                ctx);
+            char shown[PATH_MAX + 300];
+            snprintf(shown, sizeof shown, "%s/%s", d->path, dc.files[k->file]);
+            int r = verify_zip(v, fs.f[k->file], shown, dc.items[i].fqn, dc.files[k->file],
+                               k->offset, k->length, win, report, ctx);
             if (r == STRATA_ECHECKSUM)
                 bad = 1;
             else
@@ -476,6 +482,11 @@ static int st_dcp_verify(const st_dir *d, strata_verify_cb report, void *ctx)
         rc = st_fail(STRATA_ECHECKSUM, "DCP checkpoint '%s': items whose zip CRC-32 differs "
                      "(reported)", d->path);
     return rc;
+}
+
+static int st_dcp_verify(const st_dir *d, strata_verify_cb report, void *ctx)
+{
+    return st_dcp_verify_files(d, d->meta->nfiles, report, ctx);
 }
 
 const st_source st_source_dcp = {"dcp",       STRATA_FORMAT_DCP, st_dcp_here,

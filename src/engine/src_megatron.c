@@ -5,13 +5,16 @@
  * megatron-core < 0.14 saved as N-D flattened pieces (distributed-optimizer state: flat
  * ranges of boxes, reformulated into an (N+1)-d DCP tensor, the original shape in the
  * Metadata's mcore_data) becomes its original shape again, each piece a flat range of its
- * box. The description for other ranks is the foreign metadata (st_source_describe).
+ * box; common.pt is a global blob of the index (the whole file), read by a load as any
+ * blob. The description for other ranks is the foreign metadata (st_source_describe).
  * docs/FORMAT.md, "Megatron torch_dist as strata reads it".
  *
  * here: a directory without strata's metadata or commit record holding a metadata.json that
  * mentions "sharded_backend" (or is over its 64 KiB limit, which open refuses). open: errors STRATA_EFORMAT, STRATA_ENOTSUP
  * (a backend other than torch_dist, named; what the DCP source does not read), STRATA_ENOENT
- * (.metadata or a .distcp file missing), STRATA_EIO, STRATA_ENOMEM. No threads. */
+ * (.metadata or a .distcp file missing), STRATA_EIO (also a common.pt that is not a regular
+ * file), STRATA_ENOMEM. No threads. */
+#include <assert.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,14 +23,6 @@
 #include "../meta/dcp.h"
 #include "../meta/megatron.h"
 #include "source.h"
-
-static int has_file(const st_vfs *v, const char *dir, const char *name)
-{
-    char p[PATH_MAX];
-    int kind;
-    return st_path_join(p, dir, name) == 0 && v->stat(v, p, NULL, &kind) == 0 &&
-           (kind == 0 || kind == 2);
-}
 
 /* Reads dir/name whole (at most max bytes); what names it in messages. */
 static int read_whole(const st_vfs *v, const char *dir, const char *name, size_t max,
@@ -55,8 +50,9 @@ static int st_megatron_here(const st_vfs *v, const char *path, int kind)
     unsigned char *buf = NULL;
     size_t len = 0;
     int yes = 0;
-    if (kind == 1 && !has_file(v, path, ST_META_FILE) && !has_file(v, path, ST_COMMIT_FILE) &&
-        has_file(v, path, ST_MG_CONFIG) && st_path_join(p, path, ST_MG_CONFIG) == 0) {
+    if (kind == 1 && !st_source_has_file(v, path, ST_META_FILE) &&
+        !st_source_has_file(v, path, ST_COMMIT_FILE) &&
+        st_source_has_file(v, path, ST_MG_CONFIG) && st_path_join(p, path, ST_MG_CONFIG) == 0) {
         int e = st_vfs_read_all(v, p, ST_MG_MAX_CONFIG, ST_O_FOLLOW, &buf, &len);
         /* one over the limit is Megatron's to refuse (open says so), not unknown */
         yes = e == -EFBIG || (e == 0 && memmem(buf, len, "\"sharded_backend\"", 17) != NULL);
@@ -67,8 +63,9 @@ static int st_megatron_here(const st_vfs *v, const char *path, int kind)
 }
 
 /* The legacy N-D flattened tensors of the .metadata (a second, bounded read of it: the
- * DCP source keeps its pickle to itself) mapped back onto their original shapes. */
-static int unflatten(const st_vfs *v, const char *dir, st_meta **meta)
+ * DCP source keeps its pickle to itself) mapped back onto their original shapes; *changed
+ * set when there were any. */
+static int unflatten(const st_vfs *v, const char *dir, st_meta *meta, int *changed)
 {
     char shown[PATH_MAX];
     unsigned char *buf = NULL;
@@ -80,14 +77,71 @@ static int unflatten(const st_vfs *v, const char *dir, st_meta **meta)
     pk_doc doc;
     st_mg_reform *r = NULL;
     size_t n = 0;
+    rc = st_mg_reforms(&doc, &r, &n, buf, len, shown);
+    free(buf);
+    if (!rc && n && !(rc = st_mg_unflatten(meta, r, n, shown)))
+        *changed = 1;
+    free(r);
+    pk_free(&doc);
+    return rc;
+}
+
+/* common.pt, the state every rank shares (a torch.save file), as the index's global blob
+ * "common.pt": the whole file, which a load reads as any blob (its identity checked against
+ * the one seen here; with a communicator read once and broadcast) and strata.torch parses
+ * with the restricted torch.save reader. *changed set when there is one; nothing when there
+ * is none. */
+static int add_common(const st_vfs *v, const char *dir, st_meta *m, int *changed)
+{
+    st_file *f = NULL;
+    st_file_id id;
+    int rc = st_source_open_file(v, dir, ST_MG_COMMON, "Megatron common.pt", &f, &id);
+    if (rc == STRATA_ENOENT) /* none: the checkpoint holds no common state */
+        return st_clear_error(), 0;
+    if (rc)
+        return rc;
+    v->close(f);
+    st_arena *a = &m->arena;
+    st_mfile *files = st_arena_alloc(a, (m->nfiles + 1) * sizeof *files);
+    st_mident *ids = st_arena_alloc(a, (m->nfiles + 1) * sizeof *ids);
+    st_mblob *blobs = st_arena_alloc(a, (m->nblobs + 1) * sizeof *blobs);
+    char *name = st_arena_strndup(a, ST_MG_COMMON, strlen(ST_MG_COMMON));
+    assert(m->idents || !m->nfiles); /* a DCP index: every file's identity */
+    if (!files || !ids || !blobs || !name)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    if (m->nfiles) {
+        memcpy(files, m->files, m->nfiles * sizeof *files);
+        memcpy(ids, m->idents, m->nfiles * sizeof *ids);
+    }
+    if (m->nblobs)
+        memcpy(blobs, m->blobs, m->nblobs * sizeof *blobs);
+    files[m->nfiles] = (st_mfile){name, id.size};
+    ids[m->nfiles] = (st_mident){id.ino, id.mtime_ns, id.ctime_ns};
+    blobs[m->nblobs] = (st_mblob){name, -1, {m->nfiles, 0, id.size, NULL}};
+    m->files = files;
+    m->idents = ids;
+    m->blobs = blobs;
+    m->nfiles++;
+    m->nblobs++;
+    m->data_bytes += id.size;
+    *changed = 1;
+    return 0;
+}
+
+/* The DCP index of dir as Megatron completes it: legacy flattened tensors in their shapes,
+ * common.pt a blob. Validated again (as every other rank will) when it changed. */
+static int read_meta(const st_vfs *v, const char *dir, st_meta **meta)
+{
+    int changed = 0;
     unsigned char *enc = NULL;
     size_t elen = 0;
     st_meta *m = NULL;
-    rc = st_mg_reforms(&doc, &r, &n, buf, len, shown);
-    free(buf);
-    if (!rc && n && !(rc = st_mg_unflatten(*meta, r, n, shown)) &&
-        !(rc = st_meta_encode(*meta, &enc, &elen))) {
-        /* the shards changed: validated again as every other rank will */
+    int rc = st_dcp_read_meta(v, dir, meta);
+    if (!rc)
+        rc = unflatten(v, dir, *meta, &changed);
+    if (!rc)
+        rc = add_common(v, dir, *meta, &changed);
+    if (!rc && changed && !(rc = st_meta_encode(*meta, &enc, &elen))) {
         if ((rc = st_meta_decode_foreign(&m, enc, elen)) != 0) {
             rc = st_wrap(rc, "Megatron checkpoint '%s'", dir);
         } else {
@@ -96,8 +150,10 @@ static int unflatten(const st_vfs *v, const char *dir, st_meta **meta)
         }
     }
     free(enc);
-    free(r);
-    pk_free(&doc);
+    if (rc && *meta) {
+        st_meta_free(*meta);
+        *meta = NULL;
+    }
     return rc;
 }
 
@@ -116,16 +172,11 @@ static int st_megatron_open(st_dir *d, unsigned char **desc, size_t *desclen)
     free(buf);
     if (rc)
         return rc;
-    if (!has_file(v, d->path, ST_DCP_METADATA))
+    if (!st_source_has_file(v, d->path, ST_DCP_METADATA))
         return st_fail(STRATA_ENOENT, "Megatron torch_dist checkpoint '%s': its DCP metadata "
                        "(%s) is missing", d->path, ST_DCP_METADATA);
-    if ((rc = st_dcp_read_meta(v, d->path, &d->meta)) != 0 ||
-        (rc = unflatten(v, d->path, &d->meta)) != 0) {
-        if (d->meta)
-            st_meta_free(d->meta);
-        d->meta = NULL;
+    if ((rc = read_meta(v, d->path, &d->meta)) != 0)
         return rc;
-    }
     d->committed = 1;
     memset(&d->commit, 0, sizeof d->commit);
     if (desc && (rc = st_source_describe(d, desc, desclen)) != 0)
@@ -133,9 +184,31 @@ static int st_megatron_open(st_dir *d, unsigned char **desc, size_t *desclen)
     return 0;
 }
 
+/* DCP's verify of the DCP files, then common.pt (the last file, when add_common found one):
+ * still the file opened, and its zip CRC-32s. */
 static int st_megatron_verify(const st_dir *d, strata_verify_cb report, void *ctx)
 {
-    return st_source_dcp.verify(d, report, ctx);
+    const st_meta *m = d->meta;
+    uint32_t nf = m->nfiles;
+    int common = nf && strcmp(m->files[nf - 1].name, ST_MG_COMMON) == 0;
+    int rc = st_dcp_verify_files(d, nf - (uint32_t)common, report, ctx);
+    if (!common || (rc && rc != STRATA_ECHECKSUM))
+        return rc;
+    char shown[PATH_MAX];
+    st_file *f = NULL;
+    st_file_id id;
+    int rc2 = st_source_open_file(d->vfs, d->path, ST_MG_COMMON, "Megatron common.pt", &f, &id);
+    if (!rc2) {
+        if (!(rc2 = st_check_same_file(d, &m->files[nf - 1], &m->idents[nf - 1], f)) &&
+            !(rc2 = st_path_join(shown, d->path, ST_MG_COMMON)))
+            rc2 = st_dcp_verify_archive(d->vfs, f, shown, ST_MG_COMMON, ST_MG_COMMON,
+                                        m->files[nf - 1].bytes, report, ctx);
+        d->vfs->close(f);
+    }
+    if (rc2 == STRATA_ECHECKSUM && !rc)
+        return st_fail(rc2, "Megatron checkpoint '%s': its %s fails its zip CRC-32 "
+                       "(reported)", d->path, ST_MG_COMMON);
+    return rc2 && rc2 != STRATA_ECHECKSUM ? rc2 : rc;
 }
 
 const st_source st_source_megatron = {"megatron", STRATA_FORMAT_MEGATRON, st_megatron_here,

@@ -164,8 +164,8 @@ def test_megatron_wrote_it(written):
 
 def test_inspect(written):
     """Format "megatron"; the TP slices are boxes; each optimizer piece is a shard of its
-    bucket; the ShardedObjects are blobs; the legacy flattened tensor has its original
-    shape."""
+    bucket; the ShardedObjects and common.pt are blobs; the legacy flattened tensor has its
+    original shape."""
     for world, path in written.items():
         ck = strata.Checkpoint(path)
         assert ck.format == "megatron" and ck.committed and ck.chunk_bytes == 0
@@ -177,7 +177,8 @@ def test_inspect(written):
                         for s in t[BUCKET + ".exp_avg"]["shards"])
         assert pieces == sorted(((lo,), (hi - lo,)) for r in PIECES[world] for lo, hi in r)
         blobs = sorted(b["name"] for b in ck.blobs)
-        assert blobs == ["rng_state/shard_%d_%d" % (r, world) for r in range(world)]
+        assert blobs == ["common.pt"] + ["rng_state/shard_%d_%d" % (r, world)
+                                         for r in range(world)]
         if world == 2:
             assert tuple(t[FLAT]["shape"]) == FLAT_SHAPE and t[FLAT]["dtype"] == "f32"
             assert len(t[FLAT]["shards"]) == 4
@@ -190,7 +191,7 @@ def test_cli_names_the_format(written):
     path = written[2]
     r = subprocess.run([STRATA, "inspect", path], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("Megatron-Core torch_dist %s: 9 tensors, 2 blobs" % path), r.stdout
+    assert r.stdout.startswith("Megatron-Core torch_dist %s: 9 tensors, 3 blobs" % path), r.stdout
     r = subprocess.run([STRATA, "verify", path], capture_output=True, text=True)
     assert r.returncode == 0 and "Megatron torch_dist has no strata checksums" in r.stdout, r
 
@@ -294,6 +295,75 @@ def test_common_state_values(written, tmp_path):
     assert "common.pt could not be read" in str(ei.value) and "system" in str(ei.value), \
         str(ei.value)
     assert not os.path.exists(planted)
+
+
+def _blob_of(path, name, size):
+    """The bytes of the global blob name (size bytes) of the checkpoint at path, loaded
+    through a strata.Loader (also returned, open: the caller closes it)."""
+    ld = strata.Loader([path])
+    t = torch.zeros(size, dtype=torch.uint8)
+    s = strata.State()
+    s.add_blob(name, data_ptr=t.data_ptr(), nbytes=size, keep=t)
+    ld.load([s])
+    return ld, s, t
+
+
+def test_common_pt_is_a_blob(written, tmp_path):
+    """common.pt is the index's global blob "common.pt", the whole file, read through the
+    loader as every blob (with a group: once, reaching every rank): bitwise the file's
+    bytes; a common.pt replaced after the loader opened the checkpoint is the loader's
+    ChangedError on the next load, never values of another file."""
+    path = copy_of(written[1], str(tmp_path / "ck"))
+    common = os.path.join(path, "common.pt")
+    with open(common, "rb") as f:
+        data = f.read()
+    ck = strata.Checkpoint(path)
+    assert [(b["owner"], b["bytes"]) for b in ck.blobs if b["name"] == "common.pt"] == \
+        [(-1, len(data))]
+    ld, s, t = _blob_of(path, "common.pt", len(data))
+    with ld:
+        assert bytes(t.numpy()) == data
+        torch.save({"iteration": 99}, common + ".new")
+        os.replace(common + ".new", common)
+        with pytest.raises(strata.ChangedError, match="common.pt"):
+            ld.load([s])
+
+
+def test_hostile_common_pt(written, tmp_path):
+    """A common.pt that is not a regular file (a directory; a FIFO, which a plain read
+    would wait on forever) is refused when the checkpoint is opened, with the loader's
+    code, naming it; one whose data.pkl fails its zip CRC-32 fails `strata verify`
+    (reported, naming common.pt) and, as a refused one, only the keys it alone holds."""
+    import zipfile
+    for kind in ("dir", "fifo"):
+        path = copy_of(written[1], str(tmp_path / kind))
+        common = os.path.join(path, "common.pt")
+        os.remove(common)
+        os.mkdir(common) if kind == "dir" else os.mkfifo(common)
+        refused(path, strata.StorageError, "common.pt", 1)
+    path = copy_of(written[1], str(tmp_path / "crc"))
+    common = os.path.join(path, "common.pt")
+    with zipfile.ZipFile(common) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith("/data.pkl"))
+    with open(common, "r+b") as f:
+        f.seek(info.header_offset + 26)
+        n, e = int.from_bytes(f.read(2), "little"), int.from_bytes(f.read(2), "little")
+        at = info.header_offset + 30 + n + e + info.file_size // 2
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0x20]))
+    name = sorted(MODEL)[0]
+    sd = {name: torch.zeros(MODEL[name][0], dtype=MODEL[name][1])}
+    st.load(sd, path)
+    assert same(sd[name], ref(name, *MODEL[name][:2]))
+    with pytest.raises(strata.NotFoundError, match="CRC-32"):
+        st.load({"iteration": 0}, path)
+    if os.access(STRATA, os.X_OK):
+        r = subprocess.run([STRATA, "verify", path], capture_output=True, text=True)
+        assert r.returncode == 3 and "STRATA_ECHECKSUM" in r.stderr and \
+            "common.pt: item 'common.pt' at 0: zip CRC-32 of" in r.stderr, \
+            (r.returncode, r.stdout, r.stderr)
 
 
 # ---- hostile inputs ---------------------------------------------------------------------------
