@@ -9,8 +9,6 @@
  * spares that checkpoint only; directories a save makes are fsynced into their parents.
  * STRATA_OWN_TRIALS scales the trial counts (make stress raises it). */
 #include <pthread.h>
-#include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -228,19 +226,7 @@ static void run_beside_gc(int async, int keep)
     char dir[600];
     snprintf(dir, sizeof dir, "%s/gc-%d-%d", base_dir, async, keep);
     assert_int_equal(mkdir(dir, 0755), 0);
-    pid_t gc = fork();
-    assert_true(gc >= 0);
-    if (gc == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlives a failed test */
-        for (;;) {
-            int removed;
-            if (keep) {
-                strata_retain(&removed, dir, keep);
-            } else { /* strata gc DIR: every incomplete checkpoint no live save owns */
-                strata_retain(&removed, dir, 1 << 30);
-            }
-        }
-    }
+    pid_t gc = tu_collector(dir, keep ? keep : 1 << 30); /* 0: strata gc DIR */
     int n = trials(60), ok = 0, refused = 0;
     for (int i = 0; i < n; i++) {
         char ck[700];
@@ -256,8 +242,7 @@ static void run_beside_gc(int async, int keep)
             fail_msg("%s returned success but does not load", ck);
         ok++;
     }
-    kill(gc, SIGKILL);
-    waitpid(gc, NULL, 0);
+    tu_collector_stop(gc);
     print_message("saves beside gc (%s, keep %d): %d trials, %d committed and loaded, %d "
                   "refused, 0 losses\n", async ? "async" : "sync", keep, n, ok, refused);
     tu_rmrf(dir);
@@ -337,15 +322,7 @@ static void run_incr_beside_gc(int async, int keep, int n)
     char dir[600];
     snprintf(dir, sizeof dir, "%s/incr-gc-%d-%d", base_dir, async, keep);
     assert_int_equal(mkdir(dir, 0755), 0);
-    pid_t gc = fork();
-    assert_true(gc >= 0);
-    if (gc == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        for (;;) {
-            int removed;
-            strata_retain(&removed, dir, keep);
-        }
-    }
+    pid_t gc = tu_collector(dir, keep);
     int ok = 0, refused = 0, last = -1, prev = -1, linked = 0, gone = 0, changed = 0;
     for (int i = 0; i < n; i++) {
         char ck[700], base[32];
@@ -378,8 +355,7 @@ static void run_incr_beside_gc(int async, int keep, int n)
         last = i;
         ok++;
     }
-    kill(gc, SIGKILL);
-    waitpid(gc, NULL, 0);
+    tu_collector_stop(gc);
     /* what the collector left: every committed checkpoint loads bitwise */
     int left = 0;
     for (int i = 0; i < n; i++) {

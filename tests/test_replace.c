@@ -391,15 +391,7 @@ static void test_replace_beside_gc(void **state)
     snprintf(dir, sizeof dir, "%s/gc", base_dir);
     snprintf(ck, sizeof ck, "%s/latest", dir);
     assert_ok(save_v(ck, 1, 0, 0));
-    pid_t gc = fork();
-    assert_true(gc >= 0);
-    if (gc == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        for (;;) {
-            int removed;
-            strata_retain(&removed, dir, 1);
-        }
-    }
+    pid_t gc = tu_collector(dir, 1);
     uint64_t last = 1;
     int ok = 0, busy = 0;
     for (uint64_t v = 2; v < 32; v++) {
@@ -415,8 +407,7 @@ static void test_replace_beside_gc(void **state)
         }
         assert_int_equal(version_at(ck), last);
     }
-    kill(gc, SIGKILL);
-    waitpid(gc, NULL, 0);
+    tu_collector_stop(gc);
     print_message("replaces beside gc: %d committed, %d refused (busy), the path always "
                   "loaded\n", ok, busy);
     tu_rmrf(dir);

@@ -20,16 +20,6 @@ static const char *at(const char *rel)
     return p;
 }
 
-static int find(const strata_ckpt *ck, const char *name, strata_tensor_info *t)
-{
-    for (size_t i = 0; i < strata_ckpt_ntensors(ck); i++) {
-        strata_ckpt_tensor(t, ck, i);
-        if (strcmp(t->name, name) == 0)
-            return (int)i;
-    }
-    return -1;
-}
-
 /* Loads tensor `name` (whole) of the source at path into a new buffer. */
 static unsigned char *load(const char *path, const char *name, strata_dtype dt, int ndim,
                            const uint64_t *shape, size_t bytes)
@@ -81,7 +71,7 @@ static void test_dtypes(void **state)
     assert_string_equal(b.name, "seed-valid-dtypes/seed-valid-dtypes/data.pkl");
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
         strata_tensor_info ti;
-        assert_true(find(ck, t[i].name, &ti) >= 0);
+        assert_true(tu_find_tensor(ck, t[i].name, &ti) >= 0);
         assert_int_equal(ti.dtype, t[i].dt);
         assert_int_equal(ti.ndim, 1);
         assert_int_equal(ti.shape[0], 4);
@@ -104,8 +94,8 @@ static void test_views_and_shared_storages(void **state)
     strata_ckpt *ck;
     strata_tensor_info ti;
     assert_ok(strata_ckpt_open(&ck, path, 0));
-    assert_int_equal(find(ck, "m.e", &ti), -1); /* empty: not in the index */
-    assert_true(find(ck, "m.s", &ti) >= 0);
+    assert_int_equal(tu_find_tensor(ck, "m.e", &ti), -1); /* empty: not in the index */
+    assert_true(tu_find_tensor(ck, "m.s", &ti) >= 0);
     assert_int_equal(ti.ndim, 0);
     uint64_t s53[2] = {5, 3}, s23[2] = {2, 3}, s3[1] = {3}, s22[2] = {2, 2};
     unsigned char *base = load(path, "m.base", STRATA_F32, 2, s53, 60);
@@ -153,7 +143,7 @@ static void test_verify_finds_a_flipped_byte(void **state)
     assert_ok(strata_ckpt_open(&ck, path, 0));
     strata_tensor_info ti;
     strata_shard_info si;
-    int i = find(ck, "f64", &ti);
+    int i = tu_find_tensor(ck, "f64", &ti);
     strata_ckpt_shard(&si, ck, (size_t)i, 0);
     strata_ckpt_free(ck);
     tu_flip_byte(path, si.file_offset + 9, 0x01); /* inside the f64 storage's entry */

@@ -55,23 +55,13 @@ static void unpack(char *save, size_t cap, const char *sub)
     write_file(p, (const unsigned char *)TAG "\n", strlen(TAG) + 1);
 }
 
-static int find(const strata_ckpt *ck, const char *name, strata_tensor_info *t)
-{
-    for (size_t i = 0; i < strata_ckpt_ntensors(ck); i++) {
-        strata_ckpt_tensor(t, ck, i);
-        if (strcmp(t->name, name) == 0)
-            return (int)i;
-    }
-    return -1;
-}
-
 /* Loads tensor i of ck (f32, whole) from path and checks each element against the bytes of
  * the piece holding it, read from the tag's file directly; returns the pieces. */
 static size_t check_tensor(const char *path, const char *tagdir, const strata_ckpt *ck,
                            const char *name)
 {
     strata_tensor_info t;
-    int i = find(ck, name, &t);
+    int i = tu_find_tensor(ck, name, &t);
     assert_true(i >= 0);
     assert_int_equal(t.dtype, STRATA_F32);
     uint64_t numel = 1;

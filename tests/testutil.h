@@ -1,7 +1,8 @@
 /* testutil.h - helpers shared by the test programs (header-only; each test is one file):
  * temp directories, recursive removal, a deterministic RNG (splitmix64), the
  * deterministic value pattern of (tensor name, global element index), small file
- * surgery, and a "rank set" that owns strata states and their buffers. */
+ * surgery, a "rank set" that owns strata states and their buffers, a tensor of an open
+ * checkpoint by name, and a collector looping in a child process. */
 #ifndef STRATA_TESTUTIL_H
 #define STRATA_TESTUTIL_H
 
@@ -17,8 +18,11 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "core/util.h"
@@ -238,6 +242,44 @@ static inline void tu_truncate(const char *path, uint64_t len)
 {
     if (truncate(path, (off_t)len) != 0)
         fail_msg("truncate %s: %s", path, strerror(errno));
+}
+
+/* ---- a checkpoint's tensor by name ---- */
+
+/* The index of tensor `name` in ck (its info into *t), or -1. */
+static inline int tu_find_tensor(const strata_ckpt *ck, const char *name, strata_tensor_info *t)
+{
+    for (size_t i = 0; i < strata_ckpt_ntensors(ck); i++) {
+        strata_ckpt_tensor(t, ck, i);
+        if (strcmp(t->name, name) == 0)
+            return (int)i;
+    }
+    return -1;
+}
+
+/* ---- a collector beside the test ---- */
+
+/* Forks a child that runs strata_retain(dir, keep) in a loop until tu_collector_stop (it
+ * never outlives the test: PR_SET_PDEATHSIG). keep 1 << 30: only the removal of incomplete
+ * checkpoints no live save owns (strata gc DIR). */
+static inline pid_t tu_collector(const char *dir, int keep)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        for (;;) {
+            int removed;
+            strata_retain(&removed, dir, keep);
+        }
+    }
+    return pid;
+}
+
+static inline void tu_collector_stop(pid_t pid)
+{
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
 }
 
 /* ---- a set of ranks owning their states and buffers ---- */

@@ -1,5 +1,6 @@
 """Tensor helpers shared by the strata.torch tests: the dtypes strata has, bitwise
-comparison (NaN-proof, on the CPU), and seeded sample tensors."""
+comparison (NaN-proof, on the CPU), seeded sample tensors, and a foreign checkpoint loaded
+into DTensors of every layout a 1-D mesh gives."""
 import torch
 
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn,
@@ -29,3 +30,32 @@ def sample(dtype, shape, seed):
         return (torch.randn(shape, generator=g) * 4).to(dtype)
     info = torch.iinfo(dtype)
     return torch.randint(max(info.min, -10 ** 6), min(info.max, 10 ** 6), shape, generator=g).to(dtype)
+
+
+def load_dtensors(refs, path):
+    """On this run's ranks (a process group up): each tensor of refs {key: tensor} into a
+    DTensor on a 1-D CPU mesh of every rank, sharded along dim 0 (Shard(0)), then those of 2+
+    dims along dim 1 (a TP-like layout: column- and row-parallel); each filled with 3, then
+    strata.torch.load of path. Returns ([(key, dim)] whose local part is not bitwise refs'
+    slice, cases)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    import strata.torch as st
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    bad, cases = [], 0
+    for dim in (0, 1):
+        sd, want = {}, {}
+        for k, v in refs.items():
+            if dim >= v.dim():
+                continue
+            d = distribute_tensor(v, mesh, [Shard(dim)])
+            want[k] = d.to_local().clone()
+            d.to_local().fill_(3)
+            sd[k] = d
+        st.load(sd, path)
+        for k, d in sd.items():
+            cases += 1
+            if not same(d.to_local(), want[k]):
+                bad.append((k, dim))
+    return bad, cases

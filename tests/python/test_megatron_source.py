@@ -33,7 +33,7 @@ import torch
 import _dist
 import strata
 import strata.torch as st
-from _tensors import same
+from _tensors import load_dtensors, same
 
 mcore = pytest.importorskip("megatron.core.dist_checkpointing",
                             reason="megatron-core 0.16.1 is not installed (make venv installs it)")
@@ -222,32 +222,14 @@ def test_load_slices_of_flat_pieces(written):
 def mg_load(path, world_saved):
     """On this run's ranks: every tensor into a DTensor sharded along dim 0 (Shard(0): the
     bucket's 63 elements cut across the saved pieces) and the TP weights along the other dim
-    too; (mismatches, cases)."""
+    too (load_dtensors); (mismatches, cases)."""
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
-    world = dist.get_world_size()
-    mesh = init_device_mesh("cpu", (world,))
     refs = references()
     if world_saved == 2:
         refs[FLAT] = ref(FLAT, FLAT_SHAPE, torch.float32)
-    bad, cases = [], 0
-    for dim in (0, 1):
-        sd, want = {}, {}
-        for k, v in refs.items():
-            if dim >= v.dim():
-                continue
-            d = distribute_tensor(v, mesh, [Shard(dim)])
-            want[k] = d.to_local().clone()
-            d.to_local().fill_(3)
-            sd[k] = d
-        st.load(sd, path)
-        for k, d in sd.items():
-            cases += 1
-            if not same(d.to_local(), want[k]):
-                bad.append("rank %d: %s Shard(%d) from %d ranks" % (dist.get_rank(), k, dim,
-                                                                   world_saved))
-    return bad, cases
+    bad, cases = load_dtensors(refs, path)
+    return ["rank %d: %s Shard(%d) from %d ranks" % (dist.get_rank(), k, dim, world_saved)
+            for k, dim in bad], cases
 
 
 @pytest.mark.parametrize("world", [3, 1])

@@ -22,7 +22,7 @@ import _dist  # noqa: E402
 import _launch  # noqa: E402
 import strata  # noqa: E402
 import strata.torch as st  # noqa: E402
-from _tensors import same  # noqa: E402
+from _tensors import load_dtensors, same  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -143,28 +143,12 @@ def test_optimizer_moments(written):
 
 def zero_load(base, stage):
     """On this run's ranks: zero_to_fp32's tensors of `stage` into DTensors Shard(0) and, for
-    2-D ones, Shard(1) (a TP-like layout: column- and row-parallel); (mismatches, cases)."""
+    2-D ones, Shard(1) (load_dtensors); (mismatches, cases)."""
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     refs = torch.load(os.path.join(base, "ref%d.pt" % stage))
-    bad, cases = [], 0
-    for dim in (0, 1):
-        sd, want = {}, {}
-        for k, v in refs.items():
-            if dim >= v.dim():
-                continue
-            t = distribute_tensor(v, mesh, [Shard(dim)])
-            want[k] = t.to_local().clone()
-            t.to_local().fill_(3)
-            sd[k] = t
-        st.load(sd, os.path.join(base, "z%d" % stage))
-        for k, t in sd.items():
-            cases += 1
-            if not same(t.to_local(), want[k]):
-                bad.append("rank %d: %s Shard(%d) stage %d" % (dist.get_rank(), k, dim, stage))
-    return bad, cases
+    bad, cases = load_dtensors(refs, os.path.join(base, "z%d" % stage))
+    return ["rank %d: %s Shard(%d) stage %d" % (dist.get_rank(), k, dim, stage)
+            for k, dim in bad], cases
 
 
 @pytest.mark.parametrize("world", [2, 3])
