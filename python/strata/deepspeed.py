@@ -37,8 +37,8 @@ commit.
 """
 
 import collections
-import enum
 import importlib
+import json
 import os
 import pickle as _pickle
 import re
@@ -57,6 +57,8 @@ __all__ = ["enable", "disable", "StrataCheckpointEngine"]
 STUB_MAGIC = b"STRATA-DEEPSPEED 1\n"
 SUBDIR = "strata"        # the strata checkpoint of a tag: save_dir/tag/strata
 _S_MAX_NAME = 1024       # STRATA_MAX_NAME: the longest entry name a stub may hold
+_FILES_INLINE = 512      # a rank's file list (JSON) up to this many bytes goes with the
+                         # save's one allgather (DeepSpeed's are 2 files, ~80 bytes)
 
 # DeepSpeed's objects in its checkpoints, rebuilt from their fields (as pickle would, by
 # __new__ and __dict__) or, for enums, from their value; nothing else is ever imported
@@ -398,7 +400,7 @@ class StrataCheckpointEngine:
                                 nbytes=_nbytes(t), device=t.is_cuda, keep=t)
         except Exception as e:   # every rank must reach the agreement below
             err = e
-        _agree_files(group, rank, [e for e, _ in files], err)
+        _agree_files(group, [e for e, _ in files], err)
         if any(t.is_cuda for t in keep if isinstance(t, torch.Tensor)):
             torch.cuda.synchronize()
         m = re.search(r"(\d+)$", info.tag)
@@ -434,27 +436,16 @@ def _blob(state, name, buf, **kw):
     state.add_blob(name, data_ptr=ctypes.addressof(c), nbytes=len(buf), keep=c, **kw)
 
 
-def _agree_files(group, rank, entries, err):
+def _agree_files(group, entries, err):
     """Every rank learns whether every rank's files were encoded (else all raise, naming
-    the failing rank), and no file is saved by two ranks."""
-    import json
-    if group is None or group.size == 1:
-        if err is not None:
-            raise err
-        return
-    mine = json.dumps({"err": None if err is None else [type(err).__name__, str(err)],
-                       "files": entries}).encode()
-    import struct
-    n = max(struct.unpack("<Q", b)[0] for b in group.allgather_bytes(struct.pack("<Q", len(mine))))
-    got = [json.loads(b.rstrip(b"\0")) for b in group.allgather_bytes(mine + b"\0" * (n - len(mine)))]
-    if err is not None:
-        raise err
+    the failing rank), and no file is saved by two ranks: one allgather when all is well
+    (strata.torch._exchange; a rank's file list fits in _FILES_INLINE bytes)."""
+    from strata.torch import _exchange
+    got = _exchange(group, "strata.deepspeed save", err, json.dumps(entries).encode(),
+                    inline=_FILES_INLINE)
     owner = {}
     for r, g in enumerate(got):
-        if g["err"] is not None:
-            raise _error(g["err"][0], "strata.deepspeed save failed on rank %d: %s"
-                         % (r, g["err"][1]))
-        for e in g["files"]:
+        for e in json.loads(g):
             if e in owner:
                 raise _error("InvalidArgumentError", "%s: saved by ranks %d and %d in one tag"
                              % (e, owner[e], r))

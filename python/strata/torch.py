@@ -269,37 +269,50 @@ def _uris(path):
     return uris
 
 
-def _agree(group, what, err, checks=()):
-    """The collective step before strata's own: every rank learns whether every rank got
-    ready (else all raise, naming the failing rank) and, for a save, compares the hashes of
-    its replicated entries (a key whose bytes differ across ranks: InvalidArgumentError
-    naming it). One allgather when all is well."""
+def _exchange(group, what, err, payload=b"", inline=0, same=False):
+    """The collective step before strata's own in a save or load: every rank learns whether
+    every rank got ready - else all raise: this rank's own error, or the first failing
+    rank's, named ("<what> failed on rank r") - and gets every rank's payload (bytes), a
+    list by rank; or None where `same` and every rank's payload is the same. One allgather
+    when every rank is ready and either every payload fits in `inline` bytes (sent with the
+    status) or `same` and all are equal; else a second one, of the payloads."""
     if group is None or group.size == 1:
         if err is not None:
             raise err
-        return
-    if err is None:   # (JSON: the C encoder, ~10x faster than _values for 297 keys)
-        payload = json.dumps(sorted(checks)).encode()
-        status = 0
-    else:
+        return None if same else [payload]
+    if err is not None:
         payload = json.dumps([type(err).__name__, str(err)]).encode()
-        status = 1
     digest = int.from_bytes(hashlib.blake2b(payload, digest_size=8).digest(), "little")
-    recs = [struct.unpack("<QQQ", r) for r in
-            group.allgather_bytes(struct.pack("<QQQ", status, len(payload), digest))]
-    if all(r[0] == 0 for r in recs) and len(set((r[1], r[2]) for r in recs)) == 1:
-        return
-    n = max(r[1] for r in recs)
-    got = group.allgather_bytes(payload + b"\0" * (n - len(payload)))
+    body = payload.ljust(inline, b"\0") if len(payload) <= inline else b"\0" * inline
+    recs = group.allgather_bytes(struct.pack("<QQQ", err is not None, len(payload), digest) + body)
+    heads = [struct.unpack("<QQQ", r[:24]) for r in recs]
+    if same and all(h[0] == 0 for h in heads) and len(set(h[1:] for h in heads)) == 1:
+        return None
+    if all(h[1] <= inline for h in heads):
+        got = [r[24:24 + h[1]] for r, h in zip(recs, heads)]
+    else:
+        n = max(h[1] for h in heads)
+        got = [g[:h[1]] for g, h in zip(group.allgather_bytes(payload.ljust(n, b"\0")), heads)]
     if err is not None:
         raise err
-    for r, (st, ln, _) in enumerate(recs):
-        if st:
-            cls, msg = json.loads(got[r][:ln])
+    for r, h in enumerate(heads):
+        if h[0]:
+            cls, msg = json.loads(got[r])
             raise _error(cls, "%s failed on rank %d: %s" % (what, r, msg))
+    return got
+
+
+def _agree(group, what, err, checks=()):
+    """_exchange for strata.torch's save and load: for a save, every rank compares the
+    hashes of its replicated entries (a key whose bytes differ across ranks:
+    InvalidArgumentError naming it). One allgather when all is well."""
+    # (JSON: the C encoder, ~10x faster than _values for 297 keys)
+    got = _exchange(group, what, err, json.dumps(sorted(checks)).encode(), same=True)
+    if got is None:
+        return
     table = {}
-    for r, (st, ln, _) in enumerate(recs):
-        for k, h in json.loads(got[r][:ln]):
+    for r, g in enumerate(got):
+        for k, h in json.loads(g):
             table.setdefault(k, {}).setdefault(h, []).append(r)
     bad = sorted(k for k, hs in table.items() if len(hs) > 1)
     if bad:

@@ -181,6 +181,69 @@ def test_flat_partitions(tmp_path):
     assert part["p"] == [None] and torch.equal(part["x"], torch.ones(2))
 
 
+class _Pair:
+    """Two ranks of one process (threads) whose allgather_bytes meet; calls counted."""
+
+    def __init__(self):
+        import threading
+        self.barrier, self.buf, self.calls = threading.Barrier(2), [None, None], 0
+
+    def run(self, fn, args):
+        """fn(group of rank r, *args[r]) on both ranks: [result or exception] by rank."""
+        import threading
+        out = [None, None]
+
+        class Rank:
+            size = 2
+
+            def __init__(rk, r):
+                rk.rank = r
+
+            def allgather_bytes(rk, data):
+                self.buf[rk.rank] = data
+                self.barrier.wait()
+                got = list(self.buf)
+                self.calls += rk.rank == 0
+                self.barrier.wait()
+                return got
+
+        def one(r):
+            try:
+                out[r] = fn(Rank(r), *args[r])
+            except Exception as e:
+                out[r] = e
+        ts = [threading.Thread(target=one, args=(r,)) for r in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        return out
+
+
+def test_agree_files():
+    """The ranks' file lists of a tag are agreed in one allgather when all is well (and
+    when a rank failed, briefly), two for lists longer than _FILES_INLINE; a file of two
+    ranks, or a rank's failure, is raised on every rank, naming them."""
+    p = _Pair()
+    files = [["mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"],
+             ["zero_pp_rank_1_mp_rank_00_optim_states.pt"]]
+    assert p.run(sds._agree_files, [(files[0], None), (files[1], None)]) == [None, None]
+    assert p.calls == 1
+    p = _Pair()
+    got = p.run(sds._agree_files, [(["a.pt"], None), (["b.pt", "a.pt"], None)])
+    assert p.calls == 1 and all(isinstance(g, strata.InvalidArgumentError) for g in got)
+    assert all("a.pt: saved by ranks 0 and 1 in one tag" in str(g) for g in got)
+    p = _Pair()
+    got = p.run(sds._agree_files, [(["a.pt"], None), ([], strata.MismatchError("boom"))])
+    assert p.calls == 1 and isinstance(got[0], strata.MismatchError)
+    assert "strata.deepspeed save failed on rank 1: boom" in str(got[0])
+    assert str(got[1]) == "boom"
+    p = _Pair()
+    many = [["f%03d.pt" % i for i in range(60)], ["g%03d.pt" % i for i in range(60)]]
+    assert p.run(sds._agree_files, [(many[0], None), (many[1], None)]) == [None, None]
+    assert p.calls == 2
+
+
 class Opaque:
     def __init__(self):
         self.v = 3
