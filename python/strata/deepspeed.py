@@ -21,10 +21,11 @@ kill at any instant leaves the previous tag loadable.
 
 An entry is the file's object as a tree of plain values (the tagged format of
 docs/FORMAT.md, "Python values", no pickle) whose tensors are strata tensors
-"<file>#<i>" - except ZeRO 1/2's flat partitions (fp32 weights, optimizer moments), which
-are ranges of named full tensors `<fqn>` and `optim.state.<fqn>.<key>` (_ds_zero.py), so
-that a tag is free of its world size: engine.load_checkpoint on another data-parallel
-world size reads the ranges its new partitions cover, and strata.torch.load of
+"<file>#<i>" - except ZeRO's flat partitions (stage 1, 2 and 3: fp32 weights, optimizer
+moments), which are ranges of named full tensors `<fqn>` and `optim.state.<fqn>.<key>`
+(_ds_zero.py), so that a tag is free of its world size: engine.load_checkpoint on another
+data-parallel world size reads the ranges its new partitions cover (ZeRO 3: a rank the tag
+has no model-states file for takes DP rank 0's), and strata.torch.load or strata export of
 save_dir/tag/strata gives the fp32 master weights. Besides dicts, lists, tuples and
 scalars the tree holds OrderedDict, torch.Size, torch.dtype, parameters, and DeepSpeed's
 own LossScaler, DynamicLossScaler, fragment_address and ZeroStageEnum (rebuilt from their
@@ -39,6 +40,7 @@ commit.
 import collections
 import importlib
 import json
+import math
 import os
 import pickle as _pickle
 import re
@@ -173,7 +175,7 @@ def _build(n, tensors, pickle, where):
     if tag == "F":
         if len(n) < 6:            # its named pieces not loaded (partitions=False)
             return None
-        t, off = n[5], 0
+        t, off = n[5], 0          # (_load_flat checked that its pieces cover it)
         for x in n[4]:
             if x[0] == "T":       # a gap (padding): a plain tensor of the entry
                 g = tensors[x[1]].reshape(-1)
@@ -181,9 +183,6 @@ def _build(n, tensors, pickle, where):
                 off += g.numel()
             else:
                 off += x[3]
-        if off != n[2]:
-            raise _error("FormatError", "%s: flat pieces of %d elements for %d"
-                         % (where, off, n[2]))
         return (torch.nn.Parameter(t, requires_grad=bool(n[3] & 2)) if n[3] & 1
                 else t.requires_grad_(True) if n[3] & 2 else t)
     if tag in ("T", "E"):
@@ -325,8 +324,8 @@ class StrataCheckpointEngine:
             obj = _to_device(obj, torch.device(map_location))
         return obj
 
-    def _entry(self, ckpt, entry, partitions=True):
-        return load_entry(ckpt, entry, pickle=self.pickle, partitions=partitions)
+    def _entry(self, ckpt, entry, partitions=True, loader=None):
+        return load_entry(ckpt, entry, pickle=self.pickle, partitions=partitions, loader=loader)
 
     def commit(self, info):
         """DeepSpeed's step hook (before the optimizer step): waits until the copy of the
@@ -452,44 +451,50 @@ def _agree_files(group, entries, err):
             owner[e] = r
 
 
-def load_entry(ckpt, entry, pickle=False, partitions=True):
+def load_entry(ckpt, entry, pickle=False, partitions=True, loader=None):
     """The object DeepSpeed saved as entry (a file's path in its tag directory) in the
     strata checkpoint ckpt (save_dir/tag/strata); in this process only. partitions=False:
-    ZeRO flat partitions (stored as named ranges) come back as None, unread. Raises
+    ZeRO flat partitions (stored as named ranges) come back as None, unread. loader: ckpt
+    open already (a strata.Loader of it, kept open), else it is opened here. Raises
     strata.MissingError / IncompleteError for a checkpoint not there or not committed,
-    NotFoundError for an entry it lacks."""
-    ck = _S.Checkpoint(ckpt)
-    owners = [b for b in ck.blobs if b["name"] == entry]
+    NotFoundError for an entry it lacks; a malformed tree is FormatError, a flat partition
+    whose pieces name a tensor the checkpoint lacks NotFoundError, one whose pieces fall
+    short of it UnfilledError (_load_flat)."""
+    if loader is None:
+        with _S.Loader([ckpt]) as ld:
+            return load_entry(ckpt, entry, pickle, partitions, ld)
+    ix = loader.index()
+    idx = _ds_zero.tensor_index(ix)
+    owners = [b for b in ix["b"] if b[0] == entry]
     if not owners:
         raise _error("NotFoundError", "%s: no entry %r" % (ckpt, entry))
-    if owners[0]["bytes"] == 0:
+    if owners[0][2] == 0:
         raise _error("FormatError", "%s: entry %r is empty" % (ckpt, entry))
     state = _S.State()
-    blob = bytearray(owners[0]["bytes"])
-    _blob(state, entry, blob, owner=owners[0]["owner"])
+    blob = bytearray(owners[0][2])
+    _blob(state, entry, blob, owner=owners[0][1])
     prefix = entry + "#"
     tensors = {}
-    for t in ck.tensors:
-        if t["name"].startswith(prefix):
-            i = int(t["name"][len(prefix):])
-            x = torch.empty(tuple(t["shape"]), dtype=_FROM_STRATA[t["dtype"]])
-            tensors[i] = x
-            state.add_shard(t["name"], t["dtype"], tuple(t["shape"]), data_ptr=x.data_ptr(),
-                            nbytes=_nbytes(x), keep=x)
-    _S.load([ckpt], [state], None)
+    for name, (dtype, shape) in idx.items():
+        if name.startswith(prefix) and name[len(prefix):].isdigit():
+            x = torch.empty(shape, dtype=_FROM_STRATA[dtype])
+            tensors[int(name[len(prefix):])] = x
+            state.add_shard(name, dtype, shape, data_ptr=x.data_ptr(), nbytes=_nbytes(x), keep=x)
+    loader.load([state])
+    where = "%s: entry %r" % (ckpt, entry)
     try:
         kind, tree = _values.decode(bytes(blob))
     except ValueError as e:
-        raise _error("FormatError", "%s: entry %r: %s" % (ckpt, entry, e)) from None
+        raise _error("FormatError", "%s: %s" % (where, e)) from None
     if kind != "value":
-        raise _error("FormatError", "%s: entry %r is not a tree" % (ckpt, entry))
+        raise _error("FormatError", "%s is not a tree" % where)
     try:
         if partitions:
-            _load_flat(ck, ckpt, entry, tree)
-        return _build(tree, tensors, pickle, "%s: %s" % (ckpt, entry))
+            _load_flat(loader, idx, where, entry, tree)
+        return _build(tree, tensors, pickle, where)
     except (IndexError, KeyError, TypeError, ValueError, RuntimeError) as e:
-        raise _error("FormatError", "%s: entry %r: a malformed tree (%s: %s)"
-                     % (ckpt, entry, type(e).__name__, e)) from None
+        raise _error("FormatError", "%s: a malformed tree (%s: %s)"
+                     % (where, type(e).__name__, e)) from None
 
 
 def _flat_nodes(n):
@@ -508,43 +513,47 @@ def _flat_nodes(n):
         yield from _flat_nodes(n[2])
 
 
-def _load_flat(ck, ckpt, entry, tree):
+def _count(x):
+    return type(x) is int and x >= 0
+
+
+def _load_flat(ld, idx, where, entry, tree):
     """Reads the named ranges of every "F" node of tree into a new flat tensor, appended
-    to the node (its gaps are filled by _build from the entry's own tensors)."""
-    nodes = list(_flat_nodes(tree))
-    if not nodes:
-        return
-    idx = {t["name"]: t for t in ck.tensors}
-    state = _S.State()
-    for n in nodes:
+    to the node (its gaps are filled by _build from the entry's own tensors), through the
+    open loader ld (idx: its tensors). Each node's pieces must be well formed and cover
+    its numel exactly: fewer elements are UnfilledError, more FormatError; a gap tensor or
+    a named tensor the checkpoint lacks NotFoundError (read_ranges: another dtype
+    MismatchError, a range outside the named tensor FormatError)."""
+    wants = []
+    for n in _flat_nodes(tree):
+        if (len(n) != 5 or n[1] not in _FROM_STRATA or not _count(n[2]) or type(n[3]) is not int
+                or type(n[4]) is not list):
+            raise _error("FormatError", "%s: a malformed flat partition %.200r" % (where, n))
         t = torch.empty(n[2], dtype=_FROM_STRATA[n[1]])
         off = 0
         for x in n[4]:
-            if x[0] == "T":
+            if type(x) is list and len(x) == 3 and x[0] == "T" and _count(x[1]):
                 gap = idx.get(_tensor_name(entry, x[1]))
                 if gap is None:
-                    raise _error("FormatError", "%s: entry %r: no tensor %r" % (
-                        ckpt, entry, _tensor_name(entry, x[1])))
-                off += int(torch.Size(gap["shape"]).numel())
-                continue
-            if x[0] != "n":
-                raise _error("FormatError", "%s: entry %r: a flat piece of unknown kind %r"
-                             % (ckpt, entry, x[0]))
-            _, name, start, cnt = x
-            info = idx.get(name)
-            if info is None or info["dtype"] != n[1]:
-                raise _error("FormatError", "%s: entry %r: a flat piece of %r, which the "
-                             "checkpoint lacks (or holds in another dtype than %s)"
-                             % (ckpt, entry, name, n[1]))
-            if off + cnt > n[2]:
-                raise _error("FormatError", "%s: entry %r: flat pieces of more than %d "
-                             "elements" % (ckpt, entry, n[2]))
-            dst = t.narrow(0, off, cnt)
-            state.add_shard(name, n[1], tuple(info["shape"]), flat=(start, start + cnt),
-                            data_ptr=dst.data_ptr(), nbytes=_nbytes(dst), keep=dst)
+                    raise _error("NotFoundError", "%s: a flat partition's gap, tensor %r, is not "
+                                 "in the checkpoint" % (where, _tensor_name(entry, x[1])))
+                cnt = math.prod(gap[1])
+            elif (type(x) is list and len(x) == 4 and x[0] == "n" and type(x[1]) is str
+                  and _count(x[2]) and _count(x[3])):
+                cnt = x[3]
+                if off + cnt <= n[2]:
+                    wants.append((x[1], None, x[2], cnt, t.narrow(0, off, cnt)))
+            else:
+                raise _error("FormatError", "%s: a malformed flat piece %.200r" % (where, x))
             off += cnt
+            if off > n[2]:
+                raise _error("FormatError", "%s: flat pieces of more than the partition's %d "
+                             "elements" % (where, n[2]))
+        if off < n[2]:
+            raise _error("UnfilledError", "%s: flat pieces of %d elements for a partition of %d"
+                         % (where, off, n[2]))
         n.append(t)
-    _S.load([ckpt], [state], None)
+    _ds_zero.read_ranges(ld, idx, where, wants)
 
 
 def _to_device(v, dev):
@@ -577,7 +586,8 @@ def enable(*, pickle=False, pool=None, **options):
         _ORIG["create"] = ds_engine.create_checkpoint_engine
         _ORIG["save"] = ds_engine.DeepSpeedEngine.save_checkpoint
         _ORIG["load_zero"] = ds_engine.DeepSpeedEngine._load_zero_checkpoint
-    orig_save, orig_load_zero = _ORIG["save"], _ORIG["load_zero"]
+        _ORIG["names"] = ds_engine.DeepSpeedEngine._get_all_ckpt_names
+    orig_save, orig_load_zero, orig_names = _ORIG["save"], _ORIG["load_zero"], _ORIG["names"]
 
     def create_checkpoint_engine(config_params, *args, **kwargs):
         return StrataCheckpointEngine(config_params, pickle=pickle, pool=pool, options=options)
@@ -605,10 +615,24 @@ def enable(*, pickle=False, pool=None, **options):
             return True
         return orig_load_zero(self, load_dir, tag, load_optimizer_states)
 
+    def _get_all_ckpt_names(self, checkpoints_path, tag):
+        # ZeRO 3 keeps a model-states file per DP rank: a rank the tag has none for (it
+        # was saved on fewer ranks) takes DP rank 0's, if that is a strata stub (the same
+        # content but frozen parameters' fragments; the optimizer's are resharded)
+        names = orig_names(self, checkpoints_path, tag)
+        if (not names and isinstance(self.checkpoint_engine, StrataCheckpointEngine)
+                and self.zero_optimization_partition_weights()
+                and not self.load_universal_checkpoint()):
+            zero = self._get_ckpt_name(checkpoints_path, tag, pp_placeholder="0")
+            if _stub_or_none(zero) is not None:
+                names = [zero]
+        return names
+
     save_checkpoint.__doc__ = orig_save.__doc__
     ds_engine.create_checkpoint_engine = create_checkpoint_engine
     ds_engine.DeepSpeedEngine.save_checkpoint = save_checkpoint
     ds_engine.DeepSpeedEngine._load_zero_checkpoint = _load_zero_checkpoint
+    ds_engine.DeepSpeedEngine._get_all_ckpt_names = _get_all_ckpt_names
 
 
 def disable():
@@ -618,3 +642,4 @@ def disable():
         ds_engine.create_checkpoint_engine = _ORIG.pop("create")
         ds_engine.DeepSpeedEngine.save_checkpoint = _ORIG.pop("save")
         ds_engine.DeepSpeedEngine._load_zero_checkpoint = _ORIG.pop("load_zero")
+        ds_engine.DeepSpeedEngine._get_all_ckpt_names = _ORIG.pop("names")

@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 STAGES = (1, 2, 3)
-RESHARD = (1, 2)
+RESHARD = (1, 2, 3)
 STEPS, SAVE_AT = 14, 10
 VOCAB, DIM, FF, SEQ, BATCH = 37, 23, 45, 7, 3     # odd sizes: uneven ZeRO partitions
 GLOBAL = 2 * BATCH        # the global batch: BATCH a rank on 2 ranks, 2 on 3, 6 on 1

@@ -4,8 +4,8 @@ The runs (tests/python/_ds_worker.py): ZeRO stages 1, 2 and 3 on 2 processes sav
 strata at step 10, then a later save of each stage is killed with SIGKILL at a random point
 (one launch, shared by the tests below, the `ref_run` fixture). test_zero_kill_resume
 resumes from DeepSpeed's `latest` on 2 processes: state and losses must equal the
-uninterrupted run's bitwise. test_reshard resumes step 10 of ZeRO 1 and 2 on 3 and on 1
-processes. test_fp32_weights loads a tag with strata.torch.load in this process. The other
+uninterrupted run's bitwise. test_reshard resumes step 10 of ZeRO 1, 2 and 3 on 3 and on
+1 processes. test_fp32_weights loads a tag with strata.torch.load in this process. The other
 tests run the engine in this process, without a process group.
 """
 
@@ -181,6 +181,66 @@ def test_flat_partitions(tmp_path):
     assert part["p"] == [None] and torch.equal(part["x"], torch.ones(2))
 
 
+def _flat_tag(d, tag, monkeypatch, mutate=None):
+    """A tag whose entry r0.pt holds one flat partition (a gap of 1, then w 2x3, then b 3),
+    its "F" node changed by mutate(node) before it is written, as a crafted file would."""
+    w, b = torch.randn(2, 3), torch.randn(3)
+    pa = torch.cat([torch.tensor([7.0]), w.reshape(-1), b])
+    e = sds.StrataCheckpointEngine()
+    e._layout = {pa.data_ptr(): (10, torch.float32, "%s", [(1, 6, "w", 0, (2, 3)),
+                                                           (7, 3, "b", 0, (3,))])}
+    if mutate is not None:
+        enc = sds._values.encode
+
+        def encode(tree):
+            for n in sds._flat_nodes(tree):
+                mutate(n)
+            return enc(tree)
+        monkeypatch.setattr(sds._values, "encode", encode)
+    _save(e, d, tag, {"r0.pt": {"p": pa}}).wait()
+    monkeypatch.undo()
+    return pa, os.path.join(d, tag, "r0.pt")
+
+
+def test_flat_hostile(tmp_path, monkeypatch):
+    """A malformed "F" node (flat partition) of an entry is refused, naming the entry:
+    pieces naming a tensor the checkpoint lacks (a named range or a gap) NotFoundError,
+    pieces that fall short of the partition UnfilledError, pieces past it, a range outside
+    its tensor or a malformed piece FormatError, a dtype other than the tensor's
+    MismatchError."""
+    d = str(tmp_path)
+    e = sds.StrataCheckpointEngine()
+    pa, path = _flat_tag(d, "ok", monkeypatch)
+    assert torch.equal(e.load(path)["p"], pa)
+    where = r"strata: entry 'r0\.pt'"
+    cases = [
+        ("name", lambda n: n[4][1].__setitem__(1, "nope"), strata.NotFoundError,
+         where + r": no tensor 'nope' in the checkpoint"),
+        ("short", lambda n: n[4].pop(), strata.UnfilledError,
+         where + r": flat pieces of 7 elements for a partition of 10"),
+        ("gap", lambda n: n[4][0].__setitem__(1, 5), strata.NotFoundError,
+         where + r": a flat partition's gap, tensor 'r0\.pt#5', is not in the checkpoint"),
+        ("long", lambda n: n[4].append(["n", "b", 0, 3]), strata.FormatError,
+         where + r": flat pieces of more than the partition's 10 elements"),
+        ("range", lambda n: n[4][2].__setitem__(2, 1), strata.FormatError,
+         where + r": elements \[1, 4\) of 'b', which has 3"),
+        ("piece", lambda n: n[4][1].__setitem__(2, -1), strata.FormatError,
+         where + r": a malformed flat piece \['n', 'w', -1, 6\]"),
+        ("kind", lambda n: n[4][1].__setitem__(0, "q"), strata.FormatError,
+         where + r": a malformed flat piece \['q'"),
+        ("node", lambda n: n.__setitem__(2, "10"), strata.FormatError,
+         where + r": a malformed flat partition"),
+        ("dtype", lambda n: n.__setitem__(1, "bf16"), strata.MismatchError,
+         where + r": 'w' is f32 \(2, 3\) in the checkpoint, bf16 \(flat\) here"),
+    ]
+    for tag, mutate, err, msg in cases:
+        _, path = _flat_tag(d, tag, monkeypatch, mutate)
+        with pytest.raises(err, match=msg):
+            e.load(path)
+        part = sds.load_entry(os.path.join(d, tag, "strata"), "r0.pt", partitions=False)
+        assert part == {"p": None}, tag      # the partition unread: no error
+
+
 class _Pair:
     """Two ranks of one process (threads) whose allgather_bytes meet; calls counted."""
 
@@ -304,7 +364,7 @@ def test_class_not_allowed(tmp_path, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("ws", [3, 1])
 def test_reshard(ref_run, ws, figures):
-    """Step 10 of ZeRO 1 and 2, saved on 2 ranks, resumed on ws: the fp32 master weights
+    """Step 10 of ZeRO 1, 2 and 3, saved on 2 ranks, resumed on ws: the fp32 master weights
     and AdamW moments (gathered whole) bitwise, step, lr scheduler, loss scale and client
     state equal, and the next losses within 1e-5 relative of the uninterrupted run's."""
     import json
@@ -331,7 +391,7 @@ def test_reshard(ref_run, ws, figures):
 
 @pytest.mark.slow
 def test_fp32_weights(ref_run, tmp_path):
-    """A strata-engine tag of ZeRO 1 and 2 (saved on 2 ranks) loaded by strata.torch.load
+    """A strata-engine tag of ZeRO 1, 2 and 3 (saved on 2 ranks) loaded by strata.torch.load
     into plain tensors, and exported as safetensors: bitwise the fp32 master weights (and
     moments) the optimizer held at save time, under zero_to_fp32's names."""
     import json
