@@ -54,6 +54,14 @@ if [ -n "$mpi" ]; then # the kill test on multi-process saves, a few trials
         STRATA_KILL_TRIALS="${STRATA_KILL_MPI_TRIALS:-6}" bash "$here/kill_test.sh"
 fi
 
+# DeepSpeed JIT-builds an op into TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions):
+# one per venv, so that the venvs of two clones (other include paths, so another build) do not
+# rebuild each other's op, or wait forever on a lock a killed build left there
+if [ -z "${TORCH_EXTENSIONS_DIR:-}" ] && [ -d "${VENV:-.venv}" ]; then
+    TORCH_EXTENSIONS_DIR="$(cd "${VENV:-.venv}" && pwd)/torch_extensions"
+    export TORCH_EXTENSIONS_DIR
+fi
+
 # the README's examples, in order, twice: plain build only (MPICH, and the venv's pip-built
 # extension, are not built with the sanitizers); `make test` makes the venv, so the Python
 # examples must run
