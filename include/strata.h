@@ -591,6 +591,24 @@ int strata_probe(strata_probe_info *out, const char *uri);
  * out too small), STRATA_ESCHEME. */
 int strata_uri_path(char *out, size_t cap, const char *uri);
 
+/* Copies the committed strata checkpoint at src_uri into dst_uri, a new checkpoint
+ * directory on any backend (a tier flushed behind a faster one: disk or mem:// to s3://).
+ * Every data file is read once, in blocks that never cut a checksum chunk, each chunk's
+ * checksum checked against the metadata before its bytes are written (a few threads per
+ * file); then metadata.bin and the commit record are written last, as a save commits, so
+ * that a copy stopped at any instant leaves no committed checkpoint at dst_uri (on s3://
+ * its multipart uploads are aborted on failure, and by strata_retain / `strata gc` after a
+ * kill). The copy owns dst_uri as a save does (STRATA_EBUSY while a save or collector
+ * holds it); an incomplete checkpoint there is replaced, a committed one refused
+ * (STRATA_EEXIST). The copy is the same checkpoint (same metadata, step and data files,
+ * an incremental one's linked files included: it stands on its own) with a commit record
+ * of its own. flags: 0. stats (may be NULL): bytes = data file bytes copied, io_calls,
+ * seconds. Errors: the source's open (STRATA_EINCOMPLETE, STRATA_ENOENT, ...),
+ * STRATA_ENOTSUP (another format's checkpoint), STRATA_ECHECKSUM naming the tensor or blob
+ * and the file (nothing is committed), the destination's storage errors. The source must
+ * not be removed meanwhile (the caller's retention keeps it). */
+int strata_copy(strata_stats *stats, const char *src_uri, const char *dst_uri, unsigned flags);
+
 /* Retention in a directory of checkpoints (one tier): keeps the `keep` newest committed
  * checkpoints directly under dir_uri (by commit time) and removes the older ones (commit
  * record first, so a crash midway leaves an incomplete checkpoint, never a broken

@@ -32,6 +32,7 @@ from ._strata import (  # noqa: F401
     Pool,
     Saver,
     State,
+    copy,
     dtype_size,
     export_safetensors,
     hash_bytes,
@@ -56,6 +57,6 @@ __version__ = "%d.%d.0" % VERSION
 __all__ = [
     "DEFAULT_CHUNK", "DTYPES", "ERRORS", "MAX_DIMS", "MAX_NAME", "MAX_TIERS", "VERSION",
     "Checkpoint", "Comm", "Error", "Handle", "Loader", "Pool", "Saver", "State",
-    "dtype_size", "export_safetensors", "hash_bytes", "list_dirs", "load", "probe",
+    "copy", "dtype_size", "export_safetensors", "hash_bytes", "list_dirs", "load", "probe",
     "remove_incomplete", "retain", "unpickle", "unpickle_archive", "uri_path",
 ] + sorted(c.__name__ for c in ERRORS.values())

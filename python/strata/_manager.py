@@ -5,7 +5,7 @@ import re
 import warnings
 
 import strata as _S
-from strata import _values
+from strata import _flush, _values
 from strata._statedict import _version_of
 from strata.torch import AsyncSave, _error, _group, _prepare_save, _versions, load
 
@@ -90,6 +90,15 @@ class CheckpointManager:
     With a process group every rank makes the same calls; rank 0 chooses the step and
     applies retention.
 
+    Object-store tiers (s3://) behind faster ones are flushed in the background: a save
+    writes the other tiers, counts as saved once one of them commits, and a worker thread
+    then copies that committed checkpoint to each s3:// tier (strata.copy: checksums
+    verified, committed there last). wait_durable() and close() wait for the flushes;
+    retention keeps on the faster tiers what is still being flushed; load() reads the
+    fastest tier holding a committed copy. With a process group of more than one rank (a
+    faster tier may be node-local), or where every tier is s3://, every tier is saved
+    directly.
+
     Incremental saves (incremental=True, the default, in one process): each save names as
     its base the newest committed step below it on the first tier (every tier's copy of
     it must be the same save, else the save is a full one), and tensors whose bytes equal
@@ -144,6 +153,7 @@ class CheckpointManager:
         self._saver = None
         self._pending = None
         self._closed = False
+        self._flusher = None     # the background flush to object-store tiers (_flush.py)
 
     def _group(self):
         return _group(self.process_group)
@@ -176,8 +186,11 @@ class CheckpointManager:
         if self.keep <= 0 or (group is not None and group.rank != 0):
             return
         for i in tiers:
+            keep = self.keep
+            if self._flusher is not None and not _flush.flushed(self.tiers[i]):
+                keep += self._flusher.pending()   # the sources of flushes not yet done
             try:
-                _S.retain(self.tiers[i], self.keep)
+                _S.retain(self.tiers[i], keep)
             except _S.Error as e:
                 warnings.warn("strata CheckpointManager: retention in %s: %s"
                               % (self.tiers[i], e))
@@ -187,7 +200,7 @@ class CheckpointManager:
         committed it (rank 0 looks, and tells the others); an error is warned of here where
         some tier committed the step, else returned, naming the step, to be raised."""
         if exc is None:
-            self._retain(group, range(len(self.tiers)))
+            self._retain(group, _flush.plan(self.tiers, group)[0])
             return None
         ok = None
         if group is None or group.rank == 0:
@@ -212,7 +225,8 @@ class CheckpointManager:
         if self._since_full is None or self._since_full >= self.full_every:
             return None
         if self._links is None:
-            self._links = all(_can_link(t) for t in self.tiers)
+            self._links = all(_can_link(self.tiers[i])
+                              for i in _flush.plan(self.tiers, group)[0])
         if not self._links:
             return None
         try:
@@ -274,7 +288,8 @@ class CheckpointManager:
         self._wait(False)
         group = self._group()
         step = int(step)
-        uris = [self.path(step, i) for i in range(len(self.tiers))]
+        saved, later = _flush.plan(self.tiers, group)
+        uris = [self.path(step, i) for i in saved]
         base = self._base(group, step)
         prep = _prepare_save(state_dict, group, self.pickle,
                              self.frozen if frozen is None else frozen, self._unmoved(base))
@@ -282,9 +297,15 @@ class CheckpointManager:
         saver = self._get_saver(group)
         kw = {"base": base, "incremental": True} if self.incremental and group is None else {}
 
+        job = self._flush_job(step, saved, later)
+
         def ended(exc):
             self._saved(base, exc is None, snap)
-            return self._ended(group, step, exc)
+            err = self._ended(group, step, exc)
+            if job is not None:
+                job.ended(err is None)
+                self._flusher.wake()
+            return err
         if self.async_save:
             versions = _versions(prep)
             h = saver.start(uris, [prep.state], step=step, **kw)
@@ -315,8 +336,38 @@ class CheckpointManager:
 
     def wait(self):
         """Waits for the save in flight (if any) to end: returns its stats (None where a
-        tier failed: warned of), and raises its error if it committed on no tier."""
+        tier failed: warned of), and raises its error if it committed on no tier. The
+        background flushes to object-store tiers go on (wait_durable waits for them)."""
         return self._wait(True)
+
+    def _flush_job(self, step, saved, later):
+        """The flush of step to the tiers `later`, submitted now (it starts once the save
+        has committed on one of the tiers `saved`), or None where there are none."""
+        if not later:
+            return None
+        if self._flusher is None:
+            self._flusher = _flush.Flusher(self._flushed)
+        job = _flush.Job(step, [self.path(step, i) for i in saved],
+                         [self.path(step, i) for i in later])
+        self._flusher.submit(job)
+        return job
+
+    def _flushed(self, job):
+        """After a flush (on the flusher's thread): retention on every tier, the copies just
+        made counted on the object stores, the flushes still pending kept on the others."""
+        self._retain(None, range(len(self.tiers)))
+
+    def wait_durable(self):
+        """wait(), then waits for the background flushes to object-store tiers (s3://)
+        submitted so far; raises the first flush that failed (each names its step and
+        tier; the others are warned of)."""
+        stats = self.wait()
+        errors = self._flusher.wait() if self._flusher is not None else []
+        for e in errors[1:]:
+            warnings.warn(str(e))
+        if errors:
+            raise errors[0]
+        return stats
 
     def _scan(self):
         best = None
@@ -364,6 +415,10 @@ class CheckpointManager:
         try:
             self.wait()
         finally:
+            if self._flusher is not None:   # the flushes end first: errors warned of
+                for e in self._flusher.close():
+                    warnings.warn(str(e))
+                self._flusher = None
             self._closed = True
             self._saver = None
             self._pool = None

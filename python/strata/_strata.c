@@ -477,6 +477,9 @@ static PyMethodDef module_methods[] = {
      "probe(uri) -> {is_ckpt, has_commit, committed, has_metadata, step, disk_bytes}"},
     {"retain", (PyCFunction)(void (*)(void))mod_retain, METH_VARARGS | METH_KEYWORDS,
      "retain(dir_uri, keep) -> number of checkpoints removed"},
+    {"copy", (PyCFunction)mod_copy, METH_VARARGS,
+     "copy(src_uri, dst_uri) -> stats: a committed checkpoint copied to a new directory on "
+     "any backend, every chunk's checksum verified, committed last (strata_copy)"},
     {"remove_incomplete", (PyCFunction)mod_remove_incomplete, METH_O,
      "remove_incomplete(uri): removes a checkpoint that has no valid commit record."},
     {"unpickle", (PyCFunction)(void (*)(void))mod_unpickle, METH_VARARGS | METH_KEYWORDS,

@@ -116,6 +116,7 @@ PyObject *ckpt_name_str(const char *s);
 const char *ckpt_format_str(const strata_ckpt *ck);
 PyObject *mod_probe(PyObject *m, PyObject *arg);
 PyObject *mod_retain(PyObject *m, PyObject *args, PyObject *kw);
+PyObject *mod_copy(PyObject *m, PyObject *args);
 PyObject *mod_remove_incomplete(PyObject *m, PyObject *arg);
 PyObject *mod_export_safetensors(PyObject *m, PyObject *args, PyObject *kw);
 /* _strata_pickle.c */

@@ -377,6 +377,34 @@ PyObject *mod_retain(PyObject *m, PyObject *args, PyObject *kw)
     return PyLong_FromLong(removed);
 }
 
+PyObject *mod_copy(PyObject *m, PyObject *args)
+{
+    (void)m;
+    PyObject *osrc, *odst, *ksrc, *kdst;
+    if (!PyArg_ParseTuple(args, "OO:copy", &osrc, &odst))
+        return NULL;
+    const char *src = get_path(osrc, &ksrc);
+    if (!src)
+        return NULL;
+    const char *dst = get_path(odst, &kdst);
+    if (!dst) {
+        Py_DECREF(ksrc);
+        return NULL;
+    }
+    strata_stats s = STRATA_STATS_INIT;
+    int rc;
+    char msg[MSG_BYTES];
+    Py_BEGIN_ALLOW_THREADS
+    rc = strata_copy(&s, src, dst, 0);
+    snprintf(msg, sizeof msg, "%s", rc ? strata_error_last() : "");
+    Py_END_ALLOW_THREADS
+    Py_DECREF(ksrc);
+    Py_DECREF(kdst);
+    if (rc)
+        return raise_msg(rc, msg);
+    return stats_dict(&s);
+}
+
 PyObject *mod_remove_incomplete(PyObject *m, PyObject *arg)
 {
     (void)m;

@@ -8,6 +8,10 @@ Skipped without moto (make venv installs it) or a libstrata built without libcur
 import os
 import shutil
 import socket
+import subprocess
+import sys
+import threading
+import time
 
 import pytest
 import torch
@@ -123,3 +127,120 @@ def test_manager_tiers_mem_disk_s3(s3, tmp_path, monkeypatch):
     back = {"w": torch.zeros(1000)}
     assert mgr.load(back, step=2) == 2 and torch.equal(back["w"], torch.full((1000,), 2.0))
     assert strata.list_dirs("s3://%s/mgr" % BUCKET) == ["step-00000002", "step-00000003"]
+
+
+def test_manager_flushes_s3_in_background(s3, tmp_path, monkeypatch):
+    """The save writes the faster tiers only; the S3 copy is made afterwards by the
+    manager's flusher (held back here until released), retention keeps on the faster tiers
+    what is still unflushed, wait_durable() waits for the flushes, and after the node is
+    gone S3 alone restores bitwise."""
+    monkeypatch.setenv("STRATA_MEM_ROOT", str(tmp_path / "shm"))
+    from strata import _flush
+    gate, copied, real_copy = threading.Event(), [], strata.copy
+
+    def held_copy(src, dst):
+        assert gate.wait(60)
+        copied.append((src, dst))
+        return real_copy(src, dst)
+    monkeypatch.setattr(_flush._S, "copy", held_copy)
+    tiers = ["mem://bg", str(tmp_path / "disk"), "s3://%s/bg" % BUCKET]
+    states = {s: {"w": torch.randn(300, 301), "n": torch.arange(s, s + 50)} for s in (1, 2, 3)}
+    mgr = st.CheckpointManager(tiers, keep=1, pool_bytes=8 << 20)
+    for s in (1, 2, 3):
+        mgr.save(s, states[s]).wait()
+    # committed on memory and disk, nothing on S3 yet; keep=1, but the three steps wait
+    # to be flushed, so retention left them on the faster tiers
+    assert keys_under(s3, "bg/") == []
+    for t in tiers[:2]:
+        assert strata.list_dirs(t) == ["step-%08d" % s for s in (1, 2, 3)]
+        for s in (1, 2, 3):
+            assert strata.probe(t + "/step-%08d" % s)["committed"]
+    back = {"w": torch.zeros(300, 301), "n": torch.zeros(50, dtype=torch.int64)}
+    assert mgr.load(back, step=2) == 2 and torch.equal(back["w"], states[2]["w"])
+    gate.set()
+    mgr.wait_durable()
+    # copied from the fastest tier, in order; retention then kept 1 on every tier
+    assert copied == [("mem://bg/step-%08d" % s, "s3://%s/bg/step-%08d" % (BUCKET, s))
+                      for s in (1, 2, 3)]
+    assert keys_under(s3, "bg/") == ["step-00000003/" + f
+                                     for f in ("COMMIT", "data-000000.bin", "metadata.bin")]
+    for t in tiers[:2]:
+        assert strata.list_dirs(t) == ["step-00000003"]
+    mgr.close()
+    shutil.rmtree(tmp_path / "shm")
+    shutil.rmtree(tmp_path / "disk")
+    mgr = st.CheckpointManager(tiers)
+    assert mgr.latest() == 3
+    back = {"w": torch.zeros(300, 301), "n": torch.zeros(50, dtype=torch.int64)}
+    assert mgr.load(back) == 3
+    assert torch.equal(back["w"], states[3]["w"]) and torch.equal(back["n"], states[3]["n"])
+    mgr.close()
+
+
+def test_manager_flush_error_raised_by_wait_durable(s3, tmp_path):
+    """A flush that fails (the S3 tier already holds that step committed) is raised by
+    wait_durable() naming the step and the tier; the save itself stood."""
+    st.save({"w": torch.ones(10)}, "s3://%s/bgerr/step-00000005" % BUCKET)
+    mgr = st.CheckpointManager([str(tmp_path / "disk"), "s3://%s/bgerr" % BUCKET], keep=2)
+    mgr.save(5, {"w": torch.zeros(10)}).wait()
+    assert strata.probe(str(tmp_path / "disk" / "step-00000005"))["committed"]
+    with pytest.raises(strata.ExistsError, match="flushing step 5 to s3://strata-py/bgerr"):
+        mgr.wait_durable()
+    mgr.close()
+
+
+def test_copy_verifies_checksums_and_commits_last(s3, tmp_path):
+    """strata.copy to S3: bitwise the same checkpoint; a corrupt source byte is a
+    ChecksumError naming the tensor, and leaves no object (nor upload) at the destination."""
+    src = str(tmp_path / "src")
+    w = torch.randn(4000, 1000)   # 16 MB: several 5 MiB parts
+    st.save({"w": w, "b": torch.arange(7)}, src)
+    dst = "s3://%s/copy/ok" % BUCKET
+    stats = strata.copy(src, dst)
+    assert stats["bytes"] == os.path.getsize(os.path.join(src, "data-000000.bin"))
+    back = {"w": torch.zeros(4000, 1000), "b": torch.zeros(7, dtype=torch.int64)}
+    st.load(back, dst)
+    assert torch.equal(back["w"], w) and torch.equal(back["b"], torch.arange(7))
+    with pytest.raises(strata.ExistsError):
+        strata.copy(src, dst)
+    data = os.path.join(src, "data-000000.bin")
+    with open(data, "r+b") as f:   # one byte of w, deep in the file
+        f.seek(9 << 20)
+        b = f.read(1)
+        f.seek(9 << 20)
+        f.write(bytes([b[0] ^ 1]))
+    with pytest.raises(strata.ChecksumError, match="'w'"):
+        strata.copy(src, "s3://%s/copy/bad" % BUCKET)
+    assert keys_under(s3, "copy/bad/") == []
+    ups = s3.list_multipart_uploads(Bucket=BUCKET, Prefix="copy/bad/")
+    assert not ups.get("Uploads")
+
+
+def test_killed_flush_leaves_nothing_committed(s3, tmp_path, monkeypatch):
+    """A process killed while copying to S3 leaves no commit record there; gc (retain)
+    removes what it wrote and aborts its multipart uploads once its lease has expired."""
+    src = str(tmp_path / "src")
+    st.save({"w": torch.randn(12000, 1000)}, src)    # 48 MB
+    dst = "s3://%s/killed/step-00000001" % BUCKET
+    env = dict(os.environ, STRATA_S3_PART_MB="5", STRATA_S3_LEASE_S="1")
+    p = subprocess.Popen([sys.executable, "-c", "import strata, sys; "
+                          "strata.copy(sys.argv[1], sys.argv[2])", src, dst], env=env)
+    try:
+        for _ in range(600):
+            if s3.list_multipart_uploads(Bucket=BUCKET, Prefix="killed/").get("Uploads"):
+                break
+            if p.poll() is not None:
+                pytest.fail("the copy ended before an upload was seen")
+            time.sleep(0.01)
+        else:
+            pytest.fail("no multipart upload seen")
+    finally:
+        p.kill()
+        p.wait()
+    assert "step-00000001/COMMIT" not in keys_under(s3, "killed/")
+    assert not strata.probe(dst)["committed"]
+    time.sleep(2.5)    # the dead copy's lease runs out
+    monkeypatch.setenv("STRATA_S3_LEASE_S", "1")
+    strata.retain("s3://%s/killed" % BUCKET, 1)
+    assert keys_under(s3, "killed/") == []
+    assert not s3.list_multipart_uploads(Bucket=BUCKET, Prefix="killed/").get("Uploads")
