@@ -157,7 +157,8 @@ typedef struct strata_save_opts {
      * A shard marked STRATA_SHARD_UNCHANGED is referred to without being read where the
      * base holds it (above). Unmarked shards in device memory, blobs, a base saved without
      * STRATA_SAVE_INCREMENTAL, one of another chunk size, or a backend that cannot link:
-     * written as usual. A save with
+     * written as usual. On s3:// a link is a copy made by the server (no byte uploaded;
+     * FORMAT.md). A save with
      * a communicator refuses a base (STRATA_ENOTSUP). Errors: the base's open (missing:
      * STRATA_ENOENT, not committed: STRATA_EINCOMPLETE, not strata's: STRATA_EINVAL, a
      * name with '/': STRATA_EINVAL); a base removed or replaced while the save links its

@@ -254,6 +254,14 @@ int st_is_replace_sibling(const char *name)
  * but what any cleanup removes) are made, swapped and removed. */
 static int check_exchange(const st_vfs *v, const char *dir)
 {
+    if (strcmp(v->scheme, "s3") == 0)
+        return st_fail(STRATA_ENOTSUP,
+                       "'%s': object storage has no atomic rename of a prefix, which a "
+                       "replacing save (replace=True, STRATA_SAVE_REPLACE) needs so that the "
+                       "path always holds a committed checkpoint; nothing was written: on "
+                       "s3:// save each version to a new prefix (step-N, as the "
+                       "CheckpointManager does) and load the newest committed one",
+                       dir);
     char a[PATH_MAX], b[PATH_MAX];
     int rc = st_path_join(a, dir, ST_COMMIT_FILE ".tmp");
     if (!rc)

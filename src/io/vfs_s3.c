@@ -53,6 +53,7 @@ typedef struct {
     s3_conn *conn;
     char root[300]; /* "s3://bucket" */
     uint64_t part;  /* part size */
+    uint64_t copy_max; /* the largest object copied by one CopyObject (s3_link) */
     int lease_s;
     pthread_mutex_t mu; /* held */
     held *held;
@@ -782,6 +783,88 @@ static int s3_rename(const st_vfs *v, const char *from, const char *to)
     return e;
 }
 
+/* The headers of a server-side copy of key `from` (pinned to its ETag) into hdr[0..1]. */
+static int copy_source(const st_vfs *v, const char *from, const char *etag, char *src,
+                       size_t cap, char *match, size_t mcap)
+{
+    snprintf(src, cap, "x-amz-copy-source: /%s/", SV(v)->root + 5);
+    snprintf(match, mcap, "x-amz-copy-source-if-match: %s", etag);
+    return s3_uri_encode(src, cap, from, 1);
+}
+
+/* A copy of more than one CopyObject may make (5 GiB): a multipart upload of parts copied
+ * by the server (UploadPartCopy), aborted on failure. */
+static int copy_parts(const st_vfs *v, const char *kt, const char *src, const char *match,
+                      uint64_t size)
+{
+    s3_file f = {.base.vfs = v, .write = 1, .size = size};
+    uint64_t p = SV(v)->part;
+    while ((size + p - 1) / p > MAX_PARTS)
+        p *= 2;
+    f.nparts = (uint32_t)((size + p - 1) / p);
+    snprintf(f.key, sizeof f.key, "%s", kt);
+    if (!(f.parts = calloc(f.nparts, sizeof *f.parts)))
+        return -ENOMEM;
+    int e = start_upload(&f);
+    for (uint32_t i = 0; !e && i < f.nparts; i++) {
+        char q[700], range[100];
+        uint64_t a = (uint64_t)i * p, b = a + p < size ? a + p : size;
+        snprintf(q, sizeof q, "partNumber=%u&uploadId=", i + 1);
+        snprintf(range, sizeof range, "x-amz-copy-source-range: bytes=%llu-%llu",
+                 (unsigned long long)a, (unsigned long long)(b - 1));
+        s3_req rq = {.method = "PUT", .key = kt, .query = q, .hdr = {src, match, range}};
+        s3_resp r;
+        if ((e = s3_uri_encode(q, sizeof q, f.upload, 0)) || (e = s3_do(CONN(&f.base), &rq, &r)))
+            break;
+        const char *pos = NULL;
+        if (!(e = s3_status_errno(r.status)) &&
+            (!r.body || s3_xml_next(r.body, &pos, "ETag", f.parts[i].etag, sizeof f.parts[i].etag)))
+            e = -EIO;
+        s3_resp_free(&r);
+    }
+    if (!e)
+        e = complete_upload(&f);
+    if (e && f.upload[0])
+        abort_upload(CONN(&f.base), kt, f.upload);
+    free(f.parts);
+    return e;
+}
+
+/* A hard link on a store without links: `to` becomes a copy of `from` made by the server
+ * (CopyObject, or UploadPartCopy above $STRATA_S3_COPY_MAX_MB, default 5120), no byte
+ * through this process; -EEXIST if `to` exists (the caller owns its prefix). The two are
+ * separate objects from then on: removing one frees nothing of the other's. */
+static int s3_link(const st_vfs *v, const char *from, const char *to)
+{
+    const char *kf = key_of(v, from), *kt = key_of(v, to);
+    if (!kf || !kt || !*kf || !*kt)
+        return -EXDEV;
+    s3_resp r;
+    int e = head(v, kt, &r);
+    s3_resp_free(&r);
+    if (e != -ENOENT)
+        return e ? e : -EEXIST;
+    e = head(v, kf, &r);
+    s3_resp_free(&r);
+    if (e)
+        return e;
+    char src[1200], match[200];
+    if ((e = copy_source(v, kf, r.etag, src, sizeof src, match, sizeof match)))
+        return e;
+    if (r.length > SV(v)->copy_max)
+        return copy_parts(v, kt, src, match, r.length);
+    s3_req q = {.method = "PUT", .key = kt, .hdr = {src, match}};
+    if ((e = s3_do(SV(v)->conn, &q, &r)))
+        return e;
+    e = s3_status_errno(r.status);
+    if (!e && (!r.body || strstr(r.body, "<Error>"))) /* S3 may fail it inside a 200 */
+        e = -EIO;
+    if (e == -EEXIST) /* 412: the source is no longer the object seen */
+        e = -ENOENT;
+    s3_resp_free(&r);
+    return e;
+}
+
 static int s3_exchange(const st_vfs *v, const char *a, const char *b)
 {
     (void)v, (void)a, (void)b;
@@ -908,10 +991,12 @@ int st_vfs_s3_resolve(const char *uri, const st_vfs **vfs, char *path_out, size_
     long part = env_num("STRATA_S3_PART_MB", 8, 5, 5120);
     long retries = env_num("STRATA_S3_RETRIES", 6, 0, 100);
     long timeout = env_num("STRATA_S3_TIMEOUT_S", 30, 1, 3600);
-    if (lease < 0 || part < 0 || retries < 0 || timeout < 0)
+    long copy_max = env_num("STRATA_S3_COPY_MAX_MB", 5120, 5, 5120);
+    if (lease < 0 || part < 0 || retries < 0 || timeout < 0 || copy_max < 0)
         return st_fail(STRATA_EINVAL, "'%s': $STRATA_S3_LEASE_S (1..86400), $STRATA_S3_PART_MB "
-                       "(5..5120), $STRATA_S3_RETRIES (0..100) or $STRATA_S3_TIMEOUT_S "
-                       "(1..3600) is not a number in range", uri);
+                       "(5..5120), $STRATA_S3_RETRIES (0..100), $STRATA_S3_TIMEOUT_S "
+                       "(1..3600) or $STRATA_S3_COPY_MAX_MB (5..5120) is not a number in "
+                       "range", uri);
     cfg.retries = (int)retries;
     cfg.timeout_s = timeout;
     const char *ep = getenv("AWS_ENDPOINT_URL_S3");
@@ -952,6 +1037,7 @@ int st_vfs_s3_resolve(const char *uri, const st_vfs **vfs, char *path_out, size_
     pthread_mutex_init(&v->mu, NULL);
     v->part = (uint64_t)part * MIB;
     v->lease_s = (int)lease;
+    v->copy_max = (uint64_t)copy_max * MIB;
     v->base = (st_vfs){
         .version = ST_VFS_VERSION, .scheme = "s3", .caps = 0, .open = s3_open,
         .pread = s3_pread, .pwrite = s3_pwrite, .sync = s3_sync, .size = s3_size,
@@ -959,7 +1045,7 @@ int st_vfs_s3_resolve(const char *uri, const st_vfs **vfs, char *path_out, size_
         .rename = s3_rename, .unlink = s3_unlink, .rmdir = s3_rmdir, .sync_dir = s3_sync_dir,
         .list = s3_list, .stat = s3_stat, .allocate = s3_allocate, .release = s3_release,
         .mtime = s3_mtime, .lock = s3_lock, .ident = s3_ident, .exchange = s3_exchange,
-        .undirect = s3_undirect};
+        .undirect = s3_undirect, .link = s3_link};
     /* the bucket answers, and to these credentials: else a clear error now, naming it */
     s3_req q = {.method = "HEAD", .key = ""};
     s3_resp r;

@@ -244,3 +244,39 @@ def test_killed_flush_leaves_nothing_committed(s3, tmp_path, monkeypatch):
     strata.retain("s3://%s/killed" % BUCKET, 1)
     assert keys_under(s3, "killed/") == []
     assert not s3.list_multipart_uploads(Bucket=BUCKET, Prefix="killed/").get("Uploads")
+
+
+def test_replace_refused_on_s3(s3):
+    """replace=True needs an atomic swap of two prefixes, which S3 has not: refused before
+    anything is written, with a message saying so and what to do instead."""
+    with pytest.raises(strata.UnsupportedError, match="object storage has no atomic rename"):
+        st.save({"w": torch.ones(10)}, "s3://%s/repl/latest" % BUCKET, replace=True)
+    assert keys_under(s3, "repl/") == []
+
+
+@pytest.mark.parametrize("copy_max_mb", [None, 5])
+def test_incremental_save_on_s3(s3, monkeypatch, copy_max_mb):
+    """An incremental save to s3:// names its base: the base's data file is copied by the
+    server (CopyObject; UploadPartCopy in 5 MiB parts when $STRATA_S3_COPY_MAX_MB is below
+    its size) instead of uploaded, and the new checkpoint stands alone once the base is
+    gone."""
+    if copy_max_mb:
+        monkeypatch.setenv("STRATA_S3_COPY_MAX_MB", str(copy_max_mb))
+        monkeypatch.setenv("STRATA_S3_PART_MB", "5")
+    root = "incr-%s" % copy_max_mb
+    frozen = torch.randn(3000, 1000)           # 12 MB, unchanged between the saves
+    st.save({"f": frozen, "m": torch.zeros(100)}, "s3://%s/%s/step-1" % (BUCKET, root),
+            incremental=True)
+    stats = st.save({"f": frozen, "m": torch.ones(100)}, "s3://%s/%s/step-2" % (BUCKET, root),
+                    base="step-1", incremental=True)
+    assert stats["bytes"] < 1 << 20            # only m was uploaded
+    ck = strata.Checkpoint("s3://%s/%s/step-2" % (BUCKET, root))
+    assert ck.base == "step-1"
+    names = keys_under(s3, root + "/step-2/")
+    assert any(n.startswith("ref-") for n in names), names
+    strata.retain("s3://%s/%s" % (BUCKET, root), 1)   # the base goes
+    assert keys_under(s3, root + "/step-1/") == []
+    back = {"f": torch.zeros(3000, 1000), "m": torch.zeros(100)}
+    st.load(back, "s3://%s/%s/step-2" % (BUCKET, root))
+    assert torch.equal(back["f"], frozen) and torch.equal(back["m"], torch.ones(100))
+    strata.Checkpoint("s3://%s/%s/step-2" % (BUCKET, root)).verify()
