@@ -122,6 +122,11 @@ $(BUILD)/strata: $(CLI_OBJ) $(BUILD)/libstrata_mpi.a $(BUILD)/libstrata.a
 	$(CC) $(ST_LDFLAGS) $(LDFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libstrata_mpi.a $(BUILD)/libstrata.a \
 	    $(MPI_LIBS) $(LIBS) -lm
 
+# libstrata and the command once more without libcurl, for tests/nocurl_test.sh (an s3://
+# URI refused with STRATA_ENOTSUP, saying so)
+$(BUILD)/nocurl/strata: $(LIB_SRC) $(CLI_SRC) $(wildcard src/*/*.h) $(HEADERS)
+	$(MAKE) BUILD=$(BUILD)/nocurl CURL=0 $@
+
 $(BUILD)/examples/%: examples/%.c $(BUILD)/libstrata.a | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(ST_LDFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libstrata.a $(LIBS)
@@ -143,7 +148,8 @@ demo: deps all
 # the tests' tools: python3 (cli_test, kill_test)
 # the C suites, the shell suites, and (in the plain build) the Python package's tests in the
 # project venv (tests/python/test_pickle_reader.py runs build/tests/pickle_dump)
-test: deps all $(TESTS) $(BUILD)/tests/libfakecudart.so $(BUILD)/tests/pickle_dump $(if $(SAN),,venv)
+test: deps all $(TESTS) $(BUILD)/tests/libfakecudart.so $(BUILD)/tests/pickle_dump \
+      $(BUILD)/nocurl/strata $(if $(SAN),,venv)
 	@$(APT) tool_need python3 python3
 	@BUILD=$(BUILD) SANITIZED=$(if $(SAN),1,) VENV=$(VENV) bash tests/run.sh $(TESTS)
 
@@ -220,6 +226,7 @@ bench: deps all $(BUILD)/bench/bench_plan $(BUILD)/bench/bench_export $(BUILD)/b
 	$(BUILD)/bench/bench_cast --dir $(BUILD)/bench --size-mb 1024
 	$(MAKE) bench-incr
 	$(VENV)/bin/python bench/bench_s3.py --size-mb 256
+	$(VENV)/bin/python bench/bench_s3_probe.py
 
 # bench/bench_incr.c alone (also part of `make bench`): LoRA full / hashed / marked, dense
 bench-incr: $(BUILD)/bench/bench_incr

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run.sh - runs each test binary given as an argument as its own process (under a
 # timeout), then tests/cli_test.sh, install_test.sh, kill_test.sh, kill_export_test.sh,
-# s3_test.sh (moto from $VENV; skipped without it) (and, outside the sanitizers, mpi_test.sh, readme_test.sh and the Python tests in $VENV when it exists), and prints
+# s3_test.sh (moto from $VENV; skipped without it), nocurl_test.sh (the CURL=0 build) (and, outside the sanitizers, mpi_test.sh, readme_test.sh and the Python tests in $VENV when it exists), and prints
 # "N passed, N failed" (plus ", N skipped" when a test exits with 77). Exits non-zero if
 # anything failed.
 # Usage: bash tests/run.sh build/tests/test_a build/tests/test_b ...
@@ -40,7 +40,7 @@ done
 mpi=mpi_test.sh
 [ -n "${SANITIZED:-}" ] && mpi=
 for script in cycles_test.sh cli_test.sh install_test.sh kill_test.sh kill_export_test.sh $mpi \
-    s3_test.sh; do
+    s3_test.sh nocurl_test.sh; do
     if [ -f "$here/$script" ]; then
         run_one "tests/$script" bash "$here/$script"
     fi

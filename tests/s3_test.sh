@@ -2,7 +2,8 @@
 # s3_test.sh - the s3:// backend against moto's S3 server on 127.0.0.1 (moto_server from the
 # project venv, $VENV; started here and stopped on exit): build/tests/test_s3 (round trips,
 # two savers, gc beside saves, killed saves, the fault wrapper, refused credentials), then
-# the command on s3:// URIs (demo, inspect, ls, verify, gc, export), an MPI save and resharded
+# the command on s3:// URIs (demo, inspect, ls, verify, gc, export; virtual-host addressing
+# through strata-test.localhost too), an MPI save and resharded
 # load, and saves through tests/s3_fault_proxy.py (503s, dropped connections). A second moto runs with
 # authentication on (INITIAL_NO_AUTH_ACTION_COUNT=0), so that it refuses every key.
 # Skipped (77) without the venv's moto or a build with libcurl.
@@ -74,6 +75,12 @@ check "export from s3://" bash -c "'$S' export $U/ck1 '$T/exp' --quiet && ls '$T
 curl -s -f -X PUT --data-binary 'x' "$AWS_ENDPOINT_URL/strata-test/cli/half/data-000000.bin" >/dev/null
 check "ls shows an incomplete one" bash -c "'$S' ls $U | grep 'half' | grep -qi 'incomplete'"
 check "gc on s3:// removes it, keeps ck1" bash -c "'$S' gc $U && ! '$S' ls $U | grep -q half && '$S' verify $U/ck1"
+# virtual-host addressing: the bucket in the host name (curl resolves *.localhost to the
+# loopback itself; moto takes the bucket from the Host header): every request goes to
+# strata-test.localhost, none names the bucket in its path, and the objects land in it
+V="env AWS_ENDPOINT_URL=http://localhost:$port STRATA_S3_ADDRESSING=virtual STRATA_S3_DEBUG=1"
+check "virtual-host: demo, inspect, verify, gc" bash -c "$V '$S' demo --size-mb 12 --dir $U/vh --step 4 2>'$T/vh.log' | tail -n 1 | grep -q 'ok=1$' && $V '$S' inspect $U/vh 2>>'$T/vh.log' | grep -q 'committed, step 4' && $V '$S' verify $U/vh 2>>'$T/vh.log' | grep -q '^ok: ' && $V '$S' gc $U 2>>'$T/vh.log'"
+check "virtual-host: every request to the bucket's host name" bash -c "grep -q '^strata s3: PUT http://strata-test.localhost:$port/cli/vh/COMMIT' '$T/vh.log' && ! grep '^strata s3: ' '$T/vh.log' | grep -v 'http://strata-test.localhost:$port/' | grep -q . && curl -s '$AWS_ENDPOINT_URL/strata-test?list-type=2&prefix=cli/vh/' | grep -q '<Key>cli/vh/COMMIT</Key>'"
 if [ -z "${SANITIZED:-}" ] && command -v mpiexec.mpich >/dev/null; then # MPICH is not sanitized
     M="mpiexec.mpich -n 4"
     check "MPI: 4 ranks save to s3://, 3 load resharded" bash -c "$M '$S' demo save --dir $U/mpi --layout tp=2,pp=1,dp=2,zero=1 --size-mb 24 | grep -q '^saved_bytes=.* ok=1' && mpiexec.mpich -n 3 '$S' demo load --dir $U/mpi --layout tp=1,pp=3,dp=1 --size-mb 24 | grep -q '^saved_bytes=.* ok=1'"

@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "engine/engine.h"
 #include "io/s3_http.h"
 #include "io/vfs.h"
 #include "io/vfs_fault.h"
@@ -31,7 +32,8 @@ static int uploads_under(const char *uri)
     snprintf(cfg.key_id, sizeof cfg.key_id, "%s", getenv("AWS_ACCESS_KEY_ID"));
     snprintf(cfg.secret, sizeof cfg.secret, "%s", getenv("AWS_SECRET_ACCESS_KEY"));
     s3_conn *c;
-    assert_int_equal(s3_conn_new(&cfg, &c), 0);
+    int check;
+    assert_int_equal(s3_conn_get(&cfg, &c, &check), 0);
     char q[1200] = "prefix=";
     const char *key = uri + 5 + strlen(bucket) + 1;
     char pre[800];
@@ -46,7 +48,7 @@ static int uploads_under(const char *uri)
     for (const char *p = r.body; (p = strstr(p, "<UploadId>")); p++)
         n++;
     s3_resp_free(&r);
-    s3_conn_free(c);
+    s3_conn_put(c, 1);
     return n;
 }
 
@@ -349,6 +351,130 @@ static void test_bad_bucket_and_credentials(void **st)
     assert_non_null(strstr(strata_error_last(), "access denied"));
 }
 
+/* strata_copy from disk to S3 and to disk, in blocks smaller and larger than the checksum
+ * chunks, several threads a file: loads bitwise; a committed destination refused; an
+ * incomplete source refused; a corrupt byte refused naming the tensor, leaving no object
+ * and no upload at the destination. */
+static void test_copy(void **st)
+{
+    (void)st;
+    char dir[600], src[700], disk[700], s3[700], bad[700], p[800];
+    tu_tmpdir(dir, sizeof dir, "s3copy");
+    snprintf(src, sizeof src, "%s/src", dir);
+    snprintf(disk, sizeof disk, "%s/copy", dir);
+    snprintf(s3, sizeof s3, "%s/copied", base);
+    snprintf(bad, sizeof bad, "%s/copied-bad", base);
+    assert_int_equal(save_state(src, 3, 3001, 0, 0), 0);
+    uint64_t was = st_copy_block;
+    st_copy_block = 3u << 20; /* 4 MiB chunks: blocks end before a chunk, or at its end */
+    strata_stats stats = STRATA_STATS_INIT;
+    assert_int_equal(strata_copy(&stats, src, s3, 0), 0);
+    assert_true(stats.bytes > 3001ull * 1500 * 4);
+    assert_int_equal(load_check(s3, 2, 3001), 0);
+    assert_int_equal(strata_copy(NULL, src, disk, 0), 0);
+    assert_int_equal(load_check(disk, 1, 3001), 0);
+    assert_int_equal(strata_copy(NULL, src, s3, 0), STRATA_EEXIST);
+    snprintf(p, sizeof p, "%s/COMMIT", disk);
+    assert_int_equal(unlink(p), 0);
+    assert_int_equal(strata_copy(NULL, disk, bad, 0), STRATA_EINCOMPLETE);
+    snprintf(p, sizeof p, "%s/data-000001.bin", src);
+    FILE *f = fopen(p, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 5 << 20, SEEK_SET), 0);
+    int c = fgetc(f);
+    assert_int_equal(fseek(f, 5 << 20, SEEK_SET), 0);
+    fputc(c ^ 0x10, f);
+    fclose(f);
+    assert_int_equal(strata_copy(NULL, src, bad, 0), STRATA_ECHECKSUM);
+    print_message("corrupt source: %s\n", strata_error_last());
+    assert_non_null(strstr(strata_error_last(), "'big'"));
+    assert_non_null(strstr(strata_error_last(), "data-000001.bin"));
+    assert_int_equal(objects_under(bad), 0);
+    assert_int_equal(uploads_under(bad), 0);
+    st_copy_block = was;
+    tu_rmrf(dir);
+}
+
+static void *conn_churn(void *arg)
+{
+    const s3_cfg *cfg = arg;
+    for (int i = 0; i < 200; i++) {
+        s3_conn *c;
+        int check;
+        if (s3_conn_get(cfg, &c, &check))
+            return (void *)1;
+        if (check)
+            s3_conn_checked(c);
+        s3_resp r;
+        s3_req q = {.method = "HEAD", .key = ""};
+        int bad = i % 50 == 0 && (s3_do(c, &q, &r) || (s3_resp_free(&r), r.status != 200));
+        s3_conn_put(c, 1);
+        if (bad)
+            return (void *)1;
+    }
+    return NULL;
+}
+
+/* One connection per configuration, shared by every resolve (reference-counted, kept a
+ * while once unreferenced, so that probe after probe reuses it; its bucket HEADed once),
+ * another for other credentials, none shared with a forked child; and many threads
+ * taking and letting go of it at once (TSan). */
+static void test_shared_connection(void **st)
+{
+    (void)st;
+    s3_cfg cfg = {.retries = 3, .timeout_s = 30}, other;
+    snprintf(cfg.bucket, sizeof cfg.bucket, "%s", bucket);
+    snprintf(cfg.endpoint, sizeof cfg.endpoint, "%s", getenv("AWS_ENDPOINT_URL"));
+    snprintf(cfg.region, sizeof cfg.region, "us-east-1");
+    snprintf(cfg.key_id, sizeof cfg.key_id, "%s", getenv("AWS_ACCESS_KEY_ID"));
+    snprintf(cfg.secret, sizeof cfg.secret, "%s", getenv("AWS_SECRET_ACCESS_KEY"));
+    other = cfg;
+    snprintf(other.secret, sizeof other.secret, "another-secret");
+    s3_conn *a, *b, *c, *d;
+    int ca, cb, cc, cd;
+    assert_int_equal(s3_conn_get(&cfg, &a, &ca), 0);
+    assert_int_equal(s3_conn_get(&cfg, &b, &cb), 0);
+    assert_ptr_equal(a, b);
+    s3_conn_checked(a);
+    assert_int_equal(s3_conn_get(&other, &c, &cc), 0);
+    assert_ptr_not_equal(a, c);
+    assert_int_equal(cc, 1);
+    s3_conn_put(c, 0);
+    s3_conn_put(b, 1);
+    s3_conn_put(a, 1);
+    assert_int_equal(s3_conn_get(&cfg, &d, &cd), 0); /* kept: no new handshake, no HEAD */
+    assert_ptr_equal(d, a);
+    assert_int_equal(cd, 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        s3_conn *e;
+        int ce;
+        _exit(s3_conn_get(&cfg, &e, &ce) || e == d || ce != 1 ? 1 : 0);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    pthread_t th[8];
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, conn_churn, i % 2 ? &cfg : &other), 0);
+    for (int i = 0; i < 8; i++) {
+        void *ret;
+        pthread_join(th[i], &ret);
+        assert_null(ret);
+    }
+    s3_conn_put(d, 1);
+    /* through the backend: two resolves of one bucket share the connection, and the
+     * second sends no HEAD; a probe after a probe works on the kept one */
+    char ck[700];
+    snprintf(ck, sizeof ck, "%s/shared", base);
+    assert_int_equal(save_state(ck, 1, 10, 0, 0), 0);
+    for (int i = 0; i < 3; i++) {
+        strata_probe_info pi;
+        assert_int_equal(strata_probe(&pi, ck), 0);
+        assert_true(pi.committed);
+    }
+}
+
 int main(void)
 {
     const char *b = getenv("STRATA_TEST_S3");
@@ -370,6 +496,8 @@ int main(void)
         cmocka_unit_test(test_killed_save),
         cmocka_unit_test(test_fault_wrapper),
         cmocka_unit_test(test_bad_bucket_and_credentials),
+        cmocka_unit_test(test_shared_connection),
+        cmocka_unit_test(test_copy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -17,8 +17,9 @@
 #include "engine.h"
 #include "source.h"
 
-#define COPY_BLOCK (64u << 20) /* a whole number of S3 parts of the default size */
 #define COPY_THREADS 4
+
+uint64_t st_copy_block = 64u << 20; /* a whole number of S3 parts of the default size */
 
 /* A checksummed chunk of a data file: [start, start + len) must hash to sum. */
 typedef struct {
@@ -91,15 +92,16 @@ static int file_chunks(const st_meta *m, uint32_t f, cchunk **out, size_t *n)
     return 0;
 }
 
-/* Cuts [0, size) into blocks of about COPY_BLOCK bytes, none cutting through a chunk. */
+/* Cuts [0, size) into blocks of about st_copy_block bytes, none cutting through a chunk. */
 static int file_blocks(cfile *c, const cchunk *ck, size_t n, uint64_t size)
 {
-    size_t cap = (size_t)(size / COPY_BLOCK) + n / 2 + 2, ci = 0;
+    uint64_t block = st_copy_block;
+    size_t cap = (size_t)(size / block) + n / 2 + 2, ci = 0;
     if (!(c->bl = malloc(cap * sizeof *c->bl)))
         return st_fail(STRATA_ENOMEM, "out of memory");
     c->nbl = 0;
     for (uint64_t pos = 0; pos < size;) {
-        uint64_t end = size - pos < COPY_BLOCK ? size : pos + COPY_BLOCK;
+        uint64_t end = size - pos < block ? size : pos + block;
         size_t c1 = ci;
         while (c1 < n && ck[c1].start + ck[c1].len <= end)
             c1++;

@@ -35,6 +35,9 @@ int st_save_opts_get(strata_save_opts *out, const strata_save_opts *in);
 int st_load_opts_get(strata_load_opts *out, const strata_load_opts *in);
 /* A caller's stats struct (may be NULL) must carry a known version. */
 int st_stats_check(const strata_stats *s);
+/* The bytes strata_copy reads and writes at once (copy.c; 64 MiB; tests make it small, so
+ * that small files are many blocks). */
+extern uint64_t st_copy_block;
 /* Writes the fields of out's version from full (out may be NULL). */
 void st_stats_put(strata_stats *out, const strata_stats *full);
 

@@ -9,36 +9,121 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define BODY_MAX (64u << 20)
+#define IDLE_KEEP 4      /* unreferenced connections kept for the next resolve */
+#define RECHECK_S 60     /* a connection's bucket is HEADed again after this long */
 
 struct s3_conn {
     s3_cfg cfg;
     char sigv4[96];
-    int debug; /* $STRATA_S3_DEBUG: every attempt on stderr */
+    int debug; /* $STRATA_S3_DEBUG: every attempt on stderr (part of the key) */
     pthread_mutex_t mu;
     CURL **idle; /* easy handles not in use (their connections stay open) */
     int nidle, capidle;
+    /* in the registry (under reg_mu) */
+    struct s3_conn *next;
+    int refs;
+    pid_t pid;       /* the process that made it: a forked child never uses its sockets */
+    time_t checked;  /* when its bucket last answered a HEAD (0: never) */
 };
+
+/* The process's connections, one per configuration, most recently used first: shared by
+ * every backend instance resolved with that configuration (reference-counted), and up to
+ * IDLE_KEEP kept when no instance holds them, so that consecutive resolves (probe, list)
+ * reuse their connections. */
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static s3_conn *reg;
 
 static pthread_once_t global_once = PTHREAD_ONCE_INIT;
 static void global_init(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
 
-int s3_conn_new(const s3_cfg *cfg, s3_conn **out)
+static int same_cfg(const s3_cfg *a, const s3_cfg *b)
+{
+    return strcmp(a->bucket, b->bucket) == 0 && strcmp(a->endpoint, b->endpoint) == 0 &&
+           strcmp(a->region, b->region) == 0 && strcmp(a->key_id, b->key_id) == 0 &&
+           strcmp(a->secret, b->secret) == 0 && strcmp(a->token, b->token) == 0 &&
+           a->virtual_host == b->virtual_host && a->retries == b->retries &&
+           a->timeout_s == b->timeout_s;
+}
+
+static void conn_free(s3_conn *c);
+
+int s3_conn_get(const s3_cfg *cfg, s3_conn **out, int *check)
 {
     pthread_once(&global_once, global_init);
+    pid_t pid = getpid();
+    int debug = getenv("STRATA_S3_DEBUG") && *getenv("STRATA_S3_DEBUG") == '1';
+    pthread_mutex_lock(&reg_mu);
+    for (s3_conn **pp = &reg, *c; (c = *pp); pp = &c->next)
+        if (c->pid == pid && c->debug == debug && same_cfg(&c->cfg, cfg)) {
+            c->refs++;
+            *check = time(NULL) - c->checked > RECHECK_S;
+            *pp = c->next; /* to the front: the most recently used */
+            c->next = reg;
+            reg = c;
+            pthread_mutex_unlock(&reg_mu);
+            *out = c;
+            return 0;
+        }
+    pthread_mutex_unlock(&reg_mu);
     s3_conn *c = calloc(1, sizeof *c);
     if (!c)
         return -ENOMEM;
     c->cfg = *cfg;
     snprintf(c->sigv4, sizeof c->sigv4, "aws:amz:%s:s3", cfg->region);
-    c->debug = getenv("STRATA_S3_DEBUG") && *getenv("STRATA_S3_DEBUG") == '1';
+    c->debug = debug;
+    c->refs = 1;
+    c->pid = pid;
     pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_lock(&reg_mu);
+    c->next = reg;
+    reg = c;
+    pthread_mutex_unlock(&reg_mu);
+    *check = 1;
     *out = c;
     return 0;
 }
 
-void s3_conn_free(s3_conn *c)
+void s3_conn_checked(s3_conn *c)
+{
+    pthread_mutex_lock(&reg_mu);
+    c->checked = time(NULL);
+    pthread_mutex_unlock(&reg_mu);
+}
+
+void s3_conn_put(s3_conn *c, int keep)
+{
+    if (!c)
+        return;
+    pid_t pid = getpid();
+    s3_conn *drop = NULL;
+    pthread_mutex_lock(&reg_mu);
+    c->refs--;
+    if (!keep && c->refs == 0)
+        c->checked = 0; /* its bucket did not answer as it should: asked again next time */
+    int idle = 0;
+    for (s3_conn **pp = &reg, *x; (x = *pp);) {
+        if (x->refs == 0 && (x->pid != pid || ++idle > IDLE_KEEP)) {
+            *pp = x->next; /* unlinked; another process's is left as it is (its sockets) */
+            if (x->pid == pid) {
+                x->next = drop;
+                drop = x;
+            }
+        } else {
+            pp = &x->next;
+        }
+    }
+    pthread_mutex_unlock(&reg_mu);
+    while (drop) {
+        s3_conn *n = drop->next;
+        conn_free(drop);
+        drop = n;
+    }
+}
+
+static void conn_free(s3_conn *c)
 {
     if (!c)
         return;

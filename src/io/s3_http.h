@@ -45,8 +45,16 @@ typedef struct s3_resp {
     char etag[128];
 } s3_resp;
 
-int s3_conn_new(const s3_cfg *cfg, s3_conn **out);
-void s3_conn_free(s3_conn *c);
+/* The process's connection for cfg (every field equal), shared and reference-counted:
+ * made if there is none. *check: 1 if its bucket has not answered a HEAD lately (a new
+ * connection, or one last checked over a minute ago): the caller HEADs it and, if it
+ * answers, calls s3_conn_checked. Thread-safe. */
+int s3_conn_get(const s3_cfg *cfg, s3_conn **out, int *check);
+void s3_conn_checked(s3_conn *c);
+/* Lets go of a reference (keep 0: the bucket did not answer as it should, so the next
+ * get checks again). The last few unreferenced connections stay open for the next get; a
+ * child process after fork never uses (nor closes) its parent's. */
+void s3_conn_put(s3_conn *c, int keep);
 const s3_cfg *s3_conn_cfg(const s3_conn *c);
 
 /* Runs r (retried as above). Returns 0 when an answer came (any status: see resp->status),

@@ -54,6 +54,7 @@ typedef struct {
     char root[300]; /* "s3://bucket" */
     uint64_t part;  /* part size */
     uint64_t copy_max; /* the largest object copied by one CopyObject (s3_link) */
+    int conn_ok;       /* the bucket answered (else the shared connection rechecks it) */
     int lease_s;
     pthread_mutex_t mu; /* held */
     held *held;
@@ -949,7 +950,7 @@ static void s3_release(const st_vfs *v)
         free_held(h);
     }
     pthread_mutex_destroy(&SV(v)->mu);
-    s3_conn_free(SV(v)->conn);
+    s3_conn_put(SV(v)->conn, SV(v)->conn_ok);
     free(SV(v));
 }
 
@@ -1029,7 +1030,8 @@ int st_vfs_s3_resolve(const char *uri, const st_vfs **vfs, char *path_out, size_
     if (n < 0 || (size_t)n >= cap)
         return st_fail(STRATA_EINVAL, "URI too long: '%s'", uri);
     s3_vfs *v = calloc(1, sizeof *v);
-    if (!v || s3_conn_new(&cfg, &v->conn)) {
+    int check = 1;
+    if (!v || s3_conn_get(&cfg, &v->conn, &check)) {
         free(v);
         return st_fail(STRATA_ENOMEM, "out of memory");
     }
@@ -1046,6 +1048,11 @@ int st_vfs_s3_resolve(const char *uri, const st_vfs **vfs, char *path_out, size_
         .list = s3_list, .stat = s3_stat, .allocate = s3_allocate, .release = s3_release,
         .mtime = s3_mtime, .lock = s3_lock, .ident = s3_ident, .exchange = s3_exchange,
         .undirect = s3_undirect, .link = s3_link};
+    v->conn_ok = 1;
+    if (!check) { /* this connection's bucket answered a HEAD lately */
+        *vfs = &v->base;
+        return 0;
+    }
     /* the bucket answers, and to these credentials: else a clear error now, naming it */
     s3_req q = {.method = "HEAD", .key = ""};
     s3_resp r;
@@ -1066,9 +1073,11 @@ int st_vfs_s3_resolve(const char *uri, const st_vfs **vfs, char *path_out, size_
         rc = st_fail(STRATA_EIO, "s3://%s: HTTP %ld from %s", cfg.bucket, r.status,
                      cfg.endpoint);
     if (rc) {
+        v->conn_ok = 0;
         s3_release(&v->base);
         return rc;
     }
+    s3_conn_checked(v->conn);
     *vfs = &v->base;
     return 0;
 }
