@@ -45,8 +45,8 @@ typedef struct {
     atomic_size_t next;
     atomic_uint_fast64_t calls;
     pthread_mutex_t mu;
-    int rc;        /* the first failure */
-    char msg[1024]; /* its message (thread-local where it happened) */
+    atomic_int rc;  /* the first failure (the others stop at their next block) */
+    char msg[1024]; /* its message (thread-local where it happened), under mu */
 } cfile;
 
 static int cmp_chunk(const void *a, const void *b)
@@ -130,9 +130,9 @@ static int file_blocks(cfile *c, const cchunk *ck, size_t n, uint64_t size)
 static void set_rc(cfile *c, int rc)
 {
     pthread_mutex_lock(&c->mu);
-    if (!c->rc) {
-        c->rc = rc;
+    if (!atomic_load(&c->rc)) {
         snprintf(c->msg, sizeof c->msg, "%s", strata_error_last());
+        atomic_store(&c->rc, rc);
     }
     pthread_mutex_unlock(&c->mu);
 }
@@ -171,7 +171,7 @@ static void *copy_main(void *arg)
 {
     cfile *c = arg;
     char *buf = NULL;
-    for (size_t i; !c->rc && (i = atomic_fetch_add(&c->next, 1)) < c->nbl;) {
+    for (size_t i; !atomic_load(&c->rc) && (i = atomic_fetch_add(&c->next, 1)) < c->nbl;) {
         if (!buf && !(buf = malloc(c->bufcap))) {
             set_rc(c, st_fail(STRATA_ENOMEM, "out of memory for a copy buffer of %zu bytes",
                               c->bufcap));
@@ -221,7 +221,7 @@ static int copy_file(const st_dir *d, uint32_t f, const st_vfs *dv, const char *
         copy_main(&c);
     for (int i = 0; i < nth; i++)
         pthread_join(th[i], NULL);
-    rc = c.rc ? st_fail(c.rc, "%s", c.msg) : 0;
+    rc = atomic_load(&c.rc) ? st_fail(atomic_load(&c.rc), "%s", c.msg) : 0;
     if (!rc && (e = dv->sync(c.out)))
         rc = st_fail(st_from_errno(-e), "copying to '%s': %s", dname, strerror(-e));
 done:
