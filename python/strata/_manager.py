@@ -297,28 +297,31 @@ class CheckpointManager:
         saver = self._get_saver(group)
         kw = {"base": base, "incremental": True} if self.incremental and group is None else {}
 
-        job = self._flush_job(step, saved, later)
+        jobs = []   # its flush to the s3:// tiers behind (none: none, or not started)
 
         def ended(exc):
             self._saved(base, exc is None, snap)
             err = self._ended(group, step, exc)
-            if job is not None:
+            for job in jobs:
                 job.ended(err is None)
                 self._flusher.wake()
             return err
         if self.async_save:
             versions = _versions(prep)
             h = saver.start(uris, [prep.state], step=step, **kw)
+            jobs.extend(self._flush_job(step, saved, later))
             self._pending = _TierSave(h, prep, ended)
             self._pending._versions = versions
             return self._pending
         try:
             stats = saver.save(uris, [prep.state], step=step, **kw)
         except _S.Error as e:
+            jobs.extend(self._flush_job(step, saved, later))
             err = ended(e)
             if err is not None:
                 raise err from e
             return None
+        jobs.extend(self._flush_job(step, saved, later))
         ended(None)
         return stats
 
@@ -341,16 +344,16 @@ class CheckpointManager:
         return self._wait(True)
 
     def _flush_job(self, step, saved, later):
-        """The flush of step to the tiers `later`, submitted now (it starts once the save
-        has committed on one of the tiers `saved`), or None where there are none."""
+        """[the flush of step to the tiers `later`], submitted once its save has started (it
+        copies once the save has committed on one of the tiers `saved`), or []."""
         if not later:
-            return None
+            return []
         if self._flusher is None:
             self._flusher = _flush.Flusher(self._flushed)
         job = _flush.Job(step, [self.path(step, i) for i in saved],
                          [self.path(step, i) for i in later])
         self._flusher.submit(job)
-        return job
+        return [job]
 
     def _flushed(self, job):
         """After a flush (on the flusher's thread): retention on every tier, the copies just

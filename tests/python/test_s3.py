@@ -280,3 +280,18 @@ def test_incremental_save_on_s3(s3, monkeypatch, copy_max_mb):
     st.load(back, "s3://%s/%s/step-2" % (BUCKET, root))
     assert torch.equal(back["f"], frozen) and torch.equal(back["m"], torch.ones(100))
     strata.Checkpoint("s3://%s/%s/step-2" % (BUCKET, root)).verify()
+
+
+def test_manager_sync_saves_flush_too(s3, tmp_path):
+    """async_save=False: each save returns once the disk tier committed; the S3 copies
+    follow in the background, and wait_durable() waits for them."""
+    tiers = [str(tmp_path / "disk"), "s3://%s/bgsync" % BUCKET]
+    with st.CheckpointManager(tiers, keep=2, async_save=False) as mgr:
+        for s in (1, 2, 3):
+            assert mgr.save(s, {"w": torch.full((100,), float(s))})["bytes"] > 0
+        mgr.wait_durable()
+        assert strata.list_dirs(tiers[1]) == ["step-00000002", "step-00000003"]
+        assert strata.list_dirs(tiers[0]) == ["step-00000002", "step-00000003"]
+    back = {"w": torch.zeros(100)}
+    st.load(back, tiers[1] + "/step-00000003")
+    assert torch.equal(back["w"], torch.full((100,), 3.0))
