@@ -402,7 +402,7 @@ PyObject *mod_copy(PyObject *m, PyObject *args)
     Py_DECREF(kdst);
     if (rc)
         return raise_msg(rc, msg);
-    return stats_dict(&s);
+    return stats_dict(&s, 0);
 }
 
 PyObject *mod_remove_incomplete(PyObject *m, PyObject *arg)
