@@ -111,7 +111,7 @@ killed() { # rank, ms, dir[, --async: the commit runs on the savers' commit thre
     grep -v '^\[\(proxy\|mpiexec\)' "$T/kill.out"
     echo "exit $st after ${took}s"
     [ "$took" -lt 60 ] || return 1
-    local state; state=$("$S" ls "$T" | awk -v d="$3" '$4 == d {print $1}')
+    local state; state=$("$S" ls "$T" | awk -v d="$3" '$NF == d {print $1}')
     echo "state of the new checkpoint: ${state:-absent}"
     case "$state" in
     committed) "$S" verify "$3" || return 1 ;;
