@@ -64,6 +64,52 @@ const uint64_t *st_mine_sums(const st_save_plan *mine, size_t *n);
 /* The hash of a rank's encoded local plan, world size and chunk: equal means unchanged. */
 uint64_t st_plan_hash(const unsigned char *p, size_t n, int P, uint32_t chunk);
 
+/* An incremental distributed save (dist_incr.c): what rank 0 offered and each rank used. */
+typedef struct {
+    int on;               /* a base or STRATA_SAVE_INCREMENTAL: metadata version 2 */
+    char base[STRATA_MAX_NAME + 1]; /* rank 0's name of the base ("" without one) */
+    uint64_t base_id;     /* the save every rank matched against (rank 0's base); 0: none */
+    st_dir bd;            /* rank 0: the base (open while bd.vfs is set) */
+    const st_mshard **cand; /* rank 0: per piece of the plan, its base shard, or NULL */
+    unsigned char *matched; /* per piece of this rank's part: 1 if referred to the base */
+    size_t nmine;
+    int write2;           /* this rank's written shards carry second checksums */
+    uint64_t matched_bytes; /* this rank's, referred to instead of written */
+    char (*made)[ST_REF_FILE_BYTES]; /* the links this rank made (in every tier) */
+    size_t nmade;
+} st_dist_incr;
+
+/* After each rank learned its part (mine; rank 0 the plan c): rank 0 opens the base and
+ * sends each rank its candidates with the base's checksums (one scatterv); each rank
+ * hashes them, links the base's files holding those equal into every destination of d,
+ * checks the base is still the save matched, and drops what matched from mine (laid out
+ * again). A rank that cannot use the base (a link refused, the base gone or replaced)
+ * writes its part in full. A local failure goes to *local_rc (local_msg). Returns the
+ * collective's error. */
+int st_dist_incr_begin(st_dist_incr *x, strata_comm *comm, const st_dests *d,
+                       const strata_save_opts *o, const st_plan_cache *c, st_save_plan *mine,
+                       int *local_rc, char *local_msg);
+/* This rank's report for the commit: which pieces matched, and the checksums of those it
+ * wrote (none unless ok). */
+void st_dist_incr_report(const st_dist_incr *x, st_buf *b, const st_save_plan *mine, int ok);
+/* Rank 0: the save's metadata, built on a copy of the cached plan c (never changed). */
+typedef struct {
+    st_save_plan sp;   /* c's plan, but meta: the copy (owned) */
+    st_extent **ext;   /* per piece of the plan: its extent in the copy */
+    st_mshard **sh;    /* per piece: its shard in the copy (NULL for a blob) */
+} st_incr_meta;
+int st_incr_meta_new(st_incr_meta *im, const st_plan_cache *c);
+/* Takes rank r's report (after its statuses) into im. STRATA_EINVAL naming the rank if it
+ * is not the plan's. */
+int st_incr_meta_take(st_incr_meta *im, const st_dist_incr *x, const st_plan_cache *c, int r,
+                      st_rd *rd);
+/* After every report: names the base where a piece refers to it. */
+int st_incr_meta_end(st_incr_meta *im, const st_dist_incr *x);
+void st_incr_meta_free(st_incr_meta *im);
+/* Removes the links this rank made in dir (a failed save's). */
+void st_dist_incr_unlink(const st_dist_incr *x, const st_vfs *v, const char *dir);
+void st_dist_incr_free(st_dist_incr *x);
+
 /* The ranks by node, and a shared memory segment per node (dist_node.c). */
 typedef struct {
     int *node;           /* per rank: its node, named by the node's lowest rank */

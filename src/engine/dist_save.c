@@ -33,6 +33,7 @@ typedef struct st_async_dist {
     st_plan_cache *cache;  /* the plan (referenced) */
     st_plan_cache **slot;  /* where the saver keeps its last plan (NULL once started
                               asynchronously: the saver may be gone before the commit) */
+    st_dist_incr incr;     /* an incremental save's (incr.on) */
 } st_async_dist;
 
 /* Replaces the saver's plan (dropping its reference to the old one). */
@@ -52,8 +53,22 @@ static void dist_free(void *ctx)
             st_own_release(d->dst.vfs[t], d->lock[t]);
         st_dests_close(&d->dst);
         st_plan_cache_release(d->cache);
+        st_dist_incr_free(&d->incr);
     }
     free(d);
+}
+
+/* A save's incremental mode, which every rank must share: 2 with a base, 1 with
+ * STRATA_SAVE_INCREMENTAL alone, 0 neither. */
+static int incr_mode(const strata_save_opts *o)
+{
+    return o->base ? 2 : (o->flags & STRATA_SAVE_INCREMENTAL) != 0;
+}
+
+static const char *incr_what(int mode)
+{
+    return mode == 2 ? "names a base" : mode ? "saves incrementally without a base"
+                                             : "saves in full";
 }
 
 /* Steps 1-3: every rank learns its part (*mine) of the save. With prepare_root, rank 0
@@ -99,16 +114,20 @@ static int dist_begin(st_async_dist *d, const char *const *uris, strata_state *l
             own_t = t;
     /* 1. one collective: is every rank's layout what it was at the last save? (and does
      * rank 0 own the destinations? if not, which one it could not own) */
-    signed char flags[3] = {!lrc && cache && cache->hash == h && cache->size == P,
-                            (signed char)own_rc, (signed char)own_t},
-                *every = malloc((size_t)P * 3);
+    signed char flags[4] = {!lrc && cache && cache->hash == h && cache->size == P,
+                            (signed char)own_rc, (signed char)own_t, (signed char)incr_mode(o)},
+                *every = malloc((size_t)P * 4);
     if (!every)
         rc = st_fail(STRATA_ENOMEM, "out of memory"); /* the others time out */
     else
-        rc = st_allgather(comm, flags, 3, every);
+        rc = st_allgather(comm, flags, 4, every);
     d->all_cached = !rc;
     for (int r = 0; !rc && r < P; r++)
-        d->all_cached &= every[3 * r] != 0;
+        d->all_cached &= every[4 * r] != 0;
+    for (int r = 0; !rc && !every[1] && r < P; r++)
+        if (every[4 * r + 3] != flags[3]) /* every rank takes the same steps */
+            rc = st_fail(STRATA_EINVAL, "rank %d %s, rank %d %s: every rank must give a base, "
+                         "or none", me, incr_what(flags[3]), r, incr_what(every[4 * r + 3]));
     if (!rc && every[1]) { /* rank 0's code: nothing was written, every rank fails */
         int t = every[2];
         rc = me == ST_ROOT ? own_rc
@@ -217,6 +236,7 @@ static void dist_cleanup(const st_async_dist *d, int t)
     st_data_file_name(name, d->ccomm->rank);
     if (st_path_join(p, dir, name) == 0)
         v->unlink(v, p);
+    st_dist_incr_unlink(&d->incr, v, dir);
     if (d->ccomm->rank == ST_ROOT) {
         if (st_path_join(p, dir, ST_META_FILE) == 0)
             v->unlink(v, p);
@@ -242,6 +262,7 @@ static int dist_finish(void *ctx, const int *local_rc, const char *const *local_
     unsigned char *reports = NULL;
     st_status st[ST_MAX_TIERS];
     memset(st, 0, sizeof st);
+    st_incr_meta im = {0};
     int rc;
     if (!counts)
         return st_fail(STRATA_ENOMEM, "out of memory");
@@ -253,9 +274,13 @@ static int dist_finish(void *ctx, const int *local_rc, const char *const *local_
         st_buf_u32(&rep, (uint32_t)local_rc[t]);
         st_buf_str(&rep, local_rc[t] ? local_msg[t] : "-");
     }
-    st_buf_var(&rep, nsums);
-    for (size_t i = 0; i < nsums; i++)
-        st_buf_u64(&rep, sums[i]);
+    if (d->incr.on) {
+        st_dist_incr_report(&d->incr, &rep, mine, any_ok);
+    } else {
+        st_buf_var(&rep, nsums);
+        for (size_t i = 0; i < nsums; i++)
+            st_buf_u64(&rep, sums[i]);
+    }
     rc = rep.oom ? st_fail(STRATA_ENOMEM, "out of memory")
                  : st_gatherv(comm, rep.p, rep.n, ST_ROOT, &reports, counts);
     free(rep.p);
@@ -265,6 +290,9 @@ static int dist_finish(void *ctx, const int *local_rc, const char *const *local_
     /* 6. the coordinator commits each tier in which every rank succeeded */
     if (me == ST_ROOT) {
         size_t off = 0;
+        int irc = d->incr.on ? st_incr_meta_new(&im, cache) : 0; /* cache: rank 0 has the plan */
+        for (int t = 0; irc && t < T; t++)
+            st_status_set(&st[t], irc, ST_ROOT);
         for (int r = 0; r < P; r++) {
             st_rd rd = {.p = reports + off, .end = reports + off + counts[r]};
             off += counts[r];
@@ -280,6 +308,12 @@ static int dist_finish(void *ctx, const int *local_rc, const char *const *local_
                 }
                 rank_ok |= prc == 0;
                 st_arena_free(&tmp);
+            }
+            if (d->incr.on) { /* its matches and checksums, into the copy of the plan */
+                if (rank_ok && !irc && (irc = st_incr_meta_take(&im, &d->incr, cache, r, &rd)))
+                    for (int t = 0; t < T; t++)
+                        st_status_set(&st[t], irc, ST_ROOT);
+                continue;
             }
             uint64_t k = st_rd_var(&rd), at = 0;
             for (size_t q = cache->rank0[r]; rank_ok && q < cache->rank0[r + 1] && !rd.err; q++) {
@@ -298,15 +332,20 @@ static int dist_finish(void *ctx, const int *local_rc, const char *const *local_
                                  (unsigned long long)k);
                     }
         }
-        cache->sp.meta->step = d->o.step;
+        if (!irc && d->incr.on && (irc = st_incr_meta_end(&im, &d->incr)))
+            for (int t = 0; t < T; t++)
+                st_status_set(&st[t], irc, ST_ROOT);
+        const st_save_plan *plan = d->incr.on ? &im.sp : &cache->sp;
+        if (plan->meta)
+            plan->meta->step = d->o.step;
         for (int t = 0; t < T; t++) {
             if (st[t].rc)
                 continue;
             /* without a prepared directory (an asynchronous save), check it now */
             const st_vfs *v = d->dst.vfs[t];
             const char *dir = d->dst.dir[t];
-            int crc = st_clear_stale(v, dir, &cache->sp);
-            if (!crc && (crc = st_dest_commit(&d->dst, t, cache->sp.meta, ST_SYNC(&d->o),
+            int crc = st_clear_stale(v, dir, plan);
+            if (!crc && (crc = st_dest_commit(&d->dst, t, plan->meta, ST_SYNC(&d->o),
                                               d->save_id, &d->lock[t])) && d->lock[t])
                 st_uncommit(v, dir, d->save_id); /* this save's record, if it got that far */
             if (crc)
@@ -344,6 +383,10 @@ static int dist_finish(void *ctx, const int *local_rc, const char *const *local_
                                 .plan_cached = d->all_cached};
         st_over_ranks(comm, mine_b, &stats->all_bytes, &stats->max_writer_bytes, &stats->writers);
         stats->data_bytes = stats->all_bytes;
+        if (d->incr.on) { /* the checkpoint's bytes: written, and referred to the base */
+            stats->data_bytes = 0;
+            st_over_ranks(comm, mine_b + d->incr.matched_bytes, &stats->data_bytes, NULL, NULL);
+        }
         stats->seconds = st_now() - d->t0;
     }
 out:
@@ -351,6 +394,7 @@ out:
      * layout is unknown */
     if (rc && comm->broken)
         set_cached(d, NULL);
+    st_incr_meta_free(&im);
     free(reports);
     free(counts);
     return rc;
@@ -383,7 +427,16 @@ static int dist_start(st_async_dist **d, strata_comm *comm, st_plan_cache **slot
     int rc = dist_new(d, comm, slot, ntiers, o);
     if (rc)
         return rc;
-    if ((rc = dist_begin(*d, uris, local, prepare_root, mine, local_rc, local_msg))) {
+    rc = dist_begin(*d, uris, local, prepare_root, mine, local_rc, local_msg);
+    if (!rc && incr_mode(o)) {
+        st_async_dist *x = *d;
+        rc = st_dist_incr_begin(&x->incr, comm, &x->dst, &x->o,
+                                comm->rank == ST_ROOT ? x->cache : NULL, mine, local_rc,
+                                local_msg);
+        for (int t = 0; t < x->ntiers; t++) /* its links go with a failed save */
+            x->wrote[t] |= x->incr.nmade > 0;
+    }
+    if (rc) {
         st_save_plan_free(mine);
         dist_free(*d);
         *d = NULL;

@@ -155,6 +155,26 @@ int st_incr_plan(st_incr **out, st_save_plan *sp, const st_dests *d, const strat
  * that the base is still the save matched. STRATA_ECHANGED if the base was removed or
  * replaced meanwhile (nothing of another checkpoint is ever referred to). */
 int st_incr_link(const st_incr *x, const st_meta *m, const st_dests *d, int t);
+/* The base beside every destination of d, opened (tier 0's into *bd, closed by the
+ * caller with st_dir_close where bd->vfs is set): *id is its save id where it is usable
+ * as a base (committed, metadata version 2 of the same chunk size, the same save in every
+ * tier, backends that link), else 0 (a full save). missing_ok: a missing or incomplete
+ * base is not an error but *id 0. Errors: STRATA_EINVAL (not a plain name, another
+ * format), the open's (wrapped). */
+int st_incr_open_base(st_dir *bd, uint64_t *id, const st_dests *d, const char *base,
+                      uint32_t chunk, int missing_ok);
+/* Per piece of sp (metadata order), the base's shard at the very place of its shard with
+ * second checksums, the same bytes, in a file that can be linked, or NULL (blobs, device
+ * memory, a piece without data where have_data). */
+int st_incr_candidates(const st_save_plan *sp, const st_meta *bm, int have_data,
+                       const struct st_mshard **bs);
+/* Do the piece's bytes have XXH3s s1 and XXH64s s2, chunk by chunk? */
+int st_incr_same(const st_piece *pc, const uint64_t *s1, const uint64_t *s2, uint32_t chunk);
+/* The name in a new checkpoint of base bm's file bf linked (ref-<id>-<rank>.bin). */
+void st_incr_ref_name(char to[ST_REF_FILE_BYTES], const st_meta *bm, uint32_t bf,
+                      uint64_t base_id);
+/* The path of checkpoint `base` beside destination dir (its parent joined with the name). */
+int st_incr_base_path(char *out, const char *dir, const char *base);
 /* Bytes of shards referred to instead of written (0 for NULL). */
 uint64_t st_incr_matched(const st_incr *x);
 void st_incr_free(st_incr *x);

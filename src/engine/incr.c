@@ -122,10 +122,9 @@ static const st_mshard *base_shard(const st_mtensor *bt, const st_mtensor *t, co
     return NULL;
 }
 
-/* Does every chunk of the piece's bytes have the base extent's two checksums? Stops at the
- * first chunk that differs: a changed tensor costs one chunk's hash. */
-static int same_bytes(const st_piece *pc, const st_extent *be, const uint64_t *bs2,
-                      uint32_t chunk)
+/* Does every chunk of the piece's bytes have the checksums s1 (XXH3) and s2 (XXH64)?
+ * Stops at the first chunk that differs: a changed tensor costs one chunk's hash. */
+int st_incr_same(const st_piece *pc, const uint64_t *s1, const uint64_t *s2, uint32_t chunk)
 {
     const unsigned char *p = pc->src;
     uint64_t nc = st_nchunks(pc->bytes, chunk);
@@ -133,15 +132,25 @@ static int same_bytes(const st_piece *pc, const st_extent *be, const uint64_t *b
         size_t n = (size_t)ST_MIN((uint64_t)chunk, pc->bytes - c * chunk);
         uint64_t h1, h2;
         if (c == 0) { /* the first chunk alone: a changed tensor costs one XXH3 */
-            if ((h1 = st_hash(p, n)) != be->sums[0] || st_hash2(p, n) != bs2[0])
+            if ((h1 = st_hash(p, n)) != s1[0] || st_hash2(p, n) != s2[0])
                 return 0;
             continue;
         }
         st_hash_both(p + c * chunk, n, &h1, &h2);
-        if (h1 != be->sums[c] || h2 != bs2[c])
+        if (h1 != s1[c] || h2 != s2[c])
             return 0;
     }
     return 1;
+}
+
+void st_incr_ref_name(char to[ST_REF_FILE_BYTES], const st_meta *bm, uint32_t bf,
+                      uint64_t base_id)
+{
+    const char *n = bm->files[bf].name;
+    if (st_is_ref_file(n)) /* already a link: keeps its name down the chain */
+        snprintf(to, ST_REF_FILE_BYTES, "%s", n);
+    else
+        st_ref_file_name(to, base_id, st_data_file_rank(n));
 }
 
 /* The new checkpoint's file index for base file bf, appending a link entry if new. */
@@ -161,10 +170,7 @@ static int link_index(st_incr *x, st_meta *m, const st_meta *bm, uint32_t bf, ui
         return st_fail(STRATA_ENOMEM, "out of memory");
     const st_mfile *b = &bm->files[bf];
     char to[ST_REF_FILE_BYTES];
-    if (st_is_ref_file(b->name)) /* already a link: keeps its name down the chain */
-        snprintf(to, sizeof to, "%s", b->name);
-    else
-        st_ref_file_name(to, x->base_id, st_data_file_rank(b->name));
+    st_incr_ref_name(to, bm, bf, x->base_id);
     memcpy(f, m->files, m->nfiles * sizeof *f);
     memcpy(lk, m->linked, m->nfiles);
     f[m->nfiles] = (st_mfile){st_arena_strndup(&m->arena, to, strlen(to)), b->bytes};
@@ -204,43 +210,38 @@ static int run_same(void *arg, size_t i, int worker)
     cand_ctx *c = arg;
     size_t k = c->hash[i];
     const st_mshard *b = c->bs[k];
-    c->same[k] = (char)same_bytes(&c->sp->pieces[c->piece[k]], &b->ext, st_sums2(c->bm, b),
-                                  c->sp->meta->chunk);
+    c->same[k] = (char)st_incr_same(&c->sp->pieces[c->piece[k]], b->ext.sums,
+                                    st_sums2(c->bm, b), c->sp->meta->chunk);
     return 0;
 }
 
 /* Can piece pc be referred to base shard bs? The same place (found by the caller), size and
  * a linkable file; then either the caller's mark (no bytes read: device memory too, and a
- * base shard with one checksum only), or host bytes to hash against both checksums. */
-static int candidate(const st_piece *pc, const st_mshard *bs, const st_meta *bm)
+ * base shard with one checksum only), or host bytes to hash against both checksums. A
+ * plan without data (have_data 0: a distributed save's coordinator) offers a piece of a
+ * rank that hashes it on its own. */
+static int candidate(const st_piece *pc, const st_mshard *bs, const st_meta *bm, int have_data)
 {
-    if (!bs || !pc->src || bs->ext.bytes != pc->bytes || !linkable(bm, bs->ext.file))
+    if (!bs || (have_data && !pc->src) || bs->ext.bytes != pc->bytes ||
+        !linkable(bm, bs->ext.file))
         return 0;
     return pc->unchanged || (bs->has2 && !pc->device);
 }
 
-/* Refers every shard piece of sp that equals its base shard to the base, drops it from
- * the writes and lays each writer's file out again without it. */
-static int match(st_incr *x, st_save_plan *sp, const st_meta *bm, int threads)
+int st_incr_candidates(const st_save_plan *sp, const st_meta *bm, int have_data,
+                       const st_mshard **bs)
 {
     st_meta *m = sp->meta;
     const st_mtensor **bt = malloc((bm->ntensors + 1) * sizeof *bt);
-    uint64_t *fill = calloc(m->nfiles + 1, sizeof *fill);
-    int rc = bt && fill ? 0 : st_fail(STRATA_ENOMEM, "out of memory");
-    for (size_t i = 0; !rc && i < bm->ntensors; i++)
+    if (!bt)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    for (size_t i = 0; i < bm->ntensors; i++)
         bt[i] = &bm->tensors[i];
-    if (!rc)
-        qsort(bt, bm->ntensors, sizeof *bt, cmp_tensor_name);
-    /* pieces are in metadata order: the shards of each tensor, then the blobs; first the
-     * candidates, hashed in parallel, then the pieces that equal theirs leave the writes */
-    cand_ctx cc = {sp, bm, calloc(sp->npieces + 1, sizeof *cc.piece),
-                   calloc(sp->npieces + 1, sizeof *cc.tensor),
-                   calloc(sp->npieces + 1, sizeof *cc.shard),
-                   calloc(sp->npieces + 1, sizeof *cc.hash),
-                   calloc(sp->npieces + 1, sizeof *cc.bs), calloc(sp->npieces + 1, 1)};
-    if (!rc && (!cc.piece || !cc.tensor || !cc.shard || !cc.hash || !cc.bs || !cc.same))
-        rc = st_fail(STRATA_ENOMEM, "out of memory");
-    size_t pi = 0, kept = 0, nc = 0, nhash = 0;
+    qsort(bt, bm->ntensors, sizeof *bt, cmp_tensor_name);
+    memset(bs, 0, sp->npieces * sizeof *bs);
+    /* pieces are in metadata order: the shards of each tensor, then the blobs */
+    size_t pi = 0;
+    int rc = 0;
     for (size_t t = 0; !rc && t < m->ntensors; t++) {
         const st_mtensor *mt = &m->tensors[t], key = {.name = mt->name}, *kp = &key;
         const st_mtensor **found = bm->ntensors ? bsearch(&kp, bt, bm->ntensors, sizeof *bt,
@@ -251,21 +252,47 @@ static int match(st_incr *x, st_save_plan *sp, const st_meta *bm, int threads)
                                   ? *found : NULL;
         for (size_t s = 0; !rc && s < mt->nshards; s++, pi++) {
             const st_piece *pc = &sp->pieces[pi];
-            const st_mshard *bs = b ? base_shard(b, mt, &mt->shards[s]) : NULL;
-            if (pc->ext != &mt->shards[s].ext)
+            const st_mshard *c = b ? base_shard(b, mt, &mt->shards[s]) : NULL;
+            if (pi >= sp->npieces || pc->ext != &mt->shards[s].ext)
                 rc = st_fail(STRATA_EINVAL, "internal: save plan out of metadata order");
-            else if (candidate(pc, bs, bm)) {
+            else if (candidate(pc, c, bm, have_data))
+                bs[pi] = c;
+        }
+    }
+    free(bt);
+    return rc;
+}
+
+/* Refers every shard piece of sp that equals its base shard to the base, drops it from
+ * the writes and lays each writer's file out again without it. */
+static int match(st_incr *x, st_save_plan *sp, const st_meta *bm, int threads)
+{
+    st_meta *m = sp->meta;
+    uint64_t *fill = calloc(m->nfiles + 1, sizeof *fill);
+    const st_mshard **all = calloc(sp->npieces + 1, sizeof *all);
+    /* first the candidates, the unmarked ones hashed in parallel, then the pieces that
+     * equal theirs leave the writes */
+    cand_ctx cc = {sp, bm, calloc(sp->npieces + 1, sizeof *cc.piece),
+                   calloc(sp->npieces + 1, sizeof *cc.tensor),
+                   calloc(sp->npieces + 1, sizeof *cc.shard),
+                   calloc(sp->npieces + 1, sizeof *cc.hash),
+                   calloc(sp->npieces + 1, sizeof *cc.bs), calloc(sp->npieces + 1, 1)};
+    int rc = fill && all && cc.piece && cc.tensor && cc.shard && cc.hash && cc.bs && cc.same
+                 ? st_incr_candidates(sp, bm, 1, all) : st_fail(STRATA_ENOMEM, "out of memory");
+    size_t pi = 0, nc = 0, nhash = 0, kept = 0;
+    for (size_t t = 0; !rc && t < m->ntensors; t++)
+        for (size_t s = 0; s < m->tensors[t].nshards; s++, pi++)
+            if (all[pi]) {
                 /* a marked piece is the caller's promise (STRATA_SHARD_UNCHANGED): equal,
                  * its bytes not read, now that the base's shard at its place was found */
-                if (!(cc.same[nc] = (char)pc->unchanged))
+                if (!(cc.same[nc] = (char)sp->pieces[pi].unchanged))
                     cc.hash[nhash++] = nc;
                 cc.piece[nc] = pi;
                 cc.tensor[nc] = t;
                 cc.shard[nc] = s;
-                cc.bs[nc++] = bs;
+                cc.bs[nc++] = all[pi];
             }
-        }
-    }
+    free(all);
     if (!rc && nhash) /* (no threads started for marked pieces alone) */
         rc = st_parallel(threads, nhash, run_same, &cc);
     size_t k = 0;
@@ -310,17 +337,57 @@ static int match(st_incr *x, st_save_plan *sp, const st_meta *bm, int threads)
         for (int r = 0; r < sp->nranks; r++)
             sp->max_writer_bytes = ST_MAX(sp->max_writer_bytes, sp->writer_bytes[r]);
     }
-    free(bt);
     free(fill);
     return rc;
 }
 
 /* The path of base beside destination path dir (its parent joined with the name). */
-static int base_path(char *out, const char *dir, const char *base)
+int st_incr_base_path(char *out, const char *dir, const char *base)
 {
     char parent[PATH_MAX];
     st_parent_of(parent, dir);
     return st_path_join(out, parent, base);
+}
+
+int st_incr_open_base(st_dir *bd, uint64_t *id, const st_dests *d, const char *base,
+                      uint32_t chunk, int missing_ok)
+{
+    memset(bd, 0, sizeof *bd);
+    *id = 0;
+    if (!st_plain_name(base, strlen(base)) || strlen(base) > STRATA_MAX_NAME)
+        return st_fail(STRATA_EINVAL, "strata_save_opts.base '%s' is not the name of a "
+                       "checkpoint beside the destination (a plain name, no '/')", base);
+    int rc = 0, usable = 1;
+    for (int t = 0; t < d->n && !rc; t++) {
+        char p[PATH_MAX];
+        st_dir o, *b = t ? &o : bd;
+        if ((rc = st_incr_base_path(p, d->final[t], base)) || (rc = st_dir_open(b, p, 0))) {
+            if (missing_ok && (rc == STRATA_ENOENT || rc == STRATA_EINCOMPLETE))
+                rc = 0, usable = 0;
+            else
+                rc = st_wrap(rc, "the base of an incremental save");
+            if (t == 0)
+                memset(bd, 0, sizeof *bd);
+            if (t == 0 || !usable)
+                break;
+            continue;
+        }
+        if (b->src) /* safetensors, DCP, ...: a strata checkpoint's base is strata's */
+            rc = st_fail(STRATA_EINVAL, "base '%s' is a %s checkpoint: an incremental save's "
+                         "base must be a strata checkpoint", p, b->src->name);
+        else if (t > 0 && o.commit.save_id != bd->commit.save_id)
+            usable = 0; /* each tier's base must be the same save: else a full save */
+        if (d->vfs[t]->version < 3 || !d->vfs[t]->link)
+            usable = 0; /* a backend that cannot link: a full save */
+        if (t > 0)
+            st_dir_close(&o);
+    }
+    if (rc && bd->vfs)
+        st_dir_close(bd);
+    if (!rc && usable && bd->meta && bd->commit.save_id &&
+        bd->meta->version == ST_META_VERSION_INCR && bd->meta->chunk == chunk)
+        *id = bd->commit.save_id;
+    return rc;
 }
 
 int st_incr_plan(st_incr **out, st_save_plan *sp, const st_dests *d, const strata_save_opts *o)
@@ -340,40 +407,19 @@ int st_incr_plan(st_incr **out, st_save_plan *sp, const st_dests *d, const strat
             sp->meta->tensors[t].shards[s].has2 = 1;
     if (rc || !o->base)
         return rc;
-    if (!st_plain_name(o->base, strlen(o->base)) || strlen(o->base) > STRATA_MAX_NAME)
-        return st_fail(STRATA_EINVAL, "strata_save_opts.base '%s' is not the name of a "
-                       "checkpoint beside the destination (a plain name, no '/')", o->base);
     st_incr *x = calloc(1, sizeof *x);
     if (!x)
         return st_fail(STRATA_ENOMEM, "out of memory");
     snprintf(x->base, sizeof x->base, "%s", o->base);
-    st_dir bd[ST_MAX_TIERS];
-    int opened = 0, usable = 1;
-    for (int t = 0; t < d->n && !rc; t++) {
-        char p[PATH_MAX];
-        if ((rc = base_path(p, d->final[t], o->base)) || (rc = st_dir_open(&bd[t], p, 0))) {
-            rc = st_wrap(rc, "the base of an incremental save");
-            break;
-        }
-        opened++;
-        if (bd[t].src) /* safetensors, DCP, ...: a strata checkpoint's base is strata's */
-            rc = st_fail(STRATA_EINVAL, "base '%s' is a %s checkpoint: an incremental save's "
-                         "base must be a strata checkpoint", p, bd[t].src->name);
-        else if (t > 0 && bd[t].commit.save_id != bd[0].commit.save_id)
-            usable = 0; /* each tier's base must be the same save: else a full save */
-    }
-    if (!rc && (d->vfs[0]->version < 3 || !d->vfs[0]->link))
-        usable = 0; /* a backend that cannot link: a full save */
-    const st_meta *bm = opened ? bd[0].meta : NULL;
-    if (!rc && usable && bd[0].commit.save_id && bm->version == ST_META_VERSION_INCR &&
-        bm->chunk == sp->meta->chunk) {
-        x->base_id = bd[0].commit.save_id;
+    st_dir bd;
+    if (!(rc = st_incr_open_base(&bd, &x->base_id, d, o->base, sp->meta->chunk, 0)) &&
+        x->base_id) {
         st_meta *m = sp->meta;
         m->write2 = 0; /* matched ones get the base's (match) */
         for (size_t t = 0; t < m->ntensors; t++)
             for (size_t s = 0; s < m->tensors[t].nshards; s++)
                 m->tensors[t].shards[s].has2 = 0;
-        rc = match(x, sp, bm, st_io_threads(o->io_threads));
+        rc = match(x, sp, bd.meta, st_io_threads(o->io_threads));
         if (!rc && x->nlinks) {
             sp->meta->base = st_arena_strndup(&sp->meta->arena, x->base, strlen(x->base));
             sp->meta->base_id = x->base_id;
@@ -381,8 +427,8 @@ int st_incr_plan(st_incr **out, st_save_plan *sp, const st_dests *d, const strat
                 rc = st_fail(STRATA_ENOMEM, "out of memory");
         }
     }
-    for (int t = 0; t < opened; t++)
-        st_dir_close(&bd[t]);
+    if (bd.vfs)
+        st_dir_close(&bd);
     if (rc || !x->nlinks) {
         st_incr_free(x);
         return rc;
@@ -397,7 +443,7 @@ int st_incr_link(const st_incr *x, const st_meta *m, const st_dests *d, int t)
         return 0;
     const st_vfs *v = d->vfs[t];
     char bdir[PATH_MAX], from[PATH_MAX], to[PATH_MAX];
-    int rc = base_path(bdir, d->final[t], x->base);
+    int rc = st_incr_base_path(bdir, d->final[t], x->base);
     for (uint32_t i = 0; !rc && i < x->nlinks; i++) {
         const char *name = m->files[m->nfiles - x->nlinks + i].name;
         if ((rc = st_path_join(from, bdir, x->links[i].from)) ||

@@ -110,15 +110,6 @@ int st_check_states(const char *what, strata_comm *comm, strata_state *const *st
     return 0;
 }
 
-/* Incremental saves run in this process only (so far). */
-static int check_incr(strata_comm *comm, const strata_save_opts *o)
-{
-    if (comm && (o->base || (o->flags & STRATA_SAVE_INCREMENTAL)))
-        return st_fail(STRATA_ENOTSUP, "an incremental save (strata_save_opts.base or "
-                       "STRATA_SAVE_INCREMENTAL) with a communicator is not supported yet");
-    return 0;
-}
-
 int strata_save_start(strata_handle **out, strata_saver *sv, const char *const *uris, int nuris,
                       strata_state *const *states, int nstates, const strata_save_opts *opts)
 {
@@ -129,8 +120,6 @@ int strata_save_start(strata_handle **out, strata_saver *sv, const char *const *
     int rc = st_save_opts_get(&o, opts);
     if (!rc)
         rc = st_check_where("save", comm, uris, nuris, states, nstates);
-    if (!rc)
-        rc = check_incr(comm, &o);
     if (rc)
         return rc;
     /* the saver's pool; a pool of the saver's own with buffers too small for this save's
@@ -183,8 +172,6 @@ int strata_save(strata_stats *stats, strata_saver *sv, const char *const *uris, 
         rc = st_save_opts_get(&o, opts);
     if (!rc)
         rc = st_check_where("save", comm, uris, nuris, states, nstates);
-    if (!rc)
-        rc = check_incr(comm, &o);
     if (rc)
         return rc;
     if (nuris == 1) { /* straight from the caller's buffers, no copy */

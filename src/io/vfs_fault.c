@@ -297,7 +297,8 @@ static const struct {
     const char *name;
     int value;
 } errnos[] = {{"EIO", EIO}, {"ENOSPC", ENOSPC}, {"EDQUOT", EDQUOT}, {"EROFS", EROFS},
-              {"EACCES", EACCES}, {"ENOENT", ENOENT}, {"EINVAL", EINVAL}};
+              {"EACCES", EACCES}, {"ENOENT", ENOENT}, {"EINVAL", EINVAL},
+              {"EXDEV", EXDEV},   {"EPERM", EPERM}};
 
 static int fault_new(const st_vfs **out, const st_vfs *inner, const char *query)
 {
@@ -351,7 +352,7 @@ static int fault_new(const st_vfs **out, const st_vfs *inner, const char *query)
                 i++;
             if (i == sizeof errnos / sizeof errnos[0])
                 rc = st_fail(STRATA_EINVAL, "fault URI: unknown errno '%s' (EIO, ENOSPC, "
-                             "EDQUOT, EROFS, EACCES, ENOENT, EINVAL)", val);
+                             "EDQUOT, EROFS, EACCES, ENOENT, EINVAL, EXDEV, EPERM)", val);
             else
                 v->err = errnos[i].value;
         } else if (strcmp(key, "short") == 0 || strcmp(key, "sticky") == 0) {
