@@ -137,6 +137,12 @@ $(BUILD)/tests/%: tests/%.c $(BUILD)/libstrata.a tests/testutil.h tests/threadco
 	$(CC) $(ALL_CFLAGS) -MMD -MP $(ST_LDFLAGS) $(LDFLAGS) -Isrc -o $@ $< $(BUILD)/libstrata.a \
 	    -lcmocka $(LIBS) -lm
 
+# The MPI test program of incremental saves (tests/mpi_test.sh runs it under mpiexec)
+$(BUILD)/tests/mpi_incr: tests/mpi_incr.c $(BUILD)/libstrata_mpi.a $(BUILD)/libstrata.a | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(MPI_CFLAGS) $(ST_LDFLAGS) $(LDFLAGS) -Isrc -o $@ $< \
+	    $(BUILD)/libstrata_mpi.a $(BUILD)/libstrata.a $(MPI_LIBS) $(LIBS) -lm
+
 # A stand-in CUDA runtime for testing the device paths without a GPU (see tests/fake_cudart.c).
 $(BUILD)/tests/libfakecudart.so: tests/fake_cudart.c | deps
 	@mkdir -p $(dir $@)
@@ -149,7 +155,7 @@ demo: deps all
 # the C suites, the shell suites, and (in the plain build) the Python package's tests in the
 # project venv (tests/python/test_pickle_reader.py runs build/tests/pickle_dump)
 test: deps all $(TESTS) $(BUILD)/tests/libfakecudart.so $(BUILD)/tests/pickle_dump \
-      $(BUILD)/nocurl/strata $(if $(SAN),,venv)
+      $(BUILD)/nocurl/strata $(if $(SAN),,venv $(BUILD)/tests/mpi_incr)
 	@$(APT) tool_need python3 python3
 	@BUILD=$(BUILD) SANITIZED=$(if $(SAN),1,) VENV=$(VENV) bash tests/run.sh $(TESTS)
 

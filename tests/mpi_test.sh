@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # mpi_test.sh - strata under MPI (MPICH, oversubscribed on this machine's cores): save on 4
 # processes, load on 3, 2 and 1; a matrix of layout pairs; read-once byte counts; the plan
-# cache; a rank killed during a save. Prints one line per check and a summary.
+# cache; a rank killed during a save; incremental saves (tests/mpi_incr.c). Prints one line
+# per check and a summary.
 set -u
 cd "$(dirname "$0")/.."
 S=${STRATA:-${BUILD:-build}/strata}
@@ -191,6 +192,20 @@ beside_gc() {
 }
 check "strata gc looping beside MPI saves (sync, async): every save loads" \
     bash -c "$(declare -f beside_gc load last_ok); MPIEXEC='$MPIEXEC' S='$S' T='$T'; beside_gc"
+
+# incremental saves on 2 and 3 processes (tests/mpi_incr.c: each rank links its own base
+# file, writes only its adapters, every step loads bitwise on every rank and on one, bases
+# removed by retention, a rank that cannot link writes in full)
+MI=${BUILD:-build}/tests/mpi_incr
+for n in 2 3; do
+    if [ -x "$MI" ]; then
+        mkdir -p "$T/incr$n"
+        check "incremental saves on $n processes (tests/mpi_incr.c)" \
+            bash -c "$MPIEXEC -n $n '$MI' '$T/incr$n'"
+    else
+        fail=$((fail + 1)); echo "FAIL $MI is not built (make $MI)"
+    fi
+done
 
 echo "mpi: $pass passed, $fail failed"
 [ "$fail" = 0 ]
