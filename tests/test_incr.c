@@ -457,6 +457,39 @@ static void meta_v2_decoder(void **state)
     tu_rmrf(dir);
 }
 
+/* A file system that refuses the link (the fault URI fails the first link, EXDEV: as
+ * across file systems; EPERM the same): the save is a full one, committed and loading,
+ * instead of failing at its links. */
+static void link_refused_full_save(void **state)
+{
+    (void)state;
+    char dir[600], p0[700], p1[700], u1[800];
+    snprintf(dir, sizeof dir, "%s/nolink", tmp);
+    tu_rmrf(dir);
+    snprintf(p0, sizeof p0, "%s/s0", dir);
+    lora s;
+    lora_init(&s, 13);
+    assert_ok(save(p0, &s, 0, NULL, 0, NULL));
+    const char *errs[2] = {"EXDEV", "EPERM"};
+    for (int i = 0; i < 2; i++) {
+        lora_step(&s, 1 + i, 1);
+        snprintf(p1, sizeof p1, "%s/s%d", dir, 1 + i);
+        snprintf(u1, sizeof u1, "fault+file://%s?op=rename&n=1&errno=%s", p1, errs[i]);
+        strata_stats st = STRATA_STATS_INIT;
+        assert_ok(save(u1, &s, 1 + i, "s0", i, &st));
+        int nref;
+        assert_true(written_on_disk(p1, &nref) >= st.data_bytes);
+        assert_int_equal(nref, 0);
+        snap w;
+        snap_take(&w, &s);
+        load_same(p1, &w);
+        verify_ok(p1);
+        snap_free(&w);
+    }
+    lora_free(&s);
+    tu_rmrf(dir);
+}
+
 /* The distributed load (two ranks as threads on a host communicator: rank 0 reads the
  * index and broadcasts it, each rank reads its rows) of an incremental checkpoint whose
  * base is gone: each rank gets its half of the frozen weight (from the linked file) and of
@@ -579,6 +612,7 @@ int main(void)
         cmocka_unit_test(dense_writes_all),
         cmocka_unit_test(corrupt_shared_chunk),
         cmocka_unit_test(bad_bases),
+        cmocka_unit_test(link_refused_full_save),
         cmocka_unit_test(base_removed_during_save),
         cmocka_unit_test(tiers_export_inspect),
         cmocka_unit_test(meta_v2_decoder),

@@ -390,6 +390,32 @@ int st_incr_open_base(st_dir *bd, uint64_t *id, const st_dests *d, const char *b
     return rc;
 }
 
+/* Can each destination's file system link a base file beside it? One link of a base
+ * data file to a temporary name in the destination's parent, removed at once: where it is
+ * refused (EXDEV: another file system; EPERM: protected_hardlinks, a file system without
+ * links; ...) the save is a full one rather than failing at its links. */
+static int links_work(const st_dests *d, const char *base, const st_meta *bm)
+{
+    uint32_t f = 0;
+    for (; f < bm->nfiles && !linkable(bm, f); f++)
+        ;
+    if (f == bm->nfiles)
+        return 0;
+    for (int t = 0; t < d->n; t++) {
+        const st_vfs *v = d->vfs[t];
+        char bdir[PATH_MAX], from[PATH_MAX], parent[PATH_MAX], to[PATH_MAX], name[64];
+        snprintf(name, sizeof name, ".strata-link-probe-%016llx",
+                 (unsigned long long)st_save_id_new());
+        st_parent_of(parent, d->final[t]);
+        if (st_incr_base_path(bdir, d->final[t], base) ||
+            st_path_join(from, bdir, bm->files[f].name) || st_path_join(to, parent, name) ||
+            v->link(v, from, to) != 0)
+            return 0;
+        v->unlink(v, to);
+    }
+    return 1;
+}
+
 int st_incr_plan(st_incr **out, st_save_plan *sp, const st_dests *d, const strata_save_opts *o)
 {
     *out = NULL;
@@ -413,7 +439,9 @@ int st_incr_plan(st_incr **out, st_save_plan *sp, const st_dests *d, const strat
     snprintf(x->base, sizeof x->base, "%s", o->base);
     st_dir bd;
     if (!(rc = st_incr_open_base(&bd, &x->base_id, d, o->base, sp->meta->chunk, 0)) &&
-        x->base_id) {
+        x->base_id && !links_work(d, o->base, bd.meta))
+        x->base_id = 0; /* a full save */
+    if (!rc && x->base_id) {
         st_meta *m = sp->meta;
         m->write2 = 0; /* matched ones get the base's (match) */
         for (size_t t = 0; t < m->ntensors; t++)
