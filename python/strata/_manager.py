@@ -19,30 +19,6 @@ def _committed(uri):
         return False
 
 
-def _can_link(tier):
-    """Does the file system of tier (made by the first save) make hard links? An
-    incremental save links its base's files; where it cannot, the manager saves in full."""
-    try:
-        d = _S.uri_path(tier)
-    except _S.SchemeError:
-        return False
-    a = os.path.join(d, ".strata-link-probe-%d" % os.getpid())
-    b = a + ".2"
-    try:
-        with open(a, "wb"):
-            pass
-        os.link(a, b)
-        return True
-    except OSError:
-        return False
-    finally:
-        for p in (a, b):
-            try:
-                os.unlink(p)
-            except OSError:
-                pass
-
-
 class _TierSave(AsyncSave):
     """A save of the manager's (its AsyncSave): when it ends, wait() has the manager run
     retention on the tiers that committed it, and reports its error once: a warning where
@@ -99,15 +75,15 @@ class CheckpointManager:
     faster tier may be node-local), or where every tier is s3://, every tier is saved
     directly.
 
-    Incremental saves (incremental=True, the default, in one process): each save names as
-    its base the newest committed step below it on the first tier (every tier's copy of
-    it must be the same save, else the save is a full one), and tensors whose bytes equal
-    the base's are neither copied nor written: the base's file holding them is hard-linked
-    into the new checkpoint, which stays whole on its own (retention, gc and rm -r of the
-    base free none of its bytes). Every full_every-th save since the last full one (in
-    this manager) is a full save, so that files kept alive by links stay few. With a
-    process group of more than one rank, saves are full (incremental saves with a
-    communicator are not built yet).
+    Incremental saves (incremental=True, the default): each save names as its base the
+    newest committed step below it on the first tier (chosen by rank 0 with a process
+    group; every tier's copy of it must be the same save, else the save is a full one),
+    and tensors whose bytes equal the base's are neither copied nor written: the base's
+    file holding them is hard-linked into the new checkpoint, which stays whole on its own
+    (retention, gc and rm -r of the base free none of its bytes). Where a file system
+    cannot link (or a rank cannot), that save (or that rank's part) is written in full.
+    Every full_every-th save since the last full one (in this manager) is a full save, so
+    that files kept alive by links stay few.
 
     Unchanged tensors not even read (an incremental save with a base):
       - frozen= (as strata.torch.save's: True for the modules' parameters with
@@ -148,7 +124,6 @@ class CheckpointManager:
         self.trust_version = bool(trust_version)
         self._snap = None        # (step name, {key: (tensor, _version_of)}): the last save's
         self._since_full = None  # incremental saves since the last full one (None: none yet)
-        self._links = None       # whether every tier's file system makes hard links
         self._pool = None
         self._saver = None
         self._pending = None
@@ -218,26 +193,25 @@ class CheckpointManager:
 
     def _base(self, group, step):
         """The base of the save of step: the name of the newest committed step below it on
-        the first tier, or None (a full save: not incremental, a process group, none
-        committed yet, or the full_every-th save)."""
-        if not self.incremental or group is not None:
+        the first tier, or None (a full save: not incremental, none committed yet, or the
+        full_every-th save). With a process group rank 0 chooses it for every rank."""
+        if not self.incremental:
             return None
         if self._since_full is None or self._since_full >= self.full_every:
             return None
-        if self._links is None:
-            self._links = all(_can_link(self.tiers[i])
-                              for i in _flush.plan(self.tiers, group)[0])
-        if not self._links:
-            return None
+        if group is None or group.size == 1:
+            return self._newest_below(step)
+        base = self._newest_below(step) if group.rank == 0 else None
+        return _values.decode(group.bcast_bytes(_values.encode(base)))[1]
+
+    def _newest_below(self, step):
         try:
-            d = _S.uri_path(self.tiers[0])
-        except _S.SchemeError:
+            names = _S.list_dirs(self.tiers[0])   # as latest() lists: mem://, s3:// too
+        except _S.Error:
             return None
-        if not os.path.isdir(d):
-            return None
-        for s in sorted((int(m.group(1)) for m in map(_STEP_DIR.fullmatch, os.listdir(d))
-                         if m), reverse=True):
-            if s < step and _committed(os.path.join(d, "step-%08d" % s)):
+        for s in sorted((int(m.group(1)) for m in map(_STEP_DIR.fullmatch, names) if m),
+                        reverse=True):
+            if s < step and _committed(self.path(s)):
                 return "step-%08d" % s
         return None
 
@@ -295,7 +269,7 @@ class CheckpointManager:
                              self.frozen if frozen is None else frozen, self._unmoved(base))
         snap = self._record(step, prep)
         saver = self._get_saver(group)
-        kw = {"base": base, "incremental": True} if self.incremental and group is None else {}
+        kw = {"base": base, "incremental": True} if self.incremental else {}
 
         jobs = []   # its flush to the s3:// tiers behind (none: none, or not started)
 

@@ -462,3 +462,77 @@ def test_ls_and_inspect_count_linked_bytes(tmp_path):
     j = json.loads(subprocess.run([STRATA, "inspect", "--json", r + "/s1"], capture_output=True,
                                   text=True, check=True).stdout)
     assert j["linked_file_bytes"] == sizes["s0"]["data-000000.bin"] and j["base"] == "s0"
+
+
+def dist_lora(root):
+    """Rank's part of test_process_group_incremental: a frozen [512, 256] weight and a
+    [256] bias (replicated), an adapter [8, 256] that changes, all as DTensors sharded by
+    rows but the bias, saved 6 times through a CheckpointManager on the default group;
+    returns what rank 0 saw on disk and each step's values, and whether every step loads
+    bitwise on the 2 ranks."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    torch.manual_seed(0)
+    w_full, bias = torch.randn(512, 256), torch.randn(256)
+    w = distribute_tensor(w_full, mesh, [Shard(0)])
+    mgr = st.CheckpointManager(root, keep=0, pool_bytes=8 << 20, full_every=100)
+    assert mgr._group() is not None and mgr._group().size == 2
+    want = {}
+    for step in range(6):
+        torch.manual_seed(100 + step)
+        a_full = torch.randn(8, 256)
+        sd = {"w": w, "bias": bias, "a": distribute_tensor(a_full, mesh, [Shard(0)]),
+              "step": step}
+        mgr.save(step, sd).wait()
+        want[step] = a_full
+    mgr.close()
+    disk = {}
+    for step in range(6):
+        p = mgr.path(step)
+        names = os.listdir(p)
+        refs = [n for n in names if n.startswith("ref-")]
+        ck = strata.Checkpoint(p)
+        disk[step] = (ck.base, ck.written_bytes, ck.data_bytes, len(refs),
+                      min((os.stat(os.path.join(p, n)).st_nlink for n in refs), default=0),
+                      own_bytes(p)[0])
+    loads = []
+    for step in range(6):
+        sd = {"w": distribute_tensor(torch.zeros(512, 256), mesh, [Shard(0)]),
+              "bias": torch.zeros(256), "a": distribute_tensor(torch.zeros(8, 256), mesh,
+                                                               [Shard(0)]), "step": -1}
+        st.load(sd, mgr.path(step))
+        loads.append(torch.equal(sd["w"].full_tensor(), w_full) and
+                     torch.equal(sd["bias"], bias) and
+                     torch.equal(sd["a"].full_tensor(), want[step]) and sd["step"] == step)
+    return (disk if dist.get_rank() == 0 else None), want, w_full, bias, loads
+
+
+def test_process_group_incremental(tmp_path):
+    """CheckpointManager with a process group (2 gloo ranks) saves incrementally: from the
+    second save on, each rank's rows of the frozen weight (and the bias, in one of them)
+    are its base's data file, hard-linked; only the adapter is written; every step loads
+    bitwise on 2 ranks and on 1 process, and verifies."""
+    import _dist
+    root = str(tmp_path / "ck")
+    res = _dist.run(dist_lora, 2, root, timeout=240)
+    disk, want, w_full, bias = res[0][:4]
+    frozen = (512 * 256 + 256) * 4
+    for rank, r in enumerate(res):
+        assert all(r[4]), "rank %d: steps that do not load bitwise: %s" % (rank, r[4])
+    for step in range(6):
+        base, written, data, nref, nlink, own = disk[step]
+        if step == 0:
+            assert base is None and nref == 0 and written == data, disk[step]
+        else:
+            assert base == "step-%08d" % (step - 1), disk[step]
+            assert nref == 2 and nlink >= 2, disk[step]       # each rank's file, linked
+            assert written == data - frozen, disk[step]
+            assert own < frozen / 8, disk[step]               # the adapter alone
+        sd = {"w": torch.zeros(512, 256), "bias": torch.zeros(256), "a": torch.zeros(8, 256),
+              "step": -1}
+        st.load(sd, os.path.join(root, "step-%08d" % step))   # one process, whole tensors
+        assert torch.equal(sd["w"], w_full) and torch.equal(sd["bias"], bias), step
+        assert torch.equal(sd["a"], want[step]) and sd["step"] == step, step
+        strata.Checkpoint(os.path.join(root, "step-%08d" % step)).verify()
