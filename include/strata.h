@@ -156,13 +156,18 @@ typedef struct strata_save_opts {
      * as any other, and removing the base (gc, retention, rm -r) frees none of its bytes.
      * A shard marked STRATA_SHARD_UNCHANGED is referred to without being read where the
      * base holds it (above). Unmarked shards in device memory, blobs, a base saved without
-     * STRATA_SAVE_INCREMENTAL, one of another chunk size, or a backend that cannot link:
-     * written as usual. On s3:// a link is a copy made by the server (no byte uploaded;
-     * FORMAT.md). A save with
-     * a communicator refuses a base (STRATA_ENOTSUP). Errors: the base's open (missing:
-     * STRATA_ENOENT, not committed: STRATA_EINCOMPLETE, not strata's: STRATA_EINVAL, a
-     * name with '/': STRATA_EINVAL); a base removed or replaced while the save links its
-     * files: STRATA_ECHANGED (the save is removed, nothing else touched). */
+     * STRATA_SAVE_INCREMENTAL, one of another chunk size, or a backend or file system that
+     * cannot link (EXDEV, EPERM): written as usual. On s3:// a link is a copy made by the
+     * server (no byte uploaded; FORMAT.md). Errors: the base's open (missing: STRATA_ENOENT,
+     * not committed: STRATA_EINCOMPLETE, not strata's: STRATA_EINVAL, a name with '/':
+     * STRATA_EINVAL); a base removed or replaced while the save links its files:
+     * STRATA_ECHANGED (the save is removed, nothing else touched).
+     * With a communicator every rank gives a base, or none (else STRATA_EINVAL on every
+     * rank, before anything is written); rank 0's base is used: where it is missing, not
+     * committed or not incremental-ready the save is a full one, and a rank that cannot
+     * link its base files (EXDEV, EPERM, ...) or finds the base removed or replaced writes
+     * its own part in full - a base never fails a distributed save. Marks are not carried
+     * between ranks: a distributed save hashes its candidates. */
     const char *base;
 } strata_save_opts;
 #define STRATA_SAVE_OPTS_INIT {STRATA_SAVE_OPTS_VERSION, 0, 0, 0, 0, 0, NULL}
