@@ -5,7 +5,8 @@
  * on disk (each rank's base file linked, only the adapters written), every step loaded
  * bitwise and verified, retention removing bases that newer steps refer to; a full save on
  * the same cached plan afterwards (the plan is not changed by incremental saves); one rank
- * whose links fail (EXDEV) writing its part in full; ranks that disagree on the base. */
+ * whose links fail (EXDEV) writing its part in full; ranks that disagree on the base, a
+ * base that is not a plain name, a missing base (a full save). */
 #include <dirent.h>
 #include <pthread.h>
 
@@ -416,6 +417,14 @@ static void ranks_disagree(void **state)
     for (int r = 0; r < 2; r++) {
         assert_int_equal(jobs[r].rc, STRATA_EINVAL);
         if (!strstr(jobs[r].msg, "base"))
+            fail_msg("rank %d: %s", r, jobs[r].msg);
+    }
+    assert_false(tu_exists(p1));
+    /* a base that is not a plain name: rank 0's STRATA_EINVAL, on every rank */
+    save_all(&w, p1, NULL, "../s0", STRATA_SAVE_INCREMENTAL, 0, jobs);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(jobs[r].rc, STRATA_EINVAL);
+        if (!strstr(jobs[r].msg, "plain name"))
             fail_msg("rank %d: %s", r, jobs[r].msg);
     }
     assert_false(tu_exists(p1));

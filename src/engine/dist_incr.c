@@ -42,12 +42,15 @@ static int encode_parts(st_dist_incr *x, const st_dests *d, const strata_save_op
     }
     if (rc)
         x->base_id = 0;
+    char msg[ST_MSG_BYTES] = "-"; /* 1..ST_MSG_BYTES - 1 bytes, as every rank reads it */
+    if (rc && strata_error_last()[0])
+        snprintf(msg, sizeof msg, "%s", strata_error_last());
     st_buf b = {0};
     const st_meta *bm = x->bd.meta;
     for (int r = 0; r < P; r++) {
         size_t start = b.n;
         st_buf_u32(&b, (uint32_t)rc);
-        st_buf_str(&b, rc ? strata_error_last() : "-");
+        st_buf_str(&b, msg);
         st_buf_u64(&b, x->base_id);
         st_buf_str(&b, x->base_id ? x->base : "-");
         for (size_t k = c && x->base_id ? c->rank0[r] : 0;

@@ -155,6 +155,8 @@ int st_incr_plan(st_incr **out, st_save_plan *sp, const st_dests *d, const strat
  * that the base is still the save matched. STRATA_ECHANGED if the base was removed or
  * replaced meanwhile (nothing of another checkpoint is ever referred to). */
 int st_incr_link(const st_incr *x, const st_meta *m, const st_dests *d, int t);
+/* STRATA_EINVAL unless base is a plain name (no '/', not "." or "..") of a checkpoint. */
+int st_incr_check_name(const char *base);
 /* The base beside every destination of d, opened (tier 0's into *bd, closed by the
  * caller with st_dir_close where bd->vfs is set): *id is its save id where it is usable
  * as a base (committed, metadata version 2 of the same chunk size, the same save in every

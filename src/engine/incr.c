@@ -349,15 +349,22 @@ int st_incr_base_path(char *out, const char *dir, const char *base)
     return st_path_join(out, parent, base);
 }
 
+int st_incr_check_name(const char *base)
+{
+    if (!st_plain_name(base, strlen(base)) || strlen(base) > STRATA_MAX_NAME)
+        return st_fail(STRATA_EINVAL, "strata_save_opts.base '%s' is not the name of a "
+                       "checkpoint beside the destination (a plain name, no '/')", base);
+    return 0;
+}
+
 int st_incr_open_base(st_dir *bd, uint64_t *id, const st_dests *d, const char *base,
                       uint32_t chunk, int missing_ok)
 {
     memset(bd, 0, sizeof *bd);
     *id = 0;
-    if (!st_plain_name(base, strlen(base)) || strlen(base) > STRATA_MAX_NAME)
-        return st_fail(STRATA_EINVAL, "strata_save_opts.base '%s' is not the name of a "
-                       "checkpoint beside the destination (a plain name, no '/')", base);
-    int rc = 0, usable = 1;
+    int rc = st_incr_check_name(base), usable = 1;
+    if (rc)
+        return rc;
     for (int t = 0; t < d->n && !rc; t++) {
         char p[PATH_MAX];
         st_dir o, *b = t ? &o : bd;
