@@ -3,10 +3,11 @@
  * state (a frozen weight, adapters and moments, split by rows over the ranks) saved in a
  * chain, synchronously and asynchronously; bytes written per save counted from the files
  * on disk (each rank's base file linked, only the adapters written), every step loaded
- * bitwise and verified, retention removing bases that newer steps refer to; a full save on
- * the same cached plan afterwards (the plan is not changed by incremental saves); one rank
- * whose links fail (EXDEV) writing its part in full; ranks that disagree on the base, a
- * base that is not a plain name, a missing base (a full save). */
+ * bitwise and verified, retention removing bases that newer steps refer to, an export of a
+ * step whose bases are gone; a full save on the same cached plan afterwards (the plan is
+ * not changed by incremental saves); one rank whose links fail (EXDEV) writing its part in
+ * full; ranks that disagree on the base, a base that is not a plain name, a missing base
+ * (a full save). */
 #include <dirent.h>
 #include <pthread.h>
 
@@ -245,6 +246,29 @@ static disk on_disk(const char *path, int P)
     return k;
 }
 
+/* Exports path to safetensors (the frozen rows read from the linked files) and loads the
+ * tensors of the export on one rank, bitwise. */
+static void expect_export(const char *path, const char *out, const vals *v)
+{
+    assert_ok(strata_export_safetensors(NULL, path, out, NULL));
+    vals d;
+    vals_init(&d, 998);
+    strata_state *st;
+    assert_ok(strata_state_new(&st));
+    for (int i = 0; i < NT; i++) {
+        uint64_t shape[2] = {rows[i], COLS};
+        strata_shard sh = {.name = names[i], .dtype = STRATA_F32, .ndim = 2,
+                           .global_shape = shape, .data = d.t[i]};
+        assert_ok(strata_state_add_shard(st, &sh));
+    }
+    assert_ok(strata_load(NULL, NULL, &out, 1, &st, 1, NULL));
+    for (int i = 0; i < NT; i++)
+        if (memcmp(d.t[i], v->t[i], tbytes(i)) != 0)
+            fail_msg("%s: tensor %s differs in the export", path, names[i]);
+    strata_state_free(st);
+    vals_free(&d);
+}
+
 static void path_of(char *out, size_t n, const char *dir, int step)
 {
     snprintf(out, n, "%s/step-%02d", dir, step);
@@ -305,6 +329,11 @@ static void chain(int P)
         else
             expect_loads(p, &keep[s]);
     }
+    snprintf(name, sizeof name, "/export");
+    char out[800];
+    snprintf(out, sizeof out, "%s%s", dir, name);
+    path_of(p, sizeof p, dir, 6);
+    expect_export(p, out, &keep[6]); /* its bases are gone */
     /* a full save on the same cached plan: nothing linked, everything written */
     path_of(p, sizeof p, dir, 7);
     vals_step(&v, 7);
