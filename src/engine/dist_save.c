@@ -247,6 +247,62 @@ static void dist_cleanup(const st_async_dist *d, int t)
     }
 }
 
+/* Rank 0: each rank's report - its status in each tier (the first failure of a tier into
+ * st[t]), then the checksums of what it wrote into the cached plan, or for an incremental
+ * save its matches and checksums into im, a copy of the plan. */
+static void take_reports(st_async_dist *d, const unsigned char *reports, const size_t *counts,
+                         st_status *st, st_incr_meta *im)
+{
+    const int P = d->ccomm->size, T = d->ntiers;
+    st_plan_cache *cache = d->cache; /* rank 0 has the plan */
+    size_t off = 0;
+    int irc = d->incr.on ? st_incr_meta_new(im, cache) : 0;
+    for (int t = 0; irc && t < T; t++)
+        st_status_set(&st[t], irc, ST_ROOT);
+    for (int r = 0; r < P; r++) {
+        st_rd rd = {.p = reports + off, .end = reports + off + counts[r]};
+        off += counts[r];
+        int rank_ok = 0;
+        for (int t = 0; t < T; t++) {
+            int32_t prc = (int32_t)st_rd_u32(&rd);
+            st_arena tmp = {0};
+            char *msg = st_rd_str(&rd, &tmp, ST_MSG_BYTES);
+            if (prc && !st[t].rc) {
+                st[t].rc = prc;
+                st[t].rank = r;
+                snprintf(st[t].msg, sizeof st[t].msg, "%s", msg ? msg : "failed");
+            }
+            rank_ok |= prc == 0;
+            st_arena_free(&tmp);
+        }
+        if (d->incr.on) { /* its matches and checksums, into the copy of the plan */
+            if (rank_ok && !irc && (irc = st_incr_meta_take(im, &d->incr, cache, r, &rd)))
+                for (int t = 0; t < T; t++)
+                    st_status_set(&st[t], irc, ST_ROOT);
+            continue;
+        }
+        uint64_t k = st_rd_var(&rd), at = 0;
+        for (size_t q = cache->rank0[r]; rank_ok && q < cache->rank0[r + 1] && !rd.err; q++) {
+            st_extent *e = cache->sp.pieces[cache->by_rank[q]].ext;
+            uint64_t nc = st_nchunks(e->bytes, cache->sp.meta->chunk);
+            for (uint64_t c = 0; c < nc && at < k; c++, at++)
+                e->sums[c] = st_rd_u64(&rd);
+        }
+        if (rank_ok && (rd.err || at != k))
+            for (int t = 0; t < T; t++)
+                if (!st[t].rc) {
+                    st[t].rc = STRATA_EINVAL;
+                    st[t].rank = r;
+                    snprintf(st[t].msg, sizeof st[t].msg,
+                             "rank %d sent %llu checksums, not the plan's", r,
+                             (unsigned long long)k);
+                }
+    }
+    if (!irc && d->incr.on && (irc = st_incr_meta_end(im, &d->incr)))
+        for (int t = 0; t < T; t++)
+            st_status_set(&st[t], irc, ST_ROOT);
+}
+
 static int dist_finish(void *ctx, const int *local_rc, const char *const *local_msg,
                        const st_save_plan *mine, uint64_t io_calls, strata_stats *stats)
 {
@@ -291,52 +347,7 @@ static int dist_finish(void *ctx, const int *local_rc, const char *const *local_
 
     /* 6. the coordinator commits each tier in which every rank succeeded */
     if (me == ST_ROOT) {
-        size_t off = 0;
-        int irc = d->incr.on ? st_incr_meta_new(&im, cache) : 0; /* cache: rank 0 has the plan */
-        for (int t = 0; irc && t < T; t++)
-            st_status_set(&st[t], irc, ST_ROOT);
-        for (int r = 0; r < P; r++) {
-            st_rd rd = {.p = reports + off, .end = reports + off + counts[r]};
-            off += counts[r];
-            int rank_ok = 0;
-            for (int t = 0; t < T; t++) {
-                int32_t prc = (int32_t)st_rd_u32(&rd);
-                st_arena tmp = {0};
-                char *msg = st_rd_str(&rd, &tmp, ST_MSG_BYTES);
-                if (prc && !st[t].rc) {
-                    st[t].rc = prc;
-                    st[t].rank = r;
-                    snprintf(st[t].msg, sizeof st[t].msg, "%s", msg ? msg : "failed");
-                }
-                rank_ok |= prc == 0;
-                st_arena_free(&tmp);
-            }
-            if (d->incr.on) { /* its matches and checksums, into the copy of the plan */
-                if (rank_ok && !irc && (irc = st_incr_meta_take(&im, &d->incr, cache, r, &rd)))
-                    for (int t = 0; t < T; t++)
-                        st_status_set(&st[t], irc, ST_ROOT);
-                continue;
-            }
-            uint64_t k = st_rd_var(&rd), at = 0;
-            for (size_t q = cache->rank0[r]; rank_ok && q < cache->rank0[r + 1] && !rd.err; q++) {
-                st_extent *e = cache->sp.pieces[cache->by_rank[q]].ext;
-                uint64_t nc = st_nchunks(e->bytes, cache->sp.meta->chunk);
-                for (uint64_t c = 0; c < nc && at < k; c++, at++)
-                    e->sums[c] = st_rd_u64(&rd);
-            }
-            if (rank_ok && (rd.err || at != k))
-                for (int t = 0; t < T; t++)
-                    if (!st[t].rc) {
-                        st[t].rc = STRATA_EINVAL;
-                        st[t].rank = r;
-                        snprintf(st[t].msg, sizeof st[t].msg,
-                                 "rank %d sent %llu checksums, not the plan's", r,
-                                 (unsigned long long)k);
-                    }
-        }
-        if (!irc && d->incr.on && (irc = st_incr_meta_end(&im, &d->incr)))
-            for (int t = 0; t < T; t++)
-                st_status_set(&st[t], irc, ST_ROOT);
+        take_reports(d, reports, counts, st, &im);
         const st_save_plan *plan = d->incr.on ? &im.sp : &cache->sp;
         if (plan->meta)
             plan->meta->step = d->o.step;
