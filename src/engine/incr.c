@@ -410,6 +410,8 @@ static int links_work(const st_dests *d, const char *base, const st_meta *bm)
         return 0;
     for (int t = 0; t < d->n; t++) {
         const st_vfs *v = d->vfs[t];
+        if (!strcmp(v->scheme, "s3")) /* a link there is a server-side copy: no file system */
+            continue;                 /* to refuse it, and a probe would copy a whole file */
         char bdir[PATH_MAX], from[PATH_MAX], parent[PATH_MAX], to[PATH_MAX], name[64];
         snprintf(name, sizeof name, ".strata-link-probe-%016llx",
                  (unsigned long long)st_save_id_new());
