@@ -2,21 +2,26 @@
 
 import os
 import re
+import threading
 import warnings
 
 import strata as _S
 from strata import _flush, _values
+from strata._flush import _committed
 from strata._statedict import _version_of
 from strata.torch import AsyncSave, _error, _group, _prepare_save, _versions, load
 
 _STEP_DIR = re.compile(r"step-(\d+)")
 
 
-def _committed(uri):
+def _steps(tier):
+    """The step numbers under tier, newest first ([] where it cannot be listed)."""
     try:
-        return _S.probe(uri)["committed"]
-    except _S.Error:
-        return False
+        names = _S.list_dirs(tier)   # mem:// and s3:// included
+    except _S.Error:                 # missing, or no listable storage there
+        return []
+    return sorted((int(m.group(1)) for m in map(_STEP_DIR.fullmatch, names) if m),
+                  reverse=True)
 
 
 class _TierSave(AsyncSave):
@@ -76,8 +81,9 @@ class CheckpointManager:
     directly.
 
     Incremental saves (incremental=True, the default): each save names as its base the
-    newest committed step below it on the first tier (chosen by rank 0 with a process
-    group; every tier's copy of it must be the same save, else the save is a full one),
+    newest step below it committed on every tier the save writes (chosen by rank 0 with a
+    process group; every tier's copy of it must be the same save, else the save is a full
+    one),
     and tensors whose bytes equal the base's are neither copied nor written: the base's
     file holding them is hard-linked into the new checkpoint, which stays whole on its own
     (retention, gc and rm -r of the base free none of its bytes). Where a file system
@@ -85,7 +91,9 @@ class CheckpointManager:
     Every full_every-th save since the last full one (in this manager) is a full save, so
     that files kept alive by links stay few.
 
-    Unchanged tensors not even read (an incremental save with a base):
+    Unchanged tensors not even read (an incremental save with a base, in one process: with
+    a process group of more than one rank the marks are not carried between ranks, and a
+    save hashes its candidates - and its replicated tensors, to agree on them):
       - frozen= (as strata.torch.save's: True for the modules' parameters with
         requires_grad=False, names, or a callable; save(frozen=...) overrides it for one
         save): the caller's promise that those tensors equal the base's. Their bytes are
@@ -129,6 +137,7 @@ class CheckpointManager:
         self._pending = None
         self._closed = False
         self._flusher = None     # the background flush to object-store tiers (_flush.py)
+        self._retaining = threading.Lock()
 
     def _group(self):
         return _group(self.process_group)
@@ -160,6 +169,10 @@ class CheckpointManager:
     def _retain(self, group, tiers):
         if self.keep <= 0 or (group is not None and group.rank != 0):
             return
+        with self._retaining:    # the caller's thread (after a save) and the flusher's
+            self._retain_on(tiers)
+
+    def _retain_on(self, tiers):
         for i in tiers:
             keep = self.keep
             if self._flusher is not None and not _flush.flushed(self.tiers[i]):
@@ -199,19 +212,18 @@ class CheckpointManager:
             return None
         if self._since_full is None or self._since_full >= self.full_every:
             return None
+        saved = _flush.plan(self.tiers, group)[0]
         if group is None or group.size == 1:
-            return self._newest_below(step)
-        base = self._newest_below(step) if group.rank == 0 else None
+            return self._newest_below(step, saved)
+        base = self._newest_below(step, saved) if group.rank == 0 else None
         return _values.decode(group.bcast_bytes(_values.encode(base)))[1]
 
-    def _newest_below(self, step):
-        try:
-            names = _S.list_dirs(self.tiers[0])   # as latest() lists: mem://, s3:// too
-        except _S.Error:
-            return None
-        for s in sorted((int(m.group(1)) for m in map(_STEP_DIR.fullmatch, names) if m),
-                        reverse=True):
-            if s < step and _committed(self.path(s)):
+    def _newest_below(self, step, saved):
+        """The newest step below step committed on every tier the save writes (saved): a
+        base one of them lacks would fail the save there (one process), and keep failing
+        every later one."""
+        for s in _steps(self.tiers[saved[0]]):
+            if s < step and all(_committed(self.path(s, i)) for i in saved):
                 return "step-%08d" % s
         return None
 
@@ -349,13 +361,7 @@ class CheckpointManager:
     def _scan(self):
         best = None
         for t in self.tiers:
-            try:
-                names = _S.list_dirs(t)   # mem:// and s3:// included
-            except _S.Error:              # missing, or no listable storage there
-                continue
-            steps = sorted((int(m.group(1)) for m in map(_STEP_DIR.fullmatch, names) if m),
-                           reverse=True)
-            for s in steps:
+            for s in _steps(t):
                 if best is not None and s <= best:
                     break
                 if _committed(t.rstrip("/") + "/step-%08d" % s):

@@ -672,6 +672,13 @@ class _LoadPrep:
             self.state.add_shard(name, sdt, gshape, offs, lens, data_ptr=buf.data_ptr(),
                                  nbytes=_nbytes(buf), device=buf.is_cuda, keep=buf)
 
+    def touched(self):
+        """Moves the version counter of every tensor the load writes through its address
+        (an in-place change, counted as copy_ would: CheckpointManager's _version rule) -
+        after the load, failed or not: a failed one may have written some."""
+        for t in self.inplace:
+            _bump_version(t)
+
     def finish(self):
         """After the load: every blob decoded and checked, then the targets changed."""
         values = list(self.values)
@@ -682,8 +689,6 @@ class _LoadPrep:
         with torch.no_grad():
             for target, buf in self.copies:
                 target.copy_(buf)
-        for t in self.inplace:   # written through its address: an in-place change, counted
-            _bump_version(t)     # as copy_ would (CheckpointManager's _version rule)
         for setter, v in values:
             setter(v)
         for setter, t in self.new:

@@ -501,7 +501,10 @@ def load(state_dict, path, process_group=None, *, pickle=False, cast=False, **op
             err = e
         _agree(group, "strata.torch.load", err)
         _sync_cuda(prep.cuda)
-        stats = ld.load([prep.state], cast=cast, **options)
+        try:
+            stats = ld.load([prep.state], cast=cast, **options)
+        finally:
+            prep.touched()
     _sync_loaded(prep.cuda)
     prep.finish()
     return stats
