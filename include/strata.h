@@ -158,7 +158,8 @@ typedef struct strata_save_opts {
      * base holds it (above). Unmarked shards in device memory, blobs, a base saved without
      * STRATA_SAVE_INCREMENTAL, one of another chunk size, or a backend or file system that
      * cannot link (EXDEV, EPERM): written as usual. On s3:// a link is a copy made by the
-     * server (no byte uploaded; FORMAT.md). Errors: the base's open (missing: STRATA_ENOENT,
+     * server (no byte uploaded; FORMAT.md); a copy the server refuses fails a save in one
+     * process. Errors: the base's open (missing: STRATA_ENOENT,
      * not committed: STRATA_EINCOMPLETE, not strata's: STRATA_EINVAL, a name with '/':
      * STRATA_EINVAL); a base removed or replaced while the save links its files:
      * STRATA_ECHANGED (the save is removed, nothing else touched).
@@ -166,7 +167,8 @@ typedef struct strata_save_opts {
      * rank, before anything is written); rank 0's base is used: where it is missing, not
      * committed or not incremental-ready the save is a full one, and a rank that cannot
      * link its base files (EXDEV, EPERM, ...) or finds the base removed or replaced writes
-     * its own part in full - a base never fails a distributed save. Marks are not carried
+     * its own part in full; a base that cannot be read (not strata's, corrupt metadata)
+     * fails the save on every rank, as in one process. Marks are not carried
      * between ranks: a distributed save hashes its candidates. */
     const char *base;
 } strata_save_opts;

@@ -177,8 +177,6 @@ void st_incr_ref_name(char to[ST_REF_FILE_BYTES], const st_meta *bm, uint32_t bf
                       uint64_t base_id);
 /* The path of checkpoint `base` beside destination dir (its parent joined with the name). */
 int st_incr_base_path(char *out, const char *dir, const char *base);
-/* Bytes of shards referred to instead of written (0 for NULL). */
-uint64_t st_incr_matched(const st_incr *x);
 void st_incr_free(st_incr *x);
 /* The parent directory of path ("." for a bare name) into out (PATH_MAX). */
 void st_parent_of(char *out, const char *path);

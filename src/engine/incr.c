@@ -66,8 +66,6 @@ void st_incr_free(st_incr *x)
     free(x);
 }
 
-uint64_t st_incr_matched(const st_incr *x) { return x ? x->matched_bytes : 0; }
-
 /* Gives every extent of sp room for second checksums (blobs too, whose are computed and
  * never stored) and marks the metadata version 2. */
 static int want_sums2(st_save_plan *sp)
@@ -225,6 +223,8 @@ static int candidate(const st_piece *pc, const st_mshard *bs, const st_meta *bm,
     if (!bs || (have_data && !pc->src) || bs->ext.bytes != pc->bytes ||
         !linkable(bm, bs->ext.file))
         return 0;
+    if (!have_data) /* a rank's piece: it hashes against both checksums (marks and the */
+        return bs->has2; /* device are not carried to the coordinator) */
     return pc->unchanged || (bs->has2 && !pc->device);
 }
 

@@ -852,8 +852,10 @@ static int s3_link(const st_vfs *v, const char *from, const char *to)
     char src[1200], match[200];
     if ((e = copy_source(v, kf, r.etag, src, sizeof src, match, sizeof match)))
         return e;
-    if (r.length > SV(v)->copy_max)
-        return copy_parts(v, kt, src, match, r.length);
+    if (r.length > SV(v)->copy_max) {
+        e = copy_parts(v, kt, src, match, r.length);
+        return e == -EEXIST ? -ENOENT : e; /* 412: the source is no longer the object seen */
+    }
     s3_req q = {.method = "PUT", .key = kt, .hdr = {src, match}};
     if ((e = s3_do(SV(v)->conn, &q, &r)))
         return e;
