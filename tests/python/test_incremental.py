@@ -6,6 +6,7 @@ incremental save."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -134,6 +135,27 @@ def test_full_every(tmp_path):
         bases.append(strata.Checkpoint(mgr.path(step)).base)
     full = [s for s, b in enumerate(bases) if b is None]
     assert full == [0, 4, 8], bases
+
+
+def test_base_missing_on_one_tier(tmp_path):
+    """A step one tier lacks (failed there, or removed) is no base: the next save is a full
+    one on both tiers rather than failing on both (and every save after it)."""
+    mgr = st.CheckpointManager([str(tmp_path / "a"), str(tmp_path / "b")], keep=0,
+                               pool_bytes=8 << 20, async_save=False)
+    m, opt = fresh()
+    for step in range(3):
+        train_step(m, opt, step + 1)
+        if step == 1:
+            shutil.rmtree(mgr.path(0, 1))          # tier b lost step 0
+        mgr.save(step, state_of(m, opt, step))
+        want = values(m, opt)
+        for tier in (0, 1):
+            ck = strata.Checkpoint(mgr.path(step, tier))
+            assert ck.base == {0: None, 1: None, 2: "step-00000001"}[step], (step, tier)
+            m2, opt2 = fresh()
+            st.load(state_of(m2, opt2, -1), mgr.path(step, tier))
+            assert all(torch.equal(a, b) for a, b in zip(values(m2, opt2), want))
+    mgr.close()
 
 
 def test_dense_writes_everything_and_switch_off(tmp_path):
