@@ -79,21 +79,6 @@ typedef struct {
     strata_state *st[MAXR];
 } world;
 
-static void hub_init(hub *h, int n)
-{
-    h->size = n;
-    pthread_barrier_init(&h->bar, NULL, (unsigned)n);
-    h->send = calloc((size_t)n, sizeof *h->send);
-    h->scounts = calloc((size_t)n, sizeof *h->scounts);
-}
-
-static void hub_free(hub *h)
-{
-    pthread_barrier_destroy(&h->bar);
-    free(h->send);
-    free(h->scounts);
-}
-
 static void world_init(world *w, int P, vals *v)
 {
     memset(w, 0, sizeof *w);

@@ -5,6 +5,7 @@
 #ifndef STRATA_THREADCOMM_H
 #define STRATA_THREADCOMM_H
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "strata.h"
@@ -15,6 +16,21 @@ typedef struct {
     const void **send;      /* per rank, published for one collective */
     const size_t **scounts; /* alltoallv: per rank */
 } hub;
+
+static inline void hub_init(hub *h, int n)
+{
+    h->size = n;
+    pthread_barrier_init(&h->bar, NULL, (unsigned)n);
+    h->send = calloc((size_t)n, sizeof *h->send);
+    h->scounts = calloc((size_t)n, sizeof *h->scounts);
+}
+
+static inline void hub_free(hub *h)
+{
+    pthread_barrier_destroy(&h->bar);
+    free(h->send);
+    free(h->scounts);
+}
 
 typedef struct {
     hub *h;
