@@ -162,6 +162,21 @@ static void *race(void *p)
     return NULL;
 }
 
+/* Two savers of ck at once (released together by a barrier); their outcomes into r. */
+static void run_race(const char *ck, racer r[2])
+{
+    pthread_barrier_t go;
+    pthread_barrier_init(&go, NULL, 2);
+    pthread_t th[2];
+    for (int w = 0; w < 2; w++) {
+        r[w] = (racer){ck, 0, &go, ""};
+        assert_int_equal(pthread_create(&th[w], NULL, race, &r[w]), 0);
+    }
+    for (int w = 0; w < 2; w++)
+        pthread_join(th[w], NULL);
+    pthread_barrier_destroy(&go);
+}
+
 static void test_two_savers(void **st)
 {
     (void)st;
@@ -169,15 +184,8 @@ static void test_two_savers(void **st)
     for (int i = 0; i < n; i++) {
         char ck[700];
         snprintf(ck, sizeof ck, "%s/race-%d", base, i);
-        pthread_barrier_t go;
-        pthread_barrier_init(&go, NULL, 2);
-        racer r[2] = {{ck, 0, &go, ""}, {ck, 0, &go, ""}};
-        pthread_t th[2];
-        for (int w = 0; w < 2; w++)
-            assert_int_equal(pthread_create(&th[w], NULL, race, &r[w]), 0);
-        for (int w = 0; w < 2; w++)
-            pthread_join(th[w], NULL);
-        pthread_barrier_destroy(&go);
+        racer r[2];
+        run_race(ck, r);
         int wins = 0;
         for (int w = 0; w < 2; w++) {
             if (r[w].rc == 0)
@@ -210,15 +218,8 @@ static void test_commit_race(void **st)
         char ck[800], plain[700];
         snprintf(plain, sizeof plain, "%s/commit-race-%d", base, i);
         snprintf(ck, sizeof ck, "fault+%s?lock=local", plain);
-        pthread_barrier_t go;
-        pthread_barrier_init(&go, NULL, 2);
-        racer r[2] = {{ck, 0, &go, ""}, {ck, 0, &go, ""}};
-        pthread_t th[2];
-        for (int w = 0; w < 2; w++)
-            assert_int_equal(pthread_create(&th[w], NULL, race, &r[w]), 0);
-        for (int w = 0; w < 2; w++)
-            pthread_join(th[w], NULL);
-        pthread_barrier_destroy(&go);
+        racer r[2];
+        run_race(ck, r);
         int wins = 0;
         for (int w = 0; w < 2; w++) {
             if (r[w].rc == 0)
