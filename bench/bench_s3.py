@@ -17,6 +17,7 @@ operation, above what it was before (the tensor and the buffers being filled are
 caller's, counted for neither)."""
 
 import argparse
+import contextlib
 import io
 import os
 import socket
@@ -33,6 +34,33 @@ def free_port():
     p = s.getsockname()[1]
     s.close()
     return p
+
+
+@contextlib.contextmanager
+def moto_bench(**env):
+    """A moto server (the venv's) on 127.0.0.1, the AWS_* variables (and env) set for it,
+    and its bucket "bench" made: yields a boto3 client of it; the server is stopped after."""
+    port = free_port()
+    server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"),
+                               "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = "http://127.0.0.1:%d" % port
+    os.environ.update({"AWS_ENDPOINT_URL": endpoint, "AWS_REGION": "us-east-1",
+                       "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret",
+                       **env})
+    try:
+        import boto3
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        for _ in range(100):   # until the server answers
+            try:
+                client.create_bucket(Bucket="bench")
+                break
+            except Exception:
+                time.sleep(0.1)
+        yield client
+    finally:
+        server.terminate()
+        server.wait()
 
 
 class PeakRSS:
@@ -68,27 +96,11 @@ def main():
     ap.add_argument("--part-mb", type=int, default=8)
     ap.add_argument("--threads", type=int, default=10)
     a = ap.parse_args()
-    port = free_port()
-    venv_bin = os.path.dirname(sys.executable)
-    server = subprocess.Popen([os.path.join(venv_bin, "moto_server"), "-H", "127.0.0.1", "-p",
-                               str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = "http://127.0.0.1:%d" % port
-    os.environ.update({"AWS_ENDPOINT_URL": endpoint, "AWS_REGION": "us-east-1",
-                       "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret",
-                       "STRATA_S3_PART_MB": str(a.part_mb)})
-    try:
-        import boto3
+    with moto_bench(STRATA_S3_PART_MB=str(a.part_mb)) as client:
         from boto3.s3.transfer import TransferConfig
         import torch
         import strata.torch as st
 
-        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-        for _ in range(100):
-            try:
-                client.create_bucket(Bucket="bench")
-                break
-            except Exception:
-                time.sleep(0.1)
         n = a.size_mb << 20
         torch.manual_seed(0)
         data = torch.randint(0, 256, (n,), dtype=torch.uint8)
@@ -138,9 +150,6 @@ def main():
                      mb / med[side + "_down"], mem[side + "_down"] / 2**20))
         print("  ratio strata/boto3: upload %.2f, download %.2f"
               % (med["boto3_up"] / med["strata_up"], med["boto3_down"] / med["strata_down"]))
-    finally:
-        server.terminate()
-        server.wait()
 
 
 if __name__ == "__main__":
