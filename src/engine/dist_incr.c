@@ -355,19 +355,7 @@ static int link_file(st_meta *m, const st_meta *bm, uint32_t bf, uint64_t id, ui
             *out = f;
             return 0;
         }
-    st_mfile *files = st_arena_alloc(&m->arena, (m->nfiles + 1) * sizeof *files);
-    uint8_t *lk = st_arena_alloc(&m->arena, m->nfiles + 1);
-    char *name = st_arena_strndup(&m->arena, to, strlen(to));
-    if (!files || !lk || !name)
-        return st_fail(STRATA_ENOMEM, "out of memory");
-    memcpy(files, m->files, m->nfiles * sizeof *files);
-    memcpy(lk, m->linked, m->nfiles);
-    files[m->nfiles] = (st_mfile){name, bm->files[bf].bytes};
-    lk[m->nfiles] = 1;
-    m->files = files;
-    m->linked = lk;
-    *out = m->nfiles++;
-    return 0;
+    return st_incr_add_link(m, bm, bf, id, out);
 }
 
 int st_incr_meta_take(st_incr_meta *im, const st_dist_incr *x, const st_plan_cache *c, int r,

@@ -175,6 +175,10 @@ int st_incr_same(const st_piece *pc, const uint64_t *s1, const uint64_t *s2, uin
 /* The name in a new checkpoint of base bm's file bf linked (ref-<id>-<rank>.bin). */
 void st_incr_ref_name(char to[ST_REF_FILE_BYTES], const st_meta *bm, uint32_t bf,
                       uint64_t base_id);
+/* Appends to m's file table a linked entry for base bm's file bf (its ref name, its size):
+ * its index into *out. */
+int st_incr_add_link(st_meta *m, const st_meta *bm, uint32_t bf, uint64_t base_id,
+                     uint32_t *out);
 /* The path of checkpoint `base` beside destination dir (its parent joined with the name). */
 int st_incr_base_path(char *out, const char *dir, const char *base);
 void st_incr_free(st_incr *x);

@@ -151,6 +151,26 @@ void st_incr_ref_name(char to[ST_REF_FILE_BYTES], const st_meta *bm, uint32_t bf
         st_ref_file_name(to, base_id, st_data_file_rank(n));
 }
 
+int st_incr_add_link(st_meta *m, const st_meta *bm, uint32_t bf, uint64_t base_id,
+                     uint32_t *out)
+{
+    char to[ST_REF_FILE_BYTES];
+    st_incr_ref_name(to, bm, bf, base_id);
+    st_mfile *f = st_arena_alloc(&m->arena, (m->nfiles + 1) * sizeof *f);
+    uint8_t *lk = st_arena_alloc(&m->arena, m->nfiles + 1);
+    char *name = st_arena_strndup(&m->arena, to, strlen(to));
+    if (!f || !lk || !name)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    memcpy(f, m->files, m->nfiles * sizeof *f);
+    memcpy(lk, m->linked, m->nfiles);
+    f[m->nfiles] = (st_mfile){name, bm->files[bf].bytes};
+    lk[m->nfiles] = 1;
+    m->files = f;
+    m->linked = lk;
+    *out = m->nfiles++;
+    return 0;
+}
+
 /* The new checkpoint's file index for base file bf, appending a link entry if new. */
 static int link_index(st_incr *x, st_meta *m, const st_meta *bm, uint32_t bf, uint32_t *out)
 {
@@ -160,27 +180,15 @@ static int link_index(st_incr *x, st_meta *m, const st_meta *bm, uint32_t bf, ui
             return 0;
         }
     incr_link *l = realloc(x->links, (x->nlinks + 1) * sizeof *l);
-    st_mfile *f = st_arena_alloc(&m->arena, (m->nfiles + 1) * sizeof *f);
-    uint8_t *lk = st_arena_alloc(&m->arena, m->nfiles + 1);
-    if (l)
-        x->links = l;
-    if (!l || !f || !lk)
+    if (!l)
         return st_fail(STRATA_ENOMEM, "out of memory");
-    const st_mfile *b = &bm->files[bf];
-    char to[ST_REF_FILE_BYTES];
-    st_incr_ref_name(to, bm, bf, x->base_id);
-    memcpy(f, m->files, m->nfiles * sizeof *f);
-    memcpy(lk, m->linked, m->nfiles);
-    f[m->nfiles] = (st_mfile){st_arena_strndup(&m->arena, to, strlen(to)), b->bytes};
-    lk[m->nfiles] = 1;
-    if (!f[m->nfiles].name)
-        return st_fail(STRATA_ENOMEM, "out of memory");
-    m->files = f;
-    m->linked = lk;
-    snprintf(l[x->nlinks].from, sizeof l[x->nlinks].from, "%s", b->name);
+    x->links = l;
+    int rc = st_incr_add_link(m, bm, bf, x->base_id, out);
+    if (rc)
+        return rc;
+    snprintf(l[x->nlinks].from, sizeof l[x->nlinks].from, "%s", bm->files[bf].name);
     l[x->nlinks].base_file = bf;
     x->nlinks++;
-    *out = m->nfiles++;
     return 0;
 }
 
