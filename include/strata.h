@@ -198,9 +198,12 @@ typedef struct strata_load_opts {
     int version;           /* STRATA_LOAD_OPTS_VERSION */
     unsigned flags;        /* STRATA_LOAD_* (each rank its own) */
     /* With a communicator, rank 0's io_threads and max_io_bytes (after defaults and
-     * $STRATA_IO_THREADS) are used by every rank; strata_stats v2 tells which. */
+     * $STRATA_IO_THREADS) are used by every rank; strata_stats v2 tells which. Each I/O
+     * thread keeps two reads in flight (one read, one verified and copied out). */
     int io_threads;        /* 0 = default (4, or $STRATA_IO_THREADS) */
-    uint32_t max_io_bytes; /* largest coalesced read; 0 = 4 MiB */
+    uint32_t max_io_bytes; /* largest coalesced read; 0 = the largest request the device
+                              under the checkpoint takes (max_sectors_kb), from 4 MiB up to
+                              16 MiB (4 MiB off a local block device) */
 } strata_load_opts;
 #define STRATA_LOAD_OPTS_INIT {STRATA_LOAD_OPTS_VERSION, 0, 0, 0}
 
@@ -660,6 +663,36 @@ int strata_remove_incomplete(const char *uri);
  * segment does the same first). Never another user's segment, nor a live process's.
  * *removed (may be NULL) gets the count. Returns 0 (nothing listable: nothing removed). */
 int strata_reclaim_load_segments(int *removed);
+
+/* ---- the device under a directory (for benchmarks) ------------------------------------ */
+
+/* The block device under dir measured the way strata uses it: a scratch file of `bytes`
+ * written sequentially with O_DIRECT by `threads` threads (0: strata's default I/O threads)
+ * in 8 MiB requests (a save's write tasks), fsynced, then read back cold in the requests of a
+ * load (max_io_bytes' default), through I/O buffers of the kind strata uses (2 MiB-aligned,
+ * huge pages where the kernel gives them) or, small_pages, of 4 KiB pages; the file is
+ * removed. GB/s are 1e9 bytes per second. out: STRATA_DISK_RATE_INIT. Errors: STRATA_EIO
+ * and the like (naming dir), STRATA_EINVAL (O_DIRECT refused: tmpfs), STRATA_ENOMEM. */
+#define STRATA_DISK_RATE_VERSION 1
+typedef struct strata_disk_rate {
+    int version; /* STRATA_DISK_RATE_VERSION */
+    double write_gbps, read_gbps;
+    double write_request, read_request; /* average bytes per device request in each pass
+                                           (/proc/diskstats, all of the device's traffic
+                                           then; 0: unknown) */
+    uint64_t max_request;               /* the device's largest request (max_sectors_kb;
+                                           0: unknown, as on tmpfs) */
+    uint64_t read_block;                /* the reads' size */
+    const char *pages;                  /* what backed the buffers, measured: "4 KiB pages",
+                                           "transparent huge pages", "hugetlb pages" or
+                                           "partly huge pages" (a static string) */
+} strata_disk_rate;
+#define STRATA_DISK_RATE_INIT {STRATA_DISK_RATE_VERSION, 0, 0, 0, 0, 0, 0, NULL}
+int strata_disk_rate_measure(strata_disk_rate *out, const char *dir, uint64_t bytes,
+                             int threads, int small_pages);
+/* Requests and bytes so far of the block device under path, out[0..3]: reads, bytes read,
+ * writes, bytes written (/proc/diskstats). 0, or STRATA_ENOENT where none is listed. */
+int strata_disk_counters(const char *path, uint64_t out[4]);
 
 /* ---- export to Hugging Face safetensors ---------------------------------------------- */
 

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 
 #include "distutil.h"
+#include "io/pool.h"
 
 static const uint64_t xs_one[] = {1};
 
@@ -110,7 +111,10 @@ static void test_load_opts_differ(void **state)
             int want_threads = cases[k][0][0]   ? cases[k][0][0]
                                : env && atoi(env) > 0 ? ST_MIN(atoi(env), 64)
                                                      : 4;
-            uint32_t want_io = cases[k][0][1] ? (uint32_t)cases[k][0][1] : 4u << 20;
+            /* the default: the device's largest request, 4 to 16 MiB */
+            uint64_t dev = st_dev_max_request(ck) >> 20 << 20;
+            uint32_t want_io = cases[k][0][1] ? (uint32_t)cases[k][0][1]
+                                              : (uint32_t)ST_MIN(ST_MAX(dev, 4u << 20), 16u << 20);
             assert_int_equal(jobs[r].stats.io_threads, want_threads);
             assert_int_equal(jobs[r].stats.max_io_bytes, want_io);
         }

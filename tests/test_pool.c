@@ -9,9 +9,12 @@
 #include <dlfcn.h>
 #include <libgen.h>
 #include <pthread.h>
+#include <stdatomic.h>
 
+#include "core/error.h"
 #include "engine/engine.h"
 #include "io/cuda.h"
+#include "io/pool.h"
 #include "testutil.h"
 
 static char base_dir[512];
@@ -560,6 +563,110 @@ static void test_lazy_pool_pinned(void **state)
     free(back);
 }
 
+/* ---- the I/O buffers and the double-buffered lanes (src/io/pool.c) ---- */
+
+/* The kernel's transparent huge page mode: "always", "madvise" or "never". */
+static void thp_mode(char *out, size_t cap)
+{
+    snprintf(out, cap, "never");
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    char line[128];
+    if (f && fgets(line, sizeof line, f)) {
+        char *a = strchr(line, '['), *b = a ? strchr(a, ']') : NULL;
+        if (a && b)
+            snprintf(out, cap, "%.*s", (int)(b - a - 1), a + 1);
+    }
+    if (f)
+        fclose(f);
+}
+
+/* A large I/O buffer starts at a 2 MiB boundary and, where the kernel has transparent huge
+ * pages (or free hugetlb pages), is backed by huge pages once touched - as /proc/self/smaps
+ * shows, not as assumed; a small one is page-aligned heap memory. */
+static void test_io_buffers(void **state)
+{
+    (void)state;
+    char mode[32];
+    thp_mode(mode, sizeof mode);
+    size_t n = ((size_t)4 << 20) + 8192; /* a read buffer: 4 MiB and the foreign shift */
+    unsigned char *p = st_io_alloc(n);
+    assert_non_null(p);
+    assert_int_equal((uintptr_t)p % ((uintptr_t)2 << 20), 0);
+    memset(p, 0x5a, n);
+    int kind = st_io_pages(p, n);
+    printf("io buffer of %zu bytes: %s (THP %s)\n", n, st_io_pages_name(kind), mode);
+    if (strcmp(mode, "never") == 0)
+        assert_true(kind == ST_PAGES_SMALL || kind == ST_PAGES_HUGETLB);
+    else
+        assert_true(kind != ST_PAGES_SMALL); /* at least one of its two huge pages */
+    st_io_free(p, n);
+    unsigned char *q = st_io_alloc(100000); /* under 2 MiB: the heap */
+    assert_non_null(q);
+    assert_int_equal((uintptr_t)q % 4096, 0);
+    memset(q, 1, 100000);
+    st_io_free(q, 100000);
+}
+
+typedef struct {
+    atomic_int firsts, seconds;
+    atomic_uint_fast64_t sum;
+    size_t fail_at; /* the second stage fails at this task (SIZE_MAX: never) */
+    int *seen;      /* per task: stages done, 1 + 2 */
+} pipe_t;
+
+static int stage1(void *ctx, size_t task, void *buf, int64_t *aux)
+{
+    pipe_t *c = ctx;
+    memset(buf, (int)(task & 0xff), 4096);
+    *aux = (int64_t)task * 3;
+    c->seen[task] += 1;
+    atomic_fetch_add(&c->firsts, 1);
+    return 0;
+}
+
+static int stage2(void *ctx, size_t task, void *buf, int64_t *aux)
+{
+    pipe_t *c = ctx;
+    const unsigned char *b = buf;
+    for (size_t i = 0; i < 4096; i++)
+        if (b[i] != (unsigned char)(task & 0xff))
+            return st_fail(STRATA_EIO, "task %zu: the buffer holds another task's bytes", task);
+    if (*aux != (int64_t)task * 3)
+        return st_fail(STRATA_EIO, "task %zu: aux %lld", task, (long long)*aux);
+    c->seen[task] += 2;
+    atomic_fetch_add(&c->seconds, 1);
+    atomic_fetch_add(&c->sum, task);
+    if (task == c->fail_at)
+        return st_fail(STRATA_ECHECKSUM, "task %zu is bad", task);
+    return 0;
+}
+
+/* Each task passes the first stage, then the second with the buffer and value the first left
+ * for it, exactly once, on every number of lanes; a failure in the second stage comes back
+ * with its code and message. */
+static void test_pipeline(void **state)
+{
+    (void)state;
+    const size_t N = 2000;
+    for (int lanes = 1; lanes <= 5; lanes += 2) {
+        pipe_t c = {.fail_at = SIZE_MAX, .seen = calloc(N, sizeof(int))};
+        assert_int_equal(st_pipeline(lanes, N, 4096, stage1, stage2, &c), 0);
+        assert_int_equal(atomic_load(&c.firsts), (int)N);
+        assert_int_equal(atomic_load(&c.seconds), (int)N);
+        assert_int_equal(atomic_load(&c.sum), N * (N - 1) / 2);
+        for (size_t t = 0; t < N; t++)
+            assert_int_equal(c.seen[t], 3);
+        free(c.seen);
+        pipe_t f = {.fail_at = 700, .seen = calloc(N, sizeof(int))};
+        assert_int_equal(st_pipeline(lanes, N, 4096, stage1, stage2, &f), STRATA_ECHECKSUM);
+        assert_non_null(strstr(strata_error_last(), "task 700 is bad"));
+        for (size_t t = 0; t < N; t++) /* never the second stage without the first */
+            assert_true(f.seen[t] == 0 || f.seen[t] == 1 || f.seen[t] == 3);
+        assert_int_equal(f.seen[700], 3);
+        free(f.seen);
+    }
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -575,6 +682,8 @@ int main(int argc, char **argv)
     }
     (void)argv;
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_io_buffers),
+        cmocka_unit_test(test_pipeline),
         cmocka_unit_test(test_buffer_rule),
         cmocka_unit_test(test_small_chunk_advice),
         cmocka_unit_test(test_large_chunks),

@@ -35,6 +35,11 @@ int cmd_demo_mpi(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 /* `bench async` (bench_async.c); argv[1] is "async". */
 int cmd_bench_async(int argc, char **argv);
+/* `bench disk` (bench_disk.c); argv[1] is "disk". */
+int cmd_bench_disk(int argc, char **argv);
+/* One `bench disk` line for dir: the disk measured through strata's I/O buffers (small: 4 KiB
+ * pages). 0 or the exit status of a failure. */
+int cli_disk_line(const char *dir, long long mb, int threads, int small, long long run);
 int cmd_inspect(int argc, char **argv);
 int cmd_ls(int argc, char **argv);
 int cmd_verify(int argc, char **argv);

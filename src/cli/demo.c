@@ -419,26 +419,34 @@ int cmd_demo(int argc, char **argv)
 
 static const char BENCH_HELP[] =
     "usage: strata bench io [--dir D] [--size-mb N] [--layout L] [--runs R]\n"
+    "       strata bench disk --help    (the disk itself, through strata's I/O buffers)\n"
     "       strata bench async --help   (the training-loop simulator)\n"
     "\n"
     "Saves a synthetic state of N MiB (default 2048) laid out as L (default\n"
     "tp=2,pp=1,dp=2,zero=1) into D (default a temporary directory under $TMPDIR), empties\n"
     "the page cache (drop_caches as root, else POSIX_FADV_DONTNEED), loads it back into the\n"
-    "same layout, checks it, and removes it; R times. One line per run:\n"
+    "same layout, checks it, and removes it; R times. Before each, the disk itself is\n"
+    "measured the way strata uses it (as `strata bench disk`, through strata's I/O buffers).\n"
+    "Two lines per run:\n"
+    "  run=I buffers=strata write_gbps=X read_gbps=X ... pages=\"...\"   (the disk)\n"
     "  run=I save_s=S load_s=S save_gbps=X load_gbps=X bytes=N cache=HOW ok=1\n"
-    "GB/s are 1e9 bytes per second of payload. bench/bench_io.sh compares them with the\n"
-    "disk's own bandwidth.\n";
+    "      save_of_disk=F load_of_disk=F load_req_kib=K\n"
+    "GB/s are 1e9 bytes per second of payload; F: strata's rate over the disk's (same\n"
+    "buffers); load_req_kib: the average device request during the load (/proc/diskstats).\n"
+    "bench/bench_io.sh runs it beside fio.\n";
 
 int cmd_bench(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "async") == 0)
         return cmd_bench_async(argc, argv);
+    if (argc >= 2 && strcmp(argv[1], "disk") == 0)
+        return cmd_bench_disk(argc, argv);
     if (argc < 2 || strcmp(argv[1], "io") != 0) {
         if (cli_wants_help(argc, argv)) {
             fputs(BENCH_HELP, stdout);
             return 0;
         }
-        fprintf(stderr, "strata bench: unknown or missing benchmark (known: io, async)\n%s",
+        fprintf(stderr, "strata bench: unknown or missing benchmark (known: io, disk, async)\n%s",
                 BENCH_HELP);
         return EXIT_USAGE;
     }
@@ -464,24 +472,43 @@ int cmd_bench(int argc, char **argv)
             break;
         }
         cli_rm_rf(dir);
+        /* the disk, where the checkpoint goes, through strata's own I/O buffers */
+        char parent[4096];
+        snprintf(parent, sizeof parent, "%s", dir);
+        char *slash = strrchr(parent, '/');
+        if (slash && slash != parent)
+            *slash = 0;
+        strata_disk_rate disk = STRATA_DISK_RATE_INIT;
+        if ((rc = strata_disk_rate_measure(&disk, parent, (uint64_t)a.size_mb << 20, 0, 0))) {
+            failed = cli_fail("bench io", rc);
+            break;
+        }
+        printf("run=%lld buffers=strata write_gbps=%.3f read_gbps=%.3f write_req_kib=%.0f "
+               "read_req_kib=%.0f max_request_kib=%llu read_kib=%llu pages=\"%s\"\n",
+               i, disk.write_gbps, disk.read_gbps, disk.write_request / 1024,
+               disk.read_request / 1024, (unsigned long long)(disk.max_request >> 10),
+               (unsigned long long)(disk.read_block >> 10), disk.pages);
         strata_stats ss = STRATA_STATS_INIT, ls = STRATA_STATS_INIT;
-        uint64_t bad = 0;
+        uint64_t bad = 0, c0[4] = {0}, c1[4] = {0};
         rc = do_save(&d, dir, &ss);
         for (int r = 0; d.blobs && r < d.src.nranks; r++)
             free(d.blobs[r]);
         free(d.blobs);
         d.blobs = NULL;
         const char *how = rc ? "" : drop_cache(dir);
+        int counted = !rc && strata_disk_counters(parent, c0) == 0;
         if (!rc)
             rc = do_load(&d, dir, &ls, &bad, i == 1);
+        counted &= !rc && strata_disk_counters(parent, c1) == 0 && c1[0] > c0[0];
         if (rc) {
             failed = cli_fail("bench io", rc);
         } else {
+            double sg = (double)ss.bytes / ss.seconds / 1e9, lg = (double)ls.bytes / ls.seconds / 1e9;
             printf("run=%lld save_s=%.3f load_s=%.3f save_gbps=%.3f load_gbps=%.3f bytes=%llu "
-                   "cache=%s ok=%d\n",
-                   i, ss.seconds, ls.seconds, (double)ss.bytes / ss.seconds / 1e9,
-                   (double)ls.bytes / ls.seconds / 1e9, (unsigned long long)ss.bytes, how,
-                   bad == 0);
+                   "cache=%s ok=%d save_of_disk=%.3f load_of_disk=%.3f load_req_kib=%.0f\n",
+                   i, ss.seconds, ls.seconds, sg, lg, (unsigned long long)ss.bytes, how,
+                   bad == 0, sg / disk.write_gbps, lg / disk.read_gbps,
+                   counted ? (double)(c1[1] - c0[1]) / (double)(c1[0] - c0[0]) / 1024 : 0.0);
             fflush(stdout);
             if (bad)
                 failed = EXIT_OPFAIL;

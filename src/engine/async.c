@@ -70,7 +70,7 @@ static int pool_make(strata_pool **out, size_t nbuf, size_t bufsize, int lazy)
     int rc = p->bufs && p->pinned_buf && p->freelist ? 0 : STRATA_ENOMEM;
     for (size_t i = 0; i < nbuf && !rc; i++) {
         if (!lazy) {
-            if (!(p->bufs[i] = st_aligned_alloc(bufsize)))
+            if (!(p->bufs[i] = st_io_alloc(bufsize)))
                 rc = STRATA_ENOMEM;
             else
                 memset(p->bufs[i], 0, bufsize); /* fault it in now, not during a save */
@@ -117,7 +117,7 @@ void strata_pool_free(strata_pool *p)
     for (size_t i = 0; p->bufs && i < p->nbuf; i++) {
         if (p->pinned_buf && p->pinned_buf[i])
             st_cuda_unpin(p->bufs[i]);
-        free(p->bufs[i]);
+        st_io_free(p->bufs[i], p->bufsize);
     }
     free(p->bufs);
     free(p->pinned_buf);
@@ -176,7 +176,7 @@ static int pool_get(strata_pool *p, size_t *out)
     size_t i = p->freelist[--p->nfree];
     int rc = 0;
     if (!p->bufs[i]) {
-        if (!(p->bufs[i] = st_aligned_alloc(p->bufsize))) {
+        if (!(p->bufs[i] = st_io_alloc(p->bufsize))) {
             p->freelist[p->nfree++] = i;
             pthread_cond_signal(&p->cv);
             rc = st_fail(STRATA_ENOMEM, "out of memory for a pool buffer of %zu bytes",

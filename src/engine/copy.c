@@ -13,6 +13,7 @@
 #include "../core/checksum.h"
 #include "../core/error.h"
 #include "../core/util.h"
+#include "../io/pool.h"
 #include "../io/vfs.h"
 #include "engine.h"
 #include "source.h"
@@ -172,7 +173,7 @@ static void *copy_main(void *arg)
     cfile *c = arg;
     char *buf = NULL;
     for (size_t i; !atomic_load(&c->rc) && (i = atomic_fetch_add(&c->next, 1)) < c->nbl;) {
-        if (!buf && !(buf = malloc(c->bufcap))) {
+        if (!buf && !(buf = st_io_alloc(c->bufcap))) {
             set_rc(c, st_fail(STRATA_ENOMEM, "out of memory for a copy buffer of %zu bytes",
                               c->bufcap));
             break;
@@ -181,7 +182,7 @@ static void *copy_main(void *arg)
         if (rc)
             set_rc(c, rc);
     }
-    free(buf);
+    st_io_free(buf, c->bufcap);
     return NULL;
 }
 

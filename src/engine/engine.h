@@ -25,12 +25,14 @@ static inline st_rank_view st_state_view(const strata_state *s)
 
 /* ---- options (opts.c): the one place for defaults and version checks ---- */
 
-#define ST_DEFAULT_MAX_IO (4u << 20) /* largest coalesced read of a load (DESIGN.md, Load) */
+#define ST_DEFAULT_MAX_IO (4u << 20) /* largest coalesced read of a load, at least (DESIGN.md, Load) */
+#define ST_SAVE_TASK_BYTES (8u << 20) /* a save's write task, at most (but one whole chunk) */
 #define ST_SYNC(o) (!((o)->flags & STRATA_SAVE_NO_SYNC))
 #define ST_DIRECT(o) (!((o)->flags & STRATA_SAVE_NO_DIRECT))
 
 /* Copies the caller's options (NULL: defaults; any version 1..current) into a full,
- * current one with the defaults filled in (chunk_bytes, max_io_bytes) and checks them. */
+ * current one with the defaults filled in (chunk_bytes; a load's max_io_bytes stays 0 for
+ * st_default_read_bytes) and checks them. */
 int st_save_opts_get(strata_save_opts *out, const strata_save_opts *in);
 int st_load_opts_get(strata_load_opts *out, const strata_load_opts *in);
 /* A caller's stats struct (may be NULL) must carry a known version. */
@@ -426,6 +428,10 @@ void st_walk_read(const st_io_plan *p, size_t i, st_walk_fn fn, void *ctx);
  * 0 or STRATA_EDEVICE, STRATA_ENOMEM. */
 int st_deliver(const st_io_plan *p, const st_run *run, uint64_t x0, uint64_t x1,
                const void *src);
+/* A load's largest read when the caller asks none: the largest request of the device under
+ * d (a local file system's block device: max_sectors_kb), whole MiB, from ST_DEFAULT_MAX_IO
+ * up to 16 MiB; ST_DEFAULT_MAX_IO elsewhere (loader.c). */
+uint32_t st_default_read_bytes(const st_dir *d);
 static inline size_t st_read_buf_bytes(const st_meta *m, uint64_t max_io)
 {
     return (size_t)ST_ALIGN_UP(ST_MAX(max_io, m->chunk) + 2 * ST_ALIGN, ST_ALIGN);

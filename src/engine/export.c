@@ -30,6 +30,7 @@
 #include "../core/convert.h"
 #include "../core/error.h"
 #include "../core/utf8.h"
+#include "../io/pool.h"
 #include "../io/vfs.h"
 #include "../meta/safetensors.h"
 #include "engine.h"
@@ -698,9 +699,8 @@ int strata_export_safetensors(strata_stats *stats, const char *ckpt_uri, const c
     c->nts = nt;
     if ((rc = layout(c, ck)) || (rc = out_names(c)))
         goto done;
-    if (!(c->win[0].buf = malloc(EXPORT_BUF)) || !(c->win[1].buf = malloc(EXPORT_BUF)) ||
-        posix_memalign((void **)&c->stage, EXPORT_BLOCK, EXPORT_STAGE) != 0) {
-        c->stage = NULL;
+    if (!(c->win[0].buf = st_io_alloc(EXPORT_BUF)) || !(c->win[1].buf = st_io_alloc(EXPORT_BUF)) ||
+        !(c->stage = st_io_alloc(EXPORT_STAGE))) {
         rc = st_fail(STRATA_ENOMEM, "out of memory for the export's 2 x %u + %u bytes of "
                      "buffers", EXPORT_BUF, EXPORT_STAGE);
         goto done;
@@ -731,10 +731,10 @@ done:
             free(c->names[f]);
         free(c->names);
         for (int k = 0; k < 2; k++) {
-            free(c->win[k].buf);
+            st_io_free(c->win[k].buf, EXPORT_BUF);
             free(c->win[k].pieces);
         }
-        free(c->stage);
+        st_io_free(c->stage, EXPORT_STAGE);
         free(c->ts);
     }
     free(c);

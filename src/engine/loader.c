@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../core/error.h"
+#include "../io/pool.h"
 #include "dist.h"
 #include "source.h"
 
@@ -218,15 +219,24 @@ void strata_loader_free(strata_loader *ld)
     free(ld);
 }
 
+uint32_t st_default_read_bytes(const st_dir *d)
+{
+    return strcmp(d->vfs->scheme, "file") == 0 ? (uint32_t)st_read_bytes_for(d->path)
+                                                : ST_DEFAULT_MAX_IO;
+}
+
 /* One load from the tier open now; with a communicator, every rank learns whether all
  * succeeded. */
 static int load_here(strata_loader *ld, strata_state *const *states, int nstates,
                      const strata_load_opts *o, strata_stats *full)
 {
+    strata_load_opts eff = *o;
+    if (!eff.max_io_bytes)
+        eff.max_io_bytes = st_default_read_bytes(&ld->ck.d);
     if (!ld->comm)
-        return st_load_local(&ld->ck.d, &ld->cache, states, nstates, o, full);
+        return st_load_local(&ld->ck.d, &ld->cache, states, nstates, &eff, full);
     strata_comm *comm = ld->comm;
-    int rc = st_load_dist(comm, &ld->ck.d, &ld->cache, states[0], o, full), all = 0;
+    int rc = st_load_dist(comm, &ld->ck.d, &ld->cache, states[0], &eff, full), all = 0;
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", strata_error_last());
     int crc = st_all_true(comm, rc == 0, &all);

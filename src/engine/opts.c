@@ -53,9 +53,7 @@ int st_load_opts_get(strata_load_opts *out, const strata_load_opts *in)
     }
     if (out->flags & ~(unsigned)(STRATA_LOAD_NO_DIRECT | STRATA_LOAD_CAST))
         return st_fail(STRATA_EINVAL, "strata_load_opts.flags 0x%x has unknown bits", out->flags);
-    if (!out->max_io_bytes)
-        out->max_io_bytes = ST_DEFAULT_MAX_IO;
-    return 0;
+    return 0; /* max_io_bytes 0: the loader's st_default_read_bytes, for the tier it loads */
 }
 
 int st_stats_check(const strata_stats *s)

@@ -1,6 +1,7 @@
-/* reader.c - executes a load plan's reads on the I/O threads: pread into a scratch buffer,
- * verify each checksum chunk, scatter the runs it holds. Threading: one read per task;
- * tasks write disjoint destination bytes (or the same bytes with the same values, for
+/* reader.c - executes a load plan's reads on double-buffered I/O lanes (st_pipeline): one
+ * thread of a lane preads into one of its two buffers while the other verifies each
+ * checksum chunk of the other buffer and scatters the runs it holds. Threading: one read per
+ * task; tasks write disjoint destination bytes (or the same bytes with the same values, for
  * overlapping requests). */
 #include <assert.h>
 #include <errno.h>
@@ -20,11 +21,9 @@
 typedef struct {
     const st_dir *d;
     const st_io_plan *p;
-    st_file **files;    /* per metadata file, NULL if not needed */
+    st_file **files;    /* st_open_data_files': per metadata file, private then shared */
     const size_t *list; /* reads to do (NULL: all) */
-    char **bufs;        /* per listed read (NULL: per worker scratch in buf) */
-    void **buf;         /* per worker */
-    size_t bufsize;
+    char **bufs;        /* per listed read (NULL: the pipeline's buffers) */
     int only_rank;      /* scatter only this rank's runs (-1: all) */
     strata_verify_cb report;
     void *ctx;
@@ -131,26 +130,40 @@ static void scatter_run(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, 
         c->rc = rc;
 }
 
-static int run_read(void *arg, size_t task, int worker)
+static const st_io *task_read(const exec_ctx *x, size_t task)
+{
+    return &x->p->ios[x->list ? x->list[task] : task];
+}
+
+/* The first stage: the read, from the ST_ALIGN boundary before rd->off to the one after its
+ * end (O_DIRECT-able); *got: the bytes from rd->off on. */
+static int read_stage(void *arg, size_t task, void *raw, int64_t *got)
+{
+    exec_ctx *x = arg;
+    const st_io *rd = task_read(x, task);
+    const st_meta *m = x->p->meta;
+    st_file *f = x->files[rd->file + (rd->flags & ST_IO_SHARED ? m->nfiles : 0)];
+    uint64_t shift = st_read_shift(rd);
+    int64_t n = st_vfs_read_full(x->d->vfs, f, raw, ST_ALIGN_UP(shift + rd->len, ST_ALIGN),
+                                 rd->off - shift);
+    if (n < 0)
+        return st_fail(st_from_errno((int)-n), "reading '%s' at byte %llu: %s",
+                       m->files[rd->file].name, (unsigned long long)rd->off, strerror((int)-n));
+    *got = n < (int64_t)shift ? 0 : n - (int64_t)shift;
+    return 0;
+}
+
+/* The second stage: every chunk of the read verified, then its runs scattered. */
+static int check_stage(void *arg, size_t task, void *raw, int64_t *pgot)
 {
     exec_ctx *x = arg;
     const st_io_plan *p = x->p;
-    const st_io *rd = &p->ios[x->list ? x->list[task] : task];
+    const st_io *rd = task_read(x, task);
     const st_meta *m = p->meta;
     const char *fname = m->files[rd->file].name;
     const uint64_t C = m->chunk;
-    if (!x->bufs && !x->buf[worker] && !(x->buf[worker] = st_scratch_get(x->bufsize)))
-        return st_fail(STRATA_ENOMEM, "out of memory for a read buffer");
-    char *raw = x->bufs ? x->bufs[task] : x->buf[worker];
-    /* from the aligned start before rd->off to the aligned end after it: O_DIRECT-able */
-    uint64_t shift = st_read_shift(rd);
-    int64_t got = st_vfs_read_full(x->d->vfs, x->files[rd->file], raw,
-                                   ST_ALIGN_UP(shift + rd->len, ST_ALIGN), rd->off - shift);
-    if (got < 0)
-        return st_fail(st_from_errno((int)-got), "reading '%s' at byte %llu: %s", fname,
-                       (unsigned long long)rd->off, strerror((int)-got));
-    got = got < (int64_t)shift ? 0 : got - (int64_t)shift; /* bytes from rd->off on */
-    char *buf = raw + shift;
+    const int64_t got = *pgot;
+    const char *buf = (const char *)raw + st_read_shift(rd);
     for (size_t si = rd->seg0; si < rd->seg1; si++) {
         const st_seg *s = &p->segs[si];
         const st_extent *e = p->ext[s->piece];
@@ -211,6 +224,16 @@ static int run_read(void *arg, size_t task, int worker)
     return 0;
 }
 
+/* Both stages on the caller's thread, into the read's own buffer (x->bufs). */
+static int run_read(void *arg, size_t task, int worker)
+{
+    (void)worker;
+    exec_ctx *x = arg;
+    int64_t got = 0;
+    int rc = read_stage(x, task, x->bufs[task], &got);
+    return rc ? rc : check_stage(x, task, x->bufs[task], &got);
+}
+
 /* A foreign file opened for its data must be the one its header was read from, unchanged
  * (nothing else could tell: foreign data has no checksums). The device is not compared: a
  * network file has another on each node. */
@@ -233,37 +256,43 @@ int st_check_same_file(const st_dir *d, const st_mfile *mf, const st_mident *was
                                           : "it was modified");
 }
 
+/* Opens file f of d for reading (O_DIRECT if asked, where the filesystem takes it) into *out,
+ * checking a foreign file's identity. */
+static int open_data_file(const st_dir *d, uint32_t f, int direct, st_file **out)
+{
+    const st_meta *m = d->meta;
+    const st_vfs *v = d->vfs;
+    char path[PATH_MAX];
+    int rc = st_path_join(path, d->path, m->files[f].name);
+    if (rc)
+        return rc;
+    int e = v->open(v, path, ST_O_READ | (direct ? ST_O_DIRECT : 0) | (m->foreign ? ST_O_FOLLOW : 0),
+                    out);
+    if (e) {
+        *out = NULL;
+        return st_fail(e == -ENOENT ? STRATA_ENOENT : st_from_errno(-e),
+                       "data file '%s' of checkpoint '%s'%s%s", m->files[f].name, d->path,
+                       e == -ENOENT || e == -ST_ENOTREG ? " " : ": ",
+                       e == -ENOENT      ? "is missing"
+                       : e == -ST_ENOTREG ? "is not a regular file (a FIFO, a device or a "
+                                            "directory in its place)"
+                                          : strerror(-e));
+    }
+    return m->idents ? st_check_same_file(d, &m->files[f], &m->idents[f], *out) : 0;
+}
+
 int st_open_data_files(const st_dir *d, const st_io_plan *p, int no_direct, st_file ***out)
 {
-    const st_meta *m = p->meta;
-    const st_vfs *v = d->vfs;
-    st_file **files = calloc(m->nfiles + 1, sizeof *files);
+    const uint32_t nf = p->meta->nfiles;
+    st_file **files = calloc(2 * (size_t)nf + 1, sizeof *files);
     if (!files)
         return st_fail(STRATA_ENOMEM, "out of memory");
     int rc = 0;
     for (size_t i = 0; i < p->nios && !rc; i++) {
+        int shared = (p->ios[i].flags & ST_IO_SHARED) != 0;
         uint32_t f = p->ios[i].file;
-        if (files[f])
-            continue;
-        char path[PATH_MAX];
-        if ((rc = st_path_join(path, d->path, m->files[f].name)))
-            break;
-        int direct = !no_direct;
-        int e = v->open(v, path,
-                        ST_O_READ | (direct ? ST_O_DIRECT : 0) | (m->foreign ? ST_O_FOLLOW : 0),
-                        &files[f]);
-        if (e) {
-            files[f] = NULL;
-            rc = st_fail(e == -ENOENT ? STRATA_ENOENT : st_from_errno(-e),
-                         "data file '%s' of checkpoint '%s'%s%s", m->files[f].name, d->path,
-                         e == -ENOENT || e == -ST_ENOTREG ? " " : ": ",
-                         e == -ENOENT      ? "is missing"
-                         : e == -ST_ENOTREG ? "is not a regular file (a FIFO, a device or a "
-                                              "directory in its place)"
-                                            : strerror(-e));
-        } else if (m->idents) {
-            rc = st_check_same_file(d, &m->files[f], &m->idents[f], files[f]);
-        }
+        if (!files[f + (shared ? nf : 0)])
+            rc = open_data_file(d, f, !no_direct && !shared, &files[f + (shared ? nf : 0)]);
     }
     if (rc) {
         st_close_data_files(d, p, files);
@@ -275,7 +304,7 @@ int st_open_data_files(const st_dir *d, const st_io_plan *p, int no_direct, st_f
 
 void st_close_data_files(const st_dir *d, const st_io_plan *p, st_file **files)
 {
-    for (size_t f = 0; files && f < p->meta->nfiles; f++)
+    for (size_t f = 0; files && f < 2 * (size_t)p->meta->nfiles; f++)
         if (files[f])
             d->vfs->close(files[f]);
     free(files);
@@ -287,42 +316,25 @@ int st_read_some(const st_dir *d, const st_io_plan *p, st_file **files, const si
     int nt = st_io_threads(threads);
     exec_ctx x = {.d = d, .p = p, .files = files, .list = list, .bufs = bufs,
                   .only_rank = only_rank};
-    if (!bufs) { /* a scratch buffer per worker, as st_exec_reads */
-        x.bufsize = st_read_buf_bytes(p->meta, max_io);
-        if (!(x.buf = calloc((size_t)nt, sizeof *x.buf)))
-            return st_fail(STRATA_ENOMEM, "out of memory");
-    }
-    int rc = st_parallel(nt, n, run_read, &x);
-    for (int i = 0; x.buf && i < nt; i++)
-        st_scratch_put(x.buf[i], x.bufsize);
-    free(x.buf);
-    return rc;
+    if (bufs) /* the bytes stay in the caller's buffers after the call */
+        return st_parallel(nt, n, run_read, &x);
+    return st_pipeline(nt, n, st_read_buf_bytes(p->meta, max_io), read_stage, check_stage, &x);
 }
 
 int st_exec_reads(const st_dir *d, const st_io_plan *p, int threads, int no_direct,
                   uint64_t max_io, strata_verify_cb report, void *ctx, uint64_t *bytes_read)
 {
-    const st_meta *m = p->meta;
-    int nt = st_io_threads(threads);
     exec_ctx x = {.d = d, .p = p, .report = report, .ctx = ctx, .only_rank = -1};
-    x.bufsize = st_read_buf_bytes(m, max_io);
-    x.buf = calloc((size_t)nt, sizeof *x.buf);
-    if (!x.buf)
-        return st_fail(STRATA_ENOMEM, "out of memory");
     int rc = st_open_data_files(d, p, no_direct, &x.files);
-    if (rc) {
-        free(x.buf);
+    if (rc)
         return rc;
-    }
     pthread_mutex_init(&x.mu, NULL);
-    rc = st_parallel(nt, p->nios, run_read, &x);
+    rc = st_pipeline(st_io_threads(threads), p->nios, st_read_buf_bytes(p->meta, max_io),
+                     read_stage, check_stage, &x);
     if (!rc && x.bad)
         rc = st_fail(STRATA_ECHECKSUM, "%d corrupt chunk(s)", x.bad);
-    for (int i = 0; i < nt; i++)
-        st_scratch_put(x.buf[i], x.bufsize);
     st_close_data_files(d, p, x.files);
     pthread_mutex_destroy(&x.mu);
-    free(x.buf);
     if (!rc && bytes_read)
         *bytes_read = p->payload_bytes;
     return rc;

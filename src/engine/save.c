@@ -1,5 +1,6 @@
-/* save.c - strata_save: plan, write data files on the I/O threads (copy into an aligned
- * staging buffer, checksum each chunk, pwrite), then metadata, then the commit record.
+/* save.c - strata_save: plan, write data files on double-buffered I/O lanes (copy into a
+ * huge-page staging buffer and checksum each chunk, while the lane's other buffer is
+ * written), then metadata, then the commit record.
  * Threading: tasks write disjoint, aligned byte ranges of the data files. */
 #include <errno.h>
 #include <stdio.h>
@@ -12,15 +13,12 @@
 #include "../io/pool.h"
 #include "engine.h"
 
-#define SAVE_TASK_BYTES (8u << 20)
 
 typedef struct {
     const st_vfs *v;
     const st_save_plan *sp;
     st_io_plan lay;  /* the writes, expressed as segments and coalesced file ranges */
     st_file **files;
-    void **buf;
-    size_t bufsize;
     const char *dir;
 } save_ctx;
 
@@ -109,21 +107,26 @@ int st_write_task(const st_vfs *v, st_file *f, const char *dir, const char *name
     return 0;
 }
 
-static int run_write(void *arg, size_t task, int worker)
+/* The write tasks on double-buffered lanes: one thread copies a task's bytes into a buffer
+ * and checksums them while the other writes the lane's other buffer. */
+static int fill_stage(void *arg, size_t task, void *buf, int64_t *aux)
 {
+    (void)aux;
+    save_ctx *x = arg;
+    return st_fill_write(&x->lay, x->sp, task, buf, 1);
+}
+
+static int write_stage(void *arg, size_t task, void *buf, int64_t *aux)
+{
+    (void)aux;
     save_ctx *x = arg;
     const st_io *w = &x->lay.ios[task];
-    if (!x->buf[worker] && !(x->buf[worker] = st_scratch_get(x->bufsize)))
-        return st_fail(STRATA_ENOMEM, "out of memory for a write buffer");
-    int rc = st_fill_write(&x->lay, x->sp, task, x->buf[worker], 1);
-    if (rc)
-        return rc;
     return st_write_task(x->v, x->files[w->file], x->dir, x->sp->meta->files[w->file].name, w,
-                         x->buf[worker]);
+                         buf);
 }
 
 /* Lays the plan's pieces out as write tasks: whole chunks, file order, at most
- * SAVE_TASK_BYTES each, reusing the load planner's segment/coalescing code. */
+ * ST_SAVE_TASK_BYTES each, reusing the load planner's segment/coalescing code. */
 int st_layout_writes(st_io_plan *lay, const st_save_plan *sp, uint64_t task_bytes)
 {
     memset(lay, 0, sizeof *lay);
@@ -226,26 +229,21 @@ int st_write_data(const st_vfs *v, const char *dir, const st_save_plan *sp,
                   const strata_save_opts *o, uint64_t *io_calls)
 {
     save_ctx x = {.v = v, .sp = sp, .dir = dir};
-    int nt = st_io_threads(o->io_threads);
-    int rc = st_layout_writes(&x.lay, sp, SAVE_TASK_BYTES);
+    int rc = st_layout_writes(&x.lay, sp, ST_SAVE_TASK_BYTES);
     if (rc)
         return rc;
-    /* a write task spans up to SAVE_TASK_BYTES, or one whole chunk if chunks are larger */
-    x.bufsize = ST_MAX(SAVE_TASK_BYTES, sp->meta->chunk) + ST_ALIGN;
-    x.files = calloc(sp->meta->nfiles + 1, sizeof *x.files);
-    x.buf = calloc((size_t)nt, sizeof *x.buf);
-    if (!x.files || !x.buf)
+    /* a write task spans up to ST_SAVE_TASK_BYTES, or one whole chunk if chunks are larger */
+    size_t bufsize = ST_MAX(ST_SAVE_TASK_BYTES, sp->meta->chunk);
+    if (!(x.files = calloc(sp->meta->nfiles + 1, sizeof *x.files)))
         rc = st_fail(STRATA_ENOMEM, "out of memory");
     if (!rc)
         rc = st_create_data_files(v, dir, sp, ST_DIRECT(o), x.files);
     if (!rc)
-        rc = st_parallel(nt, x.lay.nios, run_write, &x);
+        rc = st_pipeline(st_io_threads(o->io_threads), x.lay.nios, bufsize, fill_stage,
+                         write_stage, &x);
     rc = st_finish_data_files(v, dir, sp, x.files, ST_SYNC(o), rc);
     if (!rc && io_calls)
         *io_calls = x.lay.nios;
-    for (int i = 0; x.buf && i < nt; i++)
-        st_scratch_put(x.buf[i], x.bufsize);
-    free(x.buf);
     free(x.files);
     st_io_plan_free(&x.lay);
     return rc;

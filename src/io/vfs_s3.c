@@ -35,6 +35,7 @@ int st_vfs_s3_resolve(const char *uri, const st_vfs **vfs, char *path_out, size_
 
 #include "../core/checksum.h"
 #include "../core/util.h"
+#include "pool.h"
 #include "s3_http.h"
 
 #define MIB (1024ull * 1024)
@@ -219,6 +220,18 @@ static int grow(s3_file *f, uint64_t size)
     return 0;
 }
 
+/* A part's staging buffer (huge pages where large: it is copied into and sent from), zeroed:
+ * bytes never written are the gaps of a data file. Freed with part_free. */
+static char *part_alloc(uint64_t p)
+{
+    char *b = st_io_alloc((size_t)p);
+    if (b)
+        memset(b, 0, (size_t)p);
+    return b;
+}
+
+static void part_free(s3_file *f, char *b) { st_io_free(b, (size_t)SV(f->base.vfs)->part); }
+
 /* Uploads part i from buf (the caller's or its staging buffer); the upload is started if
  * it is the first part. Not under f->mu but for the start. */
 static int send_part(s3_file *f, uint32_t i, const void *buf, size_t n)
@@ -276,7 +289,7 @@ static int64_t s3_pwrite(st_file *base, const void *buf, size_t n, uint64_t off)
             char *full = NULL;
             pthread_mutex_lock(&f->mu);
             part *pt = &f->parts[i];
-            if (!pt->buf && !(pt->buf = calloc(1, p)))
+            if (!pt->buf && !(pt->buf = part_alloc(p)))
                 e = -ENOMEM;
             if (!e) {
                 memcpy(pt->buf + in, src + (at - off), k);
@@ -289,7 +302,7 @@ static int64_t s3_pwrite(st_file *base, const void *buf, size_t n, uint64_t off)
             pthread_mutex_unlock(&f->mu);
             if (full) {
                 e = send_part(f, i, full, (size_t)p);
-                free(full);
+                part_free(f, full);
             }
         }
         at += k;
@@ -347,7 +360,7 @@ static int finish(s3_file *f)
         return f->failed;
     int e = 0;
     if (!f->upload[0] && f->nparts <= 1) { /* small: one PUT */
-        if (f->nparts && !f->parts[0].buf && !(f->parts[0].buf = calloc(1, f->size)))
+        if (f->nparts && !f->parts[0].buf && !(f->parts[0].buf = part_alloc(SV(f->base.vfs)->part)))
             e = -ENOMEM; /* sized, never written: zeros */
         if (!e)
             e = put_simple(CONN(&f->base), f->key, f->nparts ? f->parts[0].buf : "",
@@ -357,7 +370,7 @@ static int finish(s3_file *f)
             if (f->parts[i].done)
                 continue;
             char *b = f->parts[i].buf;
-            if (!b && !(b = f->parts[i].buf = calloc(1, SV(f->base.vfs)->part)))
+            if (!b && !(b = f->parts[i].buf = part_alloc(SV(f->base.vfs)->part)))
                 e = -ENOMEM; /* never written: zeros (the gaps of a data file) */
             else
                 e = send_part(f, i, b, (size_t)part_len(f, i));
@@ -613,7 +626,7 @@ static int s3_close(st_file *base)
     if (f->write && f->upload[0] && f->failed) /* nothing half-made stays behind */
         abort_upload(CONN(base), f->key, f->upload);
     for (uint32_t i = 0; i < f->nparts; i++)
-        free(f->parts[i].buf);
+        part_free(f, f->parts[i].buf);
     free(f->parts);
     pthread_mutex_destroy(&f->mu);
     free(f);

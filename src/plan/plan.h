@@ -132,7 +132,14 @@ typedef struct st_io {
     uint32_t file;
     uint64_t off, len;
     size_t seg0, seg1;
+    uint32_t flags; /* ST_IO_*: a rank's reads of a load over several ranks (st_plan_rank_reads) */
 } st_io;
+
+enum {
+    ST_IO_SHARED = 1, /* other ranks of the node read these bytes too: through the page cache */
+    ST_IO_FIRST = 2,  /* ... and this rank is the one counted as reading them from storage */
+    ST_IO_SEND = 4,   /* a whole read of the global plan whose bytes go to other nodes too */
+};
 
 typedef struct st_io_plan {
     const st_meta *meta;
@@ -169,5 +176,6 @@ int st_plan_verify_all(st_io_plan *out, const st_meta *meta, uint64_t max_io);
  * segments and coalesces them into reads. Used by both planners above. */
 int st_plan_reads(st_io_plan *out, uint64_t max_io);
 void st_io_plan_free(st_io_plan *p);
+
 
 #endif

@@ -257,7 +257,7 @@ int st_plan_reads(st_io_plan *out, uint64_t max_io)
             rc = st_fail(STRATA_ENOMEM, "out of memory planning the load");
             return rc;
         }
-        out->ios[out->nios++] = (st_io){ext->file, off, end - off, i, j};
+        out->ios[out->nios++] = (st_io){ext->file, off, end - off, i, j, 0};
         i = j;
     }
 
