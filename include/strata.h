@@ -218,7 +218,8 @@ typedef struct strata_stats {
     uint64_t data_bytes;   /* distinct shard + blob bytes in the checkpoint */
     uint64_t bytes;        /* bytes written (save; shards an incremental save referred to
                               its base are not counted) or payload bytes read (load), this
-                              rank */
+                              rank (with a communicator, chunks that several ranks of a node
+                              read through the page cache count for the lowest of them) */
     uint64_t io_calls;     /* pwrite/pread calls issued */
     double seconds;        /* wall time from the start to the end of the save or load */
     /* save: balance of the write work. max_writer_bytes is the largest rank's payload;
@@ -230,7 +231,7 @@ typedef struct strata_stats {
                            strata_loader_load: 1 if the loader's last load plan was reused */
     /* version 2, load: the I/O threads and the largest read it used. With a communicator
      * these are rank 0's on every rank (options or $STRATA_IO_THREADS of other ranks that
-     * differ are overridden: the ranks' reads, rounds and shared buffers must agree). */
+     * differ are overridden: the ranks' reads and rounds must agree). */
     int io_threads;
     uint32_t max_io_bytes;
     /* version 3, load and export: how often the checkpoint's index was read and agreed on.
@@ -657,11 +658,12 @@ int strata_list_dirs(const char *dir_uri, strata_dir_cb fn, void *ctx);
  * removed whatever it holds, once no save owns it. */
 int strata_remove_incomplete(const char *uri);
 
-/* Removes what distributed loads killed on this node left in /dev/shm: the shared memory
- * segments named by this effective uid, this boot and this pid namespace, owned by this
- * uid, whose creating process is gone (the next distributed load on the node sharing a
- * segment does the same first). Never another user's segment, nor a live process's.
- * *removed (may be NULL) gets the count. Returns 0 (nothing listable: nothing removed). */
+/* Removes what distributed loads of earlier strata versions, killed on this node, left in
+ * /dev/shm (a load now makes nothing there: ranks of one node share reads through the page
+ * cache): the shared memory segments named by this effective uid, this boot and this pid
+ * namespace, owned by this uid, whose creating process is gone. Never another user's
+ * segment, nor a live process's. *removed (may be NULL) gets the count. Returns 0 (nothing
+ * listable: nothing removed). */
 int strata_reclaim_load_segments(int *removed);
 
 /* ---- the device under a directory (for benchmarks) ------------------------------------ */

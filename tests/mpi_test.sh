@@ -29,14 +29,15 @@ check "load on 1 process" load 1 "$T/a" tp=1,pp=1,dp=1
 check "verify the MPI-saved checkpoint" "$S" verify "$T/a"
 
 # ranks of one load with settings of their own in the environment (MPMD: ranks 1 and 2 only):
-# every rank takes rank 0's I/O threads and node-segment choice and loads bitwise (each used
-# its own: a kill at the time limit, or wrong bytes)
+# every rank takes rank 0's I/O threads and loads bitwise (each used its own: a kill at the
+# time limit, or wrong bytes); ranks 1 and 2 pretending to be nodes of their own (then rank
+# 0 on its real node and each of them on its own: bytes sent between them) load bitwise too
 mixed() { # NAME VALUE: the variable ranks 1 and 2 have
     $MPIEXEC -n 1 "$S" demo load --dir "$T/a" --layout tp=1,pp=1,dp=3 --size-mb 12 : \
         -n 2 -env "$1" "$2" "$S" demo load --dir "$T/a" --layout tp=1,pp=1,dp=3 --size-mb 12 \
         >"$T/run" 2>&1 && cat "$T/run" && last_ok
 }
-for v in "STRATA_IO_THREADS 1" "STRATA_IO_THREADS 9" "STRATA_LOAD_SHM 0"; do
+for v in "STRATA_IO_THREADS 1" "STRATA_IO_THREADS 9" "STRATA_LOAD_NODES 3"; do
     check "load on 3 processes, $v on ranks 1 and 2 only" bash -c "$(declare -f mixed last_ok); MPIEXEC='$MPIEXEC' S='$S' T='$T'; mixed $v"
 done
 

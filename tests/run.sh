@@ -25,13 +25,14 @@ if [ -f "$fake" ] && [ -f "${BUILD:-build}/tests/test_cuda" ]; then
     run_one "test_cuda (fake runtime, no device)" env STRATA_CUDART="$fake" FAKE_CUDA_DEVICES=0 \
         "${BUILD:-build}/tests/test_cuda"
 fi
-# the distributed loads once more through each way ranks get bytes read by another: the
-# node's shared segment (the default above: the threads of one process share a node), the
-# exchange only (no segment), and both (two pretend nodes)
+# the distributed loads once more through each way ranks get their bytes: each rank reading
+# what it needs on its node (the default above: the threads of one process share a node),
+# every byte another rank reads sent through the communicator (a pretend node per rank), and
+# both (two pretend nodes)
 for t in "$@"; do
     case "$t" in
     */test_dist | */test_stload | */test_loader | */test_incr)
-        run_one "$(basename "$t") (no shared segment)" env STRATA_LOAD_SHM=0 "$t"
+        run_one "$(basename "$t") (a node per rank)" env STRATA_LOAD_NODES=64 "$t"
         run_one "$(basename "$t") (two nodes)" env STRATA_LOAD_NODES=2 "$t"
         ;;
     esac

@@ -438,12 +438,12 @@ static void dist_load(strata_state *st[3], const unsigned flags[3], dist_job job
     pthread_barrier_destroy(&h.bar);
 }
 
-/* Every float pair, 3 ranks of a communicator: bytes taken from the node's segment, sent
- * through the exchange (converted by the receiver), and both. */
+/* Every float pair, 3 ranks of a communicator: each reading its own bytes on one node, bytes
+ * sent between nodes (converted by the receiver), and both (two nodes of 2 and 1 ranks). */
 static void test_floats_dist(void **state)
 {
     (void)state;
-    static const char *modes[][2] = {{NULL, NULL}, {"STRATA_LOAD_SHM", "0"},
+    static const char *modes[][2] = {{NULL, NULL}, {"STRATA_LOAD_NODES", "3"},
                                      {"STRATA_LOAD_NODES", "2"}};
     for (size_t m = 0; m < 3; m++) {
         if (modes[m][0])
@@ -462,8 +462,9 @@ static void test_floats_dist(void **state)
                 if (jobs[r].rc)
                     fail_msg("rank %d: %s: %s", r, strata_error_name(jobs[r].rc), jobs[r].msg);
             char how[64];
-            snprintf(how, sizeof how, "3 ranks%s%s", modes[m][0] ? ", " : "",
-                     modes[m][0] ? modes[m][0] : "");
+            snprintf(how, sizeof how, "3 ranks%s%s%s%s", modes[m][0] ? ", " : "",
+                     modes[m][0] ? modes[m][0] : "", modes[m][0] ? "=" : "",
+                     modes[m][0] ? modes[m][1] : "");
             for (int r = 0; r < 3; r++)
                 check_reqs(&q[r], floats[t], how);
         }

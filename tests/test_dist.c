@@ -2,8 +2,9 @@
  * and strata_load with a communicator, the ranks as threads of this process joined by a
  * host communicator (tests/distutil.h): resharding across world sizes, read-once loading,
  * plan caching (one saver per rank, kept across saves), asynchronous saves, the fault walk
- * of the distributed save, failure on one rank, and a load killed while it sets up its
- * node's segment. Background commits, commit order, tiers and replace: test_dist_commit.c. */
+ * of the distributed save, failure on one rank, a load across processes with one rank
+ * killed (nothing left in /dev/shm). Background commits, commit order, tiers and replace:
+ * test_dist_commit.c. */
 #include <dirent.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -11,6 +12,8 @@
 
 #include "distutil.h"
 #include "io/pool.h"
+#include "io/vfs_fault.h"
+#include "proccomm.h"
 
 static const uint64_t xs_one[] = {1};
 
@@ -126,59 +129,139 @@ static void test_load_opts_differ(void **state)
     tu_rmrf(ck);
 }
 
-/* ---- a load killed while it sets up its node's segment ---- */
+/* ---- a load across processes with one rank killed ---- */
 
-/* A communicator of two ranks in one thread: rank 1 is rank 0's twin (it sends what rank 0
- * sends). The process kills itself when the segment's name is sent: the segment is made,
- * and no other rank has mapped it yet. */
-static int twin_allgather(void *ctx, const void *send, size_t n, void *recv)
+/* Entries of /dev/shm that a load by the processes pids made: strata before named its node
+ * segment "strata-load-...-<pid>-<random>" after its maker; any entry naming one of them
+ * counts. The count; the first's name in first (NAME_MAX + 1). */
+static int shm_left(const pid_t *pids, int n, char *first)
 {
-    (void)ctx;
-    if (n >= 13 && memcmp(send, "/strata-load-", 13) == 0)
-        raise(SIGKILL);
-    memcpy(recv, send, n);
-    memcpy((char *)recv + n, send, n);
-    return 0;
-}
-
-static int twin_alltoallv(void *ctx, const void *send, const size_t *sc, void *recv,
-                          const size_t *rc)
-{
-    (void)ctx;
-    for (int s = 0, at = 0; s < 2; at += (int)rc[s], s++)
-        if (rc[s] != sc[0])
-            return STRATA_EINVAL;
-        else
-            memcpy((char *)recv + at, send, rc[s]);
-    return 0;
-}
-
-static int twin_bcast(void *ctx, void *buf, size_t n, int root)
-{
-    (void)ctx, (void)buf, (void)n, (void)root;
-    return 0;
-}
-
-static const strata_comm_ops twin_ops = {STRATA_COMM_OPS_VERSION, twin_allgather,
-                                         twin_alltoallv, twin_bcast, NULL, NULL};
-
-/* The name under /dev/shm of a segment whose name holds "-<pid>-", into out (NAME_MAX + 1):
- * 1 if there is one. */
-static int shm_of(pid_t pid, char *out)
-{
-    char pat[32];
-    snprintf(pat, sizeof pat, "-%d-", (int)pid);
     DIR *d = opendir("/dev/shm");
     struct dirent *e;
     int found = 0;
-    while (d && !found && (e = readdir(d)))
-        if (strncmp(e->d_name, "strata-load-", 12) == 0 && strstr(e->d_name, pat))
-            found = snprintf(out, NAME_MAX + 1, "%s", e->d_name) > 0;
+    while (d && (e = readdir(d))) {
+        for (int k = 0; k < n; k++) {
+            char pat[32];
+            snprintf(pat, sizeof pat, "-%d-", (int)pids[k]);
+            if (strncmp(e->d_name, "strata", 6) == 0 && strstr(e->d_name, pat)) {
+                if (!found++)
+                    snprintf(first, NAME_MAX + 1, "%s", e->d_name);
+                char nm[NAME_MAX + 2];
+                snprintf(nm, sizeof nm, "/%s", e->d_name);
+                shm_unlink(nm); /* not left for the next trial to find */
+            }
+        }
+    }
     if (d)
         closedir(d);
     return found;
 }
 
+/* One load of ck by 3 processes (each rank every tensor: every read is one all 3 need, which
+ * made strata before share it through a node segment). Rank `victim` SIGKILLs itself as it
+ * enters its collective number `at` (0: never), or reads through `victim_uri` (a fault URI
+ * that kills it in a read; NULL: ck). *killed: the victim died of SIGKILL; returns the number
+ * of ranks whose load succeeded, -1 if any process hung (60 s). */
+static int three_process_load(const char *ck, int victim, int at, const char *victim_uri,
+                              int *killed, pid_t *pids)
+{
+    pcomm pc;
+    assert_int_equal(pc_world_init(&pc, 3), 0);
+    for (int r = 0; r < 3; r++) {
+        pids[r] = fork();
+        assert_true(pids[r] >= 0);
+        if (pids[r] == 0) {
+            pc_become(&pc, r);
+            pc.kill_at = r == victim ? at : 0;
+            st_vfs_fault_register();
+            tu_set d;
+            layout(&d, 1, 3, 0);
+            strata_comm *c;
+            if (strata_comm_host(&c, &pc_ops, &pc, r, 3))
+                _exit(2);
+            const char *u = r == victim && victim_uri ? victim_uri : ck;
+            int rc = strata_load(NULL, c, &u, 1, &d.st[r], 1, NULL);
+            _exit(rc ? 1 : 0);
+        }
+    }
+    pc_world_close(&pc);
+    int ok = 0, hung = 0;
+    *killed = 0;
+    for (int r = 0; r < 3; r++) {
+        int ws = 0;
+        pid_t got = 0;
+        for (int t = 0; t < 6000 && (got = waitpid(pids[r], &ws, WNOHANG)) == 0; t++)
+            usleep(10000); /* polls for the exit; no outcome depends on the time */
+        if (got != pids[r]) {
+            hung = 1;
+            for (int k = 0; k < 3; k++)
+                kill(pids[k], SIGKILL);
+            waitpid(pids[r], &ws, 0);
+        }
+        if (WIFSIGNALED(ws) && WTERMSIG(ws) == SIGKILL && r == victim)
+            *killed = 1;
+        ok += WIFEXITED(ws) && WEXITSTATUS(ws) == 0;
+    }
+    return hung ? -1 : ok;
+}
+
+/* A load across 3 processes with one rank killed anywhere in it - as it enters each of its
+ * collectives in turn, or in its first or second read - leaves nothing in /dev/shm, and the
+ * other ranks fail instead of waiting. Before, ranks of one node shared their reads through
+ * a shared memory segment in /dev/shm, and a rank killed while it was set up left it there. */
+static void test_load_killed_leaves_no_shm(void **state)
+{
+    (void)state;
+    char ck[600];
+    snprintf(ck, sizeof ck, "%s/killed", base);
+    tu_set src;
+    job jobs[2];
+    save_world(ck, 2, 1, &src, jobs);
+    expect_all_ok(jobs, 2);
+    char *nodes_env = getenv("STRATA_LOAD_NODES"), saved_nodes[32] = "";
+    snprintf(saved_nodes, sizeof saved_nodes, "%s", nodes_env ? nodes_env : "");
+    unsetenv("STRATA_LOAD_NODES"); /* every rank on this node */
+    pid_t pids[3];
+    int killed, trials = 0;
+    char left[NAME_MAX + 1];
+    /* rank 0 (which made the segment) killed entering its 1st, 2nd, ... collective, until a
+     * load passes its last one */
+    for (int at = 1;; at++, trials++) {
+        int ok = three_process_load(ck, 0, at, NULL, &killed, pids);
+        if (ok < 0)
+            fail_msg("killed at collective %d: the other ranks hung", at);
+        if (shm_left(pids, 3, left))
+            fail_msg("rank 0 killed entering collective %d left /dev/shm/%s", at, left);
+        if (!killed) {
+            assert_int_equal(ok, 3); /* no kill: every rank loaded */
+            break;
+        }
+        assert_int_equal(ok, 0); /* the others failed */
+        assert_true(at < 64);
+    }
+    assert_true(trials >= 4);
+    /* rank 1 killed in its first and in its second read */
+    for (int n = 1; n <= 2; n++) {
+        char uri[700];
+        snprintf(uri, sizeof uri, "fault+file://%s?op=read&n=%d&kill=1", ck, n);
+        int ok = three_process_load(ck, 1, 0, uri, &killed, pids);
+        if (ok < 0)
+            fail_msg("killed in read %d: the other ranks hung", n);
+        if (shm_left(pids, 3, left))
+            fail_msg("rank 1 killed in read %d left /dev/shm/%s", n, left);
+        assert_true(killed);
+        assert_int_equal(ok, 0);
+    }
+    if (saved_nodes[0])
+        setenv("STRATA_LOAD_NODES", saved_nodes, 1);
+    tu_set_free(&src);
+    tu_rmrf(ck);
+}
+
+/* strata_reclaim_load_segments (strata gc) removes what loads of earlier strata versions,
+ * killed on this node, left in /dev/shm - a segment named by this user, boot and pid
+ * namespace whose maker is gone - and never a live process's, another user's name or
+ * another owner's file. */
 static void make_shm(const char *name, uid_t owner)
 {
     char n[NAME_MAX + 2];
@@ -199,99 +282,54 @@ static int shm_exists(const char *name)
     return tu_exists(p);
 }
 
-/* A load killed after making its node's segment, before the other ranks mapped it, left the
- * segment in /dev/shm for good. Its name now says whose it is, and the next load on the
- * node removes it; never a live process's segment, nor another user's. */
-static void test_load_segment_reclaim(void **state)
+static void test_reclaim_old_segments(void **state)
 {
     (void)state;
-    char ck[600];
-    snprintf(ck, sizeof ck, "%s/segment", base);
-    tu_set src;
-    job jobs[2];
-    save_world(ck, 2, 1, &src, jobs);
-    expect_all_ok(jobs, 2);
-    char *shm_env = getenv("STRATA_LOAD_SHM"), *nodes_env = getenv("STRATA_LOAD_NODES");
-    char saved_shm[32] = "", saved_nodes[32] = "";
-    snprintf(saved_shm, sizeof saved_shm, "%s", shm_env ? shm_env : "");
-    snprintf(saved_nodes, sizeof saved_nodes, "%s", nodes_env ? nodes_env : "");
-    unsetenv("STRATA_LOAD_SHM"); /* both ranks on one node, with a segment */
-    unsetenv("STRATA_LOAD_NODES");
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        tu_set d;
-        layout(&d, 2, 1, 0);
-        strata_comm *c;
-        if (strata_comm_host(&c, &twin_ops, NULL, 0, 2))
-            _exit(2);
-        const char *u = ck;
-        strata_load(NULL, c, &u, 1, &d.st[0], 1, NULL);
-        _exit(3); /* not killed: no segment was made */
+    char id[64] = "x", ns[64] = {0}, prefix[160];
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(id, sizeof id, f))
+            snprintf(id, sizeof id, "x");
+        fclose(f);
     }
-    int ws;
-    assert_int_equal(waitpid(pid, &ws, 0), pid);
-    assert_true(WIFSIGNALED(ws) && WTERMSIG(ws) == SIGKILL);
-    char left[NAME_MAX + 1];
-    if (!shm_of(pid, left))
-        fail_msg("the killed load left no segment named with its pid %d", (int)pid);
-    /* the name says whose it is: "strata-load-<uid>-<boot>-<pidns>-<pid>-<random>" */
-    char want[64];
-    snprintf(want, sizeof want, "strata-load-%u-", (unsigned)geteuid());
-    if (strncmp(left, want, strlen(want)) != 0) {
-        char n[NAME_MAX + 2];
-        snprintf(n, sizeof n, "/%s", left);
-        shm_unlink(n);
-        fail_msg("segment '%s' does not name its user (%s...)", left, want);
-    }
-    char pidpart[32], prefix[160], live[NAME_MAX + 1], other_uid[NAME_MAX + 1],
+    id[8] = 0;
+    ssize_t nl = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+    snprintf(prefix, sizeof prefix, "strata-load-%u-%s-%llu-", (unsigned)geteuid(), id,
+             nl > 5 ? strtoull(ns + 5, NULL, 10) : 0);
+    pid_t dead = fork(); /* a pid that is gone */
+    assert_true(dead >= 0);
+    if (dead == 0)
+        _exit(0);
+    assert_int_equal(waitpid(dead, NULL, 0), dead);
+    char gone[NAME_MAX + 1], live[NAME_MAX + 1], other_uid[NAME_MAX + 1],
         other_owner[NAME_MAX + 1];
-    snprintf(pidpart, sizeof pidpart, "-%d-", (int)pid);
-    size_t plen = (size_t)(strstr(left, pidpart) - left) + 1; /* up to the pid */
-    assert_true(plen < 100);
-    snprintf(prefix, sizeof prefix, "%.*s", (int)plen, left);
-    /* decoys: a live process's (this one's), another user's name, another user's file */
+    snprintf(gone, sizeof gone, "%s%d-0000000000000000", prefix, (int)dead);
     snprintf(live, sizeof live, "%s%d-0000000000000001", prefix, (int)getpid());
+    const char *boot_ns = strchr(prefix + strlen("strata-load-"), '-') + 1; /* after the uid */
     snprintf(other_uid, sizeof other_uid, "strata-load-%u-%s%d-0000000000000002",
-             (unsigned)geteuid() + 1, prefix + strlen(want), (int)pid);
-    snprintf(other_owner, sizeof other_owner, "%s%d-0000000000000003", prefix, (int)pid);
+             (unsigned)geteuid() + 1, boot_ns, (int)dead);
+    snprintf(other_owner, sizeof other_owner, "%s%d-0000000000000003", prefix, (int)dead);
+    make_shm(gone, geteuid());
     make_shm(live, geteuid());
     make_shm(other_uid, geteuid());
     int root = geteuid() == 0; /* only root can give a file to another user */
     if (root)
         make_shm(other_owner, 4242);
-    /* the next load on this node reclaims the dead load's segment, and only it */
-    world w;
-    world_init(&w, 2);
-    tu_set d;
-    layout(&d, 2, 1, 0);
-    run_all(&w, 0, ck, NULL, &d, jobs);
-    expect_all_ok(jobs, 2);
-    assert_int_equal(tu_set_check(&d), 0);
-    int gone = !shm_exists(left), live_kept = shm_exists(live),
+    int removed = -1;
+    assert_int_equal(strata_reclaim_load_segments(&removed), 0);
+    int gone_gone = !shm_exists(gone), live_kept = shm_exists(live),
         uid_kept = shm_exists(other_uid), owner_kept = !root || shm_exists(other_owner);
-    const char *decoys[] = {live, other_uid, other_owner};
-    for (int i = 0; i < 3; i++) {
+    const char *all[] = {gone, live, other_uid, other_owner};
+    for (int i = 0; i < 4; i++) {
         char n[NAME_MAX + 2];
-        snprintf(n, sizeof n, "/%s", decoys[i]);
+        snprintf(n, sizeof n, "/%s", all[i]);
         shm_unlink(n);
     }
-    if (!gone) {
-        snprintf(want, sizeof want, "/%.60s", left);
-        shm_unlink(want);
-        fail_msg("the dead load's segment %s is still there after a load", left);
-    }
+    assert_true(gone_gone);
+    assert_int_equal(removed, 1);
     assert_true(live_kept);
     assert_true(uid_kept);
     assert_true(owner_kept);
-    world_free(&w);
-    tu_set_free(&d);
-    tu_set_free(&src);
-    if (saved_shm[0])
-        setenv("STRATA_LOAD_SHM", saved_shm, 1);
-    if (saved_nodes[0])
-        setenv("STRATA_LOAD_NODES", saved_nodes, 1);
-    tu_rmrf(ck);
 }
 
 static void test_reshard(void **state)
@@ -586,7 +624,8 @@ int main(void)
         cmocka_unit_test(test_async),
         cmocka_unit_test(test_save_faults),
         cmocka_unit_test(test_load_opts_differ),
-        cmocka_unit_test(test_load_segment_reclaim),
+        cmocka_unit_test(test_load_killed_leaves_no_shm),
+        cmocka_unit_test(test_reclaim_old_segments),
     };
     return cmocka_run_group_tests(tests, tu_group_setup, tu_group_teardown);
 }

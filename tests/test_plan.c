@@ -489,6 +489,172 @@ static void test_load_partial(void **state)
     tu_set_free(&dst);
 }
 
+/* ---- one rank's reads in a load by several ranks (plan_rank.c) ---- */
+
+/* The chunks of every piece, numbered: first[piece] + chunk. */
+static size_t *chunk_index(const st_io_plan *g, size_t *total)
+{
+    size_t *first = calloc(g->npieces + 1, sizeof *first);
+    for (size_t p = 0; p < g->npieces; p++)
+        first[p + 1] = first[p] + st_nchunks(g->ext[p]->bytes, g->meta->chunk);
+    *total = first[g->npieces];
+    return first;
+}
+
+/* For every rank: which chunks it needs (from the global plan's runs), which it reads (its
+ * own plan: local reads, and the whole reads it sends) and with which flags; then checks
+ * that each rank reads exactly what it needs on its node - the chunks of a read with a reader
+ * on another node it gets sent instead - that a chunk read by several ranks of a node is
+ * shared on each and counted (not shared, or first) on exactly one, that a reader reads its
+ * reads whole, and that every read is within max_io, whole segments of one file in order. */
+static void check_rank_reads(const st_io_plan *g, const int *node, const int *reader,
+                             uint64_t max_io)
+{
+    const int P = g->nranks;
+    const uint64_t C = g->meta->chunk;
+    size_t total, *first = chunk_index(g, &total);
+    unsigned char *need = calloc(total * (size_t)P + 1, 1); /* [chunk * P + r] */
+    int *readby = calloc(total * (size_t)P + 1, sizeof(int)); /* 1 + flags, 0: not read */
+    int *io_of = malloc((total + 1) * sizeof(int));           /* the global read holding it */
+    for (size_t ch = 0; ch < total; ch++)
+        io_of[ch] = -1; /* needed by no one */
+    for (size_t i = 0; i < g->nios; i++)
+        for (size_t si = g->ios[i].seg0; si < g->ios[i].seg1; si++)
+            for (uint64_t c = g->segs[si].c0; c < g->segs[si].c1; c++)
+                io_of[first[g->segs[si].piece] + c] = (int)i;
+    for (size_t k = 0; k < g->nruns; k++) {
+        const st_run *r = &g->runs[k];
+        for (uint64_t c = r->src / C; c * C < r->src + r->n; c++)
+            need[(first[r->piece] + c) * (size_t)P + (size_t)r->rank] = 1;
+    }
+    for (int me = 0; me < P; me++) {
+        st_io_plan rp;
+        assert_ok(st_plan_rank_reads(&rp, g, me, node, reader, max_io));
+        int cls = 0;
+        for (size_t i = 0; i < rp.nios; i++) {
+            const st_io *io = &rp.ios[i];
+            int c = io->flags & ST_IO_SEND ? 3 : !(io->flags & ST_IO_SHARED) ? 1
+                    : io->flags & ST_IO_FIRST                               ? 0
+                                                                            : 2;
+            assert_true(c >= cls); /* shared and first, private, shared, sent */
+            cls = c;
+            assert_true(io->len <= ST_ALIGN_UP(max_io, 4096));
+            uint64_t at = io->off;
+            for (size_t si = io->seg0; si < io->seg1; si++) {
+                const st_seg *sg = &rp.segs[si];
+                const st_extent *e = rp.ext[sg->piece];
+                assert_int_equal(e->file, io->file);
+                assert_int_equal(e->offset + sg->c0 * C, at); /* back to back, aligned */
+                at = ST_ALIGN_UP(e->offset + ST_MIN(sg->c1 * C, e->bytes), 4096);
+                for (uint64_t ch = sg->c0; ch < sg->c1; ch++) {
+                    size_t x = (first[sg->piece] + ch) * (size_t)P + (size_t)me;
+                    assert_int_equal(readby[x], 0); /* once */
+                    readby[x] = 1 + (int)io->flags;
+                }
+            }
+            assert_int_equal(at, io->off + io->len);
+        }
+        st_rank_reads_free(&rp);
+    }
+    for (size_t ch = 0; ch < total; ch++) {
+        int rd = io_of[ch] < 0 ? -1 : reader[io_of[ch]];
+        for (int r = 0; r < P; r++) {
+            int got = readby[ch * (size_t)P + (size_t)r];
+            if (r == rd) /* the reader reads its read whole */
+                assert_true(got && ((got - 1) & ST_IO_SEND));
+            else if (rd >= 0 && node[rd] != node[r]) /* sent to it */
+                assert_int_equal(got, 0);
+            else if (need[ch * (size_t)P + (size_t)r] != (got != 0))
+                fail_msg("chunk %zu: rank %d needs it %d, reads it %d", ch, r,
+                         need[ch * (size_t)P + (size_t)r], got);
+        }
+        for (int n = 0; n < P; n++) { /* per node: read by k ranks, counted by one */
+            int k = 0, counted = 0, shared = 0;
+            for (int r = 0; r < P; r++) {
+                int got = readby[ch * (size_t)P + (size_t)r];
+                if (node[r] != n || !got)
+                    continue;
+                k++;
+                shared += ((got - 1) & ST_IO_SHARED) != 0;
+                counted += !((got - 1) & ST_IO_SHARED) || ((got - 1) & ST_IO_FIRST);
+            }
+            if (k == 0)
+                continue;
+            assert_int_equal(counted, 1);
+            if (k > 1)
+                assert_int_equal(shared, k);
+        }
+    }
+    free(first);
+    free(need);
+    free(readby);
+    free(io_of);
+}
+
+static void test_rank_reads(void **state)
+{
+    (void)state;
+    /* saved: 8 row blocks of 64x100 f32, v flat-split, a blob per rank; requested by 6 ranks:
+     * uneven row blocks, two of them the same (replicas), column blocks, v pieces, blobs */
+    tu_set src, dst;
+    tu_set_init(&src, 8);
+    tu_set_init(&dst, 6);
+    uint64_t shape[] = {64, 100}, vs[] = {7, 9, 11};
+    for (int r = 0; r < 8; r++) {
+        uint64_t off[] = {(uint64_t)r * 8, 0}, len[] = {8, 100};
+        tu_set_shard(&src, r, "w", STRATA_F32, 2, shape, off, len, 0, 0, 0, 1);
+        tu_set_shard(&src, r, "v", STRATA_I16, 3, vs, NULL, NULL, 1, 693 * r / 8,
+                     693 * (r + 1) / 8, 1);
+        tu_set_blob(&src, r, "rng", 1, 0, 3000 + (uint64_t)r, 1);
+    }
+    uint64_t rows[] = {0, 10, 11, 40, 64};
+    for (int r = 0; r < 4; r++) {
+        uint64_t off[] = {rows[r], 0}, len[] = {rows[r + 1] - rows[r], 100};
+        tu_set_shard(&dst, r, "w", STRATA_F32, 2, shape, off, len, 0, 0, 0, 0);
+    }
+    uint64_t off4[] = {11, 0}, len4[] = {29, 100}, off5[] = {0, 50}, len5[] = {64, 50};
+    tu_set_shard(&dst, 4, "w", STRATA_F32, 2, shape, off4, len4, 0, 0, 0, 0); /* rank 2's */
+    tu_set_shard(&dst, 5, "w", STRATA_F32, 2, shape, off5, len5, 0, 0, 0, 0);
+    uint64_t vcut[] = {0, 1, 300, 301, 650, 693};
+    for (int k = 0; k < 5; k++)
+        tu_set_shard(&dst, k, "v", STRATA_I16, 3, vs, NULL, NULL, 1, vcut[k], vcut[k + 1], 0);
+    tu_set_blob(&dst, 5, "rng", 1, 5, 3005, 0);
+    tu_set_blob(&dst, 1, "rng", 1, 5, 3005, 0);
+    st_save_plan sp;
+    assert_ok(plan_save(&sp, &src));
+    st_rank_view *v = views(&dst);
+    static const int nodes[][6] = {{0, 0, 0, 0, 0, 0}, {0, 1, 2, 3, 4, 5},
+                                   {0, 0, 0, 3, 3, 3}, {0, 1, 0, 1, 0, 1}};
+    for (uint64_t max_io = CHUNK; max_io <= 64 * CHUNK; max_io *= 4) {
+        st_io_plan g;
+        assert_ok(st_plan_load(&g, sp.meta, v, 6, max_io));
+        for (size_t k = 0; k < sizeof nodes / sizeof nodes[0]; k++) {
+            const int *node = nodes[k];
+            int *reader = malloc((g.nios + 1) * sizeof *reader);
+            for (size_t i = 0; i < g.nios; i++) { /* the last needer, where nodes differ */
+                int last = -1, many = 0;
+                for (size_t r = 0; r < g.nruns; r++) {
+                    const st_run *run = &g.runs[r];
+                    for (size_t si = g.ios[i].seg0; si < g.ios[i].seg1; si++)
+                        if (run->piece == g.segs[si].piece && run->src < g.segs[si].c1 * CHUNK &&
+                            run->src + run->n > g.segs[si].c0 * CHUNK) {
+                            many |= last >= 0 && node[last] != node[run->rank];
+                            last = ST_MAX(last, run->rank);
+                        }
+                }
+                reader[i] = many ? last : -1;
+            }
+            check_rank_reads(&g, node, reader, max_io);
+            free(reader);
+        }
+        st_io_plan_free(&g);
+    }
+    free(v);
+    st_save_plan_free(&sp);
+    tu_set_free(&src);
+    tu_set_free(&dst);
+}
+
 static void test_load_errors(void **state)
 {
     (void)state;
@@ -1045,6 +1211,7 @@ int main(void)
         cmocka_unit_test(test_save_errors),     cmocka_unit_test(test_load_cover),
         cmocka_unit_test(test_load_empty),      cmocka_unit_test(test_load_shared_chunks),
         cmocka_unit_test(test_load_partial),    cmocka_unit_test(test_load_errors),
+        cmocka_unit_test(test_rank_reads),
         cmocka_unit_test(test_overlap_check),   cmocka_unit_test(test_overlap_crafted),
         cmocka_unit_test(test_overlap_work),    cmocka_unit_test(test_overlap_issue10),
     };

@@ -110,30 +110,9 @@ void st_incr_meta_free(st_incr_meta *im);
 void st_dist_incr_unlink(const st_dist_incr *x, const st_vfs *v, const char *dir);
 void st_dist_incr_free(st_dist_incr *x);
 
-/* The ranks by node, and a shared memory segment per node (dist_node.c). */
-typedef struct {
-    int *node;           /* per rank: its node, named by the node's lowest rank */
-    int *lidx;           /* per rank: its index among the ranks of its node */
-    unsigned char *base; /* this node's segment: `slot` bytes per rank of the node; NULL:
-                            none (no two ranks share a node, STRATA_LOAD_SHM=0, or it could
-                            not be made everywhere) */
-    size_t size, slot;
-} st_node_shm;
-
-/* Groups the ranks by node (host name and boot id; for tests, STRATA_LOAD_NODES=k makes k
- * groups of consecutive ranks) and, where ranks share a node, maps one segment per node of
- * `slot` bytes per rank, reserved in full (slot must be the same on every rank; 0: none). Every rank ends with a segment, or none does.
- * Errors: only those of the collectives, and STRATA_ENOMEM. */
-int st_node_shm_open(strata_comm *comm, size_t slot, st_node_shm *out);
-void st_node_shm_close(st_node_shm *s);
-static inline unsigned char *st_node_slot(const st_node_shm *s, int rank)
-{
-    return s->base + (size_t)s->lidx[rank] * s->slot;
-}
-/* Do ranks a and b exchange through the segment? */
-static inline int st_node_shared(const st_node_shm *s, int a, int b)
-{
-    return s->base && s->node[a] == s->node[b];
-}
+/* Every rank's node (dist_node.c), named by its lowest rank: ranks of one host name and boot
+ * id share one (for tests, STRATA_LOAD_NODES=k makes k groups of consecutive ranks). One
+ * allgather; node has a slot per rank. */
+int st_nodes(strata_comm *comm, int *node);
 
 #endif

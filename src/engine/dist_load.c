@@ -1,8 +1,11 @@
 /* dist_load.c - one rank's part of a load by every rank of a communicator, from a source
  * the loader opened and agreed on (loader.c). Every function here is a collective.
- * [allgather requests] -> every rank makes the same global plan (or keeps the last one,
- * when every request repeats) and assigns each read to one rank that needs it -> rounds
- * of (read + verify my reads, [allgather status], [alltoallv the bytes others need]). */
+ * [allgather requests] -> every rank makes the same global plan (or keeps the last one, when
+ * every request repeats) -> the ranks' nodes (one allgather) -> each rank reads the chunks
+ * it needs itself, those that ranks of its node share through the page cache, with no
+ * collective (plan_rank.c) -> only where ranks of several nodes need a read: rounds of (its
+ * reader reads it, [allgather status], alltoallv the bytes to the other nodes) -> one
+ * allgather of every rank's status and bytes read. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -12,33 +15,19 @@
 #include "dist.h"
 #include "source.h"
 
-/* Rank 0's I/O settings, every rank's: they size the reads of the one global plan, the
- * rounds (reads per rank per round) and each rank's slot in the node's segment, so ranks
- * that asked for others would go out of step. Every rank's request starts with its own;
- * rank 0's are used. */
+/* Rank 0's I/O settings, every rank's: they size the reads of the one global plan and the
+ * rounds (reads per rank per round), so ranks that asked for others would go out of step.
+ * Every rank's request starts with its own; rank 0's are used. */
 typedef struct {
-    uint32_t io_threads, max_io, shm;
+    uint32_t io_threads, max_io;
 } io_settings;
 
-/* st_walk_read callbacks that count: the bytes of a read for each destination rank
- * (ctx: uint64_t[P]); for one rank only; and the ranks that need a read. */
+/* st_walk_read callbacks: the bytes of a read for each destination rank (ctx: uint64_t[P]);
+ * and the ranks that need a read. */
 static void count_per_rank(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, uint64_t at)
 {
     (void)at;
     ((uint64_t *)ctx)[run->rank] += x1 - x0;
-}
-
-typedef struct {
-    int rank;
-    uint64_t bytes;
-} one_rank;
-
-static void count_one_rank(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, uint64_t at)
-{
-    (void)at;
-    one_rank *c = ctx;
-    if (run->rank == c->rank)
-        c->bytes += x1 - x0;
 }
 
 typedef struct {
@@ -50,27 +39,29 @@ static void mark_needer(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, 
 {
     (void)x0, (void)x1, (void)at;
     needers *c = ctx;
-    if (!c->need[run->rank]) {
+    if (run->rank >= 0 && !c->need[run->rank]) {
         c->need[run->rank] = 1;
         c->who[c->n++] = run->rank;
     }
 }
 
+/* Moving a read's bytes to the ranks of other nodes: the reader packs the runs of each
+ * destination in the walk's order, each receiver takes its own in the same order. */
 typedef struct {
     const st_io_plan *p;
     int me;
-    const st_node_shm *shm; /* ranks of my node take from the segment, not the exchange */
-    const char *buf;      /* the read's buffer (sender; or the segment slot it is in) */
-    unsigned char **out;  /* per destination: write cursor (sender) */
-    const unsigned char *in; /* receive cursor (receiver) */
-    int rc;                  /* a device copy failed */
+    const int *node;
+    const char *buf;          /* the read's buffer (sender) */
+    unsigned char **out;      /* per destination: write cursor (sender) */
+    const unsigned char *in;  /* receive cursor (receiver) */
+    int rc;                   /* a device copy failed */
 } move_ctx;
 
 static void pack_run(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, uint64_t at)
 {
     move_ctx *m = ctx;
-    if (run->rank == m->me || st_node_shared(m->shm, m->me, run->rank))
-        return; /* scattered by the read itself, or taken from the segment */
+    if (run->rank < 0 || m->node[run->rank] == m->node[m->me])
+        return; /* scattered by the read itself, or read by that rank itself */
     memcpy(m->out[run->rank], m->buf + at, x1 - x0);
     m->out[run->rank] += x1 - x0;
 }
@@ -87,30 +78,6 @@ static void unpack_run(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, u
     m->in += x1 - x0;
 }
 
-/* The runs of rank me in a read done by another rank of its node, from its slot. */
-static void take_run(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, uint64_t at)
-{
-    move_ctx *m = ctx;
-    if (run->rank != m->me)
-        return;
-    int rc = st_deliver(m->p, run, x0, x1, m->buf + at);
-    if (rc && !m->rc)
-        m->rc = rc;
-}
-
-typedef struct {
-    const st_node_shm *shm;
-    int reader, cross; /* cross: a run goes to a rank of another node */
-} cross_ctx;
-
-static void find_cross(void *ctx, const st_run *run, uint64_t x0, uint64_t x1, uint64_t at)
-{
-    (void)x0, (void)x1, (void)at;
-    cross_ctx *c = ctx;
-    if (run->rank != c->reader && !st_node_shared(c->shm, c->reader, run->rank))
-        c->cross = 1;
-}
-
 /* Payload bytes of read i (its chunks, without alignment padding). */
 static uint64_t read_payload(const st_io_plan *p, size_t i)
 {
@@ -122,48 +89,69 @@ static uint64_t read_payload(const st_io_plan *p, size_t i)
     return n;
 }
 
-/* Assigns each read to one of the ranks that need its bytes, the least loaded so far;
- * priv[i] = 1 where its reader is the only rank that needs it (nothing to send). */
-static int assign_readers(const st_io_plan *p, int P, int *reader, unsigned char *priv)
+typedef struct {
+    const uint64_t *size;
+} by_size;
+
+static int cmp_size_desc(const void *a, const void *b, void *ctx)
 {
-    uint64_t *load = calloc((size_t)P, sizeof *load);
+    const by_size *c = ctx;
+    size_t i = *(const size_t *)a, j = *(const size_t *)b;
+    if (c->size[i] != c->size[j])
+        return c->size[i] > c->size[j] ? -1 : 1;
+    return (i > j) - (i < j);
+}
+
+/* The reader of each read that ranks of more than one node need (reader[i] = -1 for the
+ * others): one of its needers, balanced over the whole plan - every rank starts with the
+ * bytes it reads for itself on its node, then these reads go largest first to their
+ * least-loaded needer (the lowest rank on a tie). The same on every rank. */
+static int assign_readers(const st_io_plan *p, int P, const int *node, int *reader)
+{
+    uint64_t *load = calloc((size_t)P, sizeof *load), *size = malloc((p->nios + 1) * 8);
+    size_t *cross = malloc((p->nios + 1) * sizeof *cross), ncross = 0;
     needers c = {calloc((size_t)P, 1), malloc((size_t)P * sizeof *c.who), 0};
-    int rc = !load || !c.need || !c.who ? st_fail(STRATA_ENOMEM, "out of memory") : 0;
+    int rc = !load || !size || !cross || !c.need || !c.who
+                 ? st_fail(STRATA_ENOMEM, "out of memory")
+                 : 0;
     for (size_t i = 0; !rc && i < p->nios; i++) {
         c.n = 0;
         st_walk_read(p, i, mark_needer, &c);
+        int many = 0;
+        for (int k = 0; k < c.n; k++) {
+            many |= node[c.who[k]] != node[c.who[0]];
+            c.need[c.who[k]] = 0;
+        }
+        reader[i] = -1;
+        size[i] = read_payload(p, i);
+        if (many)
+            cross[ncross++] = i;
+        else
+            st_walk_read(p, i, count_per_rank, load);
+    }
+    by_size bs = {size};
+    if (!rc && ncross > 1)
+        qsort_r(cross, ncross, sizeof *cross, cmp_size_desc, &bs);
+    for (size_t k = 0; !rc && k < ncross; k++) {
+        size_t i = cross[k];
+        c.n = 0;
+        st_walk_read(p, i, mark_needer, &c);
         int best = -1;
-        for (int k = 0; k < c.n; k++) { /* the lowest rank wins ties */
-            int r = c.who[k];
+        for (int j = 0; j < c.n; j++) {
+            int r = c.who[j];
             if (best < 0 || load[r] < load[best] || (load[r] == load[best] && r < best))
                 best = r;
             c.need[r] = 0;
         }
-        reader[i] = best < 0 ? 0 : best;
-        priv[i] = c.n <= 1;
-        load[reader[i]] += p->ios[i].len;
+        reader[i] = best;
+        load[best] += size[i];
     }
     free(load);
+    free(size);
+    free(cross);
     free(c.need);
     free(c.who);
     return rc;
-}
-
-typedef struct {
-    const size_t *round_of;
-    const int *reader;
-} order_ctx;
-
-/* Reads by (round, reader, index): the order in which receivers unpack. */
-static int cmp_order(const void *a, const void *b, void *ctx)
-{
-    const order_ctx *c = ctx;
-    size_t i = *(const size_t *)a, j = *(const size_t *)b;
-    if (c->round_of[i] != c->round_of[j])
-        return c->round_of[i] < c->round_of[j] ? -1 : 1;
-    if (c->reader[i] != c->reader[j])
-        return c->reader[i] < c->reader[j] ? -1 : 1;
-    return (i > j) - (i < j);
 }
 
 /* A scratch buffer of at least n bytes in place of buf (capacity *cap); NULL if out of
@@ -181,135 +169,88 @@ static unsigned char *grow(unsigned char *buf, size_t *cap, size_t n)
     return buf;
 }
 
-/* The reads and exchanges. A read whose bytes only its reader needs (a shard that is
- * this rank's alone: most of a resharded load) is private: read, verified and scattered
- * by its reader on its I/O threads like a load in one process, with no collective, first.
- * The others are shared, in rounds of up to o->io_threads reads per rank (o holds the
- * settings every rank agreed on); shm: use a node segment where ranks share a node. At
- * least one round runs, so that a failure of a private read reaches every rank with its
- * message. */
-static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_io_plan *p,
-                           const strata_load_opts *o, int shm_on, uint64_t *my_bytes)
+/* The first failure of any rank, as every rank's error (its message from the failing rank);
+ * 0 if none. */
+static int first_failure(strata_comm *comm, const int32_t *sts, int P)
+{
+    for (int r = 0; r < P; r++)
+        if (sts[r]) {
+            st_status s;
+            st_status_set(&s, sts[r], r);
+            int rc = st_bcast(comm, &s, sizeof s, r);
+            return rc ? rc : st_status_raise(&s, comm->rank);
+        }
+    return 0;
+}
+
+/* The reads that ranks of several nodes need, in rounds of up to o->io_threads reads per
+ * reader: each reader reads its reads of the round (rp's ST_IO_SEND reads, in plan order),
+ * verifies them and scatters its own runs; an allgather of status (a failure ends the load
+ * on every rank, with its message); one alltoallv carrying, for each rank of another node,
+ * exactly the bytes of its runs in the walk's order, so no headers are sent. *local_rc: this
+ * rank's failure so far (it still takes part, without reading). */
+static int cross_rounds(strata_comm *comm, const st_dir *d, const st_io_plan *p,
+                        const st_io_plan *rp, st_file **files, const int *node,
+                        const int *reader, const strata_load_opts *o, int *local_rc)
 {
     const int P = comm->size, me = comm->rank;
-    const uint64_t max_io = o->max_io_bytes;
-    int per_round = o->io_threads;
-    int *reader = malloc((p->nios + 1) * sizeof *reader);
-    size_t *mine = malloc((p->nios + 1) * sizeof *mine), nmine = 0;
+    const size_t per_round = (size_t)o->io_threads;
     size_t *round_of = malloc((p->nios + 1) * sizeof *round_of);
-    size_t *order = malloc((p->nios + 1) * sizeof *order);
-    size_t *count = calloc((size_t)P, sizeof *count);
-    size_t *sc = calloc((size_t)P, sizeof *sc), *rc_ = calloc((size_t)P, sizeof *rc_);
+    size_t *count = calloc((size_t)P, sizeof *count), rounds = 0;
+    size_t *sc = calloc((size_t)P, sizeof *sc), *rcv = calloc((size_t)P, sizeof *rcv);
     uint64_t *bytes = calloc((size_t)P, sizeof *bytes);
     unsigned char **cur = calloc((size_t)P, sizeof *cur);
-    size_t *jx = calloc((size_t)P, sizeof *jx);
-    char **bufs = calloc((size_t)per_round, sizeof *bufs);
-    st_file **files = NULL;
+    char **bufs = calloc(per_round, sizeof *bufs);
+    size_t *mine = malloc((rp->nios + 1) * sizeof *mine), nmine = 0;
     int32_t *sts = malloc((size_t)P * sizeof *sts);
-    unsigned char *priv = malloc(p->nios + 1);
-    size_t *privs = malloc((p->nios + 1) * sizeof *privs), npriv = 0, nshared = 0;
-    size_t bufsize = st_read_buf_bytes(p->meta, max_io), rounds = 0, scap = 0, rcap = 0;
+    size_t bufsize = st_read_buf_bytes(p->meta, o->max_io_bytes), scap = 0, rcap = 0;
     unsigned char *sbuf = NULL, *rbuf = NULL;
     int rc = 0;
-    st_node_shm shm = {0};
-    if (!reader || !mine || !round_of || !order || !count || !sc || !rc_ || !bytes || !cur ||
-        !jx || !bufs || !sts || !priv || !privs) {
-        rc = st_fail(STRATA_ENOMEM, "out of memory");
+    if (!round_of || !count || !sc || !rcv || !bytes || !cur || !bufs || !mine || !sts) {
+        rc = st_fail(STRATA_ENOMEM, "out of memory"); /* the others time out */
         goto out;
     }
-    if ((rc = assign_readers(p, P, reader, priv)))
-        goto out;
-    for (size_t i = 0; i < p->nios; i++) {
-        if (reader[i] == me)
-            *my_bytes += read_payload(p, i);
-        if (priv[i]) {
-            if (reader[i] == me)
-                privs[npriv++] = i;
-            continue;
+    for (size_t i = 0; i < p->nios; i++)
+        if (reader[i] >= 0) {
+            round_of[i] = count[reader[i]]++ / per_round;
+            rounds = ST_MAX(rounds, round_of[i] + 1);
         }
-        round_of[i] = count[reader[i]]++ / (size_t)per_round;
-        rounds = ST_MAX(rounds, round_of[i] + 1);
-        order[nshared++] = i;
-        if (reader[i] == me)
-            mine[nmine++] = i;
-    }
-    order_ctx oc = {round_of, reader};
-    if (nshared)
-        qsort_r(order, nshared, sizeof *order, cmp_order, &oc);
-    size_t next = 0; /* reads of earlier rounds in `order` */
-    /* ranks of one node share their reads through a segment: each rank's read buffers
-     * are its slot there (the same decision on every rank: the plan is the same) */
-    if (rounds && (rc = st_node_shm_open(comm, shm_on ? (size_t)per_round * bufsize : 0, &shm)))
-        goto out;
-    /* a local failure (opening the files, a private read) still takes part in every round */
-    int local_rc = nmine || npriv
-                       ? st_open_data_files(d, p, o->flags & STRATA_LOAD_NO_DIRECT, &files)
-                       : 0;
-    if (!local_rc && npriv)
-        local_rc = st_read_some(d, p, files, privs, npriv, NULL, per_round, me, max_io);
-    for (int k = 0; k < per_round && !local_rc && rounds; k++)
-        if (!(bufs[k] = shm.base ? (char *)st_node_slot(&shm, me) + (size_t)k * bufsize
-                                 : st_scratch_get(bufsize)))
-            local_rc = st_fail(STRATA_ENOMEM, "out of memory for read buffers");
-    for (size_t round = 0; round < ST_MAX(rounds, 1); round++) {
-        /* my reads this round: read, verify, scatter my own runs */
-        size_t first = 0;
-        while (first < nmine && round_of[mine[first]] < round)
-            first++;
-        size_t n = 0;
-        while (first + n < nmine && round_of[mine[first + n]] == round)
-            n++;
-        if (!local_rc && n)
-            local_rc = st_read_some(d, p, files, mine + first, n, bufs, per_round, me, max_io);
-        int32_t my_st = local_rc;
-        if ((rc = st_allgather(comm, &my_st, sizeof my_st, sts)))
+    for (size_t i = 0; i < rp->nios; i++)
+        if (rp->ios[i].flags & ST_IO_SEND)
+            mine[nmine++] = i; /* in plan order: my reads of the rounds */
+    for (size_t k = 0; k < per_round && !*local_rc && nmine; k++)
+        if (!(bufs[k] = st_scratch_get(bufsize)))
+            *local_rc = st_fail(STRATA_ENOMEM, "out of memory for read buffers");
+    for (size_t round = 0, first = 0; round < rounds; round++) {
+        size_t n = ST_MIN(per_round, nmine - first);
+        if (!*local_rc && n)
+            *local_rc = st_read_some(d, rp, files, mine + first, n, bufs, o->io_threads, me,
+                                     o->max_io_bytes);
+        int32_t my_st = *local_rc;
+        if ((rc = st_allgather(comm, &my_st, sizeof my_st, sts)) ||
+            (rc = first_failure(comm, sts, P)))
             goto out;
-        int bad = -1;
-        for (int r = 0; r < P && bad < 0; r++)
-            if (sts[r])
-                bad = r;
-        if (bad >= 0) { /* every rank learns the first failure, with its message */
-            st_status s;
-            st_status_set(&s, sts[bad], bad);
-            if ((rc = st_bcast(comm, &s, sizeof s, bad)))
-                goto out;
-            rc = st_status_raise(&s, me);
-            goto out;
-        }
-        /* what I send: the bytes of my reads that other ranks need */
+        /* what I send: the bytes of my reads for ranks of other nodes */
         memset(bytes, 0, (size_t)P * sizeof *bytes);
         for (size_t j = 0; j < n; j++)
-            st_walk_read(p, mine[first + j], count_per_rank, bytes);
+            st_walk_read(rp, mine[first + j], count_per_rank, bytes);
         size_t stot = 0, rtot = 0;
         for (int r = 0; r < P; r++) {
-            sc[r] = r == me || st_node_shared(&shm, me, r) ? 0 : (size_t)bytes[r];
+            sc[r] = node[r] == node[me] ? 0 : (size_t)bytes[r];
             stot += sc[r];
         }
-        /* what I receive: from each reader, the bytes of its reads this round that I need;
-         * this round's reads are order[next .. end), by reader rank */
-        size_t end = next;
-        while (end < nshared && round_of[order[end]] == round)
-            end++;
-        /* the alltoallv only where a byte of this round goes to another node (every rank
-         * tells the same from the plan) */
-        int cross = 0;
-        for (size_t k = next; k < end && !cross; k++) {
-            cross_ctx cc = {&shm, reader[order[k]], 0};
-            st_walk_read(p, order[k], find_cross, &cc);
-            cross = cc.cross;
-        }
-        memset(rc_, 0, (size_t)P * sizeof *rc_);
-        for (size_t k = next; k < end; k++) {
-            size_t i = order[k];
-            if (reader[i] == me || st_node_shared(&shm, me, reader[i]))
+        /* what I receive: from each reader of another node, the bytes of its reads this
+         * round that I need */
+        memset(rcv, 0, (size_t)P * sizeof *rcv);
+        for (size_t i = 0; i < p->nios; i++) {
+            if (reader[i] < 0 || round_of[i] != round || node[reader[i]] == node[me])
                 continue;
-            one_rank c = {me, 0};
-            st_walk_read(p, i, count_one_rank, &c);
-            rc_[reader[i]] += (size_t)c.bytes;
+            memset(bytes, 0, (size_t)P * sizeof *bytes);
+            st_walk_read(p, i, count_per_rank, bytes);
+            rcv[reader[i]] += (size_t)bytes[me];
         }
         for (int r = 0; r < P; r++)
-            rtot += rc_[r];
-        /* the exchange buffers are reused across rounds: fresh pages cost a first touch */
+            rtot += rcv[r];
         if ((stot > scap && !(sbuf = grow(sbuf, &scap, stot))) ||
             (rtot > rcap && !(rbuf = grow(rbuf, &rcap, rtot)))) {
             rc = st_fail(STRATA_ENOMEM, "out of memory");
@@ -321,67 +262,106 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_io_plan 
             at += sc[r];
         }
         for (size_t j = 0; j < n; j++) {
-            move_ctx m = {p, me, &shm, bufs[j] + st_read_shift(&p->ios[mine[first + j]]), cur,
+            move_ctx m = {rp, me, node, bufs[j] + st_read_shift(&rp->ios[mine[first + j]]), cur,
                           NULL, 0};
-            st_walk_read(p, mine[first + j], pack_run, &m);
+            st_walk_read(rp, mine[first + j], pack_run, &m);
         }
-        rc = cross ? st_alltoallv(comm, sbuf, sc, rbuf, rc_) : 0;
-        if (!rc) {
-            const unsigned char *in = rbuf; /* readers in rank order, their reads in order */
-            memset(jx, 0, (size_t)P * sizeof *jx);
-            for (size_t k = next; k < end; k++) {
-                int r = reader[order[k]];
-                size_t j = jx[r]++; /* the read's buffer among its reader's this round */
-                move_ctx m = {p, me, &shm, NULL, NULL, in, 0};
-                if (r == me)
+        if ((rc = st_alltoallv(comm, sbuf, sc, rbuf, rcv)))
+            goto out;
+        /* senders in rank order, each one's reads in plan order */
+        const unsigned char *in = rbuf;
+        for (int r = 0; r < P; r++)
+            for (size_t i = 0; rcv[r] && i < p->nios; i++) {
+                if (reader[i] != r || round_of[i] != round)
                     continue;
-                if (st_node_shared(&shm, me, r)) {
-                    m.buf = (const char *)st_node_slot(&shm, r) + j * bufsize +
-                            st_read_shift(&p->ios[order[k]]);
-                    st_walk_read(p, order[k], take_run, &m);
-                } else {
-                    st_walk_read(p, order[k], unpack_run, &m);
-                    in = m.in;
-                }
-                if (m.rc && !local_rc)
-                    local_rc = m.rc; /* reported with the next round's status */
+                move_ctx m = {p, me, node, NULL, NULL, in, 0};
+                st_walk_read(p, i, unpack_run, &m);
+                in = m.in;
+                if (m.rc && !*local_rc)
+                    *local_rc = m.rc; /* reported with the next status */
             }
-        }
-        next = end;
-        if (rc)
-            goto out;
-        /* the slots are read by the node's ranks until here: nobody reads into them again
-         * before all are done */
-        int32_t done = 0;
-        if (shm.base && round + 1 < rounds && (rc = st_allgather(comm, &done, sizeof done, sts)))
-            goto out;
+        first += n;
     }
-    if (local_rc) /* failed after the last round's status exchange (a device copy) */
-        rc = local_rc;
 out:
-    for (int k = 0; bufs && !shm.base && k < per_round; k++)
+    for (size_t k = 0; bufs && k < per_round; k++)
         st_scratch_put(bufs[k], bufsize);
-    st_node_shm_close(&shm);
-    free(jx);
     if (sbuf)
         st_scratch_put(sbuf, scap);
     if (rbuf)
         st_scratch_put(rbuf, rcap);
-    if (files)
-        st_close_data_files(d, p, files);
-    free(reader);
-    free(mine);
     free(round_of);
-    free(order);
     free(count);
     free(sc);
-    free(rc_);
+    free(rcv);
     free(bytes);
     free(cur);
     free(bufs);
+    free(mine);
     free(sts);
-    free(priv);
-    free(privs);
+    return rc;
+}
+
+/* This rank's reads of the plan (o: the settings every rank agreed on). The ranks' nodes
+ * first (an allgather); then the reads this rank does for itself, with no collective; then
+ * the rounds of reads for other nodes, if any; then one allgather of every rank's status and
+ * of the bytes it counts as read from storage (*all_bytes: their sum), so that a failure on
+ * any rank fails every rank with its message. */
+static int load_reads(strata_comm *comm, const st_dir *d, const st_io_plan *p,
+                      const strata_load_opts *o, uint64_t *my_bytes, uint64_t *all_bytes)
+{
+    const int P = comm->size, me = comm->rank;
+    int *node = malloc(((size_t)P + 1) * sizeof *node);
+    int *reader = malloc((p->nios + 1) * sizeof *reader);
+    struct {
+        int32_t rc, pad;
+        uint64_t bytes;
+    } mine = {0, 0, 0}, *every = malloc((size_t)P * sizeof *every);
+    st_io_plan rp = {0};
+    st_file **files = NULL;
+    int rc = 0, local_rc = 0, cross = 0;
+    if (!node || !reader || !every) {
+        rc = st_fail(STRATA_ENOMEM, "out of memory"); /* the others time out */
+        goto out;
+    }
+    for (size_t i = 0; i < p->nios; i++)
+        reader[i] = -1;
+    if ((rc = st_nodes(comm, node)))
+        goto out;
+    /* the same on every rank: the plan and the nodes are */
+    if ((local_rc = assign_readers(p, P, node, reader)) == 0 &&
+        (local_rc = st_plan_rank_reads(&rp, p, me, node, reader, o->max_io_bytes)) == 0 &&
+        rp.nios)
+        local_rc = st_open_data_files(d, &rp, o->flags & STRATA_LOAD_NO_DIRECT, &files);
+    for (size_t i = 0; i < p->nios; i++)
+        cross |= reader[i] >= 0;
+    size_t nlocal = 0;
+    while (!local_rc && nlocal < rp.nios && !(rp.ios[nlocal].flags & ST_IO_SEND))
+        nlocal++;
+    if (!local_rc && nlocal)
+        local_rc = st_read_some(d, &rp, files, NULL, nlocal, NULL, o->io_threads, me,
+                                o->max_io_bytes);
+    if (cross && (rc = cross_rounds(comm, d, p, &rp, files, node, reader, o, &local_rc)))
+        goto out;
+    for (size_t i = 0; i < rp.nios; i++)
+        if (!(rp.ios[i].flags & ST_IO_SHARED) || (rp.ios[i].flags & ST_IO_FIRST))
+            mine.bytes += read_payload(&rp, i);
+    mine.rc = local_rc;
+    if ((rc = st_allgather(comm, &mine, sizeof mine, every)))
+        goto out;
+    int32_t *sts = (int32_t *)node; /* every rank's status: the nodes are no longer needed */
+    for (int r = 0; r < P; r++) {
+        sts[r] = every[r].rc;
+        *all_bytes += every[r].bytes;
+    }
+    rc = first_failure(comm, sts, P);
+    *my_bytes = mine.bytes;
+out:
+    if (files)
+        st_close_data_files(d, &rp, files);
+    st_rank_reads_free(&rp);
+    free(node);
+    free(reader);
+    free(every);
     return rc;
 }
 
@@ -391,9 +371,7 @@ static int exchange_requests(strata_comm *comm, strata_state *local, const strat
                              st_rank_view *my, io_settings *set, unsigned char **all,
                              size_t *counts)
 {
-    const char *shm = getenv("STRATA_LOAD_SHM");
-    io_settings mine = {(uint32_t)st_io_threads(o->io_threads), o->max_io_bytes,
-                        !(shm && strcmp(shm, "0") == 0)};
+    io_settings mine = {(uint32_t)st_io_threads(o->io_threads), o->max_io_bytes};
     st_buf req = {0};
     *my = st_state_view(local);
     my->cast = (o->flags & STRATA_LOAD_CAST) != 0; /* each rank's own: it travels in its request */
@@ -483,14 +461,14 @@ int st_load_dist(strata_comm *comm, const st_dir *d, st_load_cache *c, strata_st
         c->keylen = key.n;
         key.p = NULL;
     }
-    uint64_t got = 0;
-    if ((rc = exchange_rounds(comm, d, &c->plan, &eff, (int)set.shm, &got)))
+    uint64_t got = 0, all_got = 0;
+    if ((rc = load_reads(comm, d, &c->plan, &eff, &got, &all_got)))
         goto out;
-    /* payload bytes read, not alignment padding, as the in-process load counts */
+    /* payload bytes read from storage, not alignment padding, as the in-process load counts
+     * (of chunks several ranks of a node read through the page cache, one rank's) */
     *stats = (strata_stats){.data_bytes = d->meta->data_bytes, .bytes = got,
-                            .plan_cached = cached, .io_threads = eff.io_threads,
-                            .max_io_bytes = eff.max_io_bytes};
-    st_over_ranks(comm, got, &stats->all_bytes, NULL, NULL);
+                            .all_bytes = all_got, .plan_cached = cached,
+                            .io_threads = eff.io_threads, .max_io_bytes = eff.max_io_bytes};
     stats->seconds = st_now() - t0;
 out:
     free(key.p);

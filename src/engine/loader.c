@@ -225,8 +225,8 @@ uint32_t st_default_read_bytes(const st_dir *d)
                                                 : ST_DEFAULT_MAX_IO;
 }
 
-/* One load from the tier open now; with a communicator, every rank learns whether all
- * succeeded. */
+/* One load from the tier open now; with a communicator every rank ends with the same
+ * outcome (the distributed load's last collective is every rank's status). */
 static int load_here(strata_loader *ld, strata_state *const *states, int nstates,
                      const strata_load_opts *o, strata_stats *full)
 {
@@ -235,16 +235,7 @@ static int load_here(strata_loader *ld, strata_state *const *states, int nstates
         eff.max_io_bytes = st_default_read_bytes(&ld->ck.d);
     if (!ld->comm)
         return st_load_local(&ld->ck.d, &ld->cache, states, nstates, &eff, full);
-    strata_comm *comm = ld->comm;
-    int rc = st_load_dist(comm, &ld->ck.d, &ld->cache, states[0], &eff, full), all = 0;
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", strata_error_last());
-    int crc = st_all_true(comm, rc == 0, &all);
-    if (crc)
-        return rc ? st_fail(rc, "%s", msg) : crc;
-    if (rc)
-        return st_fail(rc, "%s", msg);
-    return all ? 0 : st_fail(STRATA_EABORTED, "another rank failed to load it");
+    return st_load_dist(ld->comm, &ld->ck.d, &ld->cache, states[0], &eff, full);
 }
 
 /* strata_loader_load with checked options (full) and stats (full; put by the caller). */

@@ -1,10 +1,11 @@
 /* vfs_fault.c - a fault-injecting wrapper around any backend (after SQLite's test_vfs.c):
  * fails the N-th call of one operation with a chosen errno, or makes the N-th write short
- * (and the retry fail). Selected by URI: fault+file:///p?op=fsync&n=3&errno=ENOSPC.
+ * (and the retry fail), or kills the process there (SIGKILL: a rank dying mid-load). Selected by URI: fault+file:///p?op=fsync&n=3&errno=ENOSPC.
  * Thread-safe: the call counter is atomic, so "the N-th call" is well defined even when
  * the I/O threads race (which call is N-th may then differ from run to run). */
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,7 +37,7 @@ enum { LOCK_REAL, LOCK_NONE, LOCK_LOCAL };
 typedef struct {
     st_vfs base;
     const st_vfs *inner;
-    int op, err, short_write, sticky, lockmode;
+    int op, err, short_write, sticky, lockmode, kill;
     uint64_t n;
     atomic_uint_fast64_t calls;
     atomic_int shorted; /* a short write happened: the next write fails */
@@ -62,6 +63,8 @@ static int hit(fault_vfs *v, int op)
     if (op != v->op)
         return 0;
     uint64_t k = atomic_fetch_add(&v->calls, 1) + 1;
+    if (k == v->n && v->kill)
+        raise(SIGKILL);
     if (k == v->n || (v->sticky && k > v->n))
         return v->err;
     return 0;
@@ -355,10 +358,13 @@ static int fault_new(const st_vfs **out, const st_vfs *inner, const char *query)
                              "EDQUOT, EROFS, EACCES, ENOENT, EINVAL, EXDEV, EPERM)", val);
             else
                 v->err = errnos[i].value;
-        } else if (strcmp(key, "short") == 0 || strcmp(key, "sticky") == 0) {
+        } else if (strcmp(key, "short") == 0 || strcmp(key, "sticky") == 0 ||
+                   strcmp(key, "kill") == 0) {
             if (strcmp(val, "0") != 0 && strcmp(val, "1") != 0)
                 rc = st_fail(STRATA_EINVAL, "fault URI: %s must be 0 or 1, not '%s'", key, val);
-            *(strcmp(key, "short") == 0 ? &v->short_write : &v->sticky) = strcmp(val, "1") == 0;
+            *(key[0] == 'k'   ? &v->kill
+              : key[1] == 'h' ? &v->short_write
+                              : &v->sticky) = strcmp(val, "1") == 0;
         } else if (strcmp(key, "lock") == 0) {
             v->lockmode = strcmp(val, "none") == 0 ? LOCK_NONE : strcmp(val, "local") == 0 ? LOCK_LOCAL : -1;
             if (v->lockmode < 0)

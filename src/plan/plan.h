@@ -177,5 +177,19 @@ int st_plan_verify_all(st_io_plan *out, const st_meta *meta, uint64_t max_io);
 int st_plan_reads(st_io_plan *out, uint64_t max_io);
 void st_io_plan_free(st_io_plan *p);
 
+/* Rank me's reads in a load by several ranks, from the global plan g (st_plan_load of every
+ * rank's request) that every rank made the same (plan_rank.c). node[r]: rank r's node (equal
+ * values: one node); reader[i]: for read i of g, the rank that reads it whole and sends its
+ * bytes to the ranks of other nodes that need them, or -1 where only ranks of one node need
+ * it. Each rank reads the chunks it needs itself, split where the set of its node's ranks
+ * that need them changes and coalesced into reads of at most max_io (as st_plan_load rounds
+ * it); chunks others of its node need too are ST_IO_SHARED, ST_IO_FIRST on the lowest such
+ * rank (or the node's reader). Then, ST_IO_SEND, the reads of g it reads whole for others.
+ * Reads are ordered: shared and first, private, shared, sent. out borrows g's runs, extents
+ * and views; free it with st_rank_reads_free, before g. payload_bytes: its reads' chunk bytes.
+ * Errors: STRATA_ENOMEM. */
+int st_plan_rank_reads(st_io_plan *out, const st_io_plan *g, int me, const int *node,
+                       const int *reader, uint64_t max_io);
+void st_rank_reads_free(st_io_plan *p);
 
 #endif

@@ -1,0 +1,265 @@
+/* plan_rank.c - one rank's reads in a load by several ranks (dist_load.c), from the global
+ * plan every rank made the same. Within a node no bytes move between ranks: each rank reads
+ * the chunks it needs itself, and a chunk that other ranks of its node need too is read
+ * through the page cache (ST_IO_SHARED), so that the device reads it once; of those ranks
+ * the lowest is the one counted as reading it (ST_IO_FIRST). Only a read that ranks of other
+ * nodes need too has a reader (chosen by the caller), which reads it whole (ST_IO_SEND) and
+ * sends their bytes; its node's other ranks still read their own parts, counted as the
+ * reader's. Pure; single-threaded. */
+#include <stdlib.h>
+
+#include "../core/error.h"
+#include "../core/util.h"
+#include "plan.h"
+
+typedef struct {
+    uint64_t pos;
+    int loc;   /* the rank's index among its node's ranks (ascending by rank) */
+    int delta; /* +1 at the start of its chunks, -1 at the end */
+} event;
+
+static int cmp_event(const void *a, const void *b)
+{
+    const event *x = a, *y = b;
+    return (x->pos > y->pos) - (x->pos < y->pos);
+}
+
+typedef struct {
+    st_io_plan *out;
+    size_t scap, icap;
+    uint64_t max_io, align;
+    event *ev;
+    size_t nev, evcap;
+    int *cnt;          /* per node-local rank: its runs covering the current position */
+    const int *loc;    /* per rank: its node-local index, or -1 on another node */
+    int me_loc;
+    size_t seg_first;  /* the first of out's segments cut from the current global segment */
+} rank_ctx;
+
+/* Appends chunks [c0, c1) of piece with flags: to the last segment where they continue it
+ * (within one global segment: those are at most max_io), else as a new one. */
+static int add_seg(rank_ctx *c, uint32_t piece, uint64_t c0, uint64_t c1, uint32_t flags,
+                   uint32_t **seg_flags, size_t *sfcap)
+{
+    st_io_plan *o = c->out;
+    if (o->nsegs > c->seg_first && o->segs[o->nsegs - 1].c1 == c0 &&
+        (*seg_flags)[o->nsegs - 1] == flags) {
+        o->segs[o->nsegs - 1].c1 = c1;
+        return 0;
+    }
+    if (st_grow(&o->segs, &c->scap, o->nsegs + 1, sizeof *o->segs) ||
+        st_grow(seg_flags, sfcap, o->nsegs + 1, sizeof **seg_flags))
+        return -1;
+    o->segs[o->nsegs] = (st_seg){piece, c0, c1};
+    (*seg_flags)[o->nsegs++] = flags;
+    return 0;
+}
+
+/* Runs of piece `piece` overlapping its bytes [lo, hi), as st_walk_read finds them. */
+static void runs_in(const st_io_plan *g, uint32_t piece, uint64_t lo, size_t *a, size_t *b)
+{
+    *a = g->run0[piece];
+    *b = g->run0[piece + 1];
+    uint64_t from = lo > g->maxrun[piece] ? lo - g->maxrun[piece] : 0;
+    size_t x = *a, y = *b;
+    while (x < y) {
+        size_t mid = x + (y - x) / 2;
+        if (g->runs[mid].src < from)
+            x = mid + 1;
+        else
+            y = mid;
+    }
+    *a = x;
+}
+
+/* The chunks of global segment s that this rank needs, split where the set of its node's
+ * ranks that need them changes. mate_reads: a rank of this node reads the whole segment (a
+ * read with a reader): every chunk is shared and that rank's. */
+static int split_seg(rank_ctx *c, const st_io_plan *g, const st_seg *s, int mate_reads,
+                     uint32_t **seg_flags, size_t *sfcap)
+{
+    const uint64_t C = g->meta->chunk;
+    const st_extent *e = g->ext[s->piece];
+    uint64_t lo = s->c0 * C, hi = ST_MIN(s->c1 * C, e->bytes);
+    size_t a, b;
+    int mine = 0;
+    c->nev = 0;
+    c->seg_first = c->out->nsegs;
+    runs_in(g, s->piece, lo, &a, &b);
+    for (size_t r = a; r < b && g->runs[r].src < hi; r++) {
+        const st_run *run = &g->runs[r];
+        uint64_t x0 = ST_MAX(run->src, lo), x1 = ST_MIN(run->src + run->n, hi);
+        if (x0 >= x1 || run->rank < 0 || c->loc[run->rank] < 0)
+            continue;
+        if (st_grow(&c->ev, &c->evcap, c->nev + 2, sizeof *c->ev))
+            return -1;
+        int l = c->loc[run->rank];
+        c->ev[c->nev++] = (event){x0 / C, l, +1};
+        c->ev[c->nev++] = (event){(x1 - 1) / C + 1, l, -1};
+        mine |= l == c->me_loc;
+    }
+    if (!mine)
+        return 0;
+    qsort(c->ev, c->nev, sizeof *c->ev, cmp_event);
+    int lower = 0, other = 0; /* node-mates covering: below this rank, and any */
+    for (size_t k = 0; k < c->nev;) {
+        uint64_t pos = c->ev[k].pos;
+        for (; k < c->nev && c->ev[k].pos == pos; k++) {
+            int l = c->ev[k].loc, was = c->cnt[l] > 0;
+            c->cnt[l] += c->ev[k].delta;
+            int now = c->cnt[l] > 0;
+            if (l != c->me_loc && was != now) {
+                other += now - was;
+                lower += l < c->me_loc ? now - was : 0;
+            }
+        }
+        if (k == c->nev || c->cnt[c->me_loc] <= 0)
+            continue;
+        uint32_t flags = mate_reads ? ST_IO_SHARED
+                         : other     ? ST_IO_SHARED | (lower ? 0 : ST_IO_FIRST)
+                                     : 0;
+        if (add_seg(c, s->piece, pos, c->ev[k].pos, flags, seg_flags, sfcap))
+            return -1;
+    }
+    return 0;
+}
+
+static uint64_t seg_payload(const st_io_plan *p, const st_seg *s)
+{
+    uint64_t C = p->meta->chunk;
+    return ST_MIN(s->c1 * C, p->ext[s->piece]->bytes) - s->c0 * C;
+}
+
+/* Coalesces segments [s0, s1) of out (file order) into reads: same file and flags, separated
+ * by alignment padding only, at most max_io bytes. */
+static int coalesce(rank_ctx *c, size_t s0, size_t s1, const uint32_t *seg_flags)
+{
+    st_io_plan *o = c->out;
+    const uint64_t C = o->meta->chunk;
+    for (size_t i = s0; i < s1;) {
+        const st_extent *e = o->ext[o->segs[i].piece];
+        uint64_t off = e->offset + o->segs[i].c0 * C;
+        uint64_t end = ST_ALIGN_UP(e->offset + ST_MIN(o->segs[i].c1 * C, e->bytes), c->align);
+        size_t j = i + 1;
+        for (; j < s1 && seg_flags[j] == seg_flags[i]; j++) {
+            const st_extent *n = o->ext[o->segs[j].piece];
+            uint64_t noff = n->offset + o->segs[j].c0 * C;
+            uint64_t nend = ST_ALIGN_UP(n->offset + ST_MIN(o->segs[j].c1 * C, n->bytes), c->align);
+            if (n->file != e->file || noff != end || nend - off > c->max_io)
+                break;
+            end = nend;
+        }
+        if (st_grow(&o->ios, &c->icap, o->nios + 1, sizeof *o->ios))
+            return -1;
+        o->ios[o->nios++] = (st_io){e->file, off, end - off, i, j, seg_flags[i]};
+        for (size_t k = i; k < j; k++)
+            o->payload_bytes += seg_payload(o, &o->segs[k]);
+        i = j;
+    }
+    return 0;
+}
+
+/* Order of a rank's reads: the shared ones it is counted for first (the node's other readers
+ * then find them in the page cache), its private ones, the shared ones of others, then the
+ * reads it sends. */
+static int io_class(uint32_t f)
+{
+    return f & ST_IO_SEND ? 3 : !(f & ST_IO_SHARED) ? 1 : f & ST_IO_FIRST ? 0 : 2;
+}
+
+int st_plan_rank_reads(st_io_plan *out, const st_io_plan *g, int me, const int *node,
+                       const int *reader, uint64_t max_io)
+{
+    *out = *g; /* the runs, extents and views are the global plan's */
+    out->segs = NULL;
+    out->ios = NULL;
+    out->nsegs = out->nios = 0;
+    out->payload_bytes = 0;
+    const int P = g->nranks;
+    const uint64_t C = g->meta->chunk;
+    rank_ctx c = {.out = out, .align = st_meta_align(g->meta)};
+    c.max_io = max_io < C ? C : max_io / C * C;
+    if (C < 8)
+        c.max_io = c.max_io < 8 ? 8 : c.max_io / 8 * 8;
+    int *loc = malloc(((size_t)P + 1) * sizeof *loc);
+    uint32_t *seg_flags = NULL;
+    size_t sfcap = 0, ns = 0;
+    st_io *sorted = NULL;
+    int nloc = 0, rc = 0;
+    if (!loc)
+        goto oom;
+    for (int r = 0; r < P; r++)
+        loc[r] = node[r] == node[me] ? nloc++ : -1;
+    c.loc = loc;
+    c.me_loc = loc[me];
+    if (!(c.cnt = calloc((size_t)nloc, sizeof *c.cnt)))
+        goto oom;
+    /* reads this node does: the chunks this rank needs, split by who else needs them */
+    for (size_t i = 0; i < g->nios; i++) {
+        int rd = reader[i];
+        if (rd >= 0 && (rd == me || node[rd] != node[me]))
+            continue; /* sent whole, below; or another node's reader sends what I need */
+        for (size_t si = g->ios[i].seg0; si < g->ios[i].seg1; si++)
+            if (split_seg(&c, g, &g->segs[si], rd >= 0, &seg_flags, &sfcap))
+                goto oom;
+    }
+    ns = out->nsegs;
+    if (coalesce(&c, 0, ns, seg_flags))
+        goto oom;
+    /* the reads this rank sends to other nodes: whole, shared where node-mates need some */
+    for (size_t i = 0; i < g->nios; i++) {
+        if (reader[i] != me)
+            continue;
+        uint32_t flags = ST_IO_SEND | ST_IO_FIRST;
+        size_t s0 = out->nsegs;
+        for (size_t si = g->ios[i].seg0; si < g->ios[i].seg1; si++) {
+            const st_seg *s = &g->segs[si];
+            uint64_t lo = s->c0 * C, hi = ST_MIN(s->c1 * C, g->ext[s->piece]->bytes);
+            size_t a, b;
+            runs_in(g, s->piece, lo, &a, &b);
+            for (size_t r = a; r < b && g->runs[r].src < hi; r++)
+                if (g->runs[r].src + g->runs[r].n > lo && g->runs[r].rank >= 0 &&
+                    g->runs[r].rank != me && loc[g->runs[r].rank] >= 0)
+                    flags |= ST_IO_SHARED;
+            if (st_grow(&out->segs, &c.scap, out->nsegs + 1, sizeof *out->segs))
+                goto oom;
+            out->segs[out->nsegs++] = *s;
+            out->payload_bytes += seg_payload(out, s);
+        }
+        if (st_grow(&out->ios, &c.icap, out->nios + 1, sizeof *out->ios))
+            goto oom;
+        out->ios[out->nios] = g->ios[i];
+        out->ios[out->nios].seg0 = s0;
+        out->ios[out->nios].seg1 = out->nsegs;
+        out->ios[out->nios++].flags = flags;
+    }
+    /* the local reads in the order above (stable), the sent ones last in plan order */
+    if (!(sorted = malloc((out->nios + 1) * sizeof *sorted)))
+        goto oom;
+    size_t k = 0;
+    for (int cls = 0; cls < 4; cls++)
+        for (size_t i = 0; i < out->nios; i++)
+            if (io_class(out->ios[i].flags) == cls)
+                sorted[k++] = out->ios[i];
+    free(out->ios);
+    out->ios = sorted;
+    goto done;
+oom:
+    rc = st_fail(STRATA_ENOMEM, "out of memory planning this rank's reads");
+    st_rank_reads_free(out);
+done:
+    free(loc);
+    free(c.cnt);
+    free(c.ev);
+    free(seg_flags);
+    return rc;
+}
+
+void st_rank_reads_free(st_io_plan *p)
+{
+    free(p->segs);
+    free(p->ios);
+    p->segs = NULL;
+    p->ios = NULL;
+    p->nsegs = p->nios = 0;
+}
