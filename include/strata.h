@@ -218,8 +218,8 @@ typedef struct strata_stats {
     uint64_t data_bytes;   /* distinct shard + blob bytes in the checkpoint */
     uint64_t bytes;        /* bytes written (save; shards an incremental save referred to
                               its base are not counted) or payload bytes read (load), this
-                              rank (with a communicator, chunks that several ranks of a node
-                              read through the page cache count for the lowest of them) */
+                              rank (with a communicator, a chunk that several ranks of a node
+                              read through the page cache counts for one of them) */
     uint64_t io_calls;     /* pwrite/pread calls issued */
     double seconds;        /* wall time from the start to the end of the save or load */
     /* save: balance of the write work. max_writer_bytes is the largest rank's payload;

@@ -256,9 +256,9 @@ int st_check_same_file(const st_dir *d, const st_mfile *mf, const st_mident *was
                                           : "it was modified");
 }
 
-/* Opens file f of d for reading (O_DIRECT if asked, where the filesystem takes it) into *out,
- * checking a foreign file's identity. */
-static int open_data_file(const st_dir *d, uint32_t f, int direct, st_file **out)
+/* Opens file f of d for reading into *out (how: ST_O_DIRECT where the filesystem takes it,
+ * ST_O_EXACT for shared reads, or 0), checking a foreign file's identity. */
+static int open_data_file(const st_dir *d, uint32_t f, int how, st_file **out)
 {
     const st_meta *m = d->meta;
     const st_vfs *v = d->vfs;
@@ -266,8 +266,7 @@ static int open_data_file(const st_dir *d, uint32_t f, int direct, st_file **out
     int rc = st_path_join(path, d->path, m->files[f].name);
     if (rc)
         return rc;
-    int e = v->open(v, path, ST_O_READ | (direct ? ST_O_DIRECT : 0) | (m->foreign ? ST_O_FOLLOW : 0),
-                    out);
+    int e = v->open(v, path, ST_O_READ | how | (m->foreign ? ST_O_FOLLOW : 0), out);
     if (e) {
         *out = NULL;
         return st_fail(e == -ENOENT ? STRATA_ENOENT : st_from_errno(-e),
@@ -292,7 +291,8 @@ int st_open_data_files(const st_dir *d, const st_io_plan *p, int no_direct, st_f
         int shared = (p->ios[i].flags & ST_IO_SHARED) != 0;
         uint32_t f = p->ios[i].file;
         if (!files[f + (shared ? nf : 0)])
-            rc = open_data_file(d, f, !no_direct && !shared, &files[f + (shared ? nf : 0)]);
+            rc = open_data_file(d, f, shared ? ST_O_EXACT : no_direct ? 0 : ST_O_DIRECT,
+                                &files[f + (shared ? nf : 0)]);
     }
     if (rc) {
         st_close_data_files(d, p, files);

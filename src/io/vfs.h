@@ -22,6 +22,9 @@ enum {
     ST_O_DIRECT = 4,  /* ask for O_DIRECT; st_file_direct() tells if it was granted */
     ST_O_FOLLOW = 8,  /* with ST_O_READ: through a symlink to a regular file (foreign
                          sources: a Hugging Face cache links its snapshots to blobs) */
+    ST_O_EXACT = 16,  /* with ST_O_READ: buffered reads bring in the ranges asked and no
+                         read-ahead beyond them (POSIX_FADV_RANDOM: the bytes after a range
+                         may be another reader's, read with O_DIRECT) */
 };
 
 enum {

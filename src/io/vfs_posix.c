@@ -66,6 +66,8 @@ static int px_open(const st_vfs *v, const char *path, int flags, st_file **out)
         close(fd);
         return -e;
     }
+    if ((flags & ST_O_EXACT) && !direct)
+        posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM); /* advice: its failure changes nothing */
     px_file *f = malloc(sizeof *f);
     if (!f) {
         close(fd);

@@ -183,8 +183,8 @@ void st_io_plan_free(st_io_plan *p);
  * bytes to the ranks of other nodes that need them, or -1 where only ranks of one node need
  * it. Each rank reads the chunks it needs itself, split where the set of its node's ranks
  * that need them changes and coalesced into reads of at most max_io (as st_plan_load rounds
- * it); chunks others of its node need too are ST_IO_SHARED, ST_IO_FIRST on the lowest such
- * rank (or the node's reader). Then, ST_IO_SEND, the reads of g it reads whole for others.
+ * it); chunks others of its node need too are ST_IO_SHARED, ST_IO_FIRST on one such rank
+ * (in turns, max_io bytes at a time; the node's reader where there is one). Then, ST_IO_SEND, the reads of g it reads whole for others.
  * Reads are ordered: shared and first, private, shared, sent. out borrows g's runs, extents
  * and views; free it with st_rank_reads_free, before g. payload_bytes: its reads' chunk bytes.
  * Errors: STRATA_ENOMEM. */

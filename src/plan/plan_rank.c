@@ -1,8 +1,9 @@
 /* plan_rank.c - one rank's reads in a load by several ranks (dist_load.c), from the global
  * plan every rank made the same. Within a node no bytes move between ranks: each rank reads
  * the chunks it needs itself, and a chunk that other ranks of its node need too is read
- * through the page cache (ST_IO_SHARED), so that the device reads it once; of those ranks
- * the lowest is the one counted as reading it (ST_IO_FIRST). Only a read that ranks of other
+ * through the page cache (ST_IO_SHARED), so that the device reads it once; one of those
+ * ranks, in turns a read's worth at a time, is counted as reading it (ST_IO_FIRST) and reads
+ * it before its other reads. Only a read that ranks of other
  * nodes need too has a reader (chosen by the caller), which reads it whole (ST_IO_SEND) and
  * sends their bytes; its node's other ranks still read their own parts, counted as the
  * reader's. Pure; single-threaded. */
@@ -31,8 +32,10 @@ typedef struct {
     event *ev;
     size_t nev, evcap;
     int *cnt;          /* per node-local rank: its runs covering the current position */
+    int *sel;          /* the node-local ranks covering it */
     const int *loc;    /* per rank: its node-local index, or -1 on another node */
-    int me_loc;
+    int me_loc, nloc;
+    uint64_t block;    /* chunks per read: shared chunks are counted for a rank per block */
     size_t seg_first;  /* the first of out's segments cut from the current global segment */
 } rank_ctx;
 
@@ -101,25 +104,38 @@ static int split_seg(rank_ctx *c, const st_io_plan *g, const st_seg *s, int mate
     if (!mine)
         return 0;
     qsort(c->ev, c->nev, sizeof *c->ev, cmp_event);
-    int lower = 0, other = 0; /* node-mates covering: below this rank, and any */
+    int other = 0; /* node-mates covering */
     for (size_t k = 0; k < c->nev;) {
         uint64_t pos = c->ev[k].pos;
         for (; k < c->nev && c->ev[k].pos == pos; k++) {
             int l = c->ev[k].loc, was = c->cnt[l] > 0;
             c->cnt[l] += c->ev[k].delta;
             int now = c->cnt[l] > 0;
-            if (l != c->me_loc && was != now) {
+            if (l != c->me_loc && was != now)
                 other += now - was;
-                lower += l < c->me_loc ? now - was : 0;
-            }
         }
         if (k == c->nev || c->cnt[c->me_loc] <= 0)
             continue;
-        uint32_t flags = mate_reads ? ST_IO_SHARED
-                         : other     ? ST_IO_SHARED | (lower ? 0 : ST_IO_FIRST)
-                                     : 0;
-        if (add_seg(c, s->piece, pos, c->ev[k].pos, flags, seg_flags, sfcap))
-            return -1;
+        if (mate_reads || !other) {
+            if (add_seg(c, s->piece, pos, c->ev[k].pos, mate_reads ? ST_IO_SHARED : 0,
+                        seg_flags, sfcap))
+                return -1;
+            continue;
+        }
+        /* shared: counted for one of the ranks that need it, in turns block by block (a
+         * read's worth), the same choice on each of them */
+        int n = 0;
+        for (int l = 0; l < c->nloc; l++)
+            if (c->cnt[l] > 0)
+                c->sel[n++] = l;
+        for (uint64_t b0 = pos, end = c->ev[k].pos; b0 < end;) {
+            uint64_t blk = b0 / c->block, b1 = ST_MIN(end, (blk + 1) * c->block);
+            int first = c->sel[(st_mix64(s->piece) + blk) % (uint64_t)n] == c->me_loc;
+            if (add_seg(c, s->piece, b0, b1, ST_IO_SHARED | (first ? ST_IO_FIRST : 0), seg_flags,
+                        sfcap))
+                return -1;
+            b0 = b1;
+        }
     }
     return 0;
 }
@@ -192,7 +208,10 @@ int st_plan_rank_reads(st_io_plan *out, const st_io_plan *g, int me, const int *
         loc[r] = node[r] == node[me] ? nloc++ : -1;
     c.loc = loc;
     c.me_loc = loc[me];
-    if (!(c.cnt = calloc((size_t)nloc, sizeof *c.cnt)))
+    c.nloc = nloc;
+    c.block = c.max_io / C;
+    if (!(c.cnt = calloc((size_t)nloc, sizeof *c.cnt)) ||
+        !(c.sel = calloc((size_t)nloc, sizeof *c.sel)))
         goto oom;
     /* reads this node does: the chunks this rank needs, split by who else needs them */
     for (size_t i = 0; i < g->nios; i++) {
@@ -250,6 +269,7 @@ oom:
 done:
     free(loc);
     free(c.cnt);
+    free(c.sel);
     free(c.ev);
     free(seg_flags);
     return rc;
