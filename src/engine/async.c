@@ -244,6 +244,7 @@ struct strata_handle {
     atomic_size_t next_task;               /* the snapshot's next write task to copy */
     size_t *q_task, *q_buf, q_head, q_len; /* ring of full buffers to write */
     int q_closed;
+    int copying; /* snapshot threads still copying; the last closes the queue */
     int finished, final_rc; /* the commit's outcome, once known */
     strata_stats stats;
     int no_thread; /* failed before the coordinator started */
@@ -378,6 +379,22 @@ static void *copier(void *arg)
     }
 }
 
+/* A snapshot thread: copies, then the last one to end marks the snapshot done (the
+ * caller's buffers are no longer read) and closes the queue. */
+static void *copier_main(void *arg)
+{
+    strata_handle *h = arg;
+    copier(h);
+    pthread_mutex_lock(&h->mu);
+    if (--h->copying == 0) {
+        h->q_closed = 1;
+        h->snap_done = 1;
+        pthread_cond_broadcast(&h->cv);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
 /* The save no longer uses the pool's buffers (a saver's pool may be made again, or
  * freed with the saver, from now on). */
 static void pool_release(strata_handle *h)
@@ -395,6 +412,9 @@ static void set_flag(strata_handle *h, int *flag)
     pthread_mutex_unlock(&h->mu);
 }
 
+/* The snapshot starts at once on its own threads; meanwhile this thread prepares the tiers
+ * (directories, files, space reserved: a tier in memory allocates its pages there), then
+ * starts the flushers, which take the buffers the copiers filled meanwhile. */
 static void *coordinator(void *arg)
 {
     strata_handle *h = arg;
@@ -403,6 +423,22 @@ static void *coordinator(void *arg)
     bg_nice(h, 0);
     int started = 0, rc = 0;
     const st_dests *dst = h->dst;
+    for (size_t i = 0; i < h->sp.npieces; i++)
+        if (h->sp.pieces[i].device) {
+            pool_pin(h->pool);
+            break;
+        }
+    pthread_t cp[8];
+    int ncopy = 0, want = snapshot_threads();
+    pthread_mutex_lock(&h->mu);
+    h->copying = want;
+    pthread_mutex_unlock(&h->mu);
+    for (; ncopy < want; ncopy++) /* at this thread's nice */
+        if (pthread_create(&cp[ncopy], NULL, copier_main, h))
+            break;
+    pthread_mutex_lock(&h->mu);
+    h->copying -= want - ncopy; /* the threads that did not start */
+    pthread_mutex_unlock(&h->mu);
     for (int t = 0; t < h->ntiers; t++) {
         int trc = h->ops->prepare(h->ctx, t);
         if (!trc && !(h->files[t] = calloc(h->sp.meta->nfiles + 1, sizeof *h->files[t])))
@@ -413,34 +449,24 @@ static void *coordinator(void *arg)
         if (trc)
             fail(h, trc, t);
     }
-    for (int i = 0; i < h->nflush && !all_failed(h); i++, started++)
-        if (pthread_create(&h->flushers[i], NULL, flusher, h)) {
-            rc = st_fail(STRATA_ENOMEM, "cannot start an I/O thread");
-            fail(h, rc, -1);
+    /* flushers even where every tier failed: they give the copiers' buffers back */
+    for (int i = 0; i < h->nflush; i++, started++)
+        if (pthread_create(&h->flushers[i], NULL, flusher, h))
             break;
-        }
-    for (size_t i = 0; i < h->sp.npieces; i++)
-        if (h->sp.pieces[i].device) {
-            pool_pin(h->pool);
-            break;
-        }
-    /* the snapshot: this thread and the other copiers copy the write tasks into pool
-     * buffers and hand them to the flushers */
-    if (started) {
-        pthread_t more[8];
-        int ncopy = 0, want = snapshot_threads() - 1;
-        for (; ncopy < want && (size_t)ncopy + 1 < h->lay.nios; ncopy++)
-            if (pthread_create(&more[ncopy], NULL, copier, h)) /* at this thread's nice */
-                break; /* fewer copiers: still a snapshot */
-        copier(h);
-        for (int i = 0; i < ncopy; i++)
-            pthread_join(more[i], NULL);
+    if (!started) {
+        rc = st_fail(STRATA_ENOMEM, "cannot start an I/O thread");
+        fail(h, rc, -1); /* the copiers stop at their next task */
     }
-    pthread_mutex_lock(&h->mu);
-    h->q_closed = 1;
-    h->snap_done = 1; /* the caller's buffers are no longer read */
-    pthread_cond_broadcast(&h->cv);
-    pthread_mutex_unlock(&h->mu);
+    if (!ncopy) { /* no snapshot thread: this one copies */
+        pthread_mutex_lock(&h->mu);
+        h->copying = 1;
+        pthread_mutex_unlock(&h->mu);
+        copier_main(h);
+    }
+    if (!started) /* ... and gives back what they filled */
+        flusher(h);
+    for (int i = 0; i < ncopy; i++)
+        pthread_join(cp[i], NULL);
     for (int i = 0; i < started; i++)
         pthread_join(h->flushers[i], NULL);
     /* each tier is done on its own once its copy is complete (a local save commits it) */

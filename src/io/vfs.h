@@ -77,7 +77,8 @@ struct st_vfs {
     /* kind: 0 regular file, 1 directory, 2 symlink, 3 other. Does not follow symlinks. */
     int (*stat)(const st_vfs *v, const char *path, uint64_t *size, int *kind);
     /* Reserves space for [0, size) so that later writes neither extend the file nor fail
-     * for space; 0 or -errno (-EOPNOTSUPP where the backend cannot). */
+     * for space; 0 or -errno (-EOPNOTSUPP where the backend cannot). On tmpfs the free
+     * space is checked (-ENOSPC) instead: reserving would clear every page beforehand. */
     int (*allocate)(st_file *f, uint64_t size);
     /* Frees a backend instance made by st_vfs_resolve; NULL for static backends. */
     void (*release)(const st_vfs *v);

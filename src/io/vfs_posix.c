@@ -5,7 +5,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "../core/error.h"
@@ -129,6 +132,14 @@ static int px_allocate(st_file *f, uint64_t size)
 {
     if (size == 0)
         return 0;
+    /* tmpfs (the host-memory tier): fallocate would clear every page of the file ahead of
+     * the copy that fills it, a second pass over memory on the training's cores; the free
+     * space is checked instead (a file of this save growing meanwhile is not counted) */
+    struct statfs fs;
+    struct statvfs vs;
+    if (fstatfs(PX(f)->fd, &fs) == 0 && fs.f_type == TMPFS_MAGIC &&
+        fstatvfs(PX(f)->fd, &vs) == 0)
+        return (uint64_t)vs.f_bavail * vs.f_frsize < size ? -ENOSPC : 0;
     return fallocate(PX(f)->fd, 0, 0, (off_t)size) ? -errno : 0;
 }
 
