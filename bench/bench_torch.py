@@ -4,8 +4,10 @@ and one disk. Writes bench/results/torch.md and torch.png; the last line printed
     stall_ratio_vs_dcp_async=X durable_ratio_vs_dcp_async=X save_of_disk=X load_of_disk=X
     reshard_load_of_disk=X load_ratio_vs_torch_mmap=X peak_extra_ratio_vs_dcp=X
 
-Each round: fio measures the disk (write, then cold read) where the checkpoints go, then
-every configuration runs in fresh processes (so memory figures start clean):
+Each round: the disk where the checkpoints go is measured the way strata uses it (`strata
+bench disk`: O_DIRECT through strata's I/O buffers, the reference of every "of disk" figure,
+and through 4 KiB-page buffers), then by fio (its own buffers); then every configuration
+runs in fresh processes (so memory figures start clean):
 
     1p-fp32, 1p-bf16  one process, plain model: for each system (the order rotates each
                       round) setup, one save outside the loop (call, snapshot, durable, peak
@@ -15,7 +17,7 @@ every configuration runs in fresh processes (so memory figures start clean):
                       loads in the same layout, on 3 processes (FSDP2) and on 1 (plain)
 
 Environment: BENCH_TORCH_GB (state GiB, default 2), BENCH_TORCH_ROUNDS or ROUNDS (default
-3), BENCH_TORCH_K (steps per checkpoint, default 10; BENCH_TORCH_K_BF16 for 1p-bf16,
+5), BENCH_TORCH_K (steps per checkpoint, default 10; BENCH_TORCH_K_BF16 for 1p-bf16,
 default 0: no loop, saves outside it only), BENCH_TORCH_CONFIGS (default
 "1p-fp32,1p-bf16,4p-fp32"), BENCH_DIR (where checkpoints and fio's file go, default
 build/bench-torch), BENCH_TORCH_OUT (default bench/results).
@@ -42,7 +44,7 @@ def env_int(name, default, alt=None):
 
 
 GIB = float(os.environ.get("BENCH_TORCH_GB", "2"))
-ROUNDS = env_int("BENCH_TORCH_ROUNDS", 3, "ROUNDS")
+ROUNDS = env_int("BENCH_TORCH_ROUNDS", 5, "ROUNDS")
 K = env_int("BENCH_TORCH_K", 10)
 K_BF16 = env_int("BENCH_TORCH_K_BF16", 0)
 K_BLOCK = 2
@@ -338,6 +340,7 @@ def phase_single(dtype_name, rnd, out_path):
         rss0 = ts.rss()
         ts.hwm_reset()
         rb0 = ts.read_bytes()
+        c0 = ts.disk_counters(BENCH_DIR)
         stats = None
         t0 = now()
         if name in ("torch_load", "torch_load_mmap"):
@@ -354,6 +357,7 @@ def phase_single(dtype_name, rnd, out_path):
         else:
             st.CheckpointManager(by_name["strata_mgr"].tiers).load(sd)
         t = now() - t0
+        req = ts.request_kib(c0, ts.disk_counters(BENCH_DIR))
         peak = ts.hwm() - rss0
         rb = ts.read_bytes() - rb0
         ok = ts.digest(sd, tm.tensors) == digests[fmt]
@@ -361,9 +365,12 @@ def phase_single(dtype_name, rnd, out_path):
         rows.add(name, "load_gbps", nbytes / t / 1e9)
         rows.add(name, "peak_extra_load", peak)
         rows.add(name, "storage_read", rb)
+        rows.add(name, "req_kib", req)
         rows.add(name, "ok", int(ok))
-        log("[%s r%d] %s: %.3f s (%.2f GB/s), peak extra %.0f MiB, read from storage %.0f MiB,"
-            " %s%s%s" % (config, rnd, name, t, nbytes / t / 1e9, peak / MIB, rb / MIB,
+        log("[%s r%d] %s: %.3f s (%.2f GB/s), peak extra %.0f MiB, read from storage %.0f MiB "
+            "(device requests of %s KiB on average), %s%s%s" % (
+                config, rnd, name, t, nbytes / t / 1e9, peak / MIB, rb / MIB,
+                "%.0f" % req if req else "?",
                          "digest ok" if ok else "DIGEST MISMATCH",
                          "" if dropped else " (page cache NOT dropped)",
                          ", strata read %.0f MiB" % (stats["bytes"] / MIB) if stats else ""))
@@ -405,6 +412,7 @@ def _load_cold(name, fmt, path, sd, nbytes):
     ts.hwm_reset()
     rb0 = ts.read_bytes()
     _barrier()
+    c0 = ts.disk_counters(path) if _rank() == 0 else None
     stats = None
     t0 = now()
     if fmt == "dcp":
@@ -413,8 +421,9 @@ def _load_cold(name, fmt, path, sd, nbytes):
         stats = st.load(sd, path)
     t = now() - t0
     _barrier()
+    req = ts.request_kib(c0, ts.disk_counters(path)) if _rank() == 0 else None
     return {"name": name, "s": t, "peak": ts.hwm() - rss0, "read": ts.read_bytes() - rb0,
-            "stats": stats, "dropped": dropped}
+            "stats": stats, "dropped": dropped, "req": req}
 
 
 def job_dist_save(dtype_name, rnd, root, shm_root):
@@ -567,13 +576,18 @@ def phase_dist(dtype_name, rnd, out_path):
             rows.add(name, "load_gbps", nbytes / t / 1e9)
             rows.add(name, "peak_extra_load", peak)
             rows.add(name, "storage_read", read)
+            rows.add(name, "storage_read_rank_max", max(p["read"] for p in per))
+            rows.add(name, "req_kib", per[0]["req"])
             rows.add(name, "ok", int(ok))
             st = per[0]["stats"]
             if st:
                 rows.add(name, "strata_all_bytes", st.get("all_bytes") or st.get("bytes"))
             log("[%s r%d] %s on %d: %.3f s (%.2f GB/s), peak extra %.0f MiB (sum of ranks), "
-                "read from storage on the node %.0f MiB%s, %s%s" % (
+                "read from storage on the node %.0f MiB (per rank %s MiB; device requests of "
+                "%s KiB on average)%s, %s%s" % (
                     config, rnd, name, len(per), t, nbytes / t / 1e9, peak / MIB, read / MIB,
+                    "/".join("%.0f" % (p["read"] / MIB) for p in per),
+                    "%.0f" % per[0]["req"] if per[0]["req"] else "?",
                     " (strata: %.0f MiB over all ranks)" % (
                         (st.get("all_bytes") or st.get("bytes")) / MIB) if st else "",
                     "digest ok" if ok else "DIGEST MISMATCH",
@@ -649,6 +663,7 @@ def pressure():
 
 def main():
     import torch_report
+    import torch_systems as ts
     t_start = now()
     os.makedirs(BENCH_DIR, exist_ok=True)
     os.makedirs(OUT_DIR, exist_ok=True)
@@ -661,13 +676,26 @@ def main():
                                     "permitted" if dropped else "NOT permitted"))
     rows, metas = [], {}
     for rnd in range(ROUNDS):
+        # the disk as strata uses it (its I/O buffers; and 4 KiB pages), then as fio does
+        disk = ts.strata_disk(BENCH_DIR, size_mb)
+        for kind, sysname in (("strata", "disk"), ("4k", "disk4k")):
+            d = disk[kind]
+            for m in ("write_gbps", "read_gbps", "write_req_kib", "read_req_kib"):
+                rows.append({"config": "env", "round": rnd, "system": sysname, "metric": m,
+                             "value": d[m]})
+            log("[round %d] disk through %s buffers (%s): write %.3f GB/s, cold read %.3f GB/s "
+                "(requests of %.0f / %.0f KiB; %d MiB, O_DIRECT, 8 MiB writes, %.0f KiB reads, 4 "
+                "threads)" % (rnd + 1, "strata's" if kind == "strata" else "4 KiB-page",
+                              d["pages"], d["write_gbps"], d["read_gbps"], d["write_req_kib"],
+                              d["read_req_kib"], size_mb, d["read_kib"]))
+        pages = disk["strata"]["pages"]
         fpath = os.path.join(BENCH_DIR, "fio.bin")
         w = fio_gbps("write", size_mb)
         drop_caches_permitted()
         r = fio_gbps("read", size_mb)
         os.unlink(fpath)
         log("[round %d] fio: disk write %.3f GB/s, cold read %.3f GB/s (%d MiB, O_DIRECT, 8 MiB "
-            "blocks, queue depth 4)" % (rnd + 1, w, r, size_mb))
+            "blocks, queue depth 4, its own buffers)" % (rnd + 1, w, r, size_mb))
         rows.append({"config": "env", "round": rnd, "system": "fio", "metric": "write_gbps",
                      "value": w})
         rows.append({"config": "env", "round": rnd, "system": "fio", "metric": "read_gbps",
@@ -676,12 +704,15 @@ def main():
             kind = "single" if cfg.startswith("1p") else "dist"
             got = run_phase(kind, cfg, rnd, tmp)
             rows.extend(got["rows"])
+            rows.append({"config": cfg, "round": rnd, "system": "env", "metric": "loadavg",
+                         "value": os.getloadavg()[0]})
             metas.setdefault(cfg, []).append(got["meta"])
             log("[round %d] %s took %.0f s (%.0f s so far)" % (rnd + 1, cfg,
                                                                 got["meta"]["phase_s"],
                                                                 now() - t_start))
     info = {
         "gib": GIB, "rounds": ROUNDS, "k": K, "configs": CONFIGS, "bench_dir": BENCH_DIR,
+        "disk_pages": pages,
         "drop_caches": dropped, "seconds": now() - t_start, "size_mb": size_mb,
         "versions": versions(), "machine": machine(),
     }

@@ -1,12 +1,14 @@
 # make bench-torch: strata beside torch.save and DCP (sync, async, every CPU staging option)
 # in a real training loop, on one process and on 4 gloo processes (FSDP2 x TP), with the disk
-# measured by fio in the same run. Writes bench/results/torch.md and torch.png; the last line
+# measured in the same run the way strata uses it (`strata bench disk`: its I/O buffers, the
+# reference of every "of disk" figure) and by fio. Writes bench/results/torch.md and torch.png; the last line
 # printed holds the ratios. Installs fio (Debian) and numpy + matplotlib (into $(VENV)).
-# Env: BENCH_TORCH_GB (state GiB, default 2), ROUNDS (default 3), BENCH_TORCH_K (steps per
+# Env: BENCH_TORCH_GB (state GiB, default 2), ROUNDS (default 5), BENCH_TORCH_K (steps per
 # checkpoint, default 10), BENCH_TORCH_CONFIGS (default 1p-fp32,1p-bf16,4p-fp32); the
 # checkpoints go to BENCH_TORCH_DIR (default $(BUILD)/bench-torch, on the disk under test).
 # make bench-unified (run by bench-torch after it): strata loading and exporting a checkpoint
-# that PyTorch DCP wrote, beside DCP (bench/bench_unified.py; BENCH_UNIFIED_GB, default 2).
+# that PyTorch DCP wrote, beside DCP (bench/bench_unified.py; BENCH_UNIFIED_GB, default 2;
+# BENCH_UNIFIED_ROUNDS, default 5; writes bench/results/unified.md).
 # make bench-deepspeed (run by bench-torch after them): strata's DeepSpeed checkpoint engine
 # beside DeepSpeed's own in a ZeRO-2 loop on 2 gloo processes (bench/bench_deepspeed.py;
 # BENCH_DS_GB, default 1; writes bench/results/deepspeed.md), then `strata export` of a ZeRO-2
@@ -20,16 +22,17 @@ $(VENV)/.bench-torch-deps: $(VENV)/.deps-installed
 	$(VENV)/bin/pip install -q numpy matplotlib
 	@touch $@
 
-bench-torch: venv $(VENV)/.bench-torch-deps
+bench-torch: venv $(VENV)/.bench-torch-deps $(BUILD)/strata
 	@$(APT) tool_need fio fio
-	BENCH_DIR=$(BENCH_TORCH_DIR) PYTHONWARNINGS=ignore $(VENV)/bin/python bench/bench_torch.py
+	BENCH_DIR=$(BENCH_TORCH_DIR) PYTHONWARNINGS=ignore STRATA_CLI=$(BUILD)/strata \
+	    $(VENV)/bin/python bench/bench_torch.py
 	$(MAKE) --no-print-directory bench-unified
 	$(MAKE) --no-print-directory bench-deepspeed
 
 bench-unified: venv $(BUILD)/strata
 	@$(APT) tool_need fio fio; tool_need /usr/bin/time time
 	BENCH_DIR=$(BUILD)/bench-unified PYTHONWARNINGS=ignore GLOO_SOCKET_IFNAME=lo \
-	    $(VENV)/bin/python bench/bench_unified.py
+	    STRATA_CLI=$(BUILD)/strata $(VENV)/bin/python bench/bench_unified.py
 
 bench-deepspeed: venv $(BUILD)/strata
 	BENCH_DIR=$(BUILD)/bench-deepspeed PYTHONWARNINGS=ignore $(VENV)/bin/python bench/bench_deepspeed.py

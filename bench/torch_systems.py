@@ -59,6 +59,51 @@ def read_bytes():
     return 0
 
 
+def disk_counters(path):
+    """(requests, bytes) read so far by the block device holding path (/proc/diskstats:
+    every process's reads count), or None where none is listed."""
+    try:
+        st = os.stat(path)
+        maj, mnr = os.major(st.st_dev), os.minor(st.st_dev)
+        with open("/proc/diskstats") as f:
+            for line in f:
+                x = line.split()
+                if int(x[0]) == maj and int(x[1]) == mnr:
+                    return int(x[3]), int(x[5]) * 512
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def request_kib(c0, c1):
+    """Average KiB per device read request between two disk_counters (None if unknown)."""
+    if not c0 or not c1 or c1[0] <= c0[0]:
+        return None
+    return (c1[1] - c0[1]) / (c1[0] - c0[0]) / 1024
+
+
+STRATA_CLI = os.environ.get("STRATA_CLI") or os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build", "strata")
+
+
+def strata_disk(path, size_mb):
+    """The disk under path measured the way strata uses it (`strata bench disk`: O_DIRECT,
+    8 MiB writes and fsync, cold reads of a load's size, 4 threads), through strata's I/O
+    buffers ("strata") and through buffers of 4 KiB pages ("4k"): {kind: {write_gbps,
+    read_gbps, write_req_kib, read_req_kib, max_request_kib, read_kib, pages}}."""
+    import subprocess
+    out = subprocess.run([STRATA_CLI, "bench", "disk", "--dir", path, "--size-mb",
+                          str(size_mb)], check=True, capture_output=True, text=True).stdout
+    res = {}
+    for line in out.splitlines():
+        head, _, pages = line.partition(' pages="')
+        kv = dict(x.split("=", 1) for x in head.split())
+        d = {k: float(v) for k, v in kv.items() if k not in ("run", "buffers")}
+        d["pages"] = pages.rstrip('"')
+        res[kv["buffers"]] = d
+    return res
+
+
 _libc = ctypes.CDLL("libc.so.6", use_errno=True)
 
 
