@@ -674,7 +674,8 @@ int strata_reclaim_load_segments(int *removed);
  * load (max_io_bytes' default), through I/O buffers of the kind strata uses (2 MiB-aligned,
  * huge pages where the kernel gives them) or, small_pages, of 4 KiB pages; the file is
  * removed. GB/s are 1e9 bytes per second. out: STRATA_DISK_RATE_INIT. Errors: STRATA_EIO
- * and the like (naming dir), STRATA_EINVAL (O_DIRECT refused: tmpfs), STRATA_ENOMEM. */
+ * and the like (naming dir), STRATA_EINVAL (a filesystem that refuses O_DIRECT),
+ * STRATA_ENOMEM. */
 #define STRATA_DISK_RATE_VERSION 1
 typedef struct strata_disk_rate {
     int version; /* STRATA_DISK_RATE_VERSION */

@@ -177,6 +177,18 @@ check "export of an incomplete checkpoint: exit 3" bash -c "cp -r '$T/ck1' '$T/i
 for c in demo inspect ls verify gc export bench; do
     check "$c --help" bash -c "'$S' $c --help | grep -q '^usage: strata $c'"
 done
+check "bench disk --help" bash -c "'$S' bench disk --help | grep -q '^usage: strata bench disk'"
+# bench disk: two passes, strata's I/O buffers then 4 KiB pages, each saying what backed
+# them; its scratch file removed (where the filesystem refuses O_DIRECT: a clear failure)
+bench_disk() {
+    out=$("$S" bench disk --dir "$T" --size-mb 16 2>&1); rc=$?
+    echo "$out"
+    if [ $rc != 0 ]; then echo "$out" | grep -q "measuring the disk under '$T'.*STRATA_EINVAL"; return; fi
+    echo "$out" | grep -q '^run=1 buffers=strata write_gbps=[0-9.]* read_gbps=[0-9.]* .* pages="[a-zA-Z0-9 ]*"$' &&
+        echo "$out" | grep -q '^run=1 buffers=4k .* pages="4 KiB pages"$' &&
+        ! ls -A "$T" | grep -q strata-disk
+}
+check "bench disk: the disk through strata's buffers and through 4 KiB pages" bench_disk
 check "no command: usage, exit 2" status_is 2 "$S"
 check "bad layout: exit 2" status_is 2 "$S" demo --from tp=x
 for l in tp=+2 tp=2, tp=2,tp=3 "tp= 2" tp=2,zero=2 tp=99999999999; do
