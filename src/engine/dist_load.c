@@ -307,7 +307,8 @@ out:
  * of the bytes it counts as read from storage (*all_bytes: their sum), so that a failure on
  * any rank fails every rank with its message. */
 static int load_reads(strata_comm *comm, const st_dir *d, const st_io_plan *p,
-                      const strata_load_opts *o, uint64_t *my_bytes, uint64_t *all_bytes)
+                      const strata_load_opts *o, uint64_t *my_bytes, uint64_t *all_bytes,
+                      uint64_t *my_reads)
 {
     const int P = comm->size, me = comm->rank;
     int *node = malloc(((size_t)P + 1) * sizeof *node);
@@ -355,6 +356,7 @@ static int load_reads(strata_comm *comm, const st_dir *d, const st_io_plan *p,
     }
     rc = first_failure(comm, sts, P);
     *my_bytes = mine.bytes;
+    *my_reads = rp.nios;
 out:
     if (files)
         st_close_data_files(d, &rp, files);
@@ -461,13 +463,13 @@ int st_load_dist(strata_comm *comm, const st_dir *d, st_load_cache *c, strata_st
         c->keylen = key.n;
         key.p = NULL;
     }
-    uint64_t got = 0, all_got = 0;
-    if ((rc = load_reads(comm, d, &c->plan, &eff, &got, &all_got)))
+    uint64_t got = 0, all_got = 0, reads = 0;
+    if ((rc = load_reads(comm, d, &c->plan, &eff, &got, &all_got, &reads)))
         goto out;
     /* payload bytes read from storage, not alignment padding, as the in-process load counts
      * (of chunks several ranks of a node read through the page cache, one rank's) */
     *stats = (strata_stats){.data_bytes = d->meta->data_bytes, .bytes = got,
-                            .all_bytes = all_got, .plan_cached = cached,
+                            .io_calls = reads, .all_bytes = all_got, .plan_cached = cached,
                             .io_threads = eff.io_threads, .max_io_bytes = eff.max_io_bytes};
     stats->seconds = st_now() - t0;
 out:

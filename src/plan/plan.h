@@ -162,9 +162,25 @@ typedef struct st_io_plan {
     uint64_t request_bytes;  /* bytes requested over all ranks */
 } st_io_plan;
 
-/* Plans a load of the requests of nranks ranks from meta. max_io bounds one read (it is
- * rounded to whole chunks and at least one chunk; with chunks under 8 bytes, to a multiple
- * of 8, so that no read splits an element). A request of another dtype than saved is
+/* The largest read of a plan for max_io: whole chunks, at least one; with chunks under 8
+ * bytes (a foreign source's are 1) a multiple of 8, so that no read splits an element, and
+ * 2 * ST_ALIGN less where that leaves 2 * ST_ALIGN: a foreign read starts anywhere, and is
+ * issued from the ST_ALIGN boundary before it to the one after it, which must stay within
+ * max_io (one device request, where max_io is the device's largest). */
+static inline uint64_t st_plan_max_io(const st_meta *m, uint64_t max_io)
+{
+    const uint64_t C = m->chunk;
+    max_io = max_io < C ? C : max_io / C * C;
+    if (C < 8) {
+        if (max_io >= 4 * (uint64_t)ST_ALIGN)
+            max_io -= 2 * (uint64_t)ST_ALIGN;
+        max_io = max_io < 8 ? 8 : max_io / 8 * 8;
+    }
+    return max_io;
+}
+
+/* Plans a load of the requests of nranks ranks from meta. max_io bounds one read (as
+ * st_plan_max_io makes it). A request of another dtype than saved is
  * STRATA_EMISMATCH unless its rank's view has `cast` and st_convert_ok allows the pair.
  * Errors: STRATA_ENOTFOUND, STRATA_EMISMATCH, STRATA_EUNFILLED (messages name tensor and
  * rank), STRATA_ENOMEM. */

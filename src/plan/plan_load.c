@@ -185,9 +185,7 @@ int st_plan_reads(st_io_plan *out, uint64_t max_io)
     const uint64_t C = m->chunk;
     size_t np = out->npieces;
     int rc = 0;
-    max_io = max_io < C ? C : max_io / C * C;
-    if (C < 8) /* a foreign source's chunk is a byte: no segment may split an element */
-        max_io = max_io < 8 ? 8 : max_io / 8 * 8;
+    max_io = st_plan_max_io(m, max_io);
     /* runs by piece; the chunks they need, as segments (runs and segs are NULL when
      * empty, which qsort must not be given) */
     if (out->nruns > 1)

@@ -194,9 +194,7 @@ int st_plan_rank_reads(st_io_plan *out, const st_io_plan *g, int me, const int *
     const int P = g->nranks;
     const uint64_t C = g->meta->chunk;
     rank_ctx c = {.out = out, .align = st_meta_align(g->meta)};
-    c.max_io = max_io < C ? C : max_io / C * C;
-    if (C < 8)
-        c.max_io = c.max_io < 8 ? 8 : c.max_io / 8 * 8;
+    c.max_io = st_plan_max_io(g->meta, max_io);
     int *loc = malloc(((size_t)P + 1) * sizeof *loc);
     uint32_t *seg_flags = NULL;
     size_t sfcap = 0, ns = 0;
