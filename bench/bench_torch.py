@@ -366,6 +366,8 @@ def phase_single(dtype_name, rnd, out_path):
         rows.add(name, "peak_extra_load", peak)
         rows.add(name, "storage_read", rb)
         rows.add(name, "req_kib", req)
+        if stats and stats.get("io_calls"):  # strata's own reads: the requests it makes
+            rows.add(name, "read_kib", stats["bytes"] / stats["io_calls"] / 1024)
         rows.add(name, "ok", int(ok))
         log("[%s r%d] %s: %.3f s (%.2f GB/s), peak extra %.0f MiB, read from storage %.0f MiB "
             "(device requests of %s KiB on average), %s%s%s" % (

@@ -52,6 +52,12 @@ def _ratio(a, b):
     return a / b
 
 
+def _pos_ratio(a, b):
+    """a / b where both are positive (a stall below zero is noise: a period shorter than its
+    steps measured apart), else None."""
+    return _ratio(a, b) if a is not None and b is not None and a > 0 and b > 0 else None
+
+
 def _f(x, fmt="%.2f"):
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt % x
 
@@ -86,9 +92,10 @@ def figures(info, agg):
     f = {}
     dcp_stall = _best(agg, cfg, DCP_ASYNC, "stall_s")
     dcp_dur = _best(agg, cfg, DCP_ASYNC, "durable_s")
-    f["stall_ratio_vs_dcp_async"] = _ratio(agg.med(cfg, "strata_async", "stall_s"), dcp_stall[1])
-    f["mgr_stall_ratio_vs_async"] = _ratio(agg.med(cfg, "strata_mgr", "stall_s"),
-                                           agg.med(cfg, "strata_async", "stall_s"))
+    f["stall_ratio_vs_dcp_async"] = _pos_ratio(agg.med(cfg, "strata_async", "stall_s"),
+                                               dcp_stall[1])
+    f["mgr_stall_ratio_vs_async"] = _pos_ratio(agg.med(cfg, "strata_mgr", "stall_s"),
+                                               agg.med(cfg, "strata_async", "stall_s"))
     f["durable_ratio_vs_dcp_async"] = _ratio(agg.med(cfg, "strata_async", "durable_s"),
                                              dcp_dur[1])
     f["save_of_disk"] = _ratio(agg.med(cfg, "strata_save", "save_gbps"), disk_w)
@@ -103,6 +110,7 @@ def figures(info, agg):
     f["load_ratio_vs_torch_mmap_bf16"] = _ratio(agg.med("1p-bf16", "strata_load", "load_s"),
                                                 agg.med("1p-bf16", "torch_load_mmap", "load_s"))
     f["load_req_kib"] = agg.med(cfg, "strata_load", "req_kib")
+    f["load_read_kib"] = agg.med(cfg, "strata_load", "read_kib")
     f["peak_extra_ratio_vs_dcp"] = _ratio(agg.med(cfg, "strata_load", "peak_extra_load"),
                                           agg.med(cfg, "dcp_load", "peak_extra_load"))
     return f, dcp_stall, dcp_dur, disk_w, disk_r
@@ -159,7 +167,10 @@ def goals(info, metas, agg, f, dcp_stall, dcp_dur, disk_w, disk_r):
             "" if x is None or x <= 0.8 else "%.2fx the allowed time" % (x / 0.8))
     x = f["load_req_kib"]
     add("average device request during a strata load >= 2 MiB (/proc/diskstats, every "
-        "process's reads)", "%s KiB" % _f(x, "%.0f"), None if x is None else x >= 2048,
+        "process's reads on the device then; strata's own reads average %s KiB, O_DIRECT "
+        "into huge pages: one request each up to the device's largest)"
+        % _f(f["load_read_kib"], "%.0f"), "%s KiB" % _f(x, "%.0f"),
+        None if x is None else x >= 2048,
         "" if x is None or x >= 2048 else "%.0f %% short" % ((2048 - x) / 2048 * 100))
     peak = agg.med(cfg, "strata_async", "peak_extra_save")
     pool = metas.get(cfg, [{}])[0].get("pool_bytes")
@@ -265,6 +276,8 @@ def write(info, metas, rows, out_dir):
     if ps:
         w("- The machine is shared: the share of each phase's time in which some task waited "
           "for a CPU or for I/O (Linux PSI 'some', all users of the machine): %s." % "; ".join(ps))
+    if info.get("note"):
+        w("- %s" % info["note"])
     w("- Page cache dropped before every load (`echo 3 > /proc/sys/vm/drop_caches`): %s." % (
         "yes" if info["drop_caches"] else "**NOT permitted here: loads are not cold**"))
     la = ["%s %s" % (c, agg.cell(c, "env", "loadavg", "%.1f")) for c in info["configs"]
