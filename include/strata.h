@@ -714,7 +714,8 @@ typedef struct strata_export_opts {
  * parents): model-0000i-of-0000N.safetensors, tensors in the checkpoint's order, each file
  * a header {"__metadata__": {"format": "pt"}, name: {dtype, shape, data_offsets}} padded
  * with spaces to a multiple of 8, then the data; and model.safetensors.index.json
- * ({"metadata": {"total_size": bytes}, "weight_map": {name: file}}). Blobs are not
+ * ({"metadata": {"total_size": bytes}, "weight_map": {name: file}}); when all fit one file,
+ * model.safetensors alone, without an index, as Hugging Face writes it. Blobs are not
  * exported. Memory stays bounded whatever the model: the checkpoint is opened once (one
  * strata_loader, its index read once: stats->meta_reads) and each tensor is loaded from it
  * (every checksum verified) in windows of at most 64 MiB, flat element ranges, into one

@@ -97,18 +97,25 @@ check "README example (examples/reshard.c) runs" "${S%/strata}/examples/reshard"
 
 # export (issue 12): safetensors files whose headers follow the format (8-byte little-endian
 # length, JSON padded with spaces to a multiple of 8, offsets tiling the data, known dtype
-# names), an index whose total_size is the sum and whose weight_map names every tensor of
-# the checkpoint once; a small --max-file-gb splits it over several files; a corrupt
-# checkpoint exits 3 and leaves no output file
+# names), one file model.safetensors alone (issue 30: no index, as Hugging Face writes it);
+# a small --max-file-gb splits it over several files and an index whose total_size is the
+# sum and whose weight_map names every tensor of the checkpoint once; a corrupt checkpoint
+# exits 3 and leaves no output file
 cat >"$T/st_check.py" <<'PY'
 import json, os, struct, sys
 out, names_json, want_files = sys.argv[1], sys.argv[2], sys.argv[3]
 names = [t['name'] for t in json.load(open(names_json))['tensors']]
-idx = json.load(open(os.path.join(out, 'model.safetensors.index.json')))
-files = sorted(set(idx['weight_map'].values()))
+if want_files == '1':     # one file: model.safetensors alone, as Hugging Face writes it
+    assert os.listdir(out) == ['model.safetensors'], os.listdir(out)
+    files, idx = ['model.safetensors'], None
+else:
+    idx = json.load(open(os.path.join(out, 'model.safetensors.index.json')))
+    files = sorted(set(idx['weight_map'].values()))
+    assert files == ['model-%05d-of-%05d.safetensors' % (i + 1, len(files))
+                     for i in range(len(files))], files
+    assert sorted(os.listdir(out)) == sorted(files + ['model.safetensors.index.json']), \
+        os.listdir(out)
 n = len(files)
-assert files == ['model-%05d-of-%05d.safetensors' % (i + 1, n) for i in range(n)], files
-assert sorted(os.listdir(out)) == sorted(files + ['model.safetensors.index.json']), os.listdir(out)
 assert (n == 1) if want_files == '1' else (n > 1), n
 sizes = {'F64': 8, 'F32': 4, 'F16': 2, 'BF16': 2, 'F8_E4M3': 1, 'F8_E5M2': 1, 'I64': 8,
          'I32': 4, 'I16': 2, 'I8': 1, 'U8': 1, 'BOOL': 1}
@@ -139,8 +146,8 @@ for f in files:
         pos = e
     assert pos == len(raw) - 8 - hlen, (f, pos, len(raw))
     total += pos
-assert idx['metadata']['total_size'] == total, (idx['metadata'], total)
-assert seen == idx['weight_map']
+assert idx is None or idx['metadata']['total_size'] == total, (idx['metadata'], total)
+assert idx is None or seen == idx['weight_map']
 assert sorted(seen) == sorted(names), 'tensors differ from the checkpoint'
 print(n, 'files,', len(seen), 'tensors,', total, 'bytes')
 PY
@@ -372,7 +379,7 @@ mem_uris() {
 }
 check "mem:// and file:// URIs: ls lists and exits 0; inspect, verify, gc work" mem_uris
 
-check "gc removes a killed export's staging directory beside its OUT, OUT kept" bash -c "mkdir -p '$T/st1.strata-export-99-0000dead/set' && : >'$T/st1.strata-export-99-0000dead/EXPORT.LOCK' && '$S' gc '$T' | grep -q '^removed 1 staging directory left by killed exports' && test ! -e '$T/st1.strata-export-99-0000dead' && test -f '$T/st1/model.safetensors.index.json'"
+check "gc removes a killed export's staging directory beside its OUT, OUT kept" bash -c "mkdir -p '$T/st1.strata-export-99-0000dead/set' && : >'$T/st1.strata-export-99-0000dead/EXPORT.LOCK' && '$S' gc '$T' | grep -q '^removed 1 staging directory left by killed exports' && test ! -e '$T/st1.strata-export-99-0000dead' && test -f '$T/st1/model.safetensors'"
 
 # what a path that is no strata checkpoint is (issue 18), not "incomplete": a directory of
 # checkpoints names one, an empty directory says so (STRATA_ENOENT, exit 1); a real PyTorch

@@ -518,7 +518,8 @@ def export_safetensors(path, out, *, prefix=None, max_file_bytes=None, dtype=Non
     """Writes the tensors of the checkpoint at path, merged to their full global shapes
     whatever layout they were saved in (DTensor shards, FSDP flat pieces, replicas), as
     Hugging Face safetensors files in the directory out (made if missing):
-    model-0000i-of-0000N.safetensors and model.safetensors.index.json, readable by
+    model-0000i-of-0000N.safetensors and model.safetensors.index.json (one file:
+    model.safetensors alone, as Hugging Face writes it), readable by
     safetensors.torch.load_file and transformers' from_pretrained. Values and per-rank
     entries (non-tensor state) are not exported. Memory stays bounded (windows of at most
     64 MiB; every checksum is verified); files are renamed into place only once all are

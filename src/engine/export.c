@@ -633,14 +633,16 @@ static int layout(ex_ctx *c, const strata_ckpt *ck)
     return rc;
 }
 
-/* The files' names: model-0000i-of-0000N.safetensors, then the index. */
+/* The files' names: model-0000i-of-0000N.safetensors, then the index; one file is
+ * model.safetensors, without an index (as Hugging Face writes them). */
 static int out_names(ex_ctx *c)
 {
     c->names = calloc((size_t)c->nfiles + 1, sizeof *c->names);
     if (!c->names)
         return st_fail(STRATA_ENOMEM, "out of memory");
     for (int f = 0; f <= c->nfiles; f++) {
-        int ok = f < c->nfiles
+        int ok = c->nfiles == 1 && f == 0 ? asprintf(&c->names[f], "%s", EXPORT_SINGLE)
+                 : f < c->nfiles
                      ? asprintf(&c->names[f], "model-%05d-of-%05d.safetensors", f + 1, c->nfiles)
                      : asprintf(&c->names[f], "%s", EXPORT_INDEX);
         if (ok < 0) {
@@ -663,7 +665,7 @@ static int write_all(ex_ctx *c)
         rc = write_file(c, f, lo, hi);
         lo = hi;
     }
-    if (!rc)
+    if (!rc && c->nfiles > 1)
         rc = write_index(c);
     return rc ? rc : st_exdir_commit(&c->dir);
 }
