@@ -506,7 +506,13 @@ void strata_loader_free(strata_loader *ld);
  * checksums (verify checks the zip CRC-32s); committed. Errors beyond torch.save's:
  * STRATA_ENOENT (a rank's file missing), STRATA_EUNFILLED (the partitions do not cover a
  * parameter), STRATA_EMISMATCH (param_shapes and the partitions disagree), STRATA_ENOTSUP (a
- * partition not fp32, a second model-parallel rank). */
+ * partition not fp32, a second model-parallel rank).
+ *
+ * So does a DeepSpeed tag saved through strata.deepspeed (STRATA_FORMAT_STRATA_DEEPSPEED):
+ * the tag directory (its DeepSpeed files are stubs) or the save_dir whose `latest` names
+ * one; what is read is the strata checkpoint tag/strata, with its checksums and commit
+ * record (an incomplete one: STRATA_EINCOMPLETE). strata_ckpt_tag says which tag `latest`
+ * named. */
 #define STRATA_OPEN_INCOMPLETE (1u << 0)
 int strata_ckpt_open(strata_ckpt **out, const char *uri, unsigned flags);
 void strata_ckpt_free(strata_ckpt *ck);
@@ -531,9 +537,14 @@ const char *strata_ckpt_base(const strata_ckpt *ck, uint64_t *own_bytes);
 #define STRATA_FORMAT_TORCH_SAVE 3 /* torch.save files, Hugging Face pytorch_model.bin */
 #define STRATA_FORMAT_MEGATRON 4 /* Megatron-Core torch_dist (DCP + metadata.json) */
 #define STRATA_FORMAT_DEEPSPEED 5 /* DeepSpeed ZeRO, its default engine's torch.save files */
+#define STRATA_FORMAT_STRATA_DEEPSPEED 6 /* a DeepSpeed tag saved through strata.deepspeed */
 int strata_ckpt_format(const strata_ckpt *ck); /* STRATA_FORMAT_* */
-/* The format's name: "strata", "safetensors", "dcp", "torch.save", "megatron", "deepspeed". */
+/* The format's name: "strata", "safetensors", "dcp", "torch.save", "megatron", "deepspeed",
+ * "strata.deepspeed". */
 const char *strata_ckpt_format_name(const strata_ckpt *ck);
+/* A DeepSpeed checkpoint opened through its save_dir: the tag its `latest` named, which is
+ * what was read; NULL for any other (a tag directory named directly too). */
+const char *strata_ckpt_tag(const strata_ckpt *ck);
 
 typedef struct strata_tensor_info {
     const char *name;

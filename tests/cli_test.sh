@@ -393,10 +393,18 @@ if [ -x "$PY" ] && "$PY" -c 'import torch.distributed.checkpoint' 2>/dev/null; t
     # a DCP checkpoint is a source (issue 19): inspect, verify, export, ls read it
     check "inspect of a DCP checkpoint: format named, no strata checksums" bash -c "'$S' inspect '$T/dcp' | grep -q \"^PyTorch DCP $T/dcp: 1 tensors, 0 blobs, 24 data bytes in 1 files; NO strata CHECKSUMS\""
     check "verify of a DCP checkpoint: zip CRC-32s checked, exit 0" bash -c "'$S' verify '$T/dcp' | grep -q \"^ok: $T/dcp: 1 tensors, 0 blobs, 24 data bytes read; every zip CRC-32 matches\""
-    check "export of a DCP checkpoint: safetensors written" bash -c "'$S' export '$T/dcp' '$T/dcp.out' --quiet && test -f '$T/dcp.out/model.safetensors.index.json'"
+    check "export of a DCP checkpoint: safetensors written" bash -c "'$S' export '$T/dcp' '$T/dcp.out' --quiet && test -f '$T/dcp.out/model.safetensors'"
     check "ls of a DCP checkpoint: listed as dcp" bash -c "'$S' ls '$T/dcp' | grep -q \"^dcp .* $T/dcp (no checksums)\""
+    # issue 30: a directory of DCP checkpoints gets the hint a directory of strata's does; a
+    # DCP directory whose save did not finish (.distcp files, no .metadata) is an incomplete
+    # DCP checkpoint, listed as one
+    "$PY" -W ignore -c "import sys, torch, torch.distributed.checkpoint as d; [d.save({'w': torch.arange(6.) * s}, checkpoint_id=sys.argv[1] + '/step-%d' % s) for s in (100, 200, 300)]" "$T/dcps"
+    rm "$T/dcps/step-300/.metadata"      # what a dcp.save killed before its last write leaves
+    check "inspect of a directory of DCP checkpoints: did you mean DIR/step-N, exit 1" bash -c "'$S' inspect '$T/dcps' >'$T/o' 2>&1; test \$? = 1 && grep -qF \"'$T/dcps' is a directory of checkpoints, not one (2 committed under it); did you mean $T/dcps/step-200? (strata ls $T/dcps lists them)\" '$T/o'"
+    check "inspect of a DCP directory without .metadata: an incomplete DCP checkpoint, exit 3" bash -c "'$S' inspect '$T/dcps/step-300' >'$T/o' 2>&1; test \$? = 3 && grep -qF \"'$T/dcps/step-300' is an incomplete PyTorch DCP checkpoint: 1 .distcp file, no .metadata (dcp.save writes it last\" '$T/o'"
+    check "ls of DCP checkpoints: the one without .metadata listed as incomplete" bash -c "'$S' ls '$T/dcps' >'$T/dcps.ls' && grep -q \"^dcp .* $T/dcps/step-200 (no checksums)\" '$T/dcps.ls' && grep -qF \"incomplete               -              -              -          -  $T/dcps/step-300 (an incomplete PyTorch DCP checkpoint\" '$T/dcps.ls'"
     check "verify of a torch.save file: its zip CRC-32s checked, no strata checksums said, exit 0" bash -c "'$S' verify '$T/model.pt' | grep -q \"^ok: $T/model.pt: 1 tensors in 1 files; every zip entry's CRC-32 matched (torch.save has no strata checksums\""
-    check "inspect of a torch.save file: its tensor, no strata checksums" bash -c "'$S' inspect '$T/model.pt' | grep -q \"^torch.save $T/model.pt: 1 tensors, 1 pickles of values, .*NO STRATA CHECKSUMS\" && '$S' inspect --json '$T/model.pt' | grep -q '\"format\":\"torch.save\",\"checksums\":false'"
+    check "inspect of a torch.save file: its tensor, no strata checksums" bash -c "'$S' inspect '$T/model.pt' | grep -q \"^torch.save $T/model.pt: 1 tensors, 1 pickle of values, .*NO STRATA CHECKSUMS\" && '$S' inspect --json '$T/model.pt' | grep -q '\"format\":\"torch.save\",\"checksums\":false'"
     "$PY" -W ignore -c "import sys, torch; torch.save({'w': torch.ones(2)}, sys.argv[1], _use_new_zipfile_serialization=False)" "$T/legacy.pt"
     check "inspect of a legacy torch.save file: refused as unsupported, exit 1" bash -c "'$S' inspect '$T/legacy.pt' 2>&1 | grep -q \"is in torch.save's legacy format .*(STRATA_ENOTSUP)\"; test \${PIPESTATUS[0]} = 1"
 else

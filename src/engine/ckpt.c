@@ -46,14 +46,22 @@ static int dir_open(st_dir *d, const char *uri, int allow_incomplete, unsigned c
     char p[PATH_MAX];
     if (kind == 2 && st_path_join(p, d->path, ".") == 0 && v->stat(v, p, NULL, &kind) != 0)
         kind = 3; /* a symlink ("latest") is read through if it names a directory */
+    d->incomplete_ok = allow_incomplete;
     if ((d->src = st_source_find(v, d->path, kind)))
         return d->src->open(d, raw, rawlen);
     if (kind != 1)
         return st_survey(v, d->path, kind); /* a torch.save file, or not a checkpoint */
+    return st_dir_read_own(d, allow_incomplete, 1, raw, rawlen);
+}
 
+int st_dir_read_own(st_dir *d, int allow_incomplete, int survey, unsigned char **raw,
+                    size_t *rawlen)
+{
+    const st_vfs *v = d->vfs;
     unsigned char *cbuf = NULL, *mbuf = NULL;
     size_t clen = 0, mlen = 0;
-    char why[256] = "";
+    char why[256] = "", p[PATH_MAX];
+    int rc, e;
     if ((rc = st_path_join(p, d->path, ST_COMMIT_FILE)))
         return rc;
     e = st_vfs_read_all(v, p, 4096, 0, &cbuf, &clen);
@@ -63,7 +71,7 @@ static int dir_open(st_dir *d, const char *uri, int allow_incomplete, unsigned c
         else
             snprintf(why, sizeof why, "its commit record is invalid (%s)", strata_error_last());
     } else if (e == -ENOENT || e == -EFBIG) {
-        if (e == -ENOENT && (rc = st_survey(v, d->path, kind))) /* not strata's at all */
+        if (e == -ENOENT && survey && (rc = st_survey(v, d->path, 1))) /* not strata's */
             return rc;
         snprintf(why, sizeof why, "it has no commit record (an interrupted or failed save)");
     } else if (e == -ST_ENOTREG) { /* a FIFO, a device: no commit record strata wrote */
@@ -147,13 +155,18 @@ int st_dir_adopt(st_dir *d, const char *uri, const st_commit *c, const unsigned 
             rc = d->src->adopt ? d->src->adopt(d, meta, mlen)
                                : st_source_adopt_meta(d, meta, mlen);
     } else if (rc == 0) {
-        d->commit = *c;
-        d->committed = 1;
-        rc = dir_parse(d, meta, mlen);
+        rc = st_dir_parse_own(d, c, meta, mlen);
     }
     if (rc)
         st_dir_close(d);
     return rc;
+}
+
+int st_dir_parse_own(st_dir *d, const st_commit *c, const unsigned char *meta, size_t mlen)
+{
+    d->commit = *c;
+    d->committed = 1;
+    return dir_parse(d, meta, mlen);
 }
 
 void st_dir_close(st_dir *d)
@@ -226,6 +239,7 @@ const char *strata_ckpt_format_name(const strata_ckpt *ck)
 {
     return ck->d.src ? ck->d.src->name : "strata";
 }
+const char *strata_ckpt_tag(const strata_ckpt *ck) { return ck->d.tag[0] ? ck->d.tag : NULL; }
 
 void strata_ckpt_tensor(strata_tensor_info *out, const strata_ckpt *ck, size_t i)
 {

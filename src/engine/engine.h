@@ -355,9 +355,11 @@ typedef struct st_source st_source; /* source.h */
 struct st_dir {
     const st_vfs *vfs;
     const st_source *src; /* another format's reader (source.h); NULL: strata's own */
-    char path[PATH_MAX];
+    char path[PATH_MAX];  /* the directory read (a DeepSpeed save_dir's tag, ...) */
+    char tag[256];        /* a DeepSpeed save_dir's: the tag its `latest` named; "" */
     st_meta *meta;
     int committed;
+    int incomplete_ok; /* for a source's open: the caller takes an incomplete checkpoint */
     st_commit commit;
 };
 
@@ -375,6 +377,15 @@ void st_dir_close(st_dir *d);
 /* st_dir_open that also returns the raw metadata bytes (malloc'd) for broadcasting. */
 int st_dir_open_raw(st_dir *d, const char *uri, int allow_incomplete, unsigned char **raw,
                     size_t *rawlen);
+/* Reads strata's own commit record and metadata at d->path (d->vfs set): what
+ * st_dir_open does once no source claimed the directory; also for a source whose files are
+ * a strata checkpoint (a strata.deepspeed tag). survey: a directory without a commit record
+ * or strata's files is told apart (st_survey) rather than called incomplete. */
+int st_dir_read_own(st_dir *d, int allow_incomplete, int survey, unsigned char **raw,
+                    size_t *rawlen);
+/* Takes strata's own metadata that another rank read, with its commit record c (d->path
+ * set): decoded and checked against c. */
+int st_dir_parse_own(st_dir *d, const st_commit *c, const unsigned char *meta, size_t mlen);
 /* A committed checkpoint opened elsewhere: decodes and checks metadata received from the
  * rank that read it; source: st_source_id of the source that read it (0: strata's own,
  * with commit record c; else meta is that source's description). */

@@ -496,9 +496,31 @@ static int export_opts_get(strata_export_opts *out, const strata_export_opts *in
     return rc;
 }
 
+/* Is `name` a DeepSpeed checkpoint's tensor that is not the model's (zero_to_fp32's):
+ * an optimizer state (optim.state.<fqn>.<key>), or in a strata.deepspeed tag a tensor of
+ * one of DeepSpeed's files as saved (<file>#<i>, <file> a blob of the tag)? */
+static int ds_not_model(const strata_ckpt *ck, const char *name)
+{
+    if (strncmp(name, "optim.state.", 12) == 0)
+        return 1;
+    const char *h = strrchr(name, '#');
+    if (strata_ckpt_format(ck) != STRATA_FORMAT_STRATA_DEEPSPEED || !h || !h[1] ||
+        strspn(h + 1, "0123456789") != strlen(h + 1))
+        return 0;
+    for (size_t i = 0; i < strata_ckpt_nblobs(ck); i++) {
+        strata_blob_info b;
+        strata_ckpt_blob(&b, ck, i);
+        if (strlen(b.name) == (size_t)(h - name) && memcmp(b.name, name, h - name) == 0)
+            return 1;
+    }
+    return 0;
+}
+
 /* Is the tensor `name` selected (include, exclude, model_only)? *out_name gets the name
- * it is written under (model_only strips "P."). */
-static int selected(const strata_export_opts *o, const char *name, const char **out_name)
+ * it is written under (model_only strips "P."). A DeepSpeed checkpoint's (ds): without
+ * include, or with model_only, the model's tensors, named as they are. */
+static int selected(const strata_export_opts *o, const strata_ckpt *ck, int ds, const char *name,
+                    const char **out_name)
 {
     *out_name = name;
     int in = !o->include;
@@ -506,6 +528,8 @@ static int selected(const strata_export_opts *o, const char *name, const char **
         in = fnmatch(o->include[i], name, 0) == 0;
     for (int i = 0; in && o->exclude && o->exclude[i]; i++)
         in = fnmatch(o->exclude[i], name, 0) != 0;
+    if (in && ds && (!o->include || o->model_only))
+        return !ds_not_model(ck, name);
     if (!in || !o->model_only)
         return in;
     size_t plen = strlen(o->model_only), n = strlen(name);
@@ -522,7 +546,7 @@ static int selected(const strata_export_opts *o, const char *name, const char **
 }
 
 /* What the selection was, for the message when it keeps nothing. */
-static void describe_selection(const strata_export_opts *o, char *buf, size_t n)
+static void describe_selection(const strata_export_opts *o, int ds, char *buf, size_t n)
 {
     FILE *m = fmemopen(buf, n, "w");
     if (!m) {
@@ -535,7 +559,9 @@ static void describe_selection(const strata_export_opts *o, char *buf, size_t n)
         for (int i = 0; l && l[i]; i++, sep = ", ")
             fprintf(m, "%s%s \"%s\"", sep, k ? "exclude" : "include", l[i]);
     }
-    if (o->model_only)
+    if (o->model_only && ds)
+        fprintf(m, "%smodel_only (a DeepSpeed checkpoint's model: zero_to_fp32's tensors)", sep);
+    else if (o->model_only)
         fprintf(m, "%smodel_only \"%s\" (tensors named %s.<name>, not per-rank)", sep,
                 o->model_only, o->model_only);
     fclose(m);
@@ -550,11 +576,13 @@ static int layout(ex_ctx *c, const strata_ckpt *ck)
     uint64_t file_used = 0;
     int file = 0;
     size_t nsel = 0, nall = c->nts;
+    int ds = strata_ckpt_format(ck) == STRATA_FORMAT_DEEPSPEED ||
+             strata_ckpt_format(ck) == STRATA_FORMAT_STRATA_DEEPSPEED;
     for (size_t i = 0; i < nall; i++) {
         strata_tensor_info ti;
         strata_ckpt_tensor(&ti, ck, i);
         ex_tensor *t = &c->ts[nsel];
-        if (!selected(o, ti.name, &t->out_name))
+        if (!selected(o, ck, ds, ti.name, &t->out_name))
             continue;
         nsel++;
         size_t nlen = strlen(ti.name), bad = st_utf8_invalid_at(ti.name, nlen);
@@ -606,7 +634,7 @@ static int layout(ex_ctx *c, const strata_ckpt *ck)
     c->nts = nsel;
     if (!nsel && (o->include || o->exclude || o->model_only)) {
         char sel[512];
-        describe_selection(o, sel, sizeof sel);
+        describe_selection(o, ds, sel, sizeof sel);
         return st_fail(STRATA_ENOTFOUND, "no tensor of the checkpoint's %zu is selected by %s: "
                        "nothing to export", nall, sel);
     }

@@ -8,7 +8,7 @@
 
 const st_source *const st_sources[] = {&st_source_safetensors, &st_source_megatron,
                                        &st_source_dcp, &st_source_torchsave,
-                                       &st_source_zero};
+                                       &st_source_zero, &st_source_dstag};
 const size_t st_nsources = sizeof st_sources / sizeof st_sources[0];
 
 const st_source *st_source_find(const st_vfs *v, const char *path, int kind)

@@ -78,6 +78,17 @@ int st_dcp_verify_archive(const st_vfs *v, st_file *f, const char *shown, const 
                           const char *file, uint64_t len, strata_verify_cb report, void *ctx);
 extern const st_source st_source_torchsave;   /* src_torchsave.c */
 extern const st_source st_source_zero;        /* src_zero.c */
+extern const st_source st_source_dstag;       /* src_dstag.c */
+
+/* A DeepSpeed save_dir's `latest`: the tag it names (a plain directory name, trailing white
+ * space dropped), into tag (cap bytes). STRATA_ENOENT (no `latest`), STRATA_EFORMAT (not a
+ * plain name, too long), an I/O error. src_zero.c. */
+int st_zero_read_latest(const st_vfs *v, const char *dir, char *tag, size_t cap);
+/* A tag saved through strata.deepspeed: each file DeepSpeed saved is a stub beginning with
+ * this magic, and the data is the strata checkpoint in the subdirectory ST_DSTAG_SUBDIR
+ * (docs/FORMAT.md, "DeepSpeed tags (strata.deepspeed)"). */
+#define ST_DSTAG_STUB "STRATA-DEEPSPEED 1\n"
+#define ST_DSTAG_SUBDIR "strata"
 
 /* Opens the torch.save file dir/name as an archive into *a (torchsave.h) and describes it in
  * *tf (name points to `name`; its identity taken before anything is read: a later change

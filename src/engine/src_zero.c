@@ -44,8 +44,7 @@ static int layout(const st_vfs *v, const char *dir, const char **prefix)
     return 0;
 }
 
-/* The tag `latest` in dir names, into tag (a plain name; trailing white space dropped). */
-static int read_latest(const st_vfs *v, const char *dir, char *tag, size_t cap)
+int st_zero_read_latest(const st_vfs *v, const char *dir, char *tag, size_t cap)
 {
     char p[PATH_MAX];
     unsigned char *buf = NULL;
@@ -79,7 +78,7 @@ static int zero_here(const st_vfs *v, const char *path, int kind)
         !st_source_has_file(v, path, ST_COMMIT_FILE)) {
         yes = layout(v, path, &prefix) != 0;
         if (!yes && st_source_has_file(v, path, ST_ZERO_LATEST) &&
-            read_latest(v, path, tag, sizeof tag) == 0 && st_path_join(p, path, tag) == 0)
+            st_zero_read_latest(v, path, tag, sizeof tag) == 0 && st_path_join(p, path, tag) == 0)
             yes = layout(v, p, &prefix) != 0;
     }
     st_clear_error();
@@ -179,12 +178,13 @@ static int zero_open(st_dir *d, unsigned char **desc, size_t *desclen)
     char tag[256] = "";
     int rc = 0;
     if (!layout(v, d->path, &prefix) && st_source_has_file(v, d->path, ST_ZERO_LATEST)) {
-        if ((rc = read_latest(v, d->path, tag, sizeof tag)))
+        if ((rc = st_zero_read_latest(v, d->path, tag, sizeof tag)))
             return rc;
         char p[PATH_MAX];
         if ((rc = st_path_join(p, d->path, tag)))
             return rc;
         memcpy(d->path, p, strlen(p) + 1);
+        snprintf(d->tag, sizeof d->tag, "%s", tag);
     }
     st_meta *m = NULL, *checked = NULL;
     unsigned char *enc = NULL;
@@ -236,6 +236,7 @@ static int zero_adopt(st_dir *d, const unsigned char *desc, size_t len)
         if (rc)
             return rc;
         memcpy(d->path, p, strlen(p) + 1);
+        snprintf(d->tag, sizeof d->tag, "%s", tag);
     }
     return st_source_adopt_meta(d, desc + 4 + tl, len - 4 - tl);
 }

@@ -9,8 +9,10 @@
 #include <stdlib.h>
 
 #include "../core/error.h"
+#include "../meta/dcp.h"
 #include "../meta/torchsave.h"
 #include "engine.h"
+#include "source.h"
 
 #define SURVEY_MAX 65536 /* entries looked at in one directory (a file per rank) */
 
@@ -177,25 +179,60 @@ static int deepspeed_latest(const st_vfs *v, const char *dir, const entries *l)
     return yes;
 }
 
+/* The .distcp files in the list (a DCP directory's data, one or more per rank). */
+static size_t distcp_files(const entries *l)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < l->n; i++)
+        n += l->e[i].kind == 0 && ends_with(l->e[i].name, ".distcp");
+    return n;
+}
+
+/* Is dir a DCP checkpoint whose save did not finish: .distcp files but no .metadata, which
+ * dcp.save writes last (its rename of .metadata.tmp commits it)? */
+static int dcp_unfinished(const st_vfs *v, const char *dir)
+{
+    entries l;
+    int kind;
+    char p[PATH_MAX];
+    if (st_path_join(p, dir, ST_DCP_METADATA) == 0 && v->stat(v, p, NULL, &kind) == 0)
+        return 0;
+    if (list_sorted(v, dir, &l)) {
+        st_clear_error();
+        return 0;
+    }
+    size_t n = distcp_files(&l);
+    entries_free(&l);
+    return n > 0;
+}
+
 /* The directory at path has no strata file: says what it is (STRATA_EFORMAT for a format
- * strata does not read, STRATA_ENOENT for no checkpoint at all). */
+ * strata does not read, STRATA_EINCOMPLETE for a DCP checkpoint without its .metadata,
+ * STRATA_ENOENT for no checkpoint at all). Its subdirectories are checkpoints when they hold
+ * strata's files or another format strata reads (a source's). */
 static int name_dir(const st_vfs *v, const char *dir, const char *path, const entries *l)
 {
-    size_t saved = 0, ckpts = 0, committed = 0;
+    size_t saved = 0, ckpts = 0, committed = 0, distcp = distcp_files(l);
     const char *a_saved = NULL, *last = NULL;
     int deepspeed = 0;
+    if (distcp && !st_source_has_file(v, dir, ST_DCP_METADATA))
+        return st_fail(STRATA_EINCOMPLETE, "'%s' is an incomplete PyTorch DCP checkpoint: %zu "
+                       ".distcp file%s, no %s (dcp.save writes it last: the save did not "
+                       "finish)", path, distcp, distcp == 1 ? "" : "s", ST_DCP_METADATA);
     for (size_t i = 0; i < l->n; i++) {
         const char *nm = l->e[i].name;
         char c[PATH_MAX], p[PATH_MAX];
-        if (l->e[i].kind == 1) { /* a child holding strata's files? */
+        if (l->e[i].kind == 1) { /* a child holding strata's files, or another format's? */
             if (st_path_join(c, dir, nm))
                 continue;
             int has_commit = st_path_join(p, c, ST_COMMIT_FILE) == 0 &&
                              v->stat(v, p, NULL, NULL) == 0;
             int has_meta = !has_commit && st_path_join(p, c, ST_META_FILE) == 0 &&
                            v->stat(v, p, NULL, NULL) == 0;
-            ckpts += has_commit || has_meta;
-            if (has_commit)
+            int other = !has_commit && !has_meta && st_source_find(v, c, 1) != NULL;
+            int unfinished = !has_commit && !has_meta && !other && dcp_unfinished(v, c);
+            ckpts += has_commit || has_meta || other || unfinished;
+            if (has_commit || other)
                 committed++, last = nm;
             continue;
         }

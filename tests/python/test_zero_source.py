@@ -162,23 +162,37 @@ def test_load_dtensors(written, world):
         assert res[0][1] == len(refs[s]) + sum(v.dim() >= 2 for v in refs[s].values())
 
 
+def _exported(out):
+    from safetensors import safe_open
+    got = {}
+    for name in os.listdir(out):
+        if name.endswith(".safetensors"):
+            with safe_open(os.path.join(out, name), "pt") as f:
+                got.update({k: f.get_tensor(k) for k in f.keys()})
+    return got
+
+
 @needs_cli
 def test_export_to_safetensors(written, tmp_path):
-    """`strata export` of each stage: the safetensors package reads back zero_to_fp32's
-    tensors bitwise (and the moments beside them)."""
-    from safetensors import safe_open
+    """`strata export` of each stage gives what zero_to_fp32 gives (issue 30): exactly its
+    names, bitwise, read back by the safetensors package; so does --model-only; the
+    moments only when asked for (--include 'optim.state.*')."""
     dirs, refs = written
     for s, d in dirs.items():
-        out = str(tmp_path / ("out%d" % s))
-        subprocess.run([STRATA, "export", d, out, "--quiet"], check=True)
-        got = {}
-        for name in os.listdir(out):
-            if name.endswith(".safetensors"):
-                with safe_open(os.path.join(out, name), "pt") as f:
-                    got.update({k: f.get_tensor(k) for k in f.keys()})
-        assert {k for k in got if not k.startswith("optim.state.")} == set(refs[s])
-        for k, v in refs[s].items():
-            assert same(got[k], v), (s, k)
+        for how in ([], ["--model-only"]):
+            out = str(tmp_path / ("out%d%s" % (s, "".join(how))))
+            subprocess.run([STRATA, "export", d, out, "--quiet"] + how, check=True)
+            got = _exported(out)
+            assert set(got) == set(refs[s]), (s, how, sorted(set(got) ^ set(refs[s])))
+            for k, v in refs[s].items():
+                assert same(got[k], v), (s, how, k)
+        out = str(tmp_path / ("moments%d" % s))
+        subprocess.run([STRATA, "export", d, out, "--quiet", "--include", "optim.state.*"],
+                       check=True)
+        got = _exported(out)
+        assert set(got) == {"optim.state.%s.%s" % (k, m) for k in refs[s] for m in MOMENTS
+                            if "optim.state.%s.%s" % (k, m) in got} and got, (s, sorted(got))
+        assert {k.rsplit(".", 1)[1] for k in got} == set(MOMENTS), s
 
 
 @needs_cli
@@ -189,7 +203,11 @@ def test_inspect_and_verify(written, tmp_path):
     d = dirs[2]
     r = subprocess.run([STRATA, "inspect", d], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("DeepSpeed ZeRO %s: step 3, " % d), r.stdout
+    assert r.stdout.startswith("DeepSpeed ZeRO %s: tag step3 (named by latest), step 3, " % d), \
+        r.stdout                      # the tag `latest` named, which was read (issue 30)
+    r = subprocess.run([STRATA, "inspect", os.path.join(d, TAG)], capture_output=True,
+                       text=True)
+    assert r.stdout.startswith("DeepSpeed ZeRO %s: step 3, " % os.path.join(d, TAG)), r.stdout
     assert "optim.state.layer.linear1.weight.exp_avg_sq" in r.stdout
     r = subprocess.run([STRATA, "verify", d], capture_output=True, text=True)
     assert r.returncode == 0 and "every zip entry's CRC-32 matched" in r.stdout, r
