@@ -109,6 +109,20 @@ def layout(engine):
     return out
 
 
+def shared_params(engine):
+    """{alias: name} of the engine module's tied parameters, as DeepSpeed's
+    _get_shared_params (shared_params in the model-states file, which zero_to_fp32 adds back)
+    gives them - on every rank (DeepSpeed's own runs on rank 0 only): every further name of
+    one parameter, in module order, names the first."""
+    first, out = {}, {}
+    for name, p in engine.module.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            out[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return out
+
+
 def _moment_fmt(key):
     return "optim.state.%s." + str(key).replace("%", "%%")
 

@@ -44,6 +44,8 @@ import math
 import os
 import pickle as _pickle
 import re
+import shutil
+import sys
 import threading
 import time
 
@@ -54,7 +56,7 @@ from strata import _ds_zero, _values
 from strata._tensor import (_FROM_STRATA, _check_tensor, _error, _nbytes, _readable,
                             _sdtype)
 
-__all__ = ["enable", "disable", "StrataCheckpointEngine"]
+__all__ = ["enable", "disable", "convert", "StrataCheckpointEngine"]
 
 STUB_MAGIC = b"STRATA-DEEPSPEED 1\n"
 SUBDIR = "strata"        # the strata checkpoint of a tag: save_dir/tag/strata
@@ -87,11 +89,14 @@ def _allowed(qn, table):
 class _Tree:
     """One file's object as a tree of plain values (nodes [tag, ...]) and its tensors."""
 
-    def __init__(self, name, pickle, layout=None, named=None):
+    def __init__(self, name, pickle, layout=None, named=None, whole=None, frags=None):
         self.name, self.pickle = name, pickle
         self.tensors, self._seen = [], {}
         self.layout = layout or {}     # ZeRO flat partitions (_ds_zero.layout)
-        self.named = named if named is not None else {}  # {name: (shape, start, view)}
+        # {name: (shape, start, view)}; start None: view is the whole tensor `name`
+        self.named = named if named is not None else {}
+        self.whole = whole or {}       # {id(tensor): name}: stored as the whole tensor name
+        self.frags = frags or {}       # {id(tensor): pieces}: a flat partition (_model_names)
 
     def node(self, v, path):
         t = type(v)
@@ -127,8 +132,15 @@ class _Tree:
             return self._seen[id(v)]
         _check_tensor(self.name + path, v)
         flags = (1 if isinstance(v, torch.nn.Parameter) else 0) | (2 if v.requires_grad else 0)
-        ps = _ds_zero.pieces(self.layout, v) if self.layout else None
-        if ps is not None and not any(p[2] in self.named for p in ps):
+        ps = self.frags.get(id(v))
+        if ps is None and self.layout:
+            ps = _ds_zero.pieces(self.layout, v)
+        whole = self.whole.get(id(v))
+        if whole is not None and v.numel() and whole not in self.named:
+            _sdtype(self.name + path, v)
+            n = ["N", whole, flags]
+            self.named[whole] = (tuple(v.shape), None, _readable(v))
+        elif ps is not None and not any(p[2] in self.named for p in ps):
             n = ["F", _sdtype(self.name + path, v), v.numel(), flags, []]
             for off, cnt, name, start, shape in ps:
                 piece = _readable(v.detach().narrow(0, off, cnt))
@@ -172,6 +184,10 @@ def _build(n, tensors, pickle, where):
         if not isinstance(dt, torch.dtype):
             raise _error("FormatError", "%s: unknown dtype %r" % (where, n[1]))
         return dt
+    if tag == "N":                # (_load_named appended the tensor read)
+        t = n[3]
+        return (torch.nn.Parameter(t, requires_grad=bool(n[2] & 2)) if n[2] & 1
+                else t.requires_grad_(True) if n[2] & 2 else t)
     if tag == "F":
         if len(n) < 6:            # its named pieces not loaded (partitions=False)
             return None
@@ -281,6 +297,7 @@ class StrataCheckpointEngine:
         self._files = []         # [(entry, state_dict)]
         self._inflight = None    # _TagSave
         self._layout = {}        # the ZeRO flat partitions when the save began (_ds_zero)
+        self._shared = {}        # the engine's shared_params then ({alias: name}: tied)
         self.snapshot_wait_s = 0.0   # how long the last step waited for a snapshot copy
 
     # -- DeepSpeed's interface
@@ -382,7 +399,7 @@ class StrataCheckpointEngine:
         try:
             state, named = _S.State(), {}
             for entry, sd in files:
-                tree = _Tree(entry, self.pickle, self._layout, named)
+                tree = _Tree(entry, self.pickle, self._layout, named, *_model_names(entry, sd))
                 blob = _values.encode(tree.node(sd, ""))
                 buf = bytearray(blob)
                 keep.append(buf)
@@ -392,11 +409,15 @@ class StrataCheckpointEngine:
                     state.add_shard(_tensor_name(entry, i), _sdtype(entry, t), tuple(t.shape),
                                     None, None, data_ptr=t.data_ptr(), nbytes=_nbytes(t),
                                     device=t.is_cuda, keep=t)
-            for name, (shape, start, t) in named.items():     # ZeRO flat pieces
+            for alias, name in self._shared.items():   # tied: zero_to_fp32 gives both
+                if name in named and alias not in named:
+                    named[alias] = named[name]
+            for name, (shape, start, t) in named.items():     # ZeRO flat pieces, wholes
                 keep.append(t)
                 state.add_shard(name, _sdtype(name, t), shape, None, None,
-                                flat=(start, start + t.numel()), data_ptr=t.data_ptr(),
-                                nbytes=_nbytes(t), device=t.is_cuda, keep=t)
+                                flat=None if start is None else (start, start + t.numel()),
+                                data_ptr=t.data_ptr(), nbytes=_nbytes(t), device=t.is_cuda,
+                                keep=t)
         except Exception as e:   # every rank must reach the agreement below
             err = e
         _agree_files(group, [e for e, _ in files], err)
@@ -489,6 +510,7 @@ def load_entry(ckpt, entry, pickle=False, partitions=True, loader=None):
     if kind != "value":
         raise _error("FormatError", "%s is not a tree" % where)
     try:
+        _load_named(loader, idx, where, tree)
         if partitions:
             _load_flat(loader, idx, where, entry, tree)
         return _build(tree, tensors, pickle, where)
@@ -497,20 +519,81 @@ def load_entry(ckpt, entry, pickle=False, partitions=True, loader=None):
                      % (where, type(e).__name__, e)) from None
 
 
-def _flat_nodes(n):
-    """The "F" nodes (ZeRO flat partitions) of tree n."""
+def _flat_nodes(n, kind="F"):
+    """The nodes of tree n tagged kind: "F" (ZeRO flat partitions), "N" (whole named
+    tensors)."""
     tag = n[0]
-    if tag == "F":
+    if tag == kind:
         yield n
     elif tag in ("l", "t"):
         for x in n[1]:
-            yield from _flat_nodes(x)
+            yield from _flat_nodes(x, kind)
     elif tag in ("d", "o"):
         for k, x in n[1]:
-            yield from _flat_nodes(k)
-            yield from _flat_nodes(x)
+            yield from _flat_nodes(k, kind)
+            yield from _flat_nodes(x, kind)
     elif tag in ("e", "x"):
-        yield from _flat_nodes(n[2])
+        yield from _flat_nodes(n[2], kind)
+
+
+def _load_named(ld, idx, where, tree):
+    """Reads the named tensor of every "N" node of tree whole, through the open loader ld
+    (idx: its tensors), appending it to the node; one read for them all. A malformed node
+    is FormatError, a name the checkpoint lacks NotFoundError."""
+    state, got = _S.State(), {}
+    for n in _flat_nodes(tree, "N"):
+        if len(n) != 3 or type(n[1]) is not str or type(n[2]) is not int:
+            raise _error("FormatError", "%s: a malformed named tensor %.200r" % (where, n))
+        if n[1] not in got:
+            t = idx.get(n[1])
+            if t is None:
+                raise _error("NotFoundError", "%s: no tensor %r in the checkpoint"
+                             % (where, n[1]))
+            x = got[n[1]] = torch.empty(t[1], dtype=_FROM_STRATA[t[0]])
+            state.add_shard(n[1], t[0], t[1], data_ptr=x.data_ptr(), nbytes=_nbytes(x), keep=x)
+        n.append(got[n[1]])
+    if got:
+        ld.load([state])
+
+
+_MODEL12 = re.compile(r"mp_rank_00_model_states\.pt")
+_MODEL3 = re.compile(r"zero_pp_rank_(\d+)_mp_rank_00_model_states\.pt")
+
+
+def _model_names(entry, sd):
+    """({id(tensor): name}, {id(tensor): pieces}) of a model-states file's tensors that
+    zero_to_fp32 gives and the ZeRO partitions do not hold, so that the tag names them as
+    it does (docs/FORMAT.md, "DeepSpeed tags"): of DP rank 0's file, the buffers (module
+    entries named in buffer_names) and, stage 1 and 2, each frozen parameter
+    (frozen_param_fragments, whole) as the tensor <name>; of stage 3's file of DP rank r,
+    each frozen parameter's fragment (ceil(numel / ranks) elements from r x that, the tail
+    padding) as a range of the tensor <name>. Nothing for any other file."""
+    m3 = _MODEL3.fullmatch(entry)
+    if not (m3 or _MODEL12.fullmatch(entry)) or type(sd) is not dict:
+        return {}, {}
+    whole, frags = {}, {}
+    module, frozen = sd.get("module"), sd.get("frozen_param_fragments") or {}
+    shapes = sd.get("frozen_param_shapes") or {}
+    if (m3 is None or m3.group(1) == "0") and isinstance(module, dict):
+        for k in sd.get("buffer_names") or ():
+            if isinstance(module.get(k), torch.Tensor):
+                whole[id(module[k])] = k
+    for k, v in frozen.items():
+        shape = shapes.get(k)
+        if not isinstance(v, torch.Tensor) or shape is None or v.numel() == 0:
+            continue
+        if m3 is None:
+            if tuple(v.shape) == tuple(shape):
+                whole[id(v)] = k
+            continue
+        if v.dim() != 1:
+            continue
+        pn, start = v.numel(), v.numel() * int(m3.group(1))
+        cnt = min(pn, math.prod(shape) - start)
+        if cnt > 0:
+            frags[id(v)] = [(0, cnt, k, start, tuple(shape))] + (
+                [(cnt, pn - cnt, None, 0, None)] if cnt < pn else [])
+    return whole, frags
 
 
 def _count(x):
@@ -597,13 +680,14 @@ def enable(*, pickle=False, pool=None, **options):
         if isinstance(ce, StrataCheckpointEngine):
             ce._finish(wait=True)     # (create() would: the layout is of the new tag)
             ce._layout = _ds_zero.layout(self)
+            ce._shared = _ds_zero.shared_params(self)
         try:
             ok = orig_save(self, *args, **kwargs)
             if isinstance(ce, StrataCheckpointEngine):
                 ce.start()
         finally:
             if isinstance(ce, StrataCheckpointEngine):
-                ce._layout = {}
+                ce._layout, ce._shared = {}, {}
         return ok
 
     def _load_zero_checkpoint(self, load_dir, tag, load_optimizer_states=True):
@@ -643,3 +727,111 @@ def disable():
         ds_engine.DeepSpeedEngine.save_checkpoint = _ORIG.pop("save")
         ds_engine.DeepSpeedEngine._load_zero_checkpoint = _ORIG.pop("load_zero")
         ds_engine.DeepSpeedEngine._get_all_ckpt_names = _ORIG.pop("names")
+
+
+# ---- the way back: a tag as DeepSpeed's default engine writes it ------------------------
+
+def _tag_of(save_dir, tag):
+    """(the tag directory, the tag) of save_dir: save_dir/tag, or the tag `latest` names,
+    or save_dir itself when it is a tag (it holds strata/)."""
+    if tag is None and os.path.isdir(os.path.join(save_dir, SUBDIR)):
+        save_dir = os.path.normpath(save_dir)
+        return save_dir, os.path.basename(save_dir)
+    if tag is None:
+        try:
+            with open(os.path.join(save_dir, "latest")) as f:
+                tag = f.read().strip()
+        except FileNotFoundError:
+            raise _error("MissingError", "%s: neither a tag saved through strata.deepspeed "
+                         "(no %s/) nor a save_dir with a `latest` file; name the tag (--tag)"
+                         % (save_dir, SUBDIR)) from None
+    if not tag or "/" in tag or tag in (".", ".."):
+        raise _error("FormatError", "%s: %r is not a tag (a plain directory name)"
+                     % (save_dir, tag))
+    return os.path.join(save_dir, tag), tag
+
+
+def _safe_entry(ckpt, e):
+    parts = e.split("/")
+    if (not e or e.startswith("/") or any(p in ("", ".", "..") for p in parts)
+            or parts[0] == SUBDIR):
+        raise _error("FormatError", "%s: entry %r is not a file's place in a tag directory"
+                     % (ckpt, e))
+    return os.path.join(*parts)
+
+
+def convert(save_dir, out_dir, tag=None, pickle=False):
+    """Writes a tag saved through strata.deepspeed as DeepSpeed's DEFAULT checkpoint engine
+    writes it, so that DeepSpeed without strata (engine.load_checkpoint(out_dir)) and
+    zero_to_fp32.py read it: out_dir/<tag>/<file> for every file of the tag (torch.save of
+    the object DeepSpeed saved, rebuilt as load_entry does: bitwise the same tensors), then
+    out_dir/latest naming the tag and out_dir/zero_to_fp32.py (DeepSpeed's, as its save
+    puts it beside its tags). save_dir: the save_dir (tag: the tag, default the one its
+    `latest` names) or the tag directory itself. The tag is written into a directory beside
+    its place and renamed there once complete; a tag already at out_dir/<tag> is
+    strata.ExistsError. pickle: as enable()'s (objects saved pickled). Returns the written
+    tag directory. Also: python -m strata.deepspeed convert SAVE_DIR OUT_DIR [--tag TAG]."""
+    tagdir, tag = _tag_of(save_dir, tag)
+    ckpt = os.path.join(tagdir, SUBDIR)
+    dst = os.path.join(out_dir, tag)
+    if os.path.lexists(dst):
+        raise _error("ExistsError", "%s: already there (a tag is never overwritten)" % dst)
+    os.makedirs(out_dir, exist_ok=True)
+    tmp = os.path.join(out_dir, ".%s.strata-convert-%d" % (tag, os.getpid()))
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        with _S.Loader([ckpt]) as ld:
+            for e in dict.fromkeys(b[0] for b in ld.index()["b"]):
+                path = os.path.join(tmp, _safe_entry(ckpt, e))
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "wb") as f:
+                    torch.save(load_entry(ckpt, e, pickle=pickle, loader=ld), f)
+                    f.flush()
+                    os.fsync(f.fileno())
+        os.rename(tmp, dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _write_atomic(os.path.join(out_dir, "latest"), tag.encode())
+    script = os.path.join(os.path.dirname(os.path.normpath(tagdir)), "zero_to_fp32.py")
+    if not os.path.isfile(script):
+        from deepspeed.utils import zero_to_fp32
+        script = zero_to_fp32.__file__
+    shutil.copyfile(script, os.path.join(out_dir, "zero_to_fp32.py"))
+    return dst
+
+
+_USAGE = """usage: python -m strata.deepspeed convert SAVE_DIR OUT_DIR [--tag TAG] [--pickle]
+
+Writes a tag saved through strata.deepspeed (SAVE_DIR's `latest`, or --tag, or SAVE_DIR
+itself when it is a tag directory) as DeepSpeed's default checkpoint engine writes it:
+OUT_DIR/TAG/*.pt (torch.save files), OUT_DIR/latest and OUT_DIR/zero_to_fp32.py. Then
+DeepSpeed without strata.deepspeed.enable() resumes from OUT_DIR, and zero_to_fp32.py
+reads it. (strata export SAVE_DIR OUT gives zero_to_fp32's tensors directly, as
+safetensors, without converting.)
+"""
+
+
+def main(argv=None):
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m strata.deepspeed", usage=_USAGE,
+                                 description=None)
+    ap.add_argument("command", choices=["convert"])
+    ap.add_argument("save_dir")
+    ap.add_argument("out_dir")
+    ap.add_argument("--tag")
+    ap.add_argument("--pickle", action="store_true",
+                    help="unpickle objects saved pickled (enable(pickle=True)): can run code")
+    a = ap.parse_args(argv)
+    try:
+        dst = convert(a.save_dir, a.out_dir, tag=a.tag, pickle=a.pickle)
+    except _S.Error as e:
+        print("strata.deepspeed convert: %s (%s)" % (e, type(e).__name__), file=sys.stderr)
+        return 1
+    print("wrote %s (DeepSpeed's default engine format) and %s"
+          % (dst, os.path.join(a.out_dir, "latest")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
