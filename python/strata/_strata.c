@@ -331,21 +331,28 @@ PyObject *enter_self(PyObject *self, PyObject *unused)
 
 /* ---- stats ------------------------------------------------------------------------------ */
 
-/* The stats of a save, or of a load (load: with how often it read and broadcast the index,
- * meta_reads and meta_bcasts - the last two arguments, unused by the save's format). */
-#define STATS_FORMAT "{s:K,s:K,s:K,s:d,s:K,s:K,s:K,s:K,s:O,s:i"
+/* The stats of a save, or of a load: a save's with its writers' balance (max_writer_bytes,
+ * writers, balance_bound); a load's with the source it read (tier) and how often it read and
+ * broadcast the index (meta_reads, meta_bcasts). */
 PyObject *stats_dict(const strata_stats *s, int load)
 {
-    return Py_BuildValue(load ? STATS_FORMAT ",s:K,s:K}" : STATS_FORMAT "}", "data_bytes",
+    if (load)
+        return Py_BuildValue("{s:K,s:K,s:K,s:d,s:K,s:O,s:i,s:K,s:K}", "data_bytes",
+                             (unsigned long long)s->data_bytes, "bytes",
+                             (unsigned long long)s->bytes, "io_calls",
+                             (unsigned long long)s->io_calls, "seconds", s->seconds,
+                             "all_bytes", (unsigned long long)s->all_bytes, "plan_cached",
+                             s->plan_cached ? Py_True : Py_False, "tier", s->tier, "meta_reads",
+                             (unsigned long long)s->meta_reads, "meta_bcasts",
+                             (unsigned long long)s->meta_bcasts);
+    return Py_BuildValue("{s:K,s:K,s:K,s:d,s:K,s:K,s:K,s:K,s:O,s:i}", "data_bytes",
                          (unsigned long long)s->data_bytes, "bytes", (unsigned long long)s->bytes,
                          "io_calls", (unsigned long long)s->io_calls, "seconds", s->seconds,
                          "max_writer_bytes", (unsigned long long)s->max_writer_bytes, "writers",
                          (unsigned long long)s->writers, "balance_bound",
                          (unsigned long long)s->balance_bound, "all_bytes",
                          (unsigned long long)s->all_bytes, "plan_cached",
-                         s->plan_cached ? Py_True : Py_False, "tier", s->tier, "meta_reads",
-                         (unsigned long long)s->meta_reads, "meta_bcasts",
-                         (unsigned long long)s->meta_bcasts);
+                         s->plan_cached ? Py_True : Py_False, "tier", s->tier);
 }
 
 /* ---- module functions ------------------------------------------------------------------ */

@@ -189,7 +189,8 @@ static unsigned char *grow(unsigned char *buf, size_t *cap, size_t n)
  * least one round runs, so that a failure of a private read reaches every rank with its
  * message. */
 static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_io_plan *p,
-                           const strata_load_opts *o, int shm_on, uint64_t *my_bytes)
+                           const strata_load_opts *o, int shm_on, uint64_t *my_bytes,
+                           uint64_t *my_reads)
 {
     const int P = comm->size, me = comm->rank;
     const uint64_t max_io = o->max_io_bytes;
@@ -221,7 +222,7 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_io_plan 
         goto out;
     for (size_t i = 0; i < p->nios; i++) {
         if (reader[i] == me)
-            *my_bytes += read_payload(p, i);
+            *my_bytes += read_payload(p, i), (*my_reads)++;
         if (priv[i]) {
             if (reader[i] == me)
                 privs[npriv++] = i;
@@ -483,11 +484,12 @@ int st_load_dist(strata_comm *comm, const st_dir *d, st_load_cache *c, strata_st
         c->keylen = key.n;
         key.p = NULL;
     }
-    uint64_t got = 0;
-    if ((rc = exchange_rounds(comm, d, &c->plan, &eff, (int)set.shm, &got)))
+    uint64_t got = 0, reads = 0;
+    if ((rc = exchange_rounds(comm, d, &c->plan, &eff, (int)set.shm, &got, &reads)))
         goto out;
-    /* payload bytes read, not alignment padding, as the in-process load counts */
-    *stats = (strata_stats){.data_bytes = d->meta->data_bytes, .bytes = got,
+    /* payload bytes read, not alignment padding, and the reads this rank made, as the
+     * in-process load counts them */
+    *stats = (strata_stats){.data_bytes = d->meta->data_bytes, .bytes = got, .io_calls = reads,
                             .plan_cached = cached, .io_threads = eff.io_threads,
                             .max_io_bytes = eff.max_io_bytes};
     st_over_ranks(comm, got, &stats->all_bytes, NULL, NULL);

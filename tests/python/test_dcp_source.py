@@ -155,6 +155,32 @@ def test_load_on_one(written):
     assert not res[0][0], "\n".join(res[0][0])
 
 
+LOAD_STATS = {"data_bytes", "bytes", "io_calls", "seconds", "all_bytes", "plan_cached", "tier",
+              "meta_reads", "meta_bcasts"}
+
+
+def dcp_load_stats(path):
+    """The stats of strata.torch.load of two whole tensors of a DCP checkpoint."""
+    sd = {"model": {"emb.weight": torch.zeros(37, 11), "fc2.weight": torch.zeros(5, 7)}}
+    return st.load(sd, path)
+
+
+def test_load_stats(written):
+    """A DCP load's stats are a load's (issue 30): on 2 processes each rank's io_calls are
+    the reads it made (not 0 where it read bytes), all_bytes their bytes summed; in one
+    process the same; no save's fields (max_writer_bytes, writers, balance_bound)."""
+    path = dict(written)["fsdp-2"]
+    want = (37 * 11 + 5 * 7) * 4
+    res = _dist.run(dcp_load_stats, 2, path, timeout=180)
+    for r in res:
+        assert set(r) == LOAD_STATS, sorted(r)
+        assert (r["io_calls"] > 0) == (r["bytes"] > 0), r
+        assert r["all_bytes"] == sum(x["bytes"] for x in res) >= want, r
+    assert sum(r["io_calls"] for r in res) >= 2, res     # the two ranks' files
+    one = dcp_load_stats(path)
+    assert set(one) == LOAD_STATS and one["bytes"] >= want and one["io_calls"] >= 2, one
+
+
 def test_load_plain_tensors_in_process(written):
     """No process group: into plain tensors of the pytest process."""
     for name, path in written:
