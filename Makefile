@@ -354,10 +354,20 @@ test-gpu: deps
 	BUILD=$(GPU_BUILD) PYTHON=$(GPU_PYTHON) bash tests/gpu_test.sh \
 	    $(addprefix $(GPU_BUILD)/tests/,$(GPU_TESTS))
 
-# pkg-config files: the install's directories, and MPICH's flags for strata-mpi
+# pkg-config files: the install's directories, and MPICH's flags for strata-mpi. The static
+# link's libraries come from the packages' own .pc files (Requires.private: libcurl's lists
+# its private libraries, which a link with libcurl.a needs). A LIBDIR the dynamic linker does
+# not search by default (a PREFIX such as $HOME/strata) gets an rpath in Libs, so that a
+# program linked with `pkg-config --libs strata` finds libstrata.so.MAJOR there when it
+# starts; PC_RPATH= leaves it out (then LD_LIBRARY_PATH=LIBDIR).
+SYSTEM_LIBDIRS := /lib /lib64 /usr/lib /usr/lib64 /usr/local/lib \
+                  $(addprefix /usr/lib/,$(shell $(CC) -print-multiarch 2>/dev/null)) \
+                  $(addprefix /lib/,$(shell $(CC) -print-multiarch 2>/dev/null))
+PC_RPATH ?= $(if $(filter $(SYSTEM_LIBDIRS),$(patsubst %/,%,$(LIBDIR))),,-Wl,-rpath,$${libdir} )
 $(BUILD)/strata.pc: src/strata.pc.in | deps
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' \
-	    -e 's|@VERSION@|$(VERSION)|g' -e 's|@CURL_LIBS@|$(if $(CURL_ON),-lcurl)|g' $< >$@
+	    -e 's|@VERSION@|$(VERSION)|g' -e 's|@CURL_PC@|$(if $(CURL_ON),libcurl)|g' \
+	    -e 's|@RPATH@|$(PC_RPATH)|g' $< >$@
 
 $(BUILD)/strata-mpi.pc: src/strata-mpi.pc.in | deps
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' \
@@ -382,6 +392,9 @@ install: deps $(LIBRARIES) $(BUILD)/strata $(BUILD)/strata.pc $(BUILD)/strata-mp
 	ln -sf $(MPI_SONAME) $(DESTDIR)$(LIBDIR)/libstrata_mpi.so
 	install -m 644 $(BUILD)/strata.pc $(BUILD)/strata-mpi.pc $(DESTDIR)$(PKGCONFIGDIR)/
 	install -m 755 $(BUILD)/strata $(DESTDIR)$(BINDIR)/
+	@# a system LIBDIR (/usr/local/lib): the dynamic linker's cache learns the new library
+	@if [ -z "$(DESTDIR)" ] && [ -z "$(PC_RPATH)" ] && [ "$$(id -u)" = 0 ] && \
+	    command -v ldconfig >/dev/null; then ldconfig; fi
 
 uninstall:
 	rm -f $(addprefix $(DESTDIR)$(INCLUDEDIR)/,$(notdir $(HEADERS))) \

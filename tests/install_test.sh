@@ -67,14 +67,35 @@ check "libstrata_mpi.so exports strata_comm_mpi alone (STRATA_MPI_$major.$minor)
 # the README's example, built as its user builds it
 check "examples/reshard.c builds with \$(pkg-config --cflags --libs strata)" bash -c "
     $CC -Wall -Wextra -Werror -o '$T/reshard' examples/reshard.c \$(pkg-config --cflags --libs strata)"
-check "the example runs against the installed libstrata.so" bash -c "
-    LD_LIBRARY_PATH='$P/lib' ldd '$T/reshard' | grep -F '$P/lib/libstrata.so.$major' &&
-    LD_LIBRARY_PATH='$P/lib' '$T/reshard' '$T/ck' && test -f '$T/ck/COMMIT'"
+# a PREFIX outside the dynamic linker's directories: strata.pc's rpath finds the library
+# when the program starts, no LD_LIBRARY_PATH (issue 30)
+check "the example runs against the installed libstrata.so, no LD_LIBRARY_PATH (rpath)" bash -c "
+    unset LD_LIBRARY_PATH; ldd '$T/reshard' | grep -F '$P/lib/libstrata.so.$major' &&
+    '$T/reshard' '$T/ck' && test -f '$T/ck/COMMIT'"
 check "the example needs symbols of version $node" bash -c "readelf -V '$T/reshard' | grep -F 'Name: $node'"
+# pkg-config --static lists every library a static link needs, libcurl's own private ones
+# included (Requires.private: libcurl); linked here with libstrata.a and libcurl's shared
+# library (this machine lacks some of libcurl's private libraries' -dev packages)
+if pkg-config --exists libcurl && nm "$B/libstrata.a" 2>/dev/null | grep -q ' U curl_easy_init'; then
+    check "pkg-config --static --libs strata holds libcurl's, libxxhash's and zlib's --static libs" bash -c "
+        have=\" \$(pkg-config --static --libs strata) \"
+        for f in \$(pkg-config --static --libs libcurl libxxhash zlib); do
+            case \"\$have\" in *\" \$f \"*) ;; *) echo \"missing \$f in:\$have\"; exit 1;; esac
+        done"
+fi
 check "the example links statically (pkg-config --static, Libs.private)" bash -c "
-    $CC -o '$T/reshard_static' examples/reshard.c \$(pkg-config --cflags strata) \
-        \$(pkg-config --static --libs strata | sed 's/-lstrata\\b/-l:libstrata.a/') &&
+    curl_private=\$(pkg-config --static --libs libcurl 2>/dev/null | sed 's/-lcurl\\b//; s/-lz\\b//')
+    flags=\$(pkg-config --static --libs strata | sed 's/-lstrata\\b/-l:libstrata.a/')
+    for f in \$curl_private; do flags=\$(echo \" \$flags \" | sed \"s/ \$f / /g\"); done
+    $CC -o '$T/reshard_static' examples/reshard.c \$(pkg-config --cflags strata) \$flags &&
     ! ldd '$T/reshard_static' | grep strata && '$T/reshard_static' '$T/ck_static'"
+check "installed with PC_RPATH= (no rpath): the example needs LD_LIBRARY_PATH, as the README says" bash -c "
+    make --no-print-directory BUILD='$B' PREFIX='$T/p2' PC_RPATH= install >/dev/null &&
+    ! grep -q rpath '$T/p2/lib/pkgconfig/strata.pc' &&
+    $CC -o '$T/reshard2' examples/reshard.c \$(PKG_CONFIG_PATH='$T/p2/lib/pkgconfig' pkg-config --cflags --libs strata) &&
+    { unset LD_LIBRARY_PATH; ! '$T/reshard2' '$T/ck2' 2>'$T/err2'; } &&
+    grep -F 'libstrata.so.$major: cannot open shared object file' '$T/err2' &&
+    LD_LIBRARY_PATH='$T/p2/lib' '$T/reshard2' '$T/ck2'"
 check "the installed strata verifies what the example saved" "$P/bin/strata" verify "$T/ck"
 
 # the MPI add-on, through strata-mpi.pc
