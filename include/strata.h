@@ -628,6 +628,28 @@ int strata_uri_path(char *out, size_t cap, const char *uri);
  * not be removed meanwhile (the caller's retention keeps it). */
 int strata_copy(strata_stats *stats, const char *src_uri, const char *dst_uri, unsigned flags);
 
+/* Progress of a long operation (strata_copy_ext): bytes done of the total so far. Return 0 to
+ * go on; anything else stops it with STRATA_EABORTED (the callback may set the message with
+ * strata_error_set). */
+typedef int (*strata_progress_cb)(void *ctx, uint64_t bytes_done, uint64_t bytes_total);
+
+#define STRATA_COPY_OPTS_VERSION 1
+typedef struct strata_copy_opts {
+    int version;                 /* STRATA_COPY_OPTS_VERSION */
+    unsigned flags;              /* 0 */
+    strata_progress_cb progress; /* may be NULL: once before the first byte (0 of the data
+                                    files' total), then after each block written, from the
+                                    copy's threads one call at a time */
+    void *progress_ctx;
+} strata_copy_opts;
+#define STRATA_COPY_OPTS_INIT {STRATA_COPY_OPTS_VERSION, 0, NULL, NULL}
+
+/* strata_copy with options (opts may be NULL: strata_copy's defaults): a progress callback,
+ * which may stop the copy (STRATA_EABORTED; nothing is committed at dst_uri and what was
+ * written there is removed, as after any failure). `strata copy SRC DST` is this call. */
+int strata_copy_ext(strata_stats *stats, const char *src_uri, const char *dst_uri,
+                    const strata_copy_opts *opts);
+
 /* Retention in a directory of checkpoints (one tier): keeps the `keep` newest committed
  * checkpoints directly under dir_uri (by commit time) and removes the older ones (commit
  * record first, so a crash midway leaves an incomplete checkpoint, never a broken

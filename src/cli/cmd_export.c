@@ -1,12 +1,10 @@
 /* cmd_export.c - `strata export`: a checkpoint to Hugging Face safetensors files, with
  * bounded memory. A thin wrapper of strata_export_safetensors (src/engine/export.c): the
  * arguments, --help, the progress line on a terminal, and SIGINT / SIGTERM / SIGHUP, which
- * stop the export through its progress callback (OUT is left as it was). */
-#include <signal.h>
+ * stop the export through its progress callback (OUT is left as it was; progress.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cli.h"
 
@@ -67,61 +65,6 @@ static const char EXPORT_HELP[] =
     "1), nothing touched; put such files beside the export, or copy them in after it. A\n"
     "tensor named __metadata__ (the key safetensors keeps for the file's metadata) cannot\n"
     "be exported (exit 1).\n";
-
-typedef struct {
-    double t0, last_print;
-    uint64_t done, total;
-    int show;  /* print a progress line (stderr is a terminal, no --quiet) */
-    int shown; /* a progress line is on the terminal */
-} progress_state;
-
-static volatile sig_atomic_t stop_signal; /* the signal that asks the export to stop */
-
-static void on_stop_signal(int sig) { stop_signal = sig; }
-
-static void fmt_bytes(char *out, size_t n, double b)
-{
-    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int i = 0;
-    while (b >= 1024 && i < 4)
-        b /= 1024, i++;
-    snprintf(out, n, "%.1f %s", b, u[i]);
-}
-
-static void print_progress(progress_state *p, int final)
-{
-    double now = cli_now();
-    if (!final && now - p->last_print < 0.2)
-        return;
-    p->last_print = now;
-    double el = now - p->t0, rate = el > 0 ? (double)p->done / el : 0;
-    char d[32], t[32], r[32], eta[32] = "?";
-    fmt_bytes(d, sizeof d, (double)p->done);
-    fmt_bytes(t, sizeof t, (double)p->total);
-    fmt_bytes(r, sizeof r, rate);
-    if (rate > 0)
-        snprintf(eta, sizeof eta, "%.0f s", (double)(p->total - p->done) / rate);
-    fprintf(stderr, "\r\033[Kexport: %s / %s  %s/s  %s left", d, t, r, eta);
-    if (final)
-        fputc('\n', stderr);
-    p->shown = !final;
-    fflush(stderr);
-}
-
-static int on_progress(void *ctx, uint64_t done, uint64_t total)
-{
-    progress_state *p = ctx;
-    if (stop_signal) {
-        strata_error_set(STRATA_EABORTED, "interrupted by %s: the export stopped and its "
-                         "output directory is as it was", strsignal(stop_signal));
-        return 1;
-    }
-    p->done = done;
-    p->total = total;
-    if (done && p->show) /* not the call before the first write */
-        print_progress(p, 0);
-    return 0;
-}
 
 static int export_run(int argc, char **argv, const char **inc, const char **exc);
 
@@ -205,28 +148,16 @@ static int export_run(int argc, char **argv, const char **inc, const char **exc)
     o.max_file_bytes = (uint64_t)(max_gb * 1e9);
     if (o.max_file_bytes == 0)
         o.max_file_bytes = 1;
-    progress_state p = {0};
-    p.show = !quiet && isatty(2);
-    p.t0 = p.last_print = cli_now();
-    o.progress = on_progress;
+    cli_progress p;
+    cli_progress_start(&p, "export", "the export stopped and its output directory is as it was",
+                       quiet);
+    o.progress = cli_progress_cb;
     o.progress_ctx = &p;
-    /* the first signal stops the export at its next window; a second one kills */
-    struct sigaction sa = {0};
-    sa.sa_handler = on_stop_signal;
-    sa.sa_flags = SA_RESTART | SA_RESETHAND;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
     strata_stats st = STRATA_STATS_INIT;
     int rc = strata_export_safetensors(&st, ckpt, out, &o);
-    if (rc) {
-        if (p.shown)
-            fputc('\n', stderr);
+    cli_progress_end(&p, !rc);
+    if (rc)
         return cli_fail("export", rc);
-    }
-    if (p.show)
-        print_progress(&p, 1);
     if (!quiet)
         printf("exported %llu tensor bytes (%llu read) to %s in %.2f s\n",
                (unsigned long long)st.bytes, (unsigned long long)st.data_bytes, cli_esc(out),
