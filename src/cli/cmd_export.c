@@ -153,14 +153,25 @@ static int export_run(int argc, char **argv, const char **inc, const char **exc)
                        quiet);
     o.progress = cli_progress_cb;
     o.progress_ctx = &p;
+    /* a DeepSpeed save_dir: the tag its `latest` names now is the one exported (by its
+     * path: a `latest` that moves meanwhile changes nothing) and said */
+    char tag[256] = "", *by_tag = NULL;
+    strata_ckpt *ck;
+    if (strata_ckpt_open(&ck, ckpt, 0) == 0) {
+        if (strata_ckpt_tag(ck) && asprintf(&by_tag, "%s/%s", ckpt, strata_ckpt_tag(ck)) > 0)
+            snprintf(tag, sizeof tag, " from tag %s (named by its latest)",
+                     cli_esc(strata_ckpt_tag(ck)));
+        strata_ckpt_free(ck);
+    }
     strata_stats st = STRATA_STATS_INIT;
-    int rc = strata_export_safetensors(&st, ckpt, out, &o);
+    int rc = strata_export_safetensors(&st, by_tag ? by_tag : ckpt, out, &o);
+    free(by_tag);
     cli_progress_end(&p, !rc);
     if (rc)
         return cli_fail("export", rc);
     if (!quiet)
-        printf("exported %llu tensor bytes (%llu read) to %s in %.2f s\n",
-               (unsigned long long)st.bytes, (unsigned long long)st.data_bytes, cli_esc(out),
-               st.seconds);
+        printf("exported %llu tensor bytes (%llu read)%s to %s in %.2f s\n",
+               (unsigned long long)st.bytes, (unsigned long long)st.data_bytes, tag,
+               cli_esc(out), st.seconds);
     return 0;
 }

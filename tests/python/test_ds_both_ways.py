@@ -151,10 +151,14 @@ def test_export_of_strata_tags_is_zero_to_fp32s(run, tmp_path):
 
 @needs_cli
 @pytest.mark.slow
-def test_ls_and_inspect_know_strata_tags(run):
+def test_ls_and_inspect_know_strata_tags(run, tmp_path):
     """ls of a save_dir lists strata's tags with their state and step, the latest marked;
-    inspect reads the tag latest names and says which; verify checks its checksums."""
+    inspect and export read the tag latest names and say which; verify checks its
+    checksums."""
     d = os.path.join(run, "s3")
+    r = subprocess.run([STRATA, "export", d, str(tmp_path / "x")], capture_output=True,
+                       text=True)
+    assert r.returncode == 0 and " from tag step3 (named by its latest) to " in r.stdout, r
     r = subprocess.run([STRATA, "ls", d], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     rows = r.stdout.splitlines()[1:]
