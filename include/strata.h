@@ -116,7 +116,10 @@ int strata_state_add_blob(strata_state *st, const char *name, unsigned flags, in
  * path holds a complete committed checkpoint - the previous one, then the new one; the
  * previous one is then removed. The save owns both the path and the directory beside it
  * (STRATA_EBUSY if another save or a collector holds either). A path with no committed
- * checkpoint (missing, or incomplete) gets the new one the same way. Readers that opened
+ * checkpoint (missing, empty, or incomplete) gets the new one the same way; anything else
+ * there (a file, a symlink, a directory holding files strata does not write: a user's, a
+ * run directory of checkpoints) is refused with STRATA_ENOTCKPT naming it, and a link
+ * planted at the name beside it with STRATA_EINVAL, nothing touched. Readers that opened
  * the previous one's files keep reading them (POSIX); a load that read its metadata before
  * the exchange and opens data files after it fails (the new files' checksums or sizes do
  * not match), never loads a mix. A file system that cannot exchange directories (NFS,

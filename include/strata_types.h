@@ -38,7 +38,8 @@ extern "C" {
     X(EDEVICE, -16, "device memory given but CUDA is not usable")                            \
     X(EBUSY, -17, "another save or collector owns the checkpoint directory")                  \
     X(ECHANGED, -18, "a source file changed while it was being loaded")                       \
-    X(ENOTSUP, -19, "the storage cannot do this safely (locks that do not exclude, no atomic exchange)")
+    X(ENOTSUP, -19, "the storage cannot do this safely (locks that do not exclude, no atomic exchange)") \
+    X(ENOTCKPT, -20, "the path holds something other than a strata checkpoint to replace")
 
 typedef enum strata_error_code {
 #define STRATA_X_(name, val, msg) STRATA_##name = (val),

@@ -59,7 +59,7 @@ static const struct {
     {"ENOENT", "MissingError"},         {"EOVERLAP", "OverlapError"},
     {"EABORTED", "AbortedError"},       {"EDEVICE", "DeviceError"},
     {"EBUSY", "BusyError"},             {"ECHANGED", "ChangedError"},
-    {"ENOTSUP", "UnsupportedError"},
+    {"ENOTSUP", "UnsupportedError"},    {"ENOTCKPT", "NotCheckpointError"},
 };
 
 static PyObject *class_for(int code)

@@ -354,7 +354,9 @@ def save(state_dict, path, process_group=None, *, step=0, pickle=False, replace=
     save's stats. With a process group (the default one if initialised), every rank calls
     it. A committed checkpoint at path is never overwritten (ExistsError) unless
     replace=True: then the new one is written beside it and swapped in atomically after its
-    commit, so path always holds a complete checkpoint (a fixed path such as "latest").
+    commit, so path always holds a complete checkpoint (a fixed path such as "latest");
+    a path holding anything but a strata checkpoint (a directory of other files, a run
+    directory of step-N checkpoints) is never replaced (NotCheckpointError).
     options: chunk_bytes, io_threads, sync, direct, bg_nice, base, incremental
     (strata.Saver.save).
 

@@ -285,9 +285,11 @@ typedef struct st_dests {
 int st_dests_resolve(st_dests *d, const char *const *uris, int n, unsigned flags);
 void st_dests_close(st_dests *d);
 /* Owns destination t before anything is written there: st_prepare_dir (prepare) or
- * st_own (ST_OWN_NEW) of dir[t]; with replace, first the target (made if missing) and
- * the directory beside it cleared of what a dead replace left, and a check that the file
- * system can exchange directories (STRATA_ENOTSUP). *lock: dir[t]'s lock. */
+ * st_own (ST_OWN_NEW) of dir[t]; with replace, first the target (made if missing; a
+ * committed checkpoint or what a plain save takes, else STRATA_ENOTCKPT) and the directory
+ * beside it cleared of what a dead replace left (anything but a directory there, a planted
+ * link: STRATA_EINVAL, never followed), and a check that the file system can exchange
+ * directories (STRATA_ENOTSUP). *lock: dir[t]'s lock. */
 int st_dest_own(st_dests *d, int t, int prepare, st_file **lock);
 /* Commits destination t (st_commit_dir) and lets go of it (*lock = NULL); with replace,
  * exchanges dir[t] with the target, then removes the previous checkpoint. On failure

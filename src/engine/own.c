@@ -302,6 +302,99 @@ static void release_final(const st_vfs *v, const char *final, st_file *lock)
     st_own_release(v, lock);
 }
 
+typedef struct {
+    int strata, foreign, kind;
+    char name[256]; /* the first entry that is not strata's */
+} target_scan;
+
+static int scan_target(void *p, const char *name, uint64_t size, int kind)
+{
+    (void)size;
+    target_scan *c = p;
+    if (st_is_strata_file(name) && kind == 0) {
+        c->strata++;
+    } else if (!c->foreign++) {
+        snprintf(c->name, sizeof c->name, "%s", name);
+        c->kind = kind;
+    }
+    return ST_LIST_NEXT;
+}
+
+static const char *kind_name(int kind)
+{
+    return kind == 0 ? "a file" : kind == 1 ? "a directory" : kind == 2 ? "a symlink"
+                                                                      : "a special file";
+}
+
+/* May a replace take path? What a plain save takes (nothing, an empty directory, an
+ * incomplete checkpoint) and what it refuses only for being a committed checkpoint; never
+ * a file, a symlink, or a directory holding anything strata does not write there (a
+ * user's files, a run directory of checkpoints, another format's checkpoint), which the
+ * exchange would hide beside the path: STRATA_ENOTCKPT naming what is there. */
+static int check_replaceable(const st_vfs *v, const char *path)
+{
+    static const char tail[] = "; a replacing save (STRATA_SAVE_REPLACE, replace=True) "
+                               "replaces only a strata checkpoint: nothing was touched";
+    int kind, e = v->stat(v, path, NULL, &kind);
+    if (e == -ENOENT)
+        return 0;
+    if (e)
+        return st_fail(st_from_errno(-e), "'%s': %s", path, strerror(-e));
+    if (kind != 1)
+        return st_fail(STRATA_ENOTCKPT, "'%s' is %s, not a directory%s", path,
+                       kind == 2 ? "a symlink (never followed)" : kind_name(kind), tail);
+    target_scan c = {0};
+    if ((e = v->list(v, path, scan_target, &c)) != 0)
+        return st_fail(st_from_errno(-e), "cannot list '%s': %s", path, strerror(-e));
+    if (!c.foreign)
+        return 0;
+    if (c.strata)
+        return st_fail(STRATA_ENOTCKPT, "'%s' holds a checkpoint's files and %d entr%s strata "
+                       "does not write there (such as '%s', %s)%s", path, c.foreign,
+                       c.foreign == 1 ? "y" : "ies", c.name, kind_name(c.kind), tail);
+    char what[1024];
+    st_survey(v, path, 1); /* says what the directory is */
+    snprintf(what, sizeof what, "%s", strata_error_last());
+    return st_fail(STRATA_ENOTCKPT, "refusing to replace: %s%s", what, tail);
+}
+
+/* The name a replace writes beside its target is strata's: anything there but a
+ * directory (a link planted to another checkpoint) is refused, never followed. */
+static int check_sibling(const st_vfs *v, const char *sib)
+{
+    int kind, e = v->stat(v, sib, NULL, &kind);
+    if (e == -ENOENT || (e == 0 && kind == 1))
+        return 0;
+    if (e)
+        return st_fail(st_from_errno(-e), "'%s': %s", sib, strerror(-e));
+    return st_fail(STRATA_EINVAL, "'%s' is %s, not the directory a replacing save writes "
+                   "there: it is never followed, and nothing was touched; remove it by hand",
+                   sib, kind_name(kind));
+}
+
+/* Owns the directory beside a replace's target (made if missing), cleared of what a dead
+ * replace of the same target left there; looked at before each of its locks is taken and
+ * after, so that a link swapped in between is never acted through. */
+static int own_sibling(const st_vfs *v, const char *sib, int prepare, st_file **lock)
+{
+    int rc = check_sibling(v, sib);
+    if (!rc && has_commit(v, sib)) {
+        st_file *old;
+        if (!(rc = st_own(v, sib, 0, &old))) {
+            if (!(rc = check_sibling(v, sib)))
+                rc = st_remove_owned(v, sib, 1);
+            st_own_release(v, old);
+        }
+    }
+    if (!rc)
+        rc = prepare ? st_prepare_dir(v, sib, lock) : st_own(v, sib, ST_OWN_NEW, lock);
+    if (!rc && (rc = check_sibling(v, sib))) {
+        st_own_release(v, *lock);
+        *lock = NULL;
+    }
+    return rc;
+}
+
 int st_dest_own(st_dests *d, int t, int prepare, st_file **lock)
 {
     const st_vfs *v = d->vfs[t];
@@ -309,20 +402,16 @@ int st_dest_own(st_dests *d, int t, int prepare, st_file **lock)
     if (!d->replace)
         return prepare ? st_prepare_dir(v, d->dir[t], lock)
                        : st_own(v, d->dir[t], ST_OWN_NEW, lock);
-    /* the target first (made if missing, committed or not), then the directory beside it,
-     * cleared of what a replace of the same target that died left there */
-    int rc = st_own(v, d->final[t], ST_OWN_REPLACE, &d->final_lock[t]);
+    /* the target first (made if missing; a checkpoint, committed or not, and nothing
+     * else: looked at before its lock is taken, so that nothing else gets a LOCK, and
+     * again under it), then the directory beside it */
+    int rc = check_replaceable(v, d->final[t]);
     if (rc)
         return rc;
-    if (has_commit(v, d->dir[t])) {
-        st_file *old;
-        if (!(rc = st_own(v, d->dir[t], 0, &old))) {
-            rc = st_remove_owned(v, d->dir[t], 1);
-            st_own_release(v, old);
-        }
-    }
-    if (!rc)
-        rc = prepare ? st_prepare_dir(v, d->dir[t], lock) : st_own(v, d->dir[t], ST_OWN_NEW, lock);
+    if ((rc = st_own(v, d->final[t], ST_OWN_REPLACE, &d->final_lock[t])))
+        return rc;
+    if (!(rc = check_replaceable(v, d->final[t])))
+        rc = own_sibling(v, d->dir[t], prepare, lock);
     if (!rc && (rc = check_exchange(v, d->dir[t]))) {
         st_remove_failed(v, d->dir[t], 1, 0);
         st_own_release(v, *lock);
