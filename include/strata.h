@@ -162,15 +162,18 @@ typedef struct strata_save_opts {
      * STRATA_SAVE_INCREMENTAL, one of another chunk size, or a backend or file system that
      * cannot link (EXDEV, EPERM): written as usual. On s3:// a link is a copy made by the
      * server (no byte uploaded; FORMAT.md); a copy the server refuses fails a save in one
-     * process. Errors: the base's open (missing: STRATA_ENOENT,
-     * not committed: STRATA_EINCOMPLETE, not strata's: STRATA_EINVAL, a name with '/':
-     * STRATA_EINVAL); a base removed or replaced while the save links its files:
-     * STRATA_ECHANGED (the save is removed, nothing else touched).
+     * process. The base's bytes a shard would refer to are read and checked against their
+     * checksums first (once per process and base file version: a chain of saves reads
+     * its base once); where they fail, the caller's bytes are written instead, so the
+     * new checkpoint verifies. Errors: the base's open (missing: STRATA_ENOENT,
+     * not committed: STRATA_EINCOMPLETE, not strata's: STRATA_EINVAL, a name with '/' or
+     * a symlink's: STRATA_EINVAL); a base removed or replaced while the save links its
+     * files: STRATA_ECHANGED (the save is removed, nothing else touched).
      * With a communicator every rank gives a base, or none (else STRATA_EINVAL on every
      * rank, before anything is written); rank 0's base is used: where it is missing, not
      * committed or not incremental-ready the save is a full one, and a rank that cannot
      * link its base files (EXDEV, EPERM, ...) or finds the base removed or replaced writes
-     * its own part in full; a base that cannot be read (not strata's, corrupt metadata)
+     * its own part in full (and a rank whose base bytes fail their check, those pieces); a base that cannot be read (not strata's, corrupt metadata)
      * fails the save on every rank, as in one process. Marks are not carried
      * between ranks: a distributed save hashes its candidates. */
     const char *base;

@@ -155,8 +155,24 @@ int st_incr_plan(st_incr **out, st_save_plan *sp, const st_dests *d, const strat
  * that the base is still the save matched. STRATA_ECHANGED if the base was removed or
  * replaced meanwhile (nothing of another checkpoint is ever referred to). */
 int st_incr_link(const st_incr *x, const st_meta *m, const st_dests *d, int t);
-/* STRATA_EINVAL unless base is a plain name (no '/', not "." or "..") of a checkpoint. */
-int st_incr_check_name(const char *base);
+/* A base extent an incremental save is about to refer to (incr_check.c). */
+typedef struct st_base_ext {
+    const char *file;     /* its file's name in the base directory */
+    uint64_t off, bytes;  /* its place there */
+    const uint64_t *sums; /* its chunks' XXH3s, as the base recorded them */
+    int bad;              /* out: its bytes do not match them, or cannot be read */
+} st_base_ext;
+/* Reads each of e[0, n) from the base at bdir (on threads I/O threads) and sets its bad
+ * unless every chunk's XXH3 is the one recorded; an extent found intact is remembered for
+ * the life of the process by its file's version (device, inode, size, modification time;
+ * the ETag on S3) and its place, and not read again. 0, or STRATA_ENOMEM. */
+int st_incr_check_base(const st_vfs *v, const char *bdir, st_base_ext *e, size_t n,
+                       uint32_t chunk, int threads);
+/* Tests: bytes of bases read by st_incr_check_base since the process started. */
+extern _Atomic uint64_t st_incr_base_read;
+/* STRATA_EINVAL unless base is a plain name (no '/', not "." or "..") of a checkpoint,
+ * and not a symlink beside any destination of d. */
+int st_incr_check_name(const char *base, const st_dests *d);
 /* The base beside every destination of d, opened (tier 0's into *bd, closed by the
  * caller with st_dir_close where bd->vfs is set): *id is its save id where it is usable
  * as a base (committed, metadata version 2 of the same chunk size, the same save in every
