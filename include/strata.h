@@ -306,7 +306,8 @@ typedef struct strata_handle strata_handle;
 /* Starts a save of the ranks' states to the destinations uris[0..nuris) (1 to
  * STRATA_MAX_TIERS; "file:///abs/path", a plain path, "mem://name", or
  * "s3://bucket/prefix" in a build with libcurl (else STRATA_ENOTSUP; endpoint, region and
- * credentials from AWS_*; STRATA_SAVE_REPLACE refused there); tiers fastest first) and
+ * credentials from AWS_*; STRATA_SAVE_REPLACE refused there; a prefix with an empty, "."
+ * or ".." segment: STRATA_EINVAL); tiers fastest first) and
  * returns once the plan is made, before any I/O or copying.
  *  - Ranks: without a communicator, `nstates` logical ranks in this process (index =
  *    rank); with one, this rank's one state (nstates = 1), and every rank of the
