@@ -47,6 +47,13 @@ from ._strata import (  # noqa: F401
 )
 from . import _strata
 
+# A process that returns from main with an asynchronous save still in flight (no wait())
+# finishes it here, before the interpreter finalizes: the commit's collectives run on the
+# Saver's commit thread, which needs the GIL (as concurrent.futures joins its workers).
+import atexit as _atexit
+_atexit.register(_strata.finish_saves)
+del _atexit
+
 # One exception class per C error code (strata.ChecksumError, ...), all under strata.Error.
 for _cls in ERRORS.values():
     globals()[_cls.__name__] = _cls

@@ -487,6 +487,11 @@ static PyMethodDef module_methods[] = {
     {"copy", (PyCFunction)mod_copy, METH_VARARGS,
      "copy(src_uri, dst_uri) -> stats: a committed checkpoint copied to a new directory on "
      "any backend, every chunk's checksum verified, committed last (strata_copy)"},
+    {"finish_saves", (PyCFunction)mod_finish_saves, METH_NOARGS,
+     "finish_saves() -> count: closes every Handle not closed yet, newest first, each waiting\n"
+     "for its save to end (committed or failed; a failure is printed to stderr, not raised).\n"
+     "Registered with atexit by `import strata`, so that a process that returns without\n"
+     "wait() still commits what it started, while the commit's collectives can run."},
     {"remove_incomplete", (PyCFunction)mod_remove_incomplete, METH_O,
      "remove_incomplete(uri): removes a checkpoint that has no valid commit record."},
     {"unpickle", (PyCFunction)(void (*)(void))mod_unpickle, METH_VARARGS | METH_KEYWORDS,

@@ -106,6 +106,9 @@ typedef struct {
 } PoolObject;
 
 extern PyTypeObject PoolType, SaverType, HandleType;
+/* finish_saves(): closes every Handle not closed yet (the exit handler, registered by
+ * `import strata`). */
+PyObject *mod_finish_saves(PyObject *m, PyObject *unused);
 
 /* ---- reading (_strata_read.c) ---------------------------------------------------------- */
 
