@@ -105,7 +105,8 @@ class CheckpointManager:
         be reused by others meanwhile; strata.torch.load moves the counter of what it
         fills). Sound only where every write to such a tensor moves its counter: in-place
         torch ops do (optimizer.step, copy_, under no_grad too, through views and
-        detach()); writes through .data, through numpy()/DLPack/ctypes/data_ptr(), through
+        detach()); writes through .data, through its untyped_storage() (copy_, fill_: a
+        storage has no counter), through numpy()/DLPack/ctypes/data_ptr(), through
         another tensor made over the same memory (set_, frombuffer, from_blob), and a
         storage freed and refilled in place (resize_, as FSDP does with unsharded
         parameters) do not, and would be saved as the base's bytes. Off by default."""
