@@ -141,12 +141,17 @@ static int files_open(const st_vfs *v, const char *dir, const st_dcp *dc, dcp_fi
         int rc = st_path_join(p, dir, dc->files[i]);
         if (rc)
             return rc;
-        int e = v->open(v, p, ST_O_READ | ST_O_FOLLOW, &fs->f[i]);
+        /* never through a symlink, as strata's own data files: one could lead anywhere */
+        int e = v->open(v, p, ST_O_READ, &fs->f[i]);
         if (!e)
             e = v->ident(fs->f[i], &fs->id[i]);
         if (e == -ENOENT)
             return st_fail(STRATA_ENOENT, "DCP data file '%s' is missing (.metadata names it)",
                            p);
+        if (e == -ELOOP)
+            return st_fail(STRATA_EFORMAT, "DCP data file '%s' is a symlink: not followed (a "
+                           "checkpoint's files are its own, as in strata's format); copy "
+                           "the file there", p);
         if (e)
             return st_fail(st_from_errno(-e), "DCP data file '%s': %s", p,
                            e == -ST_ENOTREG ? "not a regular file" : strerror(-e));

@@ -118,9 +118,11 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* A str without a NUL byte inside (a name cut at one would name something else), or NULL. */
 static const char *str_of(const pk_val *v)
 {
-    return v && v->kind == PK_STR ? (const char *)v->s : NULL;
+    return v && v->kind == PK_STR && strlen((const char *)v->s) == v->len ? (const char *)v->s
+                                                                          : NULL;
 }
 
 /* A _StorageInfo keyed by a MetadataIndex, into s. */
@@ -146,9 +148,11 @@ static int read_sinfo(const pk_val *key, const pk_val *val, sinfo *s, const char
                        "%s: item '%.200s': compressed/transformed items are not read (its "
                        "_StorageInfo has transform_descriptors)",
                        file, s->fqn);
-    s->path = str_of(pk_dict_get(v, "relative_path"));
-    if (!s->path)
-        return bad(file, s->fqn, "its _StorageInfo has no str relative_path");
+    const pk_val *rp = pk_dict_get(v, "relative_path");
+    if (!(s->path = str_of(rp)))
+        return bad(file, s->fqn, rp && rp->kind == PK_STR
+                                     ? "its relative_path holds a NUL byte"
+                                     : "its _StorageInfo has no str relative_path");
     if (get_u64(pk_dict_get(v, "offset"), &s->offset) ||
         get_u64(pk_dict_get(v, "length"), &s->length))
         return bad(file, s->fqn, "its _StorageInfo offset or length is not an int >= 0");

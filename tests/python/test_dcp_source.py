@@ -335,6 +335,12 @@ def test_hostile_metadata(tmp_path):
         rewrite(path, md)
         refused(path, strata.FormatError, "item 'a': relative_path '%s' %s" % (rel, words))
 
+    # a NUL byte: the name must not be cut there (it would name __0_0.distcp)
+    path, md = case(tmp_path, "nul")
+    md.storage_data[key_of(md, "a")].relative_path = "__0_0.distcp\x00.evil"
+    rewrite(path, md)
+    refused(path, strata.FormatError, "item 'a': its relative_path holds a NUL byte")
+
     path, md = case(tmp_path, "transform")
     md.storage_data[key_of(md, "a")].transform_descriptors = ["zstd"]
     rewrite(path, md)
@@ -379,6 +385,15 @@ def archive_of(path, md, fqn):
 
 
 def test_hostile_distcp(tmp_path):
+    # a .distcp that is a symlink to a file outside the checkpoint (the same bytes): refused,
+    # never followed, as strata's own format refuses links
+    path, md = case(tmp_path, "symlink")
+    f = os.path.join(path, "__0_0.distcp")
+    outside = str(tmp_path / "outside.distcp")
+    os.rename(f, outside)
+    os.symlink(outside, f)
+    refused(path, strata.FormatError, "__0_0.distcp' is a symlink: not followed")
+
     path, md = case(tmp_path, "truncated")
     f = os.path.join(path, "__0_0.distcp")
     os.truncate(f, os.path.getsize(f) - 100)
