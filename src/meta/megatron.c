@@ -30,7 +30,21 @@ static void mj_ws(mj *j)
         j->p++;
 }
 
-/* A string: its raw bytes (between the quotes, escapes checked, not decoded) in *s, *n. */
+/* The code unit of the \\u escape whose 'u' is at p (4 hex digits before end), or -1. */
+static long mj_hex4(const unsigned char *p, const unsigned char *end)
+{
+    long cp = 0;
+    for (int k = 1; k <= 4; k++) {
+        if (p + k >= end || !p[k] || !strchr("0123456789abcdefABCDEF", p[k]))
+            return -1;
+        cp = cp * 16 + (p[k] <= '9' ? p[k] - '0' : (p[k] | 0x20) - 'a' + 10);
+    }
+    return cp;
+}
+
+/* A string: its raw bytes (between the quotes, escapes checked, not decoded) in *s, *n. A
+ * \\u escape of a lone surrogate (no character: not UTF-8, as strata's own names must be)
+ * is refused. */
 static int mj_string(mj *j, const unsigned char **s, size_t *n)
 {
     if (j->p >= j->end || *j->p != '"')
@@ -43,10 +57,19 @@ static int mj_string(mj *j, const unsigned char **s, size_t *n)
             if (++j->p >= j->end)
                 break;
             if (*j->p == 'u') {
-                for (int k = 1; k <= 4; k++)
-                    if (j->p + k >= j->end || !strchr("0123456789abcdefABCDEF", j->p[k]) ||
-                        !j->p[k])
-                        return mj_bad(j, "a bad \\u escape");
+                long cp = mj_hex4(j->p, j->end), lo = -1;
+                if (cp < 0)
+                    return mj_bad(j, "a bad \\u escape");
+                if (cp >= 0xDC00 && cp <= 0xDFFF)
+                    return mj_bad(j, "a lone low surrogate (\\uDC00..\\uDFFF) in a string");
+                if (cp >= 0xD800 && cp <= 0xDBFF) {
+                    if (j->p + 6 < j->end && j->p[5] == '\\' && j->p[6] == 'u')
+                        lo = mj_hex4(j->p + 6, j->end);
+                    if (lo < 0xDC00 || lo > 0xDFFF)
+                        return mj_bad(j, "a high surrogate (\\uD800..\\uDBFF) not followed by "
+                                      "a low one in a string");
+                    j->p += 6;
+                }
                 j->p += 4;
             } else if (!*j->p || !strchr("\"\\/bfnrt", *j->p)) {
                 return mj_bad(j, "a bad escape");

@@ -387,6 +387,13 @@ def refused(path, exc, words, code):
      'no "sharded_backend"', 3),
     ('{"sharded_backend": "torch_dist"} x', strata.FormatError,
      "something follows the JSON object", 3),
+    # lone surrogate escapes name no character (json.loads takes them; strata does not)
+    ('{"sharded_backend": "torch_dist", "x\\ud800": 1}', strata.FormatError,
+     "a high surrogate", 3),
+    ('{"sharded_backend": "torch_dist", "x": "\\udc00"}', strata.FormatError,
+     "a lone low surrogate", 3),
+    ('{"sharded_backend": "torch_dist", "x": "\\ud800\\u0041"}', strata.FormatError,
+     "a high surrogate", 3),
 ])
 def test_hostile_metadata_json(written, tmp_path, text, exc, words, code):
     path = copy_of(written[1], str(tmp_path / "bad"))
