@@ -168,6 +168,14 @@ int st_ts_tensor_info(st_ts_tensor *out, uint64_t *storage_bytes, const pk_val *
     int of = 0;
     for (int d = 0; d < t.ndim; d++)
         of |= !st_mul_ok(numel, t.shape[d], &numel);
+    if (of) { /* numel wrapped: say so, never a wrapped count */
+        char sh[24 * STRATA_MAX_DIMS] = "";
+        for (int d = 0; d < t.ndim; d++)
+            snprintf(sh + strlen(sh), sizeof sh - strlen(sh), "%s%llu", d ? ", " : "",
+                     (unsigned long long)t.shape[d]);
+        return st_fail(STRATA_EFORMAT, "%s: tensor '%s': its shape (%s) holds 2^64 elements "
+                       "or more, which no storage holds", file, nm, sh);
+    }
     for (int d = t.ndim - 1; d >= 0 && numel && !of; d--) { /* an empty tensor: any stride */
         if (t.shape[d] > 1 && stride[d] != want)
             return st_fail(STRATA_ENOTSUP, "%s: tensor '%s' is not contiguous in its storage "
