@@ -179,11 +179,15 @@ int st_prepare_dir(const st_vfs *v, const char *dir, st_file **lock)
     if (rc)
         return rc;
     int foreign = 0, ours = 0;
-    if (!(rc = st_scan_dir(v, dir, 0, &ours, &foreign, NULL)) && foreign)
+    char p[PATH_MAX];
+    if (!(rc = st_scan_dir(v, dir, 0, &ours, &foreign, NULL)) && foreign) {
         rc = st_fail(STRATA_EEXIST,
                      "'%s' is not empty and holds files that are not strata's; refusing to "
                      "save there",
                      dir);
+        if (st_path_join(p, dir, ST_LOCK_FILE) == 0)
+            v->unlink(v, p); /* held by us: a user's directory keeps nothing of this save */
+    }
     if (!rc) /* an incomplete save: replace it (the lock file stays) */
         rc = st_scan_dir(v, dir, 1, NULL, NULL, NULL);
     if (rc) {
