@@ -48,6 +48,7 @@ import math
 import os
 import pickle as _pickle
 import re
+import signal
 import sys
 import threading
 import time
@@ -266,6 +267,27 @@ def _stub_or_none(path):
     return _read_stub(path) if os.path.isfile(path) else None
 
 
+def _tag_free(info):
+    """Refuses (ExistsError, before anything is written) a tag that must not be saved over:
+    one committed already (save_dir/tag/strata), or a directory holding files that are not
+    this engine's stubs (another engine's checkpoint). A tag whose save was interrupted (a
+    kill: stubs, and no or an incomplete strata/) is saved again; its strata/ is replaced."""
+    tagdir = os.path.join(info.save_dir, str(info.tag))
+    if not os.path.isdir(tagdir):
+        return
+    ck = os.path.join(tagdir, SUBDIR)
+    if os.path.lexists(ck) and _S.probe(ck)["committed"]:
+        raise _error("ExistsError", "%s: tag %r is committed already; a committed tag is never "
+                     "overwritten: save under a new tag (DeepSpeed's default is "
+                     "global_step<N>) or remove this one first" % (tagdir, str(info.tag)))
+    for name in sorted(os.listdir(tagdir)):
+        p = os.path.join(tagdir, name)
+        if name != SUBDIR and os.path.isfile(p) and not os.path.islink(p) and _stub_or_none(p) is None:
+            raise _error("ExistsError", "%s: tag %r holds %s, a file this engine did not "
+                         "write (another checkpoint engine's): it is never overwritten; save "
+                         "under a new tag" % (tagdir, str(info.tag), name))
+
+
 class _TagSave:
     """One tag's strata save in flight: its handle, its info, what the snapshot reads, and
     on rank 0 the thread that writes save_dir/latest as soon as the tag is committed."""
@@ -308,6 +330,7 @@ class StrataCheckpointEngine:
 
     def create(self, info):
         self._finish(wait=True)
+        _tag_free(info)
         self._info, self._files = info, []
 
     def makedirs(self, path, exist_ok=False):
@@ -328,6 +351,8 @@ class StrataCheckpointEngine:
         self._files.append((entry, state_dict))
         with open(path, "wb") as f:
             f.write(STUB_MAGIC + entry.encode() + b"\n")
+        if os.environ.get("STRATA_DS_TEST_KILL_AT_STUB") == self._info.tag:
+            os.kill(os.getpid(), signal.SIGKILL)   # tests: a kill inside save_checkpoint
 
     def load(self, path, map_location=None):
         stub = _read_stub(path) if os.path.isfile(path) else None

@@ -102,6 +102,38 @@ def test_zero_kill_resume(ref_run, figures):
     figures("deepspeed kill", "SIGKILL %.3f s after stage 1's later save started; %s" % (delay, "; ".join(seen)))
 
 
+def test_kill_and_reuse(tmp_path):
+    """DeepSpeed under kill and reuse, 2 processes, ZeRO 2. A tag saved again once committed
+    is refused (ExistsError) before any file of it changes; a kill inside save_checkpoint
+    (each rank SIGKILLs itself after handing over its first file: STRATA_DS_TEST_KILL_AT_STUB)
+    leaves latest at the previous tag, which a new run resumes from bitwise, and the killed
+    tag not loadable (its strata checkpoint was never started: MissingError); saving that
+    tag again works; latest naming a tag whose commit record is missing makes
+    load_checkpoint raise IncompleteError, and the committed tags still load by name."""
+    import json
+    out = str(tmp_path)
+    rcs = _launch_mod.wait(_launch("reuse1", out))
+    for r in range(2):
+        with open(os.path.join(out, "reuse1-%d.json" % r)) as f:
+            rep = json.load(f)
+        assert rep["again"].startswith("ExistsError: ") and "committed already" in rep["again"], rep
+        assert rep["stubs_untouched"], rep
+    assert rcs == [-signal.SIGKILL] * 2, "reuse1: %s\n%s" % (rcs, _logs(out, "reuse1"))
+    with open(os.path.join(out, "reuse", "latest")) as f:
+        assert f.read() == "a"
+    _run("reuse2", out)
+    for r in range(2):
+        with open(os.path.join(out, "reuse-%d.json" % r)) as f:
+            rep = json.load(f)
+        assert "strata" not in rep["b_files"] and rep["b_files"], rep   # stubs only
+        assert rep["latest"] == "a" and rep["a_diff"] == [], rep
+        assert rep["b_by_tag"].startswith("MissingError: "), rep
+        assert rep["latest_after"] == "b", rep
+        assert rep["latest_uncommitted"].startswith("IncompleteError: "), rep
+        assert "/c/strata" in rep["latest_uncommitted"], rep
+        assert rep["b_diff"] == [], rep
+
+
 # ---- in this process ------------------------------------------------------------------
 
 def _save(engine, save_dir, tag, files):
