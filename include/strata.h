@@ -173,9 +173,10 @@ typedef struct strata_save_opts {
      * rank, before anything is written); rank 0's base is used: where it is missing, not
      * committed or not incremental-ready the save is a full one, and a rank that cannot
      * link its base files (EXDEV, EPERM, ...) or finds the base removed or replaced writes
-     * its own part in full (and a rank whose base bytes fail their check, those pieces); a base that cannot be read (not strata's, corrupt metadata)
-     * fails the save on every rank, as in one process. Marks are not carried
-     * between ranks: a distributed save hashes its candidates. */
+     * its own part in full (and a rank whose base bytes fail their check, those pieces);
+     * a base that cannot be read (not strata's, corrupt metadata) fails the save on every
+     * rank, as in one process. Marks are not carried between ranks: a distributed save
+     * hashes its candidates. */
     const char *base;
 } strata_save_opts;
 #define STRATA_SAVE_OPTS_INIT {STRATA_SAVE_OPTS_VERSION, 0, 0, 0, 0, 0, NULL}

@@ -282,7 +282,8 @@ def _tag_free(info):
                      "global_step<N>) or remove this one first" % (tagdir, str(info.tag)))
     for name in sorted(os.listdir(tagdir)):
         p = os.path.join(tagdir, name)
-        if name != SUBDIR and os.path.isfile(p) and not os.path.islink(p) and _stub_or_none(p) is None:
+        if (name != SUBDIR and os.path.isfile(p) and not os.path.islink(p)
+                and _stub_or_none(p) is None):
             raise _error("ExistsError", "%s: tag %r holds %s, a file this engine did not "
                          "write (another checkpoint engine's): it is never overwritten; save "
                          "under a new tag" % (tagdir, str(info.tag), name))
