@@ -102,6 +102,7 @@ def test_zero_kill_resume(ref_run, figures):
     figures("deepspeed kill", "SIGKILL %.3f s after stage 1's later save started; %s" % (delay, "; ".join(seen)))
 
 
+@pytest.mark.slow
 def test_kill_and_reuse(tmp_path):
     """DeepSpeed under kill and reuse, 2 processes, ZeRO 2. A tag saved again once committed
     is refused (ExistsError) before any file of it changes; a kill inside save_checkpoint

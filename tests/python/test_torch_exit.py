@@ -19,6 +19,7 @@ from _exit_worker import state
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["return", "drop"])
 def test_exit_without_wait(tmp_path, mode):
     """async_save, wait_snapshot(), return: both ranks exit and the save is committed."""
@@ -39,6 +40,7 @@ def test_exit_without_wait(tmp_path, mode):
             assert torch.equal(got[k], want[k]), k
 
 
+@pytest.mark.slow
 def test_exit_after_the_exit_handler(tmp_path):
     """A save started after strata's exit handler ran (in a later exit handler) is in flight
     when the interpreter finalizes: its destructor cannot wait for a commit that needs
