@@ -41,6 +41,9 @@ class _TierSave(AsyncSave):
         except _S.Error:
             pass
 
+    def _dcp_settle(self):
+        """(The Future's outcome is the one wait() below reports, after _ended.)"""
+
     def wait(self):
         if not self._finished:
             try:
@@ -48,6 +51,7 @@ class _TierSave(AsyncSave):
             except Exception:
                 pass
             self._exc = self._ended(self._exc)
+            AsyncSave._dcp_settle(self)
         if self._exc is not None:
             e, self._exc = self._exc, None
             raise e
@@ -377,9 +381,10 @@ class CheckpointManager:
         best = self._scan() if group.rank == 0 else None
         return _values.decode(group.bcast_bytes(_values.encode(best)))[1]
 
-    def load(self, state_dict, step=None):
+    def load(self, state_dict, step=None, **options):
         """Loads step (default: latest()) into state_dict from the fastest tier holding a
-        committed copy (falling back through the others); returns the step."""
+        committed copy (falling back through the others); returns the step. options: those
+        of strata.torch.load (cast, partial, io_threads, ...)."""
         self._wait(False)
         if step is None:
             step = self.latest()
@@ -388,7 +393,7 @@ class CheckpointManager:
                              % ", ".join(self.tiers))
         uris = [self.path(step, i) for i in range(len(self.tiers))]
         self._snap = None   # (the load moves the counters of what it fills anyway)
-        load(state_dict, uris, self.process_group, pickle=self.pickle)
+        load(state_dict, uris, self.process_group, pickle=self.pickle, **options)
         return int(step)
 
     def close(self):
