@@ -344,3 +344,26 @@ def test_load_converts():
     assert strata.load_converts("i32", "i64", widen=True)
     with pytest.raises(strata.InvalidArgumentError):
         strata.load_converts("f33", "f32")
+
+
+# ---- the newest checkpoint ----------------------------------------------------------------
+
+def test_newest_checkpoint_of_a_dcp_style_loop(tmp_path):
+    """Where a DCP script looks for .metadata to find the newest checkpoint, strata's is
+    COMMIT (strata.probe tells), and CheckpointManager.latest() answers - for the step-<N>
+    directories such a loop names (torchtitan's) as for the manager's own."""
+    root = str(tmp_path / "run")
+    for n in (5, 10, 15):
+        st.save({"model": Net(n)}, checkpoint_id="%s/step-%d" % (root, n))
+    os.remove(os.path.join(root, "step-15", "COMMIT"))      # a save that did not finish
+    assert not strata.probe(root + "/step-15")["committed"]
+    assert sorted(n for n in (5, 10, 15)
+                  if os.path.exists("%s/step-%d/COMMIT" % (root, n))) == [5, 10]
+    mgr = st.CheckpointManager(root, async_save=False)
+    assert mgr.latest() == 10
+    dst = Net(0)
+    assert mgr.load({"model": dst}) == 10
+    assert same_params(dst, params(Net(10)))
+    mgr.save(12, {"model": Net(12)})                        # its own name beside them
+    assert mgr.latest() == 12 and os.path.isdir(os.path.join(root, "step-00000012"))
+    mgr.close()
