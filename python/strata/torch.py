@@ -7,6 +7,9 @@
     mgr = st.CheckpointManager(["/dev/shm/ckpt", "/data/ckpt"], keep=3)
     st.export_safetensors(path, "hf-model/", prefix="model.", dtype=torch.bfloat16)
 
+DCP's calls work as written (import strata.torch as dcp): dcp.save(state, checkpoint_id=p),
+dcp.load(state, checkpoint_id=p), f = dcp.async_save(...); f.result() (_dcpcalls).
+
 State dicts hold (nested in dicts, lists and tuples; flattened to dotted keys such as
 "optim.state.layers.0.w.exp_avg"):
   - plain tensors: replicated - every rank holds the same bytes (checked at save: a key
