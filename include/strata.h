@@ -199,6 +199,18 @@ typedef struct strata_save_opts {
  * Any other pair (narrowing integers, float to integer, i64 to float, fp8) is
  * STRATA_EMISMATCH naming the tensor and both dtypes. Shapes must still match. */
 #define STRATA_LOAD_CAST (1u << 1)
+/* Load a shard registered with another dtype than the saved tensor's by converting it
+ * only where every value of the saved dtype is exact in the requested one (a widening):
+ * f16, bf16 to f32, f64; f32 to f64; and the integer and bool conversions above, all
+ * exact. Nothing is rounded: a narrowing pair (f32 to bf16, f16 to bf16 and back, f64 to
+ * f32) stays STRATA_EMISMATCH, with a message saying STRATA_LOAD_CAST would convert it.
+ * Converted as STRATA_LOAD_CAST converts; with STRATA_LOAD_CAST this flag adds nothing. */
+#define STRATA_LOAD_WIDEN (1u << 2)
+
+/* 1 if a load with `flags` (STRATA_LOAD_* ; only STRATA_LOAD_CAST and STRATA_LOAD_WIDEN
+ * matter) fills a shard of dtype `requested` from a tensor saved as `saved`, else 0:
+ * equal (valid) dtypes always, other pairs as the two flags above say. Pure; thread-safe. */
+int strata_load_converts(strata_dtype saved, strata_dtype requested, unsigned flags);
 
 #define STRATA_LOAD_OPTS_VERSION 1
 typedef struct strata_load_opts {
@@ -429,12 +441,12 @@ int strata_load(strata_stats *stats, strata_comm *comm, const char *const *uris,
  * rank calls it together with its one state, nstates = 1), as many times as the caller
  * wants, with other states or the same, without reading the index again. The load plan is
  * kept on the loader: a load whose requests (every rank's names, dtypes, boxes, flat
- * ranges, blobs and STRATA_LOAD_CAST; not the data addresses) equal the last load's reuses
- * it (stats->plan_cached = 1). If the load fails on the tier open now (a bad checksum, a
- * missing or changed data file) and later tiers remain, the loader opens the next tier
- * that opens and loads from it (stats->tier says which; the index is then that tier's),
- * as strata_load falls back (on any error, a request the tier cannot fill included; not
- * once the communicator is broken). When no tier is left, the message names every tier's
+ * ranges, blobs, STRATA_LOAD_CAST and STRATA_LOAD_WIDEN; not the data addresses) equal the
+ * last load's reuses it (stats->plan_cached = 1). If the load fails on the tier open now
+ * (a bad checksum, a missing or changed data file) and later tiers remain, the loader
+ * opens the next tier that opens and loads from it (stats->tier says which; the index is
+ * then that tier's), as strata_load falls back (on any error, a request the tier cannot
+ * fill included; not once the communicator is broken). When no tier is left, the message names every tier's
  * reason, and the loader has no tier open: later loads fail with STRATA_EINVAL saying so.
  * The states' buffers may hold partial data after a failure. Errors: those of strata_load,
  * STRATA_EINVAL (bad arguments or options; ld NULL; no tier left).

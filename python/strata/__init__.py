@@ -38,6 +38,7 @@ from ._strata import (  # noqa: F401
     hash_bytes,
     list_dirs,
     load,
+    load_converts,
     probe,
     remove_incomplete,
     retain,
@@ -64,6 +65,6 @@ __version__ = "%d.%d.0" % VERSION
 __all__ = [
     "DEFAULT_CHUNK", "DTYPES", "ERRORS", "MAX_DIMS", "MAX_NAME", "MAX_TIERS", "VERSION",
     "Checkpoint", "Comm", "Error", "Handle", "Loader", "Pool", "Saver", "State",
-    "copy", "dtype_size", "export_safetensors", "hash_bytes", "list_dirs", "load", "probe",
+    "copy", "dtype_size", "export_safetensors", "hash_bytes", "list_dirs", "load", "load_converts", "probe",
     "remove_incomplete", "retain", "unpickle", "unpickle_archive", "uri_path",
 ] + sorted(c.__name__ for c in ERRORS.values())

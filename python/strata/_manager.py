@@ -15,13 +15,15 @@ _STEP_DIR = re.compile(r"step-(\d+)")
 
 
 def _steps(tier):
-    """The step numbers under tier, newest first ([] where it cannot be listed)."""
+    """The step directories under tier, [(step, name)] newest first ([] where it cannot be
+    listed): the manager's own "step-00000042", and "step-42" as a DCP-style loop names
+    them (torchtitan's), whose checkpoints latest() and load() find too."""
     try:
         names = _S.list_dirs(tier)   # mem:// and s3:// included
     except _S.Error:                 # missing, or no listable storage there
         return []
-    return sorted((int(m.group(1)) for m in map(_STEP_DIR.fullmatch, names) if m),
-                  reverse=True)
+    return sorted(((int(m.group(1)), m.group(0)) for m in map(_STEP_DIR.fullmatch, names)
+                   if m), reverse=True)
 
 
 class _TierSave(AsyncSave):
@@ -41,6 +43,9 @@ class _TierSave(AsyncSave):
         except _S.Error:
             pass
 
+    def _dcp_settle(self):
+        """(The Future's outcome is the one wait() below reports, after _ended.)"""
+
     def wait(self):
         if not self._finished:
             try:
@@ -48,6 +53,7 @@ class _TierSave(AsyncSave):
             except Exception:
                 pass
             self._exc = self._ended(self._exc)
+            AsyncSave._dcp_settle(self)
         if self._exc is not None:
             e, self._exc = self._exc, None
             raise e
@@ -223,7 +229,7 @@ class CheckpointManager:
         """The newest step below step committed on every tier the save writes (saved): a
         base one of them lacks would fail the save there (one process), and keep failing
         every later one."""
-        for s in _steps(self.tiers[saved[0]]):
+        for s, _ in _steps(self.tiers[saved[0]]):
             if s < step and all(_committed(self.path(s, i)) for i in saved):
                 return "step-%08d" % s
         return None
@@ -362,34 +368,45 @@ class CheckpointManager:
     def _scan(self):
         best = None
         for t in self.tiers:
-            for s in _steps(t):
+            for s, name in _steps(t):
                 if best is not None and s <= best:
                     break
-                if _committed(t.rstrip("/") + "/step-%08d" % s):
+                if _committed(t.rstrip("/") + "/" + name):
                     best = s
                     break
         return best
 
+    def _load_path(self, step, tier):
+        """Where step is on tier: path(step, tier), or "step-<step>" where only that holds
+        it committed (a DCP-style loop's name)."""
+        p = self.path(step, tier)
+        q = self.tiers[tier].rstrip("/") + "/step-%d" % int(step)
+        return q if not _committed(p) and _committed(q) else p
+
     def latest(self):
-        """The newest step with a committed checkpoint on any tier, or None."""
+        """The newest step with a committed checkpoint on any tier, or None: the answer to
+        "where do I resume from" (a directory is committed once its COMMIT file is there;
+        strata.probe(path)["committed"] tells for one). Directories named step-<N> as well
+        as the manager's own step-<N:08d> (so a root a DCP-style loop saved into too)."""
         group = self._group()
         if group is None or group.size == 1:
             return self._scan()
         best = self._scan() if group.rank == 0 else None
         return _values.decode(group.bcast_bytes(_values.encode(best)))[1]
 
-    def load(self, state_dict, step=None):
+    def load(self, state_dict, step=None, **options):
         """Loads step (default: latest()) into state_dict from the fastest tier holding a
-        committed copy (falling back through the others); returns the step."""
+        committed copy (falling back through the others); returns the step. options: those
+        of strata.torch.load (cast, partial, io_threads, ...)."""
         self._wait(False)
         if step is None:
             step = self.latest()
             if step is None:
                 raise _error("NotFoundError", "no committed checkpoint under %s"
                              % ", ".join(self.tiers))
-        uris = [self.path(step, i) for i in range(len(self.tiers))]
+        uris = [self._load_path(step, i) for i in range(len(self.tiers))]
         self._snap = None   # (the load moves the counters of what it fills anyway)
-        load(state_dict, uris, self.process_group, pickle=self.pickle)
+        load(state_dict, uris, self.process_group, pickle=self.pickle, **options)
         return int(step)
 
     def close(self):

@@ -418,6 +418,21 @@ class _Meta:
         return _error("NotFoundError", "%s: not in the checkpoint" % key)
 
 
+def _mismatch(key, dt, shape, sdt, tshape, cast):
+    """The MismatchError of a tensor saved as dt[shape] whose target is sdt[tshape],
+    saying what would load it."""
+    why = ""
+    if tuple(shape) == tuple(tshape) and dt != sdt:
+        if not _S.load_converts(dt, sdt, cast=True):
+            why = (" (strata converts floats to floats and integers only where exact, not %s "
+                   "to %s)" % (dt, sdt))
+        elif not cast:
+            why = (" (a narrowing conversion, which rounds: load with cast=True to convert "
+                   "it, to nearest even)")
+    return _error("MismatchError", "%s: the checkpoint holds %s%s, the target is %s%s%s"
+                  % (key, dt, list(shape), sdt, list(tshape), why))
+
+
 def _copy_in(t, x):
     with torch.no_grad():
         t.copy_(x)
@@ -497,14 +512,16 @@ def _materialise(t):
 class _LoadPrep:
     """One rank's strata.State for loading into a state dict, and what to do after."""
 
-    def __init__(self, state_dict, meta, rank, pickle, cast=False):
+    def __init__(self, state_dict, meta, rank, pickle, cast=False, partial=False):
         if not isinstance(state_dict, collections.abc.Mapping):
             raise TypeError("strata.torch.load: a state dict is a dict; got %s"
                             % type(state_dict).__name__)
         self.meta = meta
         self.rank = rank
         self.pickle = pickle
-        self.cast = cast    # a dtype that differs is left to strata to convert
+        self.cast = cast    # any dtype strata converts (else only widenings: _converts)
+        self.partial = partial
+        self.missing = []   # partial: the keys the checkpoint lacks, left as they are
         self.state = _S.State()
         self.copies = []    # (target, buffer): copy after the load
         self.inplace = []   # tensors the load writes through their address
@@ -599,7 +616,8 @@ class _LoadPrep:
         if src is None:
             name = m.tensor_name(key, self.rank)
             if name is None:
-                raise m.missing(key, self.rank, pr)
+                self._absent(key, pr)
+                return
             dt, shape = m.tensors[name]
             t = torch.empty(shape, dtype=_FROM_STRATA[dt])
             self.state.add_shard(name, dt, shape, data_ptr=t.data_ptr(), nbytes=_nbytes(t),
@@ -630,7 +648,8 @@ class _LoadPrep:
         if name is None:
             src = m.value_src(key, self.rank)
             if src is None:
-                raise m.missing(key, self.rank, False)
+                self._absent(key, False)
+                return
             if src is m._VALUE:
                 v = m.values[key]
                 if (isinstance(v, torch.Tensor) and not t.numel() and v.shape == t.shape
@@ -653,10 +672,8 @@ class _LoadPrep:
             self._blob(key, src, None, t)
             return
         dt, shape = m.tensors[name]
-        if (dt != sdt and not self.cast) or shape != gshape:
-            raise _error("MismatchError",
-                         "%s: the checkpoint holds %s%s, the target is %s%s"
-                         % (key, dt, list(shape), sdt, list(gshape)))
+        if shape != gshape or not self._converts(dt, sdt):
+            raise _mismatch(key, dt, shape, sdt, gshape, self.cast)
         if _is_dtensor(t):
             pieces = [(offs, lens, view) for offs, lens, view in _dtensor_boxes(key, t)]
         else:
@@ -671,6 +688,21 @@ class _LoadPrep:
                 self.cuda.add(buf.device)
             self.state.add_shard(name, sdt, gshape, offs, lens, data_ptr=buf.data_ptr(),
                                  nbytes=_nbytes(buf), device=buf.is_cuda, keep=buf)
+
+    def _absent(self, key, pr):
+        """key (of the target) is not in the checkpoint: NotFoundError, or with partial
+        recorded and left as it is."""
+        if not self.partial:
+            e = self.meta.missing(key, self.rank, pr)
+            raise _error("NotFoundError", "%s (partial=True leaves a key the checkpoint lacks "
+                         "as it is)" % e)
+        self.missing.append(key)
+
+    def _converts(self, saved, target):
+        """Does the load fill a tensor of dtype target from one saved as saved (strata's
+        names): equal, a widening (every value exact), or with cast=True any pair strata
+        converts."""
+        return saved == target or _S.load_converts(saved, target, cast=self.cast, widen=True)
 
     def touched(self):
         """Moves the version counter of every tensor the load writes through its address
@@ -717,9 +749,8 @@ class _LoadPrep:
             raise _error("FormatError", "%s: unknown dtype %r" % (key, dt))
         if target is not None:
             sdt = _TO_STRATA.get(target.dtype)
-            if (sdt != dt and not self.cast) or tuple(target.shape) != tuple(shape):
-                raise _error("MismatchError", "%s: the checkpoint holds %s%s, the target is "
-                             "%s%s" % (key, dt, list(shape), sdt, list(target.shape)))
+            if tuple(target.shape) != tuple(shape) or not self._converts(dt, sdt):
+                raise _mismatch(key, dt, shape, sdt, target.shape, self.cast)
             return None
         try:
             return torch.empty(shape, dtype=_FROM_STRATA[dt])

@@ -102,13 +102,46 @@ void err_give(PyObject *v) /* reference stolen; NULL: nothing is raised */
 #endif
 }
 
-/* Raises the class of code with msg (strata_error_str(code) when empty); returns NULL. */
+/* The names of the C API that libstrata's messages give (flags, option fields), each with
+ * what a Python caller writes instead: the keyword argument that sets it. In order: a
+ * message naming both ("replace=True, STRATA_SAVE_REPLACE") keeps one. */
+static const struct {
+    const char *c, *py;
+} py_names[] = {
+    {"replace=True, STRATA_SAVE_REPLACE", "replace=True"},
+    {"STRATA_SAVE_REPLACE", "replace=True"},
+    {"STRATA_LOAD_CAST", "cast=True"},
+    {"STRATA_LOAD_WIDEN", "widen=True"},
+    {"strata_save_opts.base '", "base='"},
+    {"strata_export_opts.", ""},
+    {"strata_copy: ", "strata.copy: "},
+};
+
+/* msg as a Python caller reads it (py_names); a new reference, or NULL with an error. */
+PyObject *py_text(const char *msg)
+{
+    PyObject *text = PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg), "replace");
+    for (size_t i = 0; text && i < sizeof py_names / sizeof py_names[0]; i++) {
+        if (!strstr(msg, py_names[i].c))
+            continue;
+        PyObject *c = PyUnicode_FromString(py_names[i].c);
+        PyObject *py = PyUnicode_FromString(py_names[i].py);
+        PyObject *t = c && py ? PyUnicode_Replace(text, c, py, -1) : NULL;
+        Py_XDECREF(c);
+        Py_XDECREF(py);
+        Py_SETREF(text, t);
+    }
+    return text;
+}
+
+/* Raises the class of code with msg (strata_error_str(code) when empty), in Python's names
+ * (py_text); returns NULL. */
 PyObject *raise_msg(int code, const char *msg)
 {
     PyObject *cls = class_for(code);
     if (!msg || !*msg)
         msg = strata_error_str(code);
-    PyObject *text = PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg), "replace");
+    PyObject *text = py_text(msg);
     if (!text)
         return NULL;
     PyObject *exc = PyObject_CallOneArg(cls, text);
@@ -357,18 +390,45 @@ PyObject *stats_dict(const strata_stats *s, int load)
 
 /* ---- module functions ------------------------------------------------------------------ */
 
+/* The strata dtype named by the str o into *dt; 0, or -1 with an error raised. */
+static int dtype_get(PyObject *o, strata_dtype *dt)
+{
+    if (!PyUnicode_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "dtype must be a str");
+        return -1;
+    }
+    const char *s = PyUnicode_AsUTF8(o);
+    if (!s)
+        return -1;
+    if (strata_dtype_parse(dt, s)) {
+        raise_fmt(STRATA_EINVAL, "strata has no dtype '%s'", s);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *mod_dtype_size(PyObject *m, PyObject *arg)
 {
     (void)m;
-    if (!PyUnicode_Check(arg))
-        return PyErr_Format(PyExc_TypeError, "dtype must be a str");
-    const char *s = PyUnicode_AsUTF8(arg);
-    if (!s)
-        return NULL;
     strata_dtype dt;
-    if (strata_dtype_parse(&dt, s))
-        return raise_fmt(STRATA_EINVAL, "strata has no dtype '%s'", s);
+    if (dtype_get(arg, &dt) < 0)
+        return NULL;
     return PyLong_FromSize_t(strata_dtype_size(dt));
+}
+
+static PyObject *mod_load_converts(PyObject *m, PyObject *args, PyObject *kw)
+{
+    (void)m;
+    static char *kwlist[] = {"saved", "requested", "cast", "widen", NULL};
+    PyObject *osaved, *oreq;
+    int cast = 0, widen = 0;
+    strata_dtype saved, req;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$pp:load_converts", kwlist, &osaved, &oreq,
+                                     &cast, &widen) ||
+        dtype_get(osaved, &saved) < 0 || dtype_get(oreq, &req) < 0)
+        return NULL;
+    unsigned flags = (cast ? STRATA_LOAD_CAST : 0) | (widen ? STRATA_LOAD_WIDEN : 0);
+    return PyBool_FromLong(strata_load_converts(saved, req, flags));
 }
 
 static PyObject *mod_hash_bytes(PyObject *m, PyObject *args, PyObject *kw)
@@ -467,12 +527,18 @@ static PyObject *mod_list_dirs(PyObject *m, PyObject *arg)
 
 static PyMethodDef module_methods[] = {
     {"load", (PyCFunction)(void (*)(void))mod_load, METH_VARARGS | METH_KEYWORDS,
-     "load(uris, states, comm=None, *, io_threads=0, max_io_bytes=0, direct=True, cast=False)"
-     " -> dict\n\n"
+     "load(uris, states, comm=None, *, io_threads=0, max_io_bytes=0, direct=True, cast=False,"
+     " widen=False) -> dict\n\n"
      "strata_load: from the first source that loads (stats['tier'] says which; stats\n"
      "['meta_reads'] / ['meta_bcasts'] count the index's reads and broadcasts). cast: a shard\n"
      "of another dtype than saved is converted (STRATA_LOAD_CAST: floats rounded once to\n"
-     "nearest even; integers only where exact)."},
+     "nearest even; integers only where exact); widen: only where every value is exact\n"
+     "(STRATA_LOAD_WIDEN: f16, bf16 to f32, f64; f32 to f64; the integer pairs)."},
+    {"load_converts", (PyCFunction)(void (*)(void))mod_load_converts,
+     METH_VARARGS | METH_KEYWORDS,
+     "load_converts(saved, requested, *, cast=False, widen=False) -> bool\n\n"
+     "strata_load_converts: whether a load with those options fills a shard of dtype\n"
+     "`requested` (a name: 'f32', 'bf16', ...) from a tensor saved as `saved`."},
     {"dtype_size", (PyCFunction)mod_dtype_size, METH_O, "dtype_size(name) -> bytes per element"},
     {"hash_bytes", (PyCFunction)(void (*)(void))mod_hash_bytes, METH_VARARGS | METH_KEYWORDS,
      "hash_bytes(data_ptr, nbytes) -> int: XXH3-64 of the bytes (GIL released)."},

@@ -472,7 +472,7 @@ static int handle_finish(HandleObject *self)
     self->final_cause = comm_take_pending(comm);
     if (rc && !msg[0])
         snprintf(msg, sizeof msg, "%s", strata_error_str(rc));
-    self->final_msg = PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg), "replace");
+    self->final_msg = py_text(msg);
     if (!self->final_msg)
         return -1;
     if (!rc && !(self->final_stats = stats_dict(&s, 0)))
@@ -604,9 +604,7 @@ static PyObject *Handle_status(HandleObject *self, PyObject *unused)
                              self->final_msg ? self->final_msg : Py_None);
     const char *m = NULL;
     int rc = strata_handle_status(&m, self->h); /* does not block */
-    return Py_BuildValue("(iN)", rc,
-                         PyUnicode_DecodeUTF8(m ? m : "", (Py_ssize_t)strlen(m ? m : ""),
-                                              "replace"));
+    return Py_BuildValue("(iN)", rc, py_text(m ? m : ""));
 }
 
 static PyObject *Handle_done(HandleObject *self, PyObject *unused)

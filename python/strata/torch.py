@@ -7,6 +7,9 @@
     mgr = st.CheckpointManager(["/dev/shm/ckpt", "/data/ckpt"], keep=3)
     st.export_safetensors(path, "hf-model/", prefix="model.", dtype=torch.bfloat16)
 
+DCP's calls work as written (import strata.torch as dcp): dcp.save(state, checkpoint_id=p),
+dcp.load(state, checkpoint_id=p), f = dcp.async_save(...); f.result() (_dcpcalls).
+
 State dicts hold (nested in dicts, lists and tuples; flattened to dotted keys such as
 "optim.state.layers.0.w.exp_avg"):
   - plain tensors: replicated - every rank holds the same bytes (checked at save: a key
@@ -34,6 +37,7 @@ _manager (CheckpointManager).
 import ctypes
 import hashlib
 import json
+import logging
 import os
 import struct
 import time
@@ -43,10 +47,13 @@ import torch
 import torch.distributed as dist
 
 import strata as _S
+from strata import _dcpcalls
 from strata._statedict import (PerRank, _LoadPrep, _Meta, _SavePrep, per_rank,  # noqa: F401
                                rng_state, set_rng_state)
 from strata._tensor import (_FROM_STRATA, _TO_STRATA, _error, _sync_cuda,  # noqa: F401
                             _sync_loaded)
+
+_log = logging.getLogger("strata.torch")
 
 __all__ = ["save", "load", "async_save", "AsyncSave", "per_rank", "PerRank", "rng_state",
            "set_rng_state", "CheckpointManager", "export_safetensors"]
@@ -347,7 +354,13 @@ def _save_saver(group, pool=None):
     return group.saver(pool) if group is not None else _S.Saver(None, pool)
 
 
-def save(state_dict, path, process_group=None, *, step=0, pickle=False, replace=False,
+def _dcp_group(process_group, no_dist):
+    """The _Group of a save or load: none with no_dist=True (DCP's: this process alone)."""
+    return None if no_dist else _group(process_group)
+
+
+def save(state_dict, path=None, process_group=None, *, checkpoint_id=None, storage_writer=None,
+         planner=None, no_dist=False, use_collectives=True, step=0, pickle=False, replace=False,
          frozen=None, **options):
     """Saves state_dict to path (a directory: a plain path, "file:///abs" or "mem://name";
     or a list of them, tiers fastest first) and returns once it is committed, with the
@@ -360,6 +373,12 @@ def save(state_dict, path, process_group=None, *, step=0, pickle=False, replace=
     options: chunk_bytes, io_threads, sync, direct, bg_nice, base, incremental
     (strata.Saver.save).
 
+    DCP's call (torch.distributed.checkpoint.save) works as written: the path as
+    checkpoint_id=, or DCP's FileSystemWriter(path) as storage_writer= (its overwrite=True,
+    DCP's default, is replace=True; sync_files=False is sync=False); planner= DCP's
+    DefaultSavePlanner (its options are what strata does anyway); no_dist=True saves in this
+    process alone. A planner or writer of another kind is InvalidArgumentError (_dcpcalls).
+
     frozen: with base= (an incremental save), the tensors the caller promises are byte for
     byte those of the base at the same key: True (the parameters with requires_grad=False
     of the modules in state_dict), names (a key, or a prefix of keys ending before a dot:
@@ -368,21 +387,27 @@ def save(state_dict, path, process_group=None, *, step=0, pickle=False, replace=
     layout), its bytes are not read at all - no hash, no copy, no write - and the new
     checkpoint refers to the base's; elsewhere the mark is ignored. The promise is not
     checked: a marked tensor changed since the base is saved holding the base's values."""
-    group = _group(process_group)
+    path, replace = _dcpcalls.save_args("strata.torch.save", path, checkpoint_id,
+                                        storage_writer, planner, use_collectives, replace,
+                                        options)
+    group = _dcp_group(process_group, no_dist)
     uris = _uris(path)
     prep = _prepare_save(state_dict, group, pickle, frozen)
     return _save_saver(group).save(uris, [prep.state], step=step, replace=replace, **options)
 
 
-class AsyncSave:
+class AsyncSave(_dcpcalls.Future):
     """A save in flight (async_save). wait_snapshot() returns once the state's bytes have
     been copied out (change the tensors only after it: call it before optimizer.step());
     wait() returns once committed, with the stats, and raises the save's error; done()
     tells without waiting. The save commits by itself once every rank has written it (with a
     process group, on the Saver's commit thread and gloo group: done() then turns True with
-    no wait() on any rank)."""
+    no wait() on any rank). It is also the concurrent.futures.Future DCP's async_save
+    returns: result(timeout=None) is wait() (after waiting up to timeout for done()),
+    exception(), add_done_callback() (_dcpcalls.Future)."""
 
     def __init__(self, handle, prep, on_done=None):
+        super().__init__()
         self._h = handle
         self._prep = prep
         self._on_done = on_done
@@ -428,6 +453,7 @@ class AsyncSave:
                     self._prep = None
             if self._exc is None and self._on_done is not None:
                 self._on_done()
+            self._dcp_settle()
         if self._exc is not None:
             raise self._exc
         return self._result
@@ -448,8 +474,10 @@ class AsyncSave:
                 pass
 
 
-def async_save(state_dict, path, process_group=None, *, step=0, pool=None, pickle=False,
-               replace=False, frozen=None, **options):
+def async_save(state_dict, path=None, process_group=None, *, checkpoint_id=None,
+               storage_writer=None, planner=None, async_checkpointer_type=None,
+               async_stager=None, no_dist=False, use_collectives=True, step=0, pool=None,
+               pickle=False, replace=False, frozen=None, **options):
     """Starts saving state_dict to path and returns an AsyncSave once the plan is made: no
     tensor is copied on this thread (strata snapshots them in the background, into the
     pool: a strata.Pool, else the saver's own - with a process group kept with the group's
@@ -457,8 +485,23 @@ def async_save(state_dict, path, process_group=None, *, step=0, pool=None, pickl
     Do not change the tensors before wait_snapshot(). It commits in the background as soon
     as every rank has written it; wait() returns the outcome.
     replace=True, frozen= and base= as in save(): a frozen tensor the base holds is neither
-    hashed nor copied into the pool."""
-    group = _group(process_group)
+    hashed nor copied into the pool.
+
+    DCP's call (torch.distributed.checkpoint.async_save: checkpoint_id= or storage_writer=,
+    and planner, no_dist, use_collectives as save() takes them) keeps DCP's contract: it
+    returns once the snapshot is taken (DCP stages before returning), so the caller may
+    change the tensors at once; the AsyncSave is the Future DCP returns (result(), done()).
+    With async_stager=DefaultStager(StagingOptions(use_async_staging=True, ...)) it returns
+    at once DCP's AsyncSaveResponse: staging_completion ends with the snapshot,
+    upload_completion is the AsyncSave. strata snapshots into its pool whatever the stager
+    (which is never called); async_checkpointer_type is taken as given (strata's background
+    work is threads of C that do not hold the GIL)."""
+    what = "strata.torch.async_save"
+    mode = _dcpcalls.staging(what, checkpoint_id is not None or planner is not None,
+                             storage_writer, async_stager)
+    path, replace = _dcpcalls.save_args(what, path, checkpoint_id, storage_writer, planner,
+                                        use_collectives, replace, options)
+    group = _dcp_group(process_group, no_dist)
     uris = _uris(path)
     prep = _prepare_save(state_dict, group, pickle, frozen)
     versions = _versions(prep)
@@ -466,6 +509,13 @@ def async_save(state_dict, path, process_group=None, *, step=0, pool=None, pickl
                                        **options)
     a = AsyncSave(h, prep)
     a._versions = versions
+    if mode == _dcpcalls.SYNC:
+        try:
+            a.wait_snapshot()
+        except _S.Error:    # the save failed: its Future's result() raises the error, as DCP's
+            pass
+    elif mode == _dcpcalls.ASYNC:
+        return _dcpcalls.response(a)
     return a
 
 
@@ -474,22 +524,34 @@ def _versions(prep):
     return [(name, t, t._version) for name, t in prep.sources]
 
 
-def load(state_dict, path, process_group=None, *, pickle=False, cast=False, **options):
+def load(state_dict, path=None, process_group=None, *, checkpoint_id=None, storage_reader=None,
+         planner=None, no_dist=False, pickle=False, cast=False, partial=False, **options):
     """Loads the checkpoint at path (or the first of several tiers, fastest first, that is
     committed and reads back intact) into state_dict, in place: tensors (and DTensors, in
     whatever layout they have now) are filled, values replaced, Stateful objects restored
     with load_state_dict. Keys of the checkpoint that the state dict lacks are ignored; a
-    key of the state dict the checkpoint lacks is NotFoundError naming it, a dtype or shape
-    that differs MismatchError - unless cast=True, which converts a tensor saved in another
-    dtype into the target's as it is read (floats to floats rounded once to nearest even,
-    as Tensor.to does from float32; integers only where every value is exact; any other
-    pair is MismatchError). As DCP's load: keys are taken in sorted order on every rank
-    (Stateful objects may run collectives), every top-level entry that is not Stateful is
-    set again after the load, tensors on the meta device are replaced by new loaded ones
-    (CPU; a DTensor's on its mesh's device), and an empty dict (outside a Stateful) is
-    filled with what the checkpoint holds under its key. Returns the load's stats.
-    options: io_threads, max_io_bytes, direct."""
-    group = _group(process_group)
+    key of the state dict the checkpoint lacks is NotFoundError naming it - unless
+    partial=True (or DCP's DefaultLoadPlanner(allow_partial_load=True)): such keys are left
+    as they are, and listed, sorted, in the returned stats' "missing" (and logged at INFO
+    on the logger "strata.torch"). A shape that differs is MismatchError; a tensor saved in
+    another dtype is converted as it is read where every value is exact in the target's
+    (a widening, as DCP does: f16 and bf16 to f32 or f64, f32 to f64, integers to wider
+    ones or to floats that hold them) and else MismatchError - unless cast=True, which also
+    converts floats to narrower floats (rounded once to nearest even, as Tensor.to does
+    from float32; any other pair is MismatchError). As DCP's load: keys are taken in
+    sorted order on every rank (Stateful objects may run collectives), every top-level
+    entry that is not Stateful is set again after the load, tensors on the meta device are
+    replaced by new loaded ones (CPU; a DTensor's on its mesh's device), and an empty dict
+    (outside a Stateful) is filled with what the checkpoint holds under its key. Returns
+    the load's stats. options: io_threads, max_io_bytes, direct.
+
+    DCP's call (torch.distributed.checkpoint.load) works as written: the path as
+    checkpoint_id=, or DCP's FileSystemReader(path) as storage_reader=; planner= DCP's
+    DefaultLoadPlanner (allow_partial_load=True is partial=True); no_dist=True loads in
+    this process alone. A planner or reader of another kind is InvalidArgumentError."""
+    path, partial = _dcpcalls.load_args("strata.torch.load", path, checkpoint_id,
+                                        storage_reader, planner, partial)
+    group = _dcp_group(process_group, no_dist)
     # one open: the loader reads the index once (with a group, rank 0 reads it and one
     # broadcast agrees on it), the state dict is matched against that index, and the load
     # runs on the same loader - never a second read of the metadata
@@ -498,17 +560,22 @@ def load(state_dict, path, process_group=None, *, pickle=False, cast=False, **op
         rank = group.rank if group is not None else 0
         prep, err = None, None
         try:
-            prep = _LoadPrep(state_dict, meta, rank, pickle, cast)
+            prep = _LoadPrep(state_dict, meta, rank, pickle, cast, partial)
         except Exception as e:
             err = e
         _agree(group, "strata.torch.load", err)
         _sync_cuda(prep.cuda)
         try:
-            stats = ld.load([prep.state], cast=cast, **options)
+            stats = ld.load([prep.state], cast=cast, widen=True, **options)
         finally:
             prep.touched()
     _sync_loaded(prep.cuda)
     prep.finish()
+    if partial:
+        stats["missing"] = sorted(prep.missing)
+        if prep.missing:
+            _log.info("strata.torch.load: %d key(s) not in %s left as they were: %s",
+                      len(prep.missing), meta.uri, ", ".join(stats["missing"][:20]))
     return stats
 
 

@@ -397,7 +397,7 @@ static int exchange_requests(strata_comm *comm, strata_state *local, const strat
                         !(shm && strcmp(shm, "0") == 0)};
     st_buf req = {0};
     *my = st_state_view(local);
-    my->cast = (o->flags & STRATA_LOAD_CAST) != 0; /* each rank's own: it travels in its request */
+    my->cast = st_cast_level(o->flags); /* each rank's own: it travels in its request */
     st_buf_put(&req, &mine, sizeof mine);
     st_encode_state(&req, my);
     if (req.oom)

@@ -33,6 +33,9 @@ static inline st_rank_view st_state_view(const strata_state *s)
  * current one with the defaults filled in (chunk_bytes, max_io_bytes) and checks them. */
 int st_save_opts_get(strata_save_opts *out, const strata_save_opts *in);
 int st_load_opts_get(strata_load_opts *out, const strata_load_opts *in);
+/* The cast level (ST_CAST_*, plan.h) of a load's flags: STRATA_LOAD_CAST, else
+ * STRATA_LOAD_WIDEN, else none. */
+int st_cast_level(unsigned flags);
 /* A caller's stats struct (may be NULL) must carry a known version. */
 int st_stats_check(const strata_stats *s);
 /* The bytes strata_copy reads and writes at once (copy.c; 64 MiB; tests make it small, so

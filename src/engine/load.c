@@ -47,7 +47,7 @@ int st_load_local(const st_dir *d, st_load_cache *c, strata_state *const *ranks,
         return st_fail(STRATA_ENOMEM, "out of memory");
     for (int r = 0; r < nranks; r++) {
         rv[r] = st_state_view(ranks[r]);
-        rv[r].cast = (o->flags & STRATA_LOAD_CAST) != 0;
+        rv[r].cast = st_cast_level(o->flags);
     }
     int rc = local_key(&key, rv, nranks, max_io), cached = 0;
     if (!rc && st_load_cache_hit(c, key.p, key.n)) {

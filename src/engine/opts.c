@@ -51,11 +51,23 @@ int st_load_opts_get(strata_load_opts *out, const strata_load_opts *in)
         memcpy(out, in, load_opts_size[in->version]);
         out->version = STRATA_LOAD_OPTS_VERSION;
     }
-    if (out->flags & ~(unsigned)(STRATA_LOAD_NO_DIRECT | STRATA_LOAD_CAST))
+    if (out->flags & ~(unsigned)(STRATA_LOAD_NO_DIRECT | STRATA_LOAD_CAST | STRATA_LOAD_WIDEN))
         return st_fail(STRATA_EINVAL, "strata_load_opts.flags 0x%x has unknown bits", out->flags);
     if (!out->max_io_bytes)
         out->max_io_bytes = ST_DEFAULT_MAX_IO;
     return 0;
+}
+
+int st_cast_level(unsigned flags)
+{
+    return flags & STRATA_LOAD_CAST    ? ST_CAST_ANY
+           : flags & STRATA_LOAD_WIDEN ? ST_CAST_EXACT
+                                       : ST_CAST_NONE;
+}
+
+int strata_load_converts(strata_dtype saved, strata_dtype requested, unsigned flags)
+{
+    return st_cast_allows(st_cast_level(flags), saved, requested);
 }
 
 int st_stats_check(const strata_stats *s)

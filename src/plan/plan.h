@@ -5,6 +5,7 @@
 #define STRATA_PLAN_H
 #include <stdint.h>
 
+#include "../core/convert.h"
 #include "../meta/meta.h"
 #include "strata_types.h"
 
@@ -34,8 +35,23 @@ typedef struct st_rank_view {
     size_t nsh;
     const st_blobent *bl;
     size_t nbl;
-    int cast; /* load: a shard of another dtype than saved is converted (STRATA_LOAD_CAST) */
+    int cast; /* load: which shards of another dtype than saved are converted (ST_CAST_*) */
 } st_rank_view;
+
+/* A load's conversions of dtypes: none (equal dtypes only), the exact ones
+ * (STRATA_LOAD_WIDEN: st_convert_exact), or every one st_convert_ok allows
+ * (STRATA_LOAD_CAST). */
+enum { ST_CAST_NONE = 0, ST_CAST_EXACT = 1, ST_CAST_ANY = 2 };
+
+/* 1 if a load at cast level `cast` fills a shard of dtype `to` from one saved as `from`. */
+static inline int st_cast_allows(int cast, strata_dtype from, strata_dtype to)
+{
+    if (from == to)
+        return strata_dtype_size(from) != 0;
+    return cast == ST_CAST_ANY     ? st_convert_ok(from, to)
+           : cast == ST_CAST_EXACT ? st_convert_exact(from, to)
+                                   : 0;
+}
 
 /* ---- save ---- */
 
@@ -158,7 +174,7 @@ typedef struct st_io_plan {
 /* Plans a load of the requests of nranks ranks from meta. max_io bounds one read (it is
  * rounded to whole chunks and at least one chunk; with chunks under 8 bytes, to a multiple
  * of 8, so that no read splits an element). A request of another dtype than saved is
- * STRATA_EMISMATCH unless its rank's view has `cast` and st_convert_ok allows the pair.
+ * STRATA_EMISMATCH unless its rank's view's `cast` level allows the pair (st_cast_allows).
  * Errors: STRATA_ENOTFOUND, STRATA_EMISMATCH, STRATA_EUNFILLED (messages name tensor and
  * rank), STRATA_ENOMEM. */
 int st_plan_load(st_io_plan *out, const st_meta *meta, const st_rank_view *ranks,
