@@ -87,6 +87,11 @@ struct st_ts_archive;
 struct st_ts_file;
 int st_ts_open_file(const st_vfs *v, const char *dir, const char *name,
                     struct st_ts_archive *a, struct st_ts_file *tf);
+/* Opens the zip archive that is the open file f (size bytes; path for messages) into *z
+ * (zip.h; nothing read but its end records and central directory). src_torchsave.c. */
+struct st_zip;
+int st_source_zip_open(const st_vfs *v, st_file *f, const char *path, uint64_t size,
+                       struct st_zip *z);
 /* The first bytes of dir/name (name NULL: of dir itself, a file): 1 a zip archive, 2
  * torch.save's legacy format, 0 neither or unreadable (no error left set). */
 int st_ts_kind(const st_vfs *v, const char *dir, const char *name);
