@@ -332,11 +332,13 @@ PyObject *enter_self(PyObject *self, PyObject *unused)
 /* ---- stats ------------------------------------------------------------------------------ */
 
 /* The stats of a save, or of a load (load: with how often it read and broadcast the index,
- * meta_reads and meta_bcasts - the last two arguments, unused by the save's format). */
+ * meta_reads and meta_bcasts, and the zip CRC-32s checked: crc_checked, crc_bytes,
+ * crc_skipped - the last arguments, unused by the save's format). */
 #define STATS_FORMAT "{s:K,s:K,s:K,s:d,s:K,s:K,s:K,s:K,s:O,s:i"
 PyObject *stats_dict(const strata_stats *s, int load)
 {
-    return Py_BuildValue(load ? STATS_FORMAT ",s:K,s:K}" : STATS_FORMAT "}", "data_bytes",
+    return Py_BuildValue(load ? STATS_FORMAT ",s:K,s:K,s:K,s:K,s:O}" : STATS_FORMAT "}",
+                         "data_bytes",
                          (unsigned long long)s->data_bytes, "bytes", (unsigned long long)s->bytes,
                          "io_calls", (unsigned long long)s->io_calls, "seconds", s->seconds,
                          "max_writer_bytes", (unsigned long long)s->max_writer_bytes, "writers",
@@ -345,7 +347,10 @@ PyObject *stats_dict(const strata_stats *s, int load)
                          (unsigned long long)s->all_bytes, "plan_cached",
                          s->plan_cached ? Py_True : Py_False, "tier", s->tier, "meta_reads",
                          (unsigned long long)s->meta_reads, "meta_bcasts",
-                         (unsigned long long)s->meta_bcasts);
+                         (unsigned long long)s->meta_bcasts, "crc_checked",
+                         (unsigned long long)s->crc_checked, "crc_bytes",
+                         (unsigned long long)s->crc_bytes, "crc_skipped",
+                         s->crc_skipped ? Py_True : Py_False);
 }
 
 /* ---- module functions ------------------------------------------------------------------ */
@@ -460,7 +465,8 @@ static PyObject *mod_list_dirs(PyObject *m, PyObject *arg)
 
 static PyMethodDef module_methods[] = {
     {"load", (PyCFunction)(void (*)(void))mod_load, METH_VARARGS | METH_KEYWORDS,
-     "load(uris, states, comm=None, *, io_threads=0, max_io_bytes=0, direct=True, cast=False)"
+     "load(uris, states, comm=None, *, io_threads=0, max_io_bytes=0, direct=True, cast=False,"
+     " skip_crc=False)"
      " -> dict\n\n"
      "strata_load: from the first source that loads (stats['tier'] says which; stats\n"
      "['meta_reads'] / ['meta_bcasts'] count the index's reads and broadcasts). cast: a shard\n"
@@ -499,7 +505,7 @@ static PyMethodDef module_methods[] = {
      METH_VARARGS | METH_KEYWORDS,
      "export_safetensors(ckpt, out, *, prefix=None, max_file_bytes=None, dtype=None, "
      "progress=None, io_threads=None, direct=True, include=None, exclude=None, "
-     "model_only=None) -> dict\n\n"
+     "model_only=None, skip_crc=False) -> dict\n\n"
      "strata_export_safetensors: the checkpoint's tensors, merged to their global shapes, as "
      "Hugging Face safetensors files in the directory out (model-0000i-of-0000N.safetensors "
      "and model.safetensors.index.json), in bounded memory, every checksum verified. prefix "
@@ -511,8 +517,11 @@ static PyMethodDef module_methods[] = {
      "or a list of them): fnmatch globs on the checkpoint's names, exclude wins; model_only "
      "P (True: 'model'): only the tensors named P.<name>, written as <name>, never a "
      "per-rank <key>@rank<r> one; a selection keeping nothing is NotFoundError. "
-     "Returns {data_bytes, bytes, io_calls, seconds, meta_reads} (meta_reads: the reads of "
-     "the checkpoint's index, 1: the export opens it once)."},
+     "skip_crc=True leaves the zip CRC-32s of a DCP, torch.save, DeepSpeed or Megatron "
+     "checkpoint unchecked (by default each entry read is checked before out is replaced). "
+     "Returns {data_bytes, bytes, io_calls, seconds, meta_reads, crc_checked, crc_bytes, "
+     "crc_skipped} (meta_reads: the reads of the checkpoint's index, 1: the export opens it "
+     "once)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -49,6 +49,11 @@ int st_source_describe(const st_dir *d, unsigned char **desc, size_t *desclen);
  * d->committed. */
 int st_source_adopt_meta(st_dir *d, const unsigned char *desc, size_t len);
 
+/* A foreign file f (file mf of d, whose identity was `was` when its header was read) is
+ * still that file, unchanged: STRATA_ECHANGED naming it otherwise (the device is not
+ * compared: a network file has another on each node). */
+int st_check_same_file(const st_dir *d, const st_mfile *mf, const st_mident *was, st_file *f);
+
 /* Helpers of the sources' open: is there a regular file (or a link to one) at dir/name;
  * path's directory into dir (PATH_MAX; "." if none), returning its name; dir/name opened
  * for reading (through a link) with its identity (STRATA_ENOENT when missing, naming it as

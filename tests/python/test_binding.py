@@ -107,11 +107,14 @@ def test_round_trip_two_ranks_reshard(tmp_path):
     # whole, then as a column half plus a flat piece of the other half (2 logical ranks)
     out, stats = load_matrix(uri(tmp_path))
     assert torch.equal(out, m) and stats["tier"] == 0
-    # a load's stats add how often it read and broadcast the index (one read, no Comm)
+    # a load's stats add how often it read and broadcast the index (one read, no Comm), and
+    # the zip CRC-32s checked (none: strata's own checksums are verified chunk by chunk)
     assert set(stats) == {"data_bytes", "bytes", "io_calls", "seconds", "max_writer_bytes",
                           "writers", "balance_bound", "all_bytes", "plan_cached", "tier",
-                          "meta_reads", "meta_bcasts"}
+                          "meta_reads", "meta_bcasts", "crc_checked", "crc_bytes",
+                          "crc_skipped"}
     assert stats["meta_reads"] == 1 and stats["meta_bcasts"] == 0
+    assert stats["crc_checked"] == stats["crc_bytes"] == 0 and not stats["crc_skipped"]
     left = torch.zeros(6, 2)
     right = torch.zeros(7)
     a, b = strata.State(), strata.State()
