@@ -17,8 +17,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <zlib.h>
-
+#include "../core/crc32.h"
 #include "../core/error.h"
 #include "source.h"
 
@@ -38,23 +37,6 @@ struct st_crc_run {
     size_t ngrp;
     atomic_uint_fast64_t checked;
 };
-
-static uint32_t crc_of(const char *p, uint64_t n)
-{
-    uLong c = crc32(0L, Z_NULL, 0);
-    while (n) { /* zlib takes a uInt length */
-        uInt k = n > (1u << 30) ? (1u << 30) : (uInt)n;
-        c = crc32(c, (const Bytef *)p, k);
-        p += k;
-        n -= k;
-    }
-    return (uint32_t)c;
-}
-
-static uint32_t crc_join(uint32_t a, uint32_t b, uint64_t blen)
-{
-    return (uint32_t)crc32_combine(a, b, (z_off_t)blen);
-}
 
 /* What to call the bytes of check c in a message: the first tensor or blob of the index
  * whose extent holds some of them, as "tensor 'x'". */
@@ -149,7 +131,7 @@ static int whole(const st_crc_run *r, size_t g, uint32_t *crc)
         if (p->cparts[i].lo != at)
             return 0;
         *crc = i == r->first[g] ? r->crc[i]
-                                : crc_join(*crc, r->crc[i], p->cparts[i].hi - p->cparts[i].lo);
+                                : st_crc32_join(*crc, r->crc[i], p->cparts[i].hi - p->cparts[i].lo);
         at = p->cparts[i].hi;
     }
     return at == p->meta->checks[c->check].bytes;
@@ -174,7 +156,7 @@ int st_crc_take(st_crc_run *r, const st_dir *d, size_t io, const char *buf, uint
                          (unsigned long long)(k->offset + k->bytes));
             break;
         }
-        r->crc[j] = crc_of(buf + at, c->hi - c->lo);
+        r->crc[j] = st_crc32(0, buf + at, c->hi - c->lo);
     }
     /* the parts are counted down only once all of this read's were taken: a check whose
      * last part is here is compared after its CRC-32 is complete (release/acquire) */
@@ -275,10 +257,10 @@ static int pass_add(pass *s, ivl x)
     int right = r < s->n && s->v[r].lo == x.hi;
     if (left) {
         ivl *a = &s->v[i];
-        a->crc = crc_join(a->crc, x.crc, x.hi - x.lo);
+        a->crc = st_crc32_join(a->crc, x.crc, x.hi - x.lo);
         a->hi = x.hi;
         if (right) {
-            a->crc = crc_join(a->crc, s->v[r].crc, s->v[r].hi - s->v[r].lo);
+            a->crc = st_crc32_join(a->crc, s->v[r].crc, s->v[r].hi - s->v[r].lo);
             a->hi = s->v[r].hi;
             memmove(&s->v[r], &s->v[r + 1], (s->n - r - 1) * sizeof *s->v);
             s->n--;
@@ -287,7 +269,7 @@ static int pass_add(pass *s, ivl x)
     }
     if (right) {
         ivl *b = &s->v[r];
-        b->crc = crc_join(x.crc, b->crc, b->hi - b->lo);
+        b->crc = st_crc32_join(x.crc, b->crc, b->hi - b->lo);
         b->lo = x.lo;
         return 1;
     }
@@ -353,7 +335,7 @@ int st_crc_run_end(st_crc_run *r, const st_dir *d)
             ivl x = {p->cparts[i].lo, p->cparts[i].hi, r->crc[i]};
             size_t j = i + 1;
             for (; j < r->first[g + 1] && p->cparts[j].lo == x.hi; j++) {
-                x.crc = crc_join(x.crc, r->crc[j], p->cparts[j].hi - p->cparts[j].lo);
+                x.crc = st_crc32_join(x.crc, r->crc[j], p->cparts[j].hi - p->cparts[j].lo);
                 x.hi = p->cparts[j].hi;
             }
             int rc = ledger_add(r->later, d, p->cparts[i].check, x);
@@ -371,7 +353,7 @@ int st_crc_run_end(st_crc_run *r, const st_dir *d)
 static int read_crc(const st_dir *d, st_file *f, const st_mcheck *c, uint64_t lo, uint64_t hi,
                     char *buf, uint32_t *crc)
 {
-    uLong x = crc32(0L, Z_NULL, 0);
+    uint32_t x = 0;
     for (uint64_t at = lo; at < hi;) {
         size_t n = (size_t)ST_MIN((uint64_t)FINISH_WINDOW, hi - at);
         int64_t got = st_vfs_read_full(d->vfs, f, buf, n, c->offset + at);
@@ -382,10 +364,10 @@ static int read_crc(const st_dir *d, st_file *f, const st_mcheck *c, uint64_t lo
             return st_fail(STRATA_EFORMAT, "%s file '%s' of '%s' is truncated inside zip entry "
                            "'%.300s'", d->src ? d->src->name : "foreign",
                            d->meta->files[c->file].name, d->path, c->name);
-        x = crc32(x, (const Bytef *)buf, (uInt)n);
+        x = st_crc32(x, buf, n);
         at += n;
     }
-    *crc = (uint32_t)x;
+    *crc = x;
     return 0;
 }
 
