@@ -14,10 +14,11 @@ OPT     ?= -O2
 SAN     ?=
 CFLAGS  ?= $(OPT) -g
 ST_CFLAGS  = -std=c11 -D_GNU_SOURCE -fPIC -Iinclude -Wall -Wextra -Werror $(SAN)
-ALL_CFLAGS = $(ST_CFLAGS) $(if $(CURL_ON),-DST_HAVE_CURL) $(CPPFLAGS) $(CFLAGS)
+ALL_CFLAGS = $(ST_CFLAGS) $(if $(CURL_ON),-DST_HAVE_CURL) $(if $(ISAL_ON),-DST_HAVE_ISAL) \
+             $(CPPFLAGS) $(CFLAGS)
 # executables link only the shared libraries they use (MPICH only where MPI is called)
 ST_LDFLAGS = $(SAN) -Wl,--as-needed
-LIBS       = -lxxhash -lz -lpthread -ldl $(if $(CURL_ON),-lcurl)
+LIBS       = -lxxhash -lz -lpthread -ldl $(if $(CURL_ON),-lcurl) $(if $(ISAL_ON),-lisal)
 # MPICH's flags, looked up when a recipe that needs them runs - after `deps` has installed
 # it (recursive variables: a `:=` here would run pkg-config before MPICH is there)
 MPI_CFLAGS = $(shell pkg-config --cflags mpich 2>/dev/null)
@@ -28,6 +29,12 @@ MPI_LIBS   = $(shell pkg-config --libs mpich 2>/dev/null || echo -lmpich)
 CURL ?= auto
 CURL_ON = $(eval CURL_ON := $(if $(filter 0,$(CURL)),,$(shell pkg-config --exists libcurl \
               2>/dev/null && echo 1)))$(CURL_ON)
+# ISA-L (libisal-dev) is optional at build time too: its CRC-32 (crc32_gzip_refl, 4x zlib's
+# here) checks the zip entries of foreign checkpoints as they are read (src/core/crc32.h);
+# without it zlib's. ISAL=0 builds without it.
+ISAL ?= auto
+ISAL_ON = $(eval ISAL_ON := $(if $(filter 0,$(ISAL)),,$(shell pkg-config --exists libisal \
+              2>/dev/null && echo 1)))$(ISAL_ON)
 
 # the version (strata_types.h) and the shared libraries' names
 VERSION_MAJOR := $(shell sed -n 's/.*define STRATA_VERSION_MAJOR \([0-9][0-9]*\).*/\1/p' include/strata_types.h)
@@ -58,7 +65,7 @@ LIBRARIES := $(BUILD)/libstrata.a $(BUILD)/libstrata.so $(BUILD)/libstrata_mpi.a
 
 # Debian packages used by the build, tests and tools (checked, installed when missing).
 DEB_PKGS = gcc make libxxhash-dev libcmocka-dev pkg-config mpich libmpich-dev zlib1g-dev \
-           libcurl4-openssl-dev
+           libcurl4-openssl-dev libisal-dev
 
 # A shell function for recipes: `$(APT) apt_need PKG...` installs the Debian packages of
 # the list that are not installed (apt-get update first; sudo when not root; waits for
@@ -367,7 +374,7 @@ PC_RPATH ?= $(if $(filter $(SYSTEM_LIBDIRS),$(patsubst %/,%,$(LIBDIR))),,-Wl,-rp
 $(BUILD)/strata.pc: src/strata.pc.in | deps
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' \
 	    -e 's|@VERSION@|$(VERSION)|g' -e 's|@CURL_PC@|$(if $(CURL_ON),libcurl)|g' \
-	    -e 's|@RPATH@|$(PC_RPATH)|g' $< >$@
+	    -e 's|@ISAL_PC@|$(if $(ISAL_ON),libisal)|g' -e 's|@RPATH@|$(PC_RPATH)|g' $< >$@
 
 $(BUILD)/strata-mpi.pc: src/strata-mpi.pc.in | deps
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' \

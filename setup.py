@@ -30,7 +30,16 @@ def have_curl():
     return subprocess.call(["pkg-config", "--exists", "libcurl"], stderr=subprocess.DEVNULL) == 0
 
 
+def have_isal():
+    """ISA-L (its CRC-32 checks foreign checkpoints' zip entries) when pkg-config finds it,
+    as the Makefile decides; STRATA_ISAL=0 builds without it (zlib's CRC-32 then)."""
+    if os.environ.get("STRATA_ISAL") == "0":
+        return False
+    return subprocess.call(["pkg-config", "--exists", "libisal"], stderr=subprocess.DEVNULL) == 0
+
+
 CURL = have_curl()
+ISAL = have_isal()
 sources = sorted(glob.glob("python/strata/_strata*.c"))
 for d in LIB_DIRS:
     sources += sorted(glob.glob("src/%s/*.c" % d))
@@ -45,8 +54,10 @@ ext = Extension(
     extra_compile_args=[
         "-std=c11", "-D_GNU_SOURCE", "-O2", "-fvisibility=hidden", "-Wall", "-Wextra",
     ],
-    define_macros=[("ST_HAVE_CURL", "1")] if CURL else [],
-    libraries=["xxhash", "z", "pthread", "dl"] + (["curl"] if CURL else []),
+    define_macros=([("ST_HAVE_CURL", "1")] if CURL else []) +
+                  ([("ST_HAVE_ISAL", "1")] if ISAL else []),
+    libraries=["xxhash", "z", "pthread", "dl"] + (["curl"] if CURL else []) +
+              (["isal"] if ISAL else []),
 )
 
 setup(

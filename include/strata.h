@@ -212,6 +212,16 @@ typedef struct strata_save_opts {
  * equal (valid) dtypes always, other pairs as the two flags above say. Pure; thread-safe. */
 int strata_load_converts(strata_dtype saved, strata_dtype requested, unsigned flags);
 
+/* Leave the zip CRC-32s of a DCP, torch.save, DeepSpeed ZeRO or Megatron checkpoint
+ * unchecked. By default every zip entry a load reads a byte of is read whole and its CRC-32
+ * checked before its bytes reach the states (where the load needs part of an entry, the
+ * rest is read too: strata_stats.crc_bytes), and a mismatch is STRATA_ECHECKSUM naming the
+ * tensor, the entry and the file. With this flag only the requested bytes are read and
+ * nothing is checked; strata_stats.crc_skipped says so. strata's own checksums are always
+ * verified (they cover exactly what is read); safetensors has none. With a communicator,
+ * rank 0's flag holds for every rank (the reads of the one plan depend on it). */
+#define STRATA_LOAD_SKIP_CRC (1u << 3)
+
 #define STRATA_LOAD_OPTS_VERSION 1
 typedef struct strata_load_opts {
     int version;           /* STRATA_LOAD_OPTS_VERSION */
@@ -227,7 +237,7 @@ typedef struct strata_load_opts {
  * one); strata fills the fields of that version. strata_save and strata_load refuse a
  * version outside 1..STRATA_STATS_VERSION with STRATA_EINVAL before doing anything;
  * strata_wait_durable leaves such a struct untouched (the save's outcome stands). */
-#define STRATA_STATS_VERSION 3
+#define STRATA_STATS_VERSION 4
 typedef struct strata_stats {
     int version;
     int tier;              /* load: the index of the source that was loaded */
@@ -258,8 +268,16 @@ typedef struct strata_stats {
      * tier reads and broadcasts again); for strata_load, in the call; for
      * strata_export_safetensors, the export's one open. */
     uint64_t meta_reads, meta_bcasts;
+    /* version 4, load and export: the zip CRC-32s of a DCP, torch.save, DeepSpeed ZeRO or
+     * Megatron checkpoint (STRATA_LOAD_SKIP_CRC). crc_checked: the entries this rank checked,
+     * each read whole; crc_bytes: the bytes it read only to check them (parts of entries no
+     * request needed); crc_skipped: 1 when STRATA_LOAD_SKIP_CRC (STRATA_EXPORT_SKIP_CRC) left
+     * them unchecked. 0, 0, 0 for strata's own checkpoints and safetensors. */
+    uint64_t crc_checked, crc_bytes;
+    int crc_skipped;
 } strata_stats;
-#define STRATA_STATS_INIT {STRATA_STATS_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+#define STRATA_STATS_INIT {STRATA_STATS_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
+                           0, 0, 0}
 
 /* ---- buffer pools ---------------------------------------------------------------------- */
 
@@ -396,10 +414,13 @@ int strata_save(strata_stats *stats, strata_saver *sv, const char *const *uris, 
  * read once, by one of the ranks that need it, verified, and sent to the others. All
  * ranks agree on the source used.
  * Only the checksum chunks that hold requested bytes are read, each once; every chunk is
- * verified before its bytes are scattered. Every requested byte is filled, or the call
- * fails (the destinations may then hold partial data). opts may be NULL.
+ * verified before its bytes are scattered. A source of another format is checked as its
+ * format allows: every zip entry of a DCP, torch.save, DeepSpeed or Megatron checkpoint
+ * that holds a requested byte is read whole and its CRC-32 compared (STRATA_LOAD_SKIP_CRC);
+ * safetensors has no checksum. Every requested byte is filled, or the call fails (the
+ * destinations may then hold partial data). opts may be NULL.
  * Errors (of the last source, with the reasons of all): STRATA_EINCOMPLETE,
- * STRATA_EFORMAT, STRATA_ECHECKSUM (naming tensor and file), STRATA_ENOTFOUND,
+ * STRATA_EFORMAT, STRATA_ECHECKSUM (naming tensor and file; a zip entry too), STRATA_ENOTFOUND,
  * STRATA_EMISMATCH, STRATA_EUNFILLED, STRATA_ENOENT, STRATA_EIO, STRATA_ESCHEME,
  * STRATA_ECHANGED (a safetensors file replaced or rewritten after its header was read),
  * STRATA_EABORTED (another rank failed). */
@@ -730,6 +751,13 @@ typedef int (*strata_export_progress_cb)(void *ctx, uint64_t bytes_done, uint64_
 /* Never use O_DIRECT, reading the checkpoint or writing the files (by default the files
  * are written with O_DIRECT where the file system allows it: the page cache is left alone). */
 #define STRATA_EXPORT_NO_DIRECT (1u << 1)
+/* Leave the zip CRC-32s of a DCP, torch.save, DeepSpeed or Megatron checkpoint unchecked
+ * (STRATA_LOAD_SKIP_CRC; stats->crc_skipped says so). By default every zip entry the
+ * export reads a byte of is checked, before anything is published: the windows keep the
+ * CRC-32 of what each read, and the rest of an entry no window read is read at the end
+ * (stats->crc_bytes); a mismatch fails the export with STRATA_ECHECKSUM naming the tensor,
+ * the entry and the file, and out_dir is left as it was. */
+#define STRATA_EXPORT_SKIP_CRC (1u << 2)
 
 #define STRATA_EXPORT_OPTS_VERSION 2
 typedef struct strata_export_opts {
@@ -788,7 +816,8 @@ typedef struct strata_export_opts {
  * or a directory holding only files an export writes (an earlier export's output); anything
  * else there, and a symlink as out_dir, is refused with STRATA_EEXIST before anything is
  * written. opts may be NULL. stats (may be NULL) gets data_bytes (tensor bytes read), bytes
- * and all_bytes (tensor bytes written: total_size), io_calls, seconds, meta_reads (1).
+ * and all_bytes (tensor bytes written: total_size), io_calls, seconds, meta_reads (1),
+ * crc_checked, crc_bytes, crc_skipped (STRATA_EXPORT_SKIP_CRC).
  * A selection (include, exclude, model_only) that keeps no tensor is STRATA_ENOTFOUND,
  * nothing written; only selected tensors are loaded, counted and written.
  * Errors: those of strata_ckpt_open and strata_load (STRATA_ENOENT, STRATA_EINCOMPLETE,

@@ -412,6 +412,9 @@ class _Meta:
                           "%s: the checkpoint holds it per rank, but not for rank %d (saved by "
                           "ranks %s): per-rank values are not resharded"
                           % (key, rank, _ranges(owners)))
+        if isinstance(self.common_error, _S.ChecksumError):
+            return _error("ChecksumError", "%s: not in the checkpoint's index, and its common.pt "
+                          "is corrupt: %s" % (key, self.common_error))
         if self.common_error is not None:
             return _error("NotFoundError", "%s: not in the checkpoint's index, and its common.pt "
                           "could not be read: %s" % (key, self.common_error))
@@ -470,8 +473,10 @@ def _common_values(ld, d):
     shares; the strata.Error that refused it, or None). common.pt is the global blob
     "common.pt" of the index (src_megatron.c), taken out of d["b"]: read through the loader
     ld as every blob is (the file checked to be the one opened; with a group, read once and
-    reaching every rank), parsed by strata's restricted torch.save reader. A read that fails
-    raises the loader's error."""
+    reaching every rank, each zip entry's CRC-32 checked), parsed by strata's restricted
+    torch.save reader. A common.pt that fails its CRC-32s is refused like one the reader
+    refuses (its bytes never reach a value; a key only it could hold is ChecksumError); a
+    read that fails otherwise raises the loader's error."""
     blob = [b for b in d["b"] if b[0] == _MG_COMMON and b[1] == -1]
     if not blob:
         return {}, None
@@ -480,7 +485,10 @@ def _common_values(ld, d):
     if blob[0][2] > _torchsave.MAX_FILE_VALUES:
         return {}, _error("FormatError", "%s: over %d bytes, the most read for its values"
                           % (name, _torchsave.MAX_FILE_VALUES))
-    data = _load_blobs(ld, blob)[0][1]
+    try:
+        data = _load_blobs(ld, blob)[0][1]
+    except _S.ChecksumError as e:
+        return {}, e
     try:
         return _torchsave.file_values(data, name), None
     except _S.Error as e:

@@ -365,19 +365,23 @@ PyObject *enter_self(PyObject *self, PyObject *unused)
 /* ---- stats ------------------------------------------------------------------------------ */
 
 /* The stats of a save, or of a load: a save's with its writers' balance (max_writer_bytes,
- * writers, balance_bound); a load's with the source it read (tier) and how often it read and
- * broadcast the index (meta_reads, meta_bcasts). */
+ * writers, balance_bound); a load's with the source it read (tier), how often it read and
+ * broadcast the index (meta_reads, meta_bcasts), and the zip CRC-32s checked (crc_checked,
+ * crc_bytes: bytes read only for the checks, crc_skipped). */
 PyObject *stats_dict(const strata_stats *s, int load)
 {
     if (load)
-        return Py_BuildValue("{s:K,s:K,s:K,s:d,s:K,s:O,s:i,s:K,s:K}", "data_bytes",
+        return Py_BuildValue("{s:K,s:K,s:K,s:d,s:K,s:O,s:i,s:K,s:K,s:K,s:K,s:O}", "data_bytes",
                              (unsigned long long)s->data_bytes, "bytes",
                              (unsigned long long)s->bytes, "io_calls",
                              (unsigned long long)s->io_calls, "seconds", s->seconds,
                              "all_bytes", (unsigned long long)s->all_bytes, "plan_cached",
                              s->plan_cached ? Py_True : Py_False, "tier", s->tier, "meta_reads",
                              (unsigned long long)s->meta_reads, "meta_bcasts",
-                             (unsigned long long)s->meta_bcasts);
+                             (unsigned long long)s->meta_bcasts, "crc_checked",
+                             (unsigned long long)s->crc_checked, "crc_bytes",
+                             (unsigned long long)s->crc_bytes, "crc_skipped",
+                             s->crc_skipped ? Py_True : Py_False);
     return Py_BuildValue("{s:K,s:K,s:K,s:d,s:K,s:K,s:K,s:K,s:O,s:i}", "data_bytes",
                          (unsigned long long)s->data_bytes, "bytes", (unsigned long long)s->bytes,
                          "io_calls", (unsigned long long)s->io_calls, "seconds", s->seconds,
@@ -528,12 +532,13 @@ static PyObject *mod_list_dirs(PyObject *m, PyObject *arg)
 static PyMethodDef module_methods[] = {
     {"load", (PyCFunction)(void (*)(void))mod_load, METH_VARARGS | METH_KEYWORDS,
      "load(uris, states, comm=None, *, io_threads=0, max_io_bytes=0, direct=True, cast=False,"
-     " widen=False) -> dict\n\n"
+     " widen=False, skip_crc=False) -> dict\n\n"
      "strata_load: from the first source that loads (stats['tier'] says which; stats\n"
      "['meta_reads'] / ['meta_bcasts'] count the index's reads and broadcasts). cast: a shard\n"
      "of another dtype than saved is converted (STRATA_LOAD_CAST: floats rounded once to\n"
      "nearest even; integers only where exact); widen: only where every value is exact\n"
-     "(STRATA_LOAD_WIDEN: f16, bf16 to f32, f64; f32 to f64; the integer pairs)."},
+     "(STRATA_LOAD_WIDEN: f16, bf16 to f32, f64; f32 to f64; the integer pairs). skip_crc:\n"
+     "leave a foreign checkpoint's zip CRC-32s unchecked (STRATA_LOAD_SKIP_CRC)."},
     {"load_converts", (PyCFunction)(void (*)(void))mod_load_converts,
      METH_VARARGS | METH_KEYWORDS,
      "load_converts(saved, requested, *, cast=False, widen=False) -> bool\n\n"
@@ -577,7 +582,7 @@ static PyMethodDef module_methods[] = {
      METH_VARARGS | METH_KEYWORDS,
      "export_safetensors(ckpt, out, *, prefix=None, max_file_bytes=None, dtype=None, "
      "progress=None, io_threads=None, direct=True, include=None, exclude=None, "
-     "model_only=None) -> dict\n\n"
+     "model_only=None, skip_crc=False) -> dict\n\n"
      "strata_export_safetensors: the checkpoint's tensors, merged to their global shapes, as "
      "Hugging Face safetensors files in the directory out (model-0000i-of-0000N.safetensors "
      "and model.safetensors.index.json), in bounded memory, every checksum verified. prefix "
@@ -589,8 +594,11 @@ static PyMethodDef module_methods[] = {
      "or a list of them): fnmatch globs on the checkpoint's names, exclude wins; model_only "
      "P (True: 'model'): only the tensors named P.<name>, written as <name>, never a "
      "per-rank <key>@rank<r> one; a selection keeping nothing is NotFoundError. "
-     "Returns {data_bytes, bytes, io_calls, seconds, meta_reads} (meta_reads: the reads of "
-     "the checkpoint's index, 1: the export opens it once)."},
+     "skip_crc=True leaves the zip CRC-32s of a DCP, torch.save, DeepSpeed or Megatron "
+     "checkpoint unchecked (by default each entry read is checked before out is replaced). "
+     "Returns {data_bytes, bytes, io_calls, seconds, meta_reads, crc_checked, crc_bytes, "
+     "crc_skipped} (meta_reads: the reads of the checkpoint's index, 1: the export opens it "
+     "once)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -543,7 +543,14 @@ def load(state_dict, path=None, process_group=None, *, checkpoint_id=None, stora
     entry that is not Stateful is set again after the load, tensors on the meta device are
     replaced by new loaded ones (CPU; a DTensor's on its mesh's device), and an empty dict
     (outside a Stateful) is filled with what the checkpoint holds under its key. Returns
-    the load's stats. options: io_threads, max_io_bytes, direct.
+    the load's stats. options: io_threads, max_io_bytes, direct, skip_crc. A DCP checkpoint,
+    a torch.save file (or Hugging Face pytorch_model.bin), a DeepSpeed ZeRO tag and a
+    Megatron checkpoint carry a zip CRC-32 per entry: every entry the load reads a byte of
+    is read whole and checked before its bytes reach the tensors (a mismatch is
+    ChecksumError naming the tensor, the entry and the file; stats crc_checked, crc_bytes:
+    the bytes read only for that). skip_crc=True reads only the bytes needed and checks
+    none (stats crc_skipped). safetensors carries no checksum; strata's own checksums are
+    always verified.
 
     DCP's call (torch.distributed.checkpoint.load) works as written: the path as
     checkpoint_id=, or DCP's FileSystemReader(path) as storage_reader=; planner= DCP's
@@ -583,7 +590,7 @@ def load(state_dict, path=None, process_group=None, *, checkpoint_id=None, stora
 
 def export_safetensors(path, out, *, prefix=None, max_file_bytes=None, dtype=None,
                        progress=None, io_threads=None, direct=True, include=None, exclude=None,
-                       model_only=None):
+                       model_only=None, skip_crc=False):
     """Writes the tensors of the checkpoint at path, merged to their full global shapes
     whatever layout they were saved in (DTensor shards, FSDP flat pieces, replicas), as
     Hugging Face safetensors files in the directory out (made if missing):
@@ -591,8 +598,9 @@ def export_safetensors(path, out, *, prefix=None, max_file_bytes=None, dtype=Non
     model.safetensors alone, as Hugging Face writes it), readable by
     safetensors.torch.load_file and transformers' from_pretrained. Values and per-rank
     entries (non-tensor state) are not exported. Memory stays bounded (windows of at most
-    64 MiB; every checksum is verified); files are renamed into place only once all are
-    complete, and a failure leaves none.
+    64 MiB; every checksum is verified, a zip entry's CRC-32 included, before any file is
+    in place: skip_crc=True leaves those unchecked); files are renamed into place only once
+    all are complete, and a failure leaves none.
 
     prefix: stripped from the start of names ("model." turns "model.layers.0.w" into
     "layers.0.w"; other names are kept). max_file_bytes: the most tensor bytes per file
@@ -603,8 +611,9 @@ def export_safetensors(path, out, *, prefix=None, max_file_bytes=None, dtype=Non
     (the exception as its __cause__). Not collective: call it in one process (the
     checkpoint must be committed). io_threads: the reads' threads; direct=False: never
     O_DIRECT (by default the files are written with it where the file system allows, leaving
-    the page cache alone). Returns {data_bytes, bytes, io_calls, seconds, meta_reads} (meta_reads:
-    the reads of the checkpoint's index: one, the export opens it once).
+    the page cache alone). Returns {data_bytes, bytes, io_calls, seconds, meta_reads,
+    crc_checked, crc_bytes, crc_skipped} (meta_reads: the reads of the checkpoint's index:
+    one, the export opens it once).
 
     Which tensors (all by default): include / exclude, a glob or a list of them (fnmatch on
     the checkpoint's names, "*" crossing dots; exclude wins); model_only="model" (or True)
@@ -621,7 +630,7 @@ def export_safetensors(path, out, *, prefix=None, max_file_bytes=None, dtype=Non
     return _S.export_safetensors(os.fspath(path), os.fspath(out), prefix=prefix,
                                  max_file_bytes=max_file_bytes, dtype=dtype, progress=progress,
                                  io_threads=io_threads, direct=direct, include=include,
-                                 exclude=exclude, model_only=model_only)
+                                 exclude=exclude, model_only=model_only, skip_crc=skip_crc)
 
 
 from strata._manager import CheckpointManager  # noqa: E402,F401  (it uses save and load above)

@@ -11,7 +11,7 @@
 static const char EXPORT_HELP[] =
     "usage: strata export CKPT OUT [--format safetensors] [--prefix P] [--max-file-gb N]\n"
     "                     [--dtype bf16] [--include GLOB]... [--exclude GLOB]...\n"
-    "                     [--model-only[=P]] [--quiet]\n"
+    "                     [--model-only[=P]] [--skip-crc] [--quiet]\n"
     "\n"
     "Writes the checkpoint's tensors, merged to their full global shapes from whatever\n"
     "shards, flat pieces and replicas were saved, as Hugging Face safetensors into the\n"
@@ -44,6 +44,9 @@ static const char EXPORT_HELP[] =
     "                   On a DeepSpeed checkpoint (its default engine's, or saved through\n"
     "                   strata.deepspeed): the model's tensors, as without options\n"
     "                   A selection that keeps no tensor is an error (exit 1), nothing written\n"
+    "  --skip-crc       leave the zip CRC-32s of a DCP, torch.save, DeepSpeed or Megatron\n"
+    "                   checkpoint unchecked (only the bytes exported are read; the last\n"
+    "                   line says so). strata's own checksums are always verified\n"
     "  --quiet          no progress line (it is shown only when stderr is a terminal)\n"
     "\n"
     "A DeepSpeed checkpoint (a tag, or the save_dir whose `latest` names one) exports what\n"
@@ -53,7 +56,11 @@ static const char EXPORT_HELP[] =
     "\n"
     "Memory stays bounded whatever the model size: tensors are loaded in windows of at\n"
     "most 64 MiB (flat element ranges of the tensor) into one reused buffer. Every\n"
-    "checksum is verified while reading: a corrupt or incomplete checkpoint exits 3.\n"
+    "checksum is verified while reading, before OUT is replaced: strata's own, and the\n"
+    "zip CRC-32 of every entry of a DCP, torch.save, DeepSpeed or Megatron checkpoint\n"
+    "that holds a byte exported (the rest of such an entry is read too). safetensors has\n"
+    "no checksum. A corrupt or incomplete checkpoint exits 3, naming the tensor, the zip\n"
+    "entry and the file.\n"
     "\n"
     "All or nothing: OUT is replaced as a whole. The files are written into a staging\n"
     "directory beside it (OUT.strata-export-<id>), and when all are complete and on disk\n"
@@ -99,6 +106,8 @@ static int export_run(int argc, char **argv, const char **inc, const char **exc)
             return 0;
         } else if (strcmp(a, "--quiet") == 0 || strcmp(a, "-q") == 0) {
             quiet = 1;
+        } else if (strcmp(a, "--skip-crc") == 0) {
+            o.flags |= STRATA_EXPORT_SKIP_CRC;
         } else if (strcmp(a, "--format") == 0 && has_val) {
             if (strcmp(argv[++i], "safetensors") != 0) {
                 fprintf(stderr, "strata export: unknown --format '%s' (only safetensors)\n",
@@ -170,8 +179,9 @@ static int export_run(int argc, char **argv, const char **inc, const char **exc)
     if (rc)
         return cli_fail("export", rc);
     if (!quiet)
-        printf("exported %llu tensor bytes (%llu read)%s to %s in %.2f s\n",
+        printf("exported %llu tensor bytes (%llu read)%s to %s in %.2f s%s\n",
                (unsigned long long)st.bytes, (unsigned long long)st.data_bytes, tag,
-               cli_esc(out), st.seconds);
+               cli_esc(out), st.seconds,
+               st.crc_skipped ? " (zip CRC-32s not checked: --skip-crc)" : "");
     return 0;
 }

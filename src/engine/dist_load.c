@@ -18,6 +18,7 @@
  * rank 0's are used. */
 typedef struct {
     uint32_t io_threads, max_io, shm;
+    uint32_t crc; /* 1: a format's CRC-32s checked (not STRATA_LOAD_SKIP_CRC): the reads differ */
 } io_settings;
 
 /* st_walk_read callbacks that count: the bytes of a read for each destination rank
@@ -123,15 +124,38 @@ static uint64_t read_payload(const st_io_plan *p, size_t i)
 }
 
 /* Assigns each read to one of the ranks that need its bytes, the least loaded so far;
- * priv[i] = 1 where its reader is the only rank that needs it (nothing to send). */
+ * priv[i] = 1 where its reader is the only rank that needs it (nothing to send). A check
+ * spread over several reads (a zip entry larger than a read) is read by one rank, which
+ * combines their CRC-32s: such reads (st_io_joined) form a group, assigned as one. */
 static int assign_readers(const st_io_plan *p, int P, int *reader, unsigned char *priv)
 {
+    const size_t n = p->nios;
     uint64_t *load = calloc((size_t)P, sizeof *load);
     needers c = {calloc((size_t)P, 1), malloc((size_t)P * sizeof *c.who), 0};
-    int rc = !load || !c.need || !c.who ? st_fail(STRATA_ENOMEM, "out of memory") : 0;
-    for (size_t i = 0; !rc && i < p->nios; i++) {
+    size_t *lead = malloc((n + 1) * sizeof *lead), *start = calloc(n + 2, sizeof *start);
+    size_t *memb = malloc((n + 1) * sizeof *memb);
+    int rc = !load || !c.need || !c.who || !lead || !start || !memb
+                 ? st_fail(STRATA_ENOMEM, "out of memory") : 0;
+    for (size_t i = 0, last = SIZE_MAX; !rc && i < n; i++) {
+        lead[i] = last != SIZE_MAX && st_io_joined(p, i) ? lead[last] : i;
+        if (p->ios[i].cp1 > p->ios[i].cp0)
+            last = i;
+        start[lead[i] + 1]++;
+    }
+    for (size_t i = 0; !rc && i < n; i++)
+        start[i + 1] += start[i];
+    for (size_t i = 0; !rc && i < n; i++) /* a group's reads, in order, from start[lead] */
+        memb[start[lead[i]]++] = i;
+    for (size_t i = n; !rc && i > 0; i--)
+        start[i] = start[i - 1];
+    if (!rc)
+        start[0] = 0;
+    for (size_t g = 0; !rc && g < n; g++) {
+        if (lead[g] != g)
+            continue;
         c.n = 0;
-        st_walk_read(p, i, mark_needer, &c);
+        for (size_t k = start[g]; k < start[g + 1]; k++)
+            st_walk_read(p, memb[k], mark_needer, &c);
         int best = -1;
         for (int k = 0; k < c.n; k++) { /* the lowest rank wins ties */
             int r = c.who[k];
@@ -139,13 +163,19 @@ static int assign_readers(const st_io_plan *p, int P, int *reader, unsigned char
                 best = r;
             c.need[r] = 0;
         }
-        reader[i] = best < 0 ? 0 : best;
-        priv[i] = c.n <= 1;
-        load[reader[i]] += p->ios[i].len;
+        for (size_t k = start[g]; k < start[g + 1]; k++) {
+            size_t i = memb[k];
+            reader[i] = best < 0 ? 0 : best;
+            priv[i] = c.n <= 1;
+            load[reader[i]] += p->ios[i].len;
+        }
     }
     free(load);
     free(c.need);
     free(c.who);
+    free(lead);
+    free(start);
+    free(memb);
     return rc;
 }
 
@@ -190,7 +220,7 @@ static unsigned char *grow(unsigned char *buf, size_t *cap, size_t n)
  * message. */
 static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_io_plan *p,
                            const strata_load_opts *o, int shm_on, uint64_t *my_bytes,
-                           uint64_t *my_reads)
+                           uint64_t *my_reads, uint64_t *my_crc_bytes, uint64_t *my_checked)
 {
     const int P = comm->size, me = comm->rank;
     const uint64_t max_io = o->max_io_bytes;
@@ -213,16 +243,19 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_io_plan 
     unsigned char *sbuf = NULL, *rbuf = NULL;
     int rc = 0;
     st_node_shm shm = {0};
+    st_crc_run *crc = NULL; /* the CRC-32s of the checks my reads hold */
     if (!reader || !mine || !round_of || !order || !count || !sc || !rc_ || !bytes || !cur ||
         !jx || !bufs || !sts || !priv || !privs) {
         rc = st_fail(STRATA_ENOMEM, "out of memory");
         goto out;
     }
-    if ((rc = assign_readers(p, P, reader, priv)))
+    if ((rc = assign_readers(p, P, reader, priv)) || (rc = st_crc_run_new(&crc, p, NULL)))
         goto out;
     for (size_t i = 0; i < p->nios; i++) {
-        if (reader[i] == me)
+        if (reader[i] == me) {
             *my_bytes += read_payload(p, i), (*my_reads)++;
+            *my_crc_bytes += p->ncparts ? st_io_crc_bytes(p, i) : 0;
+        }
         if (priv[i]) {
             if (reader[i] == me)
                 privs[npriv++] = i;
@@ -247,7 +280,7 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_io_plan 
                        ? st_open_data_files(d, p, o->flags & STRATA_LOAD_NO_DIRECT, &files)
                        : 0;
     if (!local_rc && npriv)
-        local_rc = st_read_some(d, p, files, privs, npriv, NULL, per_round, me, max_io);
+        local_rc = st_read_some(d, p, files, privs, npriv, NULL, per_round, me, max_io, crc);
     for (int k = 0; k < per_round && !local_rc && rounds; k++)
         if (!(bufs[k] = shm.base ? (char *)st_node_slot(&shm, me) + (size_t)k * bufsize
                                  : st_scratch_get(bufsize)))
@@ -261,7 +294,8 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_io_plan 
         while (first + n < nmine && round_of[mine[first + n]] == round)
             n++;
         if (!local_rc && n)
-            local_rc = st_read_some(d, p, files, mine + first, n, bufs, per_round, me, max_io);
+            local_rc =
+                st_read_some(d, p, files, mine + first, n, bufs, per_round, me, max_io, crc);
         int32_t my_st = local_rc;
         if ((rc = st_allgather(comm, &my_st, sizeof my_st, sts)))
             goto out;
@@ -359,7 +393,9 @@ static int exchange_rounds(strata_comm *comm, const st_dir *d, const st_io_plan 
     }
     if (local_rc) /* failed after the last round's status exchange (a device copy) */
         rc = local_rc;
+    *my_checked = st_crc_run_checked(crc);
 out:
+    st_crc_run_free(crc);
     for (int k = 0; bufs && !shm.base && k < per_round; k++)
         st_scratch_put(bufs[k], bufsize);
     st_node_shm_close(&shm);
@@ -394,7 +430,7 @@ static int exchange_requests(strata_comm *comm, strata_state *local, const strat
 {
     const char *shm = getenv("STRATA_LOAD_SHM");
     io_settings mine = {(uint32_t)st_io_threads(o->io_threads), o->max_io_bytes,
-                        !(shm && strcmp(shm, "0") == 0)};
+                        !(shm && strcmp(shm, "0") == 0), !(o->flags & STRATA_LOAD_SKIP_CRC)};
     st_buf req = {0};
     *my = st_state_view(local);
     my->cast = st_cast_level(o->flags); /* each rank's own: it travels in its request */
@@ -479,19 +515,26 @@ int st_load_dist(strata_comm *comm, const st_dir *d, st_load_cache *c, strata_st
             st_load_cache_clear(c);
             goto out;
         }
-        c->have = 1;
+        c->have = 1; /* the plan is the cache's to free from here on */
+        if (set.crc && (rc = st_plan_checks(&c->plan, eff.max_io_bytes, 1))) {
+            st_load_cache_clear(c);
+            goto out;
+        }
         c->key = key.p;
         c->keylen = key.n;
         key.p = NULL;
     }
-    uint64_t got = 0, reads = 0;
-    if ((rc = exchange_rounds(comm, d, &c->plan, &eff, (int)set.shm, &got, &reads)))
+    uint64_t got = 0, reads = 0, crc_bytes = 0, checked = 0;
+    if ((rc = exchange_rounds(comm, d, &c->plan, &eff, (int)set.shm, &got, &reads, &crc_bytes,
+                              &checked)))
         goto out;
     /* payload bytes read, not alignment padding, and the reads this rank made, as the
      * in-process load counts them */
     *stats = (strata_stats){.data_bytes = d->meta->data_bytes, .bytes = got, .io_calls = reads,
                             .plan_cached = cached, .io_threads = eff.io_threads,
-                            .max_io_bytes = eff.max_io_bytes};
+                            .max_io_bytes = eff.max_io_bytes, .crc_checked = checked,
+                            .crc_bytes = crc_bytes,
+                            .crc_skipped = !set.crc && d->meta->nchecks};
     st_over_ranks(comm, got, &stats->all_bytes, NULL, NULL);
     stats->seconds = st_now() - t0;
 out:

@@ -94,6 +94,8 @@ int st_save_dist_start(strata_handle **out, strata_comm *comm, st_plan_cache **c
                        const char *const *uris, int ntiers, strata_state *local,
                        const strata_save_opts *o, strata_pool **pool, st_committer *q, int bg);
 typedef struct st_dir st_dir; /* an opened checkpoint directory, below */
+typedef struct st_crc_run st_crc_run;       /* a load's CRC-32 checks, below */
+typedef struct st_crc_ledger st_crc_ledger; /* a loader's checks across its loads, below */
 
 /* The last load plan of a loader (loader.c) and the request it was made for: a load whose
  * request encodes to the same key reuses it with the new data addresses. */
@@ -113,7 +115,7 @@ int st_load_cache_hit(const st_load_cache *c, const unsigned char *key, size_t n
 /* Loads from an opened source (load.c): in-process ranks; or one rank of a distributed
  * load (dist_load.c, a collective). *cached: whether the plan in c was reused. */
 int st_load_local(const st_dir *d, st_load_cache *c, strata_state *const *ranks, int nranks,
-                  const strata_load_opts *o, strata_stats *stats);
+                  const strata_load_opts *o, st_crc_ledger *later, strata_stats *stats);
 int st_load_dist(strata_comm *comm, const st_dir *d, st_load_cache *c, strata_state *local,
                  const strata_load_opts *o, strata_stats *stats);
 /* The arguments every save and load checks (saver.c): 1..ST_MAX_TIERS URIs, and the
@@ -430,23 +432,55 @@ int st_scan_dir(const st_vfs *v, const char *dir, int unlink, int *strata, int *
 /* Removes strata's regular files in dir but its LOCK and the data files of keep. */
 int st_scan_dir_keep(const st_vfs *v, const char *dir, const st_save_plan *keep);
 
-/* Executes the reads of a load plan: reads, verifies every chunk, scatters runs (dst NULL:
- * verify only). With report set, a bad chunk is reported and the walk goes on (the
- * result is then STRATA_ECHECKSUM); without, the first bad chunk fails the call. */
+/* The CRC-32 checks of one load's reads (crc_check.c): a plan with checks (st_plan_checks)
+ * gets a run (st_crc_run_new: *out NULL for a plan without; later: the loader's ledger,
+ * for a plan that was not widened, or NULL); each read takes its parts' CRC-32s
+ * (st_crc_take, on the I/O thread, after the read and before its scatter: buf holds the
+ * read's bytes from its offset, got of them) and the read that completes a check compares
+ * it (STRATA_ECHECKSUM naming the tensor, the entry and the file); st_crc_run_end, after
+ * every read, gives the ledger the parts of checks the plan read only in part. */
+int st_crc_run_new(st_crc_run **out, const st_io_plan *p, st_crc_ledger *later);
+int st_crc_take(st_crc_run *r, const st_dir *d, size_t io, const char *buf, uint64_t got);
+int st_crc_run_end(st_crc_run *r, const st_dir *d);
+uint64_t st_crc_run_checked(const st_crc_run *r); /* checks compared so far */
+void st_crc_run_free(st_crc_run *r);
+/* A loader's checks of entries its loads read in part (export's windows): each run of
+ * bytes read is kept with its CRC-32 until the loads together read the whole entry, which
+ * is then compared; st_crc_ledger_finish reads what no load read of every entry begun and
+ * compares the rest. counts: entries compared, bytes read by finish. */
+int st_crc_ledger_new(st_crc_ledger **out, const st_meta *m);
+int st_crc_ledger_finish(st_crc_ledger *l, const st_dir *d);
+void st_crc_ledger_counts(const st_crc_ledger *l, uint64_t *checked, uint64_t *bytes);
+void st_crc_ledger_free(st_crc_ledger *l);
+
+/* A loader (in this process) whose loads each read a part of what its caller wants (export's
+ * windows): its loads of a source with CRC-32 checks read only the bytes they need and keep
+ * the CRC-32 of each run of them (the ledger) instead of reading every entry whole in each
+ * load; an entry is compared when the loads together have read all of it (the load that
+ * completes it fails on a mismatch), and st_loader_crc_finish reads what they did not of
+ * every entry begun and compares the rest (*checked: entries compared over the loads and the
+ * finish; *bytes: bytes the finish read). Bytes reach the states before their entry is
+ * compared: for a caller that publishes nothing until finish has succeeded. loader.c. */
+int st_loader_crc_later(strata_loader *ld);
+int st_loader_crc_finish(strata_loader *ld, uint64_t *checked, uint64_t *bytes);
+
+/* Executes the reads of a load plan: reads, verifies every chunk (and with crc, the plan's
+ * CRC-32 checks), scatters runs (dst NULL: verify only). With report set, a bad chunk is
+ * reported and the walk goes on (the result is then STRATA_ECHECKSUM); without, the first
+ * bad chunk fails the call. */
 int st_exec_reads(const st_dir *d, const st_io_plan *p, int threads, int no_direct,
-                  uint64_t max_io, strata_verify_cb report, void *ctx, uint64_t *bytes_read);
+                  uint64_t max_io, strata_verify_cb report, void *ctx, st_crc_run *crc,
+                  uint64_t *bytes_read);
 
 /* The pieces of st_exec_reads, for the distributed load: open the data files the plan
  * reads; do the reads list[0..n) into bufs[i] (each st_read_buf_bytes; bufs NULL: into a
  * scratch buffer per I/O thread, for reads of max_io), verifying every chunk and
  * scattering the runs of only_rank (-1: all ranks). */
 int st_open_data_files(const st_dir *d, const st_io_plan *p, int no_direct, st_file ***out);
-/* A foreign file f (file mf of d, whose identity was `was` when its header was read) is
- * still that file, unchanged: STRATA_ECHANGED naming it otherwise. */
-int st_check_same_file(const st_dir *d, const st_mfile *mf, const st_mident *was, st_file *f);
 void st_close_data_files(const st_dir *d, const st_io_plan *p, st_file **files);
 int st_read_some(const st_dir *d, const st_io_plan *p, st_file **files, const size_t *list,
-                 size_t n, char **bufs, int threads, int only_rank, uint64_t max_io);
+                 size_t n, char **bufs, int threads, int only_rank, uint64_t max_io,
+                 st_crc_run *crc);
 /* Walks the runs of read i that fall in its chunks, in a fixed order (segments, then runs
  * by source offset): fn(ctx, run, x0, x1, at) for the overlap [x0, x1) of each run with
  * the read, `at` its offset in the read's buffer. */

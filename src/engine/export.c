@@ -91,6 +91,8 @@ typedef struct {
     uint64_t data_start;  /* where the data section begins in the current file */
     uint64_t total_bytes, done_bytes, io_calls;
     uint64_t meta_reads; /* the loader's index reads so far (its last window's stats) */
+    uint64_t crc_checked, crc_bytes; /* the zip CRC-32s (st_loader_crc_finish) */
+    int crc_skipped;
 } ex_ctx;
 
 /* ---- writing --------------------------------------------------------------------------- */
@@ -200,6 +202,8 @@ static int load_window(ex_ctx *c, ex_win *w, strata_stats *ls)
         lo.max_io_bytes = EXPORT_MAX_IO;
         if (c->o->flags & STRATA_EXPORT_NO_DIRECT)
             lo.flags |= STRATA_LOAD_NO_DIRECT;
+        if (c->o->flags & STRATA_EXPORT_SKIP_CRC)
+            lo.flags |= STRATA_LOAD_SKIP_CRC;
         rc = strata_loader_load(ls, c->ld, &st, 1, &lo);
     }
     strata_state_free(st);
@@ -268,6 +272,7 @@ static int flush(ex_ctx *c)
         load_main(&l);
     c->io_calls += l.ls.io_calls;
     c->meta_reads = l.ls.meta_reads; /* the loader's, as of its last window */
+    c->crc_skipped |= l.ls.crc_skipped;
     if (!rc && l.rc)
         rc = st_fail(l.rc, "%s", l.msg);
     if (rc) {
@@ -470,7 +475,8 @@ static int export_opts_get(strata_export_opts *out, const strata_export_opts *in
         memcpy(out, in, size[in->version]);
         out->version = STRATA_EXPORT_OPTS_VERSION;
     }
-    if (out->flags & ~(unsigned)(STRATA_EXPORT_BF16 | STRATA_EXPORT_NO_DIRECT))
+    if (out->flags & ~(unsigned)(STRATA_EXPORT_BF16 | STRATA_EXPORT_NO_DIRECT |
+                                 STRATA_EXPORT_SKIP_CRC))
         return st_fail(STRATA_EINVAL, "strata_export_opts.flags 0x%x has unknown bits", out->flags);
     if (out->io_threads < 0)
         return st_fail(STRATA_EINVAL, "strata_export_opts.io_threads %d is negative",
@@ -695,6 +701,14 @@ static int write_all(ex_ctx *c)
     }
     if (!rc && c->nfiles > 1)
         rc = write_index(c);
+    /* the zip CRC-32s of the entries the windows read in part: their rest read and each
+     * compared before anything is published */
+    if (!rc && !(c->o->flags & STRATA_EXPORT_SKIP_CRC)) {
+        uint64_t checked = 0, bytes = 0;
+        rc = st_loader_crc_finish(c->ld, &checked, &bytes);
+        c->crc_checked += checked;
+        c->crc_bytes += bytes;
+    }
     return rc ? rc : st_exdir_commit(&c->dir);
 }
 
@@ -726,6 +740,11 @@ int strata_export_safetensors(strata_stats *stats, const char *ckpt_uri, const c
     c->ld = ld;
     c->o = &o;
     c->nts = nt;
+    /* each window needs part of a zip entry: the loader keeps the CRC-32 of what each read
+     * and the export compares every entry once (write_all), rather than every window
+     * reading its entries whole */
+    if (!(o.flags & STRATA_EXPORT_SKIP_CRC) && (rc = st_loader_crc_later(ld)))
+        goto done;
     if ((rc = layout(c, ck)) || (rc = out_names(c)))
         goto done;
     if (!(c->win[0].buf = malloc(EXPORT_BUF)) || !(c->win[1].buf = malloc(EXPORT_BUF)) ||
@@ -753,6 +772,9 @@ done:
         full.all_bytes = c->total_bytes;
         full.io_calls = c->io_calls;
         full.meta_reads = c->meta_reads;
+        full.crc_checked = c->crc_checked;
+        full.crc_bytes = c->crc_bytes;
+        full.crc_skipped = c->crc_skipped;
         full.seconds = st_now() - t0;
         st_stats_put(stats, &full);
     }

@@ -18,6 +18,8 @@ struct strata_loader {
     char uri[ST_MAX_TIERS][PATH_MAX];
     strata_ckpt ck;    /* tier's index: what strata_loader_index hands out */
     st_load_cache cache;
+    int crc_later;          /* st_loader_crc_later: loads keep the CRC-32s of parts */
+    st_crc_ledger *ledger;  /* of the tier open now */
     uint64_t meta_reads, meta_bcasts;
     char why[2048]; /* the tiers passed over, "uri: reason; ..." */
     size_t nwhy;
@@ -57,6 +59,8 @@ static int no_tier_left(strata_loader *ld, int rc)
 static void close_tier(strata_loader *ld)
 {
     st_load_cache_clear(&ld->cache); /* a plan of another index */
+    st_crc_ledger_free(ld->ledger);   /* checks of another index */
+    ld->ledger = NULL;
     if (ld->tier >= 0)
         st_dir_close(&ld->ck.d);
     ld->tier = -1;
@@ -223,8 +227,15 @@ void strata_loader_free(strata_loader *ld)
 static int load_here(strata_loader *ld, strata_state *const *states, int nstates,
                      const strata_load_opts *o, strata_stats *full)
 {
-    if (!ld->comm)
-        return st_load_local(&ld->ck.d, &ld->cache, states, nstates, o, full);
+    if (!ld->comm) {
+        const st_meta *m = ld->ck.d.meta;
+        int rc = ld->crc_later && m->nchecks && !ld->ledger &&
+                         !(o->flags & STRATA_LOAD_SKIP_CRC)
+                     ? st_crc_ledger_new(&ld->ledger, m) : 0;
+        return rc ? rc : st_load_local(&ld->ck.d, &ld->cache, states, nstates, o,
+                                       o->flags & STRATA_LOAD_SKIP_CRC ? NULL : ld->ledger,
+                                       full);
+    }
     strata_comm *comm = ld->comm;
     int rc = st_load_dist(comm, &ld->ck.d, &ld->cache, states[0], o, full), all = 0;
     char msg[1024];
@@ -266,6 +277,22 @@ static int loader_load(strata_loader *ld, strata_state *const *states, int nstat
         if ((rc = open_from(ld, ld->tier + 1)))
             return rc;
     }
+}
+
+int st_loader_crc_later(strata_loader *ld)
+{
+    if (ld->comm)
+        return st_fail(STRATA_EINVAL, "a loader with a communicator checks each load's "
+                       "entries whole");
+    ld->crc_later = 1;
+    return 0;
+}
+
+int st_loader_crc_finish(strata_loader *ld, uint64_t *checked, uint64_t *bytes)
+{
+    int rc = ld->ledger && ld->tier >= 0 ? st_crc_ledger_finish(ld->ledger, &ld->ck.d) : 0;
+    st_crc_ledger_counts(ld->ledger, checked, bytes);
+    return rc;
 }
 
 int strata_loader_load(strata_stats *stats, strata_loader *ld, strata_state *const *states,

@@ -13,7 +13,8 @@ static const size_t save_opts_size[] = {0, offsetof(strata_save_opts, bg_nice),
                                         sizeof(strata_save_opts)};
 static const size_t load_opts_size[] = {0, sizeof(strata_load_opts)};
 static const size_t stats_size[] = {0, offsetof(strata_stats, io_threads),
-                                     offsetof(strata_stats, meta_reads), sizeof(strata_stats)};
+                                     offsetof(strata_stats, meta_reads),
+                                     offsetof(strata_stats, crc_checked), sizeof(strata_stats)};
 
 static int check_version(int v, int current, const char *what)
 {
@@ -51,7 +52,8 @@ int st_load_opts_get(strata_load_opts *out, const strata_load_opts *in)
         memcpy(out, in, load_opts_size[in->version]);
         out->version = STRATA_LOAD_OPTS_VERSION;
     }
-    if (out->flags & ~(unsigned)(STRATA_LOAD_NO_DIRECT | STRATA_LOAD_CAST | STRATA_LOAD_WIDEN))
+    if (out->flags & ~(unsigned)(STRATA_LOAD_NO_DIRECT | STRATA_LOAD_CAST | STRATA_LOAD_WIDEN |
+                                 STRATA_LOAD_SKIP_CRC))
         return st_fail(STRATA_EINVAL, "strata_load_opts.flags 0x%x has unknown bits", out->flags);
     if (!out->max_io_bytes)
         out->max_io_bytes = ST_DEFAULT_MAX_IO;

@@ -28,6 +28,7 @@ typedef struct {
     int only_rank;      /* scatter only this rank's runs (-1: all) */
     strata_verify_cb report;
     void *ctx;
+    st_crc_run *crc;    /* the format's CRC-32 checks (NULL: none) */
     pthread_mutex_t mu; /* serialises report calls */
     int bad;
 } exec_ctx;
@@ -201,6 +202,13 @@ static int run_read(void *arg, size_t task, int worker)
             }
         }
     }
+    /* a zip entry's CRC-32: taken here, compared before the scatter where this read
+     * completes it */
+    if (x->crc) {
+        int rc = st_crc_take(x->crc, x->d, (size_t)(rd - p->ios), buf, (uint64_t)got);
+        if (rc)
+            return rc;
+    }
     /* verify-only plans have no destinations */
     if (p->ranks) {
         scatter_ctx sc = {p, buf, x->only_rank, 0};
@@ -209,28 +217,6 @@ static int run_read(void *arg, size_t task, int worker)
             return sc.rc;
     }
     return 0;
-}
-
-/* A foreign file opened for its data must be the one its header was read from, unchanged
- * (nothing else could tell: foreign data has no checksums). The device is not compared: a
- * network file has another on each node. */
-int st_check_same_file(const st_dir *d, const st_mfile *mf, const st_mident *was, st_file *f)
-{
-    st_file_id id;
-    const char *kind = d->src ? d->src->name : "foreign";
-    int e = d->vfs->ident(f, &id);
-    if (e)
-        return st_fail(st_from_errno(-e), "%s file '%s' of '%s': %s", kind, mf->name, d->path,
-                       strerror(-e));
-    if (id.ino == was->ino && id.size == mf->bytes && id.mtime_ns == was->mtime_ns &&
-        id.ctime_ns == was->ctime_ns)
-        return 0;
-    return st_fail(STRATA_ECHANGED,
-                   "%s file '%s' of '%s' changed after its header was read (%s): load it again",
-                   kind, mf->name, d->path,
-                   id.ino != was->ino     ? "another file is in its place"
-                   : id.size != mf->bytes ? "its size differs"
-                                          : "it was modified");
 }
 
 int st_open_data_files(const st_dir *d, const st_io_plan *p, int no_direct, st_file ***out)
@@ -282,11 +268,12 @@ void st_close_data_files(const st_dir *d, const st_io_plan *p, st_file **files)
 }
 
 int st_read_some(const st_dir *d, const st_io_plan *p, st_file **files, const size_t *list,
-                 size_t n, char **bufs, int threads, int only_rank, uint64_t max_io)
+                 size_t n, char **bufs, int threads, int only_rank, uint64_t max_io,
+                 st_crc_run *crc)
 {
     int nt = st_io_threads(threads);
     exec_ctx x = {.d = d, .p = p, .files = files, .list = list, .bufs = bufs,
-                  .only_rank = only_rank};
+                  .only_rank = only_rank, .crc = crc};
     if (!bufs) { /* a scratch buffer per worker, as st_exec_reads */
         x.bufsize = st_read_buf_bytes(p->meta, max_io);
         if (!(x.buf = calloc((size_t)nt, sizeof *x.buf)))
@@ -300,11 +287,12 @@ int st_read_some(const st_dir *d, const st_io_plan *p, st_file **files, const si
 }
 
 int st_exec_reads(const st_dir *d, const st_io_plan *p, int threads, int no_direct,
-                  uint64_t max_io, strata_verify_cb report, void *ctx, uint64_t *bytes_read)
+                  uint64_t max_io, strata_verify_cb report, void *ctx, st_crc_run *crc,
+                  uint64_t *bytes_read)
 {
     const st_meta *m = p->meta;
     int nt = st_io_threads(threads);
-    exec_ctx x = {.d = d, .p = p, .report = report, .ctx = ctx, .only_rank = -1};
+    exec_ctx x = {.d = d, .p = p, .report = report, .ctx = ctx, .only_rank = -1, .crc = crc};
     x.bufsize = st_read_buf_bytes(m, max_io);
     x.buf = calloc((size_t)nt, sizeof *x.buf);
     if (!x.buf)

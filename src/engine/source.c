@@ -87,3 +87,25 @@ int st_source_open_file(const st_vfs *v, const char *dir, const char *name, cons
     return 0;
 }
 
+/* A foreign file opened for its data must be the one its header was read from, unchanged
+ * (nothing else could tell: safetensors data has no checksum, and a file rewritten whole
+ * carries CRC-32s of its own). The device is not compared: a network file has another on
+ * each node. */
+int st_check_same_file(const st_dir *d, const st_mfile *mf, const st_mident *was, st_file *f)
+{
+    st_file_id id;
+    const char *kind = d->src ? d->src->name : "foreign";
+    int e = d->vfs->ident(f, &id);
+    if (e)
+        return st_fail(st_from_errno(-e), "%s file '%s' of '%s': %s", kind, mf->name, d->path,
+                       strerror(-e));
+    if (id.ino == was->ino && id.size == mf->bytes && id.mtime_ns == was->mtime_ns &&
+        id.ctime_ns == was->ctime_ns)
+        return 0;
+    return st_fail(STRATA_ECHANGED,
+                   "%s file '%s' of '%s' changed after its header was read (%s): load it again",
+                   kind, mf->name, d->path,
+                   id.ino != was->ino     ? "another file is in its place"
+                   : id.size != mf->bytes ? "its size differs"
+                                          : "it was modified");
+}

@@ -49,6 +49,11 @@ int st_source_describe(const st_dir *d, unsigned char **desc, size_t *desclen);
  * d->committed. */
 int st_source_adopt_meta(st_dir *d, const unsigned char *desc, size_t len);
 
+/* A foreign file f (file mf of d, whose identity was `was` when its header was read) is
+ * still that file, unchanged: STRATA_ECHANGED naming it otherwise (the device is not
+ * compared: a network file has another on each node). */
+int st_check_same_file(const st_dir *d, const st_mfile *mf, const st_mident *was, st_file *f);
+
 /* Helpers of the sources' open: is there a regular file (or a link to one) at dir/name;
  * path's directory into dir (PATH_MAX; "." if none), returning its name; dir/name opened
  * for reading (through a link) with its identity (STRATA_ENOENT when missing, naming it as
@@ -98,6 +103,11 @@ struct st_ts_archive;
 struct st_ts_file;
 int st_ts_open_file(const st_vfs *v, const char *dir, const char *name,
                     struct st_ts_archive *a, struct st_ts_file *tf);
+/* Opens the zip archive that is the open file f (size bytes; path for messages) into *z
+ * (zip.h; nothing read but its end records and central directory). src_torchsave.c. */
+struct st_zip;
+int st_source_zip_open(const st_vfs *v, st_file *f, const char *path, uint64_t size,
+                       struct st_zip *z);
 /* The first bytes of dir/name (name NULL: of dir itself, a file): 1 a zip archive, 2
  * torch.save's legacy format, 0 neither or unreadable (no error left set). */
 int st_ts_kind(const st_vfs *v, const char *dir, const char *name);

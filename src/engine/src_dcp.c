@@ -4,7 +4,8 @@
  * is opened through a ranged read (its zip end records, central directory and local headers,
  * and its data.pkl: one or two small reads per item, src/meta/zip.h) to find where the
  * tensor's bytes lie. Non-tensor items are blobs of their whole stored bytes (a torch.save
- * archive of the object). The description for other ranks is the foreign metadata
+ * archive of the object). The zip entries holding those bytes are the index's checks
+ * (checks.h: their CRC-32s). The description for other ranks is the foreign metadata
  * (st_source_describe). docs/FORMAT.md, "DCP as strata reads it".
  *
  * here: a directory without strata's metadata or commit record (nor Megatron's
@@ -17,6 +18,7 @@
 #include <zlib.h>
 
 #include "../core/error.h"
+#include "../meta/checks.h"
 #include "../meta/dcp.h"
 #include "../meta/zip.h"
 #include "source.h"
@@ -162,7 +164,8 @@ static int files_open(const st_vfs *v, const char *dir, const st_dcp *dc, dcp_fi
 /* Finds the bytes of tensor item it's chunk k in its torch.save archive: *off (in the file)
  * and checks dtype, shape, contiguity and the storage entry. */
 static int locate(const st_vfs *v, const char *dir, const st_dcp *dc, const dcp_files *fs,
-                  const st_dcp_item *it, const st_dcp_chunk *k, uint64_t *off)
+                  const st_dcp_item *it, const st_dcp_chunk *k, uint64_t *off,
+                  st_check_set *cs)
 {
     char shown[PATH_MAX + 300], what[PATH_MAX + 600], name[PATH_MAX + 1000];
     snprintf(shown, sizeof shown, "%s/%s", dir, dc->files[k->file]);
@@ -238,6 +241,7 @@ static int locate(const st_vfs *v, const char *dir, const st_dcp *dc, const dcp_
         goto out;
     }
     *off = k->offset + de->data_off + s.storage_offset * es;
+    rc = st_check_add_zip(cs, &z, k->file, k->offset);
 out:
     free(pkl);
     free(r.tail);
@@ -245,8 +249,28 @@ out:
     return rc;
 }
 
+/* The zip entries of a non-tensor item, whose value is a torch.save archive (or the bytes
+ * of an io.BytesIO, which carry no check: then none), into cs. */
+static int blob_checks(const st_vfs *v, const char *dir, const st_dcp *dc, const dcp_files *fs,
+                       const st_dcp_item *it, st_check_set *cs)
+{
+    const st_dcp_chunk *k = &it->chunks[0];
+    char shown[PATH_MAX + 300];
+    snprintf(shown, sizeof shown, "%s/%s", dir, dc->files[k->file]);
+    item_rd r = {v, fs->f[k->file], shown, k->offset, k->length, NULL, 0, 0, {0}, 0, 0};
+    st_zip z;
+    int rc = st_zip_open(&z, k->length, item_read, &r, shown);
+    if (!rc)
+        rc = st_check_add_zip(cs, &z, k->file, k->offset);
+    else if (rc == STRATA_EFORMAT) /* not an archive: bytes without a check */
+        rc = 0, st_clear_error();
+    st_zip_free(&z);
+    free(r.tail);
+    return rc;
+}
+
 static int build(st_meta *m, const char *dir, const st_dcp *dc, const dcp_files *fs,
-                 const st_vfs *v)
+                 const st_vfs *v, st_check_set *cs)
 {
     st_arena *a = &m->arena;
     m->foreign = 1;
@@ -279,6 +303,9 @@ static int build(st_meta *m, const char *dir, const st_dcp *dc, const dcp_files 
             const st_dcp_chunk *k = &it->chunks[0];
             m->blobs[m->nblobs++] = (st_mblob){it->fqn, -1, {k->file, k->offset, k->length, NULL}};
             m->data_bytes += k->length;
+            int rc = k->length ? blob_checks(v, dir, dc, fs, it, cs) : 0;
+            if (rc)
+                return rc;
             continue;
         }
         st_mtensor *t = &m->tensors[m->ntensors++];
@@ -296,7 +323,7 @@ static int build(st_meta *m, const char *dir, const st_dcp *dc, const dcp_files 
                 numel *= k->len[d]; /* bounded: the chunk lies inside the tensor */
             if (!numel)
                 continue; /* an empty chunk holds no bytes */
-            int rc = locate(v, dir, dc, fs, it, k, &off);
+            int rc = locate(v, dir, dc, fs, it, k, &off, cs);
             if (rc)
                 return rc;
             st_mshard *s = &t->shards[t->nshards++];
@@ -340,12 +367,14 @@ int st_dcp_read_meta(const st_vfs *v, const char *dir, st_meta **out)
     free(buf);
     if (rc)
         return rc;
+    st_check_set cs = {0};
     if (!(rc = files_open(v, dir, &dc, &fs))) {
         if (!(m = calloc(1, sizeof *m)))
             rc = st_fail(STRATA_ENOMEM, "out of memory");
-        else
-            rc = build(m, dir, &dc, &fs, v);
+        else if (!(rc = build(m, dir, &dc, &fs, v, &cs)))
+            rc = st_meta_set_checks(m, &cs, dir);
     }
+    st_check_set_free(&cs);
     files_close(v, &fs);
     /* the metadata's strings live in dc's arena: encode, then decode (and so validate)
      * the same way every other rank will */

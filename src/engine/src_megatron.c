@@ -20,6 +20,7 @@
 #include <stdlib.h>
 
 #include "../core/error.h"
+#include "../meta/checks.h"
 #include "../meta/dcp.h"
 #include "../meta/megatron.h"
 #include "source.h"
@@ -86,21 +87,10 @@ static int unflatten(const st_vfs *v, const char *dir, st_meta *meta, int *chang
     return rc;
 }
 
-/* common.pt, the state every rank shares (a torch.save file), as the index's global blob
- * "common.pt": the whole file, which a load reads as any blob (its identity checked against
- * the one seen here; with a communicator read once and broadcast) and strata.torch parses
- * with the restricted torch.save reader. *changed set when there is one; nothing when there
- * is none. */
-static int add_common(const st_vfs *v, const char *dir, st_meta *m, int *changed)
+/* Appends common.pt (identity id, archive z: empty if none) to m as its last file and a
+ * global blob of all its bytes, with z's entries as checks. */
+static int common_blob(st_meta *m, const st_file_id *id, const st_zip *z, const char *dir)
 {
-    st_file *f = NULL;
-    st_file_id id;
-    int rc = st_source_open_file(v, dir, ST_MG_COMMON, "Megatron common.pt", &f, &id);
-    if (rc == STRATA_ENOENT) /* none: the checkpoint holds no common state */
-        return st_clear_error(), 0;
-    if (rc)
-        return rc;
-    v->close(f);
     st_arena *a = &m->arena;
     st_mfile *files = st_arena_alloc(a, (m->nfiles + 1) * sizeof *files);
     st_mident *ids = st_arena_alloc(a, (m->nfiles + 1) * sizeof *ids);
@@ -115,17 +105,51 @@ static int add_common(const st_vfs *v, const char *dir, st_meta *m, int *changed
     }
     if (m->nblobs)
         memcpy(blobs, m->blobs, m->nblobs * sizeof *blobs);
-    files[m->nfiles] = (st_mfile){name, id.size};
-    ids[m->nfiles] = (st_mident){id.ino, id.mtime_ns, id.ctime_ns};
-    blobs[m->nblobs] = (st_mblob){name, -1, {m->nfiles, 0, id.size, NULL}};
+    files[m->nfiles] = (st_mfile){name, id->size};
+    ids[m->nfiles] = (st_mident){id->ino, id->mtime_ns, id->ctime_ns};
+    blobs[m->nblobs] = (st_mblob){name, -1, {m->nfiles, 0, id->size, NULL}};
     m->files = files;
     m->idents = ids;
     m->blobs = blobs;
     m->nfiles++;
     m->nblobs++;
-    m->data_bytes += id.size;
-    *changed = 1;
-    return 0;
+    m->data_bytes += id->size;
+    st_check_set cs = {0};
+    int rc = st_check_add_zip(&cs, z, m->nfiles - 1, 0);
+    if (!rc)
+        rc = st_meta_set_checks(m, &cs, dir);
+    st_check_set_free(&cs);
+    return rc;
+}
+
+/* common.pt, the state every rank shares (a torch.save file), as the index's global blob
+ * "common.pt": the whole file, which a load reads as any blob (its identity checked against
+ * the one seen here; with a communicator read once and broadcast) and strata.torch parses
+ * with the restricted torch.save reader. *changed set when there is one; nothing when there
+ * is none. */
+static int add_common(const st_vfs *v, const char *dir, st_meta *m, int *changed)
+{
+    st_file *f = NULL;
+    st_file_id id;
+    st_zip z = {0};
+    char shown[PATH_MAX];
+    int rc = st_source_open_file(v, dir, ST_MG_COMMON, "Megatron common.pt", &f, &id);
+    if (rc == STRATA_ENOENT) /* none: the checkpoint holds no common state */
+        return st_clear_error(), 0;
+    if (rc)
+        return rc;
+    /* its zip entries' CRC-32s, checked as a load reads it (a file that is no zip has none:
+     * strata.torch's reader refuses its keys) */
+    if (!(rc = st_path_join(shown, dir, ST_MG_COMMON)) &&
+        (rc = st_source_zip_open(v, f, shown, id.size, &z)) == STRATA_EFORMAT)
+        rc = 0, st_clear_error();
+    v->close(f);
+    if (!rc)
+        rc = common_blob(m, &id, &z, dir);
+    st_zip_free(&z);
+    if (!rc)
+        *changed = 1;
+    return rc;
 }
 
 /* The DCP index of dir as Megatron completes it: legacy flattened tensors in their shapes,

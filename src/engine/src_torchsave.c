@@ -39,6 +39,12 @@ static int rd_vfs(void *ctx, void *buf, size_t len, uint64_t off)
     return 0;
 }
 
+int st_source_zip_open(const st_vfs *v, st_file *f, const char *path, uint64_t size, st_zip *z)
+{
+    rd_ctx c = {v, f, path};
+    return st_zip_open(z, size, rd_vfs, &c, path);
+}
+
 int st_ts_kind(const st_vfs *v, const char *dir, const char *name)
 {
     char p[PATH_MAX];

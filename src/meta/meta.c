@@ -8,6 +8,7 @@
 #include "../core/checksum.h"
 #include "../core/error.h"
 #include "../core/geom.h"
+#include "checks.h"
 
 /* ---- encoding ---- */
 
@@ -58,6 +59,7 @@ int st_meta_encode(const st_meta *m, unsigned char **out, size_t *len)
             st_buf_var(&b, m->idents[i].mtime_ns);
             st_buf_var(&b, m->idents[i].ctime_ns);
         }
+        st_checks_put(&b, m); /* the ranges its format checks */
     }
     st_buf_var(&b, m->ntensors);
     for (size_t i = 0; i < m->ntensors; i++) {
@@ -226,6 +228,8 @@ static int decode_body(st_rd *r, st_meta *m)
             m->idents[i].mtime_ns = st_rd_var(r);
             m->idents[i].ctime_ns = st_rd_var(r);
         }
+        if (!r->err && st_checks_read(r, m))
+            return -1;
     }
 
     uint64_t nt = st_rd_count(r, 4, "tensor count exceeds the metadata size");

@@ -83,6 +83,16 @@ typedef struct st_mident {
     uint64_t ino, mtime_ns, ctime_ns;
 } st_mident;
 
+/* A byte range of a foreign file that its format checks as a whole: a stored zip entry's
+ * bytes and their CRC-32 (DCP items, torch.save, DeepSpeed, Megatron's common.pt). A load
+ * that delivers any byte of it reads and checks all of it (DESIGN.md, "Load"). */
+typedef struct st_mcheck {
+    uint32_t file;
+    uint32_t crc;         /* CRC-32 (zlib's) of the bytes */
+    uint64_t offset, bytes; /* bytes > 0 */
+    const char *name;     /* the entry's name, for messages */
+} st_mcheck;
+
 typedef struct st_meta {
     st_arena arena; /* owns everything below */
     uint64_t step;
@@ -93,6 +103,10 @@ typedef struct st_meta {
     uint32_t nfiles;
     st_mfile *files;
     st_mident *idents; /* foreign: per file; NULL otherwise */
+    /* foreign: the ranges its format checks (checks.h), sorted by (file, offset), disjoint;
+     * none for a format without checksums (safetensors) and for strata's own */
+    size_t nchecks;
+    st_mcheck *checks;
     size_t ntensors;
     st_mtensor *tensors;
     size_t nblobs;
@@ -136,7 +150,7 @@ static inline int st_file_linked(const st_meta *m, uint32_t f)
 
 /* Encodes m into a new malloc'd buffer (*out, *len). STRATA_ENOMEM on failure. A foreign
  * m (m->foreign) is encoded with the ST_META_FOREIGN header flag, its files' identities (if
- * any), extents at byte offsets and no checksums: the form in which a source of another
+ * any), its check ranges, extents at byte offsets and no checksums: the form in which a source of another
  * format hands its index to the other ranks and to itself (st_meta_decode_foreign). */
 int st_meta_encode(const st_meta *m, unsigned char **out, size_t *len);
 /* Decodes and fully validates (bounds, names, geometry, overlap, extents within files).

@@ -8,6 +8,7 @@
 
 #include "../core/error.h"
 #include "../core/geom.h"
+#include "checks.h"
 
 /* ---- the tensors of a pickle ---- */
 
@@ -555,6 +556,18 @@ static int fill_tensor(st_meta *m, st_mtensor *mt, const st_ts_tensor *t, uint32
     return 0;
 }
 
+int st_ts_zip_checks(st_meta *m, const st_ts_file *files, size_t nfiles, const char *where)
+{
+    st_check_set cs = {0};
+    int rc = 0;
+    for (size_t f = 0; f < nfiles && !rc; f++)
+        rc = st_check_add_zip(&cs, &files[f].a->zip, (uint32_t)f, 0);
+    if (!rc)
+        rc = st_meta_set_checks(m, &cs, where);
+    st_check_set_free(&cs);
+    return rc;
+}
+
 int st_ts_meta(st_meta **out, const st_ts_file *files, size_t nfiles, const st_st_map *map,
                const char *where)
 {
@@ -611,6 +624,7 @@ int st_ts_meta(st_meta **out, const st_ts_file *files, size_t nfiles, const st_s
             goto oom;
         m->data_bytes += all[i].t->bytes;
     }
+    rc = st_ts_zip_checks(m, files, nfiles, where);
     goto out;
 oom:
     rc = st_fail(STRATA_ENOMEM, "%s: out of memory", where);

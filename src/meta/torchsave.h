@@ -124,9 +124,13 @@ typedef struct st_ts_file {
  * out: its dtype and shape are in the pickle, where strata.torch finds it); one global blob per file, named "<file>/<dir>/data.pkl", whose extent is
  * that stored entry (the pickle of the file's values: strata.torch decodes it). With map
  * (pytorch_model.bin.index.json), each weight_map entry must name a tensor of the file it
- * names and every tensor must be listed. Errors: STRATA_EFORMAT naming `where`,
- * STRATA_ENOMEM. */
+ * names and every tensor must be listed. The check table (checks.h) holds the stored zip
+ * entries that hold a tensor's or a pickle's bytes (their CRC-32s). Errors: STRATA_EFORMAT
+ * naming `where`, STRATA_ENOMEM. */
 int st_ts_meta(st_meta **out, const st_ts_file *files, size_t nfiles, const st_st_map *map,
                const char *where);
+/* Sets the check table of m (whose files are files[0, nfiles), in order) from the stored
+ * entries of their archives (checks.h): what st_ts_meta and st_zero_meta do last. */
+int st_ts_zip_checks(st_meta *m, const st_ts_file *files, size_t nfiles, const char *where);
 
 #endif

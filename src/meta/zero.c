@@ -753,6 +753,10 @@ int st_zero_meta(st_meta **out, const st_ts_file *files, size_t nmodel, int stag
     }
     if (!rc)
         rc = to_meta(&c, out, nmodel + ranks);
+    if (!rc && (rc = st_ts_zip_checks(*out, files, nmodel + ranks, where))) {
+        st_meta_free(*out);
+        *out = NULL;
+    }
     zfree(&c);
     free(osd);
     return rc;

@@ -46,7 +46,8 @@ int st_zero_optim_info(const st_ts_archive *a, int *stage, uint32_t *ranks, cons
  * ranks: files[0, nmodel) are its model-states files (1 for stage 1/2, `ranks` for stage 3,
  * in rank order), files[nmodel, nmodel + ranks) its optim files in rank order; the metadata's
  * files are these, in this order. Tensors sorted by name, empty ones left out; step is
- * global_steps. Errors: as above, naming `where` and the file. */
+ * global_steps; the check table holds the files' zip entries that hold a tensor's bytes
+ * (their CRC-32s). Errors: as above, naming `where` and the file. */
 int st_zero_meta(st_meta **out, const st_ts_file *files, size_t nmodel, int stage,
                  uint32_t ranks, const char *where);
 

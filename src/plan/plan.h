@@ -143,12 +143,22 @@ typedef struct st_seg {
     uint64_t c0, c1;
 } st_seg;
 
-/* One coalesced read or write: [off, off+len) of file, covering segments [seg0, seg1). */
+/* One coalesced read or write: [off, off+len) of file, covering segments [seg0, seg1);
+ * a read of a source with checks (st_plan_checks) checks the parts [cp0, cp1) of its
+ * plan's cparts. */
 typedef struct st_io {
     uint32_t file;
     uint64_t off, len;
     size_t seg0, seg1;
+    size_t cp0, cp1;
 } st_io;
+
+/* Bytes [lo, hi) of check `check` (st_mcheck of the plan's metadata, counted from its
+ * start) that one read holds and takes into the check's CRC-32. */
+typedef struct st_cpart {
+    uint32_t check;
+    uint64_t lo, hi;
+} st_cpart;
 
 typedef struct st_io_plan {
     const st_meta *meta;
@@ -169,7 +179,36 @@ typedef struct st_io_plan {
     size_t nios;
     uint64_t payload_bytes;  /* bytes of chunks to read (not counting alignment padding) */
     uint64_t request_bytes;  /* bytes requested over all ranks */
+    /* st_plan_checks: the parts of the checks the reads hold, read by read (a check's parts
+     * lie in consecutive reads, in order); the bytes read only for them (no run needs
+     * them); whether every check touched is read whole by this plan */
+    st_cpart *cparts;
+    size_t ncparts;
+    uint64_t crc_bytes;
+    int crc_whole;
 } st_io_plan;
+
+/* The largest read of a plan for meta asked to read at most max_io: whole chunks, at least
+ * one; with chunks under 8 bytes (a foreign source's: one byte) a multiple of 8, so that
+ * no read splits an element. */
+static inline uint64_t st_plan_max_io(const st_meta *m, uint64_t max_io)
+{
+    const uint64_t C = m->chunk;
+    max_io = max_io < C ? C : max_io / C * C;
+    if (C < 8)
+        max_io = max_io < 8 ? 8 : max_io / 8 * 8;
+    return max_io;
+}
+
+/* Is read i (with parts) a continuation of the check whose parts the reads before it hold
+ * (its first part is of the check of the last part before it)? Such reads form a group
+ * that one reader must do, so that it sees the whole check. */
+static inline int st_io_joined(const st_io_plan *p, size_t i)
+{
+    const st_io *r = &p->ios[i];
+    return r->cp0 < r->cp1 && r->cp0 > 0 &&
+           p->cparts[r->cp0 - 1].check == p->cparts[r->cp0].check;
+}
 
 /* Plans a load of the requests of nranks ranks from meta. max_io bounds one read (it is
  * rounded to whole chunks and at least one chunk; with chunks under 8 bytes, to a multiple
@@ -185,5 +224,17 @@ int st_plan_verify_all(st_io_plan *out, const st_meta *meta, uint64_t max_io);
  * segments and coalesces them into reads. Used by both planners above. */
 int st_plan_reads(st_io_plan *out, uint64_t max_io);
 void st_io_plan_free(st_io_plan *p);
+
+/* The checks of a plan whose metadata has check ranges (a zip entry's CRC-32 covers the whole
+ * entry): with widen, every read that touches a check is widened, and reads of the bytes no
+ * run needs are added, so that each check touched is read whole (merged into neighbouring
+ * reads up to max_io, as st_plan_reads rounds it; overlapping reads, tied tensors, merged
+ * where they fit); without, the reads stay as planned. Then each byte of a check is given to
+ * one read (the first that reads it), which holds it as a part (cparts). Fills cparts,
+ * ncparts, crc_bytes (the added bytes) and crc_whole. Nothing to do for metadata without
+ * checks. Pure. Errors: STRATA_ENOMEM (the plan is then unchanged). */
+int st_plan_checks(st_io_plan *p, uint64_t max_io, int widen);
+/* Bytes of read i that none of its segments holds (read only for a check). */
+uint64_t st_io_crc_bytes(const st_io_plan *p, size_t i);
 
 #endif

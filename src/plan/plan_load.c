@@ -143,6 +143,7 @@ void st_io_plan_free(st_io_plan *p)
     free(p->runs);
     free(p->segs);
     free(p->ios);
+    free(p->cparts);
     memset(p, 0, sizeof *p);
 }
 
@@ -204,9 +205,7 @@ int st_plan_reads(st_io_plan *out, uint64_t max_io)
     const uint64_t C = m->chunk;
     size_t np = out->npieces;
     int rc = 0;
-    max_io = max_io < C ? C : max_io / C * C;
-    if (C < 8) /* a foreign source's chunk is a byte: no segment may split an element */
-        max_io = max_io < 8 ? 8 : max_io / 8 * 8;
+    max_io = st_plan_max_io(m, max_io); /* a foreign chunk is a byte: no element split */
     /* runs by piece; the chunks they need, as segments (runs and segs are NULL when
      * empty, which qsort must not be given) */
     if (out->nruns > 1)
@@ -276,7 +275,7 @@ int st_plan_reads(st_io_plan *out, uint64_t max_io)
             rc = st_fail(STRATA_ENOMEM, "out of memory planning the load");
             return rc;
         }
-        out->ios[out->nios++] = (st_io){ext->file, off, end - off, i, j};
+        out->ios[out->nios++] = (st_io){ext->file, off, end - off, i, j, 0, 0};
         i = j;
     }
 

@@ -109,10 +109,13 @@ def test_round_trip_two_ranks_reshard(tmp_path):
     out, stats = load_matrix(uri(tmp_path))
     assert torch.equal(out, m) and stats["tier"] == 0
     # a load's stats add how often it read and broadcast the index (one read, no Comm), and
+    # the zip CRC-32s checked (none: strata's own checksums are verified chunk by chunk), and
     # have none of a save's writers' fields
     assert set(stats) == {"data_bytes", "bytes", "io_calls", "seconds", "all_bytes",
-                          "plan_cached", "tier", "meta_reads", "meta_bcasts"}
+                          "plan_cached", "tier", "meta_reads", "meta_bcasts", "crc_checked",
+                          "crc_bytes", "crc_skipped"}
     assert stats["meta_reads"] == 1 and stats["meta_bcasts"] == 0
+    assert stats["crc_checked"] == stats["crc_bytes"] == 0 and not stats["crc_skipped"]
     left = torch.zeros(6, 2)
     right = torch.zeros(7)
     a, b = strata.State(), strata.State()

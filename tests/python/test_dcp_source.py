@@ -156,7 +156,7 @@ def test_load_on_one(written):
 
 
 LOAD_STATS = {"data_bytes", "bytes", "io_calls", "seconds", "all_bytes", "plan_cached", "tier",
-              "meta_reads", "meta_bcasts"}
+              "meta_reads", "meta_bcasts", "crc_checked", "crc_bytes", "crc_skipped"}
 
 
 def dcp_load_stats(path):
