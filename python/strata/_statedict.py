@@ -699,9 +699,12 @@ class _LoadPrep:
 
     def _absent(self, key, pr):
         """key (of the target) is not in the checkpoint: NotFoundError, or with partial
-        recorded and left as it is."""
+        recorded and left as it is. A key that only a corrupt common.pt could hold is its
+        ChecksumError, partial or not."""
+        e = self.meta.missing(key, self.rank, pr)
+        if not isinstance(e, _S.NotFoundError):
+            raise e
         if not self.partial:
-            e = self.meta.missing(key, self.rank, pr)
             raise _error("NotFoundError", "%s (partial=True leaves a key the checkpoint lacks "
                          "as it is)" % e)
         self.missing.append(key)
