@@ -304,7 +304,7 @@ static void fm_check(const st_meta *m)
         const st_mcheck *c = &m->checks[i], *p = i ? &m->checks[i - 1] : NULL;
         size_t nl = strlen(c->name);
         if (c->file >= m->nfiles || c->bytes == 0 || c->offset > m->files[c->file].bytes ||
-            c->bytes > m->files[c->file].bytes - c->offset || nl < 1 || nl > ST_ZIP_MAX_NAME)
+            c->bytes > m->files[c->file].bytes - c->offset || nl < 1 || nl > ST_CHECK_MAX_NAME)
             FM_FAIL("check range %zu outside its file (or a bad name) accepted", i);
         if (p && (p->file > c->file || (p->file == c->file && p->offset + p->bytes > c->offset)))
             FM_FAIL("check ranges %zu and %zu out of order or overlapping accepted", i - 1, i);

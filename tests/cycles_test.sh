@@ -6,7 +6,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 obj=${BUILD:-build}/obj/src
 shopt -s nullglob
-objs=("$obj"/{core,io,meta,plan,comm,engine}/*.o)
+objs=("$obj"/{core,io,meta,plan,comm,source,engine}/*.o)
 if [ ${#objs[@]} -eq 0 ]; then
     echo "cycles_test: no objects under $obj (run make first)" >&2
     exit 1

@@ -1,4 +1,4 @@
-/* test_torchsave.c - the torch.save source (src/engine/src_torchsave.c) through the public
+/* test_torchsave.c - the torch.save source (src/source/torchsave_src.c) through the public
  * API, on files written by torch.save (torch 2.13; the seeds of fuzz/corpus/fuzz_torchsave,
  * made by tests/python/test_torchsave.py's writer: see FUZZ below), so that it also runs
  * under ASan, UBSan and TSan: open, the tensors and their bytes, the blob, verify (the zip

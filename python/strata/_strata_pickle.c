@@ -1,7 +1,7 @@
 /* _strata_pickle.c - restricted pickles as Python values, never executing pickle: unpickle
  * (a bare pickle: a torch.save archive's data.pkl) and unpickle_archive (a whole torch.save
  * archive in memory, e.g. a DCP non-tensor item). Both parse with strata's restricted reader
- * (src/meta/pickle.h) and build only: None, bool, int (any size), float, str, bytes, tuple,
+ * (src/source/pickle.h) and build only: None, bool, int (any size), float, str, bytes, tuple,
  * list, dict, collections.OrderedDict; torch.Size becomes a tuple, an io.BytesIO (DCP
  * saves one as torch.save of it) an io.BytesIO at its position. A tensor (a
  * _rebuild_tensor_v2/_v3 or _rebuild_parameter call) becomes whatever the caller's
@@ -15,7 +15,7 @@
 #include "_strata.h"
 
 #include "core/error.h"
-#include "meta/torchsave.h"
+#include "source/torchsave.h"
 
 typedef struct {
     PyObject *tensor, *glob; /* callables or NULL */

@@ -7,7 +7,7 @@
 
 #include "../core/checksum.h"
 #include "../core/error.h"
-#include "source.h"
+#include "../source/source.h"
 
 /* metadata.bin is read only up to the size its commit record states (and never beyond
  * 16 GiB); without a valid commit record (an incomplete checkpoint opened to look at,

@@ -15,7 +15,7 @@
 #include "../core/util.h"
 #include "../io/vfs.h"
 #include "engine.h"
-#include "source.h"
+#include "../source/source.h"
 
 #define COPY_THREADS 4
 

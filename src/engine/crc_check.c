@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include "../core/crc32.h"
 #include "../core/error.h"
-#include "source.h"
+#include "../source/source.h"
 
 /* A run of bytes [lo, hi) of an entry and its CRC-32. */
 typedef struct {

@@ -18,7 +18,7 @@
 #include "../core/checksum.h"
 #include "../core/error.h"
 #include "../io/pool.h"
-#include "source.h"
+#include "../source/source.h"
 
 /* One base data file linked into the new checkpoint. */
 typedef struct {

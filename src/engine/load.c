@@ -7,7 +7,7 @@
 #include "../core/error.h"
 #include "../io/pool.h"
 #include "dist.h"
-#include "source.h"
+#include "../source/source.h"
 
 
 void st_load_cache_clear(st_load_cache *c)

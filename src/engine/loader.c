@@ -10,7 +10,7 @@
 
 #include "../core/error.h"
 #include "dist.h"
-#include "source.h"
+#include "../source/source.h"
 
 struct strata_loader {
     strata_comm *comm; /* borrowed; NULL: ranks in this process */

@@ -7,7 +7,7 @@
  * docs/DESIGN.md, "Sources". */
 #ifndef STRATA_SOURCE_H
 #define STRATA_SOURCE_H
-#include "engine.h"
+#include "../engine/engine.h"
 
 typedef struct st_source {
     const char *name; /* shown by inspect: "safetensors", "dcp", ... */

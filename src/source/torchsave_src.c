@@ -1,7 +1,7 @@
 /* src_torchsave.c - the torch.save source (source.h): one torch.save file (the zip format of
  * torch >= 1.6: .pt, .pth, .bin), or a Hugging Face directory holding pytorch_model.bin or
  * the files named by pytorch_model.bin.index.json. Each file's central directory and
- * data.pkl are read and its tensors placed (src/meta/torchsave.h); the metadata built is
+ * data.pkl are read and its tensors placed (src/source/torchsave.h); the metadata built is
  * described to other ranks as st_meta_encode of it (st_source_describe).
  *
  * here: by content - a file that is a zip archive with a <dir>/data.pkl entry (or a zip
@@ -17,7 +17,7 @@
 #include <zlib.h>
 
 #include "../core/error.h"
-#include "../meta/torchsave.h"
+#include "torchsave.h"
 #include "source.h"
 
 typedef struct {

@@ -1,6 +1,6 @@
 /* foreign.c - the safetensors source (source.h): a Hugging Face safetensors directory (or
  * one .safetensors file). The index and every file's header are read, and the metadata is
- * built from them (src/meta/safetensors.h). Its description for the other ranks is the
+ * built from them (src/source/safetensors.h). Its description for the other ranks is the
  * headers themselves (safetensors.h's source description).
  *
  * here: a file named *.safetensors, or a directory without strata's metadata or commit
@@ -12,7 +12,7 @@
 #include <stdlib.h>
 
 #include "../core/error.h"
-#include "../meta/safetensors.h"
+#include "safetensors.h"
 #include "source.h"
 
 static int ends_with(const char *s, const char *suffix)

@@ -1,8 +1,8 @@
 /* src_dcp.c - the PyTorch DCP source (source.h): a torch.distributed.checkpoint directory
  * (.metadata + *.distcp). The .metadata pickle is parsed by the restricted reader and
- * interpreted (src/meta/dcp.h); each tensor item's torch.save archive inside its .distcp file
+ * interpreted (src/source/dcp.h); each tensor item's torch.save archive inside its .distcp file
  * is opened through a ranged read (its zip end records, central directory and local headers,
- * and its data.pkl: one or two small reads per item, src/meta/zip.h) to find where the
+ * and its data.pkl: one or two small reads per item, src/source/zip.h) to find where the
  * tensor's bytes lie. Non-tensor items are blobs of their whole stored bytes (a torch.save
  * archive of the object). The zip entries holding those bytes are the index's checks
  * (checks.h: their CRC-32s). The description for other ranks is the foreign metadata
@@ -19,8 +19,8 @@
 
 #include "../core/error.h"
 #include "../meta/checks.h"
-#include "../meta/dcp.h"
-#include "../meta/zip.h"
+#include "dcp.h"
+#include "zip.h"
 #include "source.h"
 
 #define HEAD_WINDOW 4096u

@@ -9,9 +9,9 @@
 #include <stdlib.h>
 
 #include "../core/error.h"
-#include "../meta/dcp.h"
-#include "../meta/torchsave.h"
-#include "engine.h"
+#include "dcp.h"
+#include "torchsave.h"
+#include "../engine/engine.h"
 #include "source.h"
 
 #define SURVEY_MAX 65536 /* entries looked at in one directory (a file per rank) */

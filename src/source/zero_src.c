@@ -1,7 +1,7 @@
 /* src_zero.c - the DeepSpeed ZeRO source (source.h): a tag directory written by DeepSpeed's
  * default checkpoint engine (its torch.save files, ZeRO stage 1, 2 or 3, one model-parallel
  * rank), or a save_dir whose `latest` file names such a tag. The files' archives are opened
- * (central directory and pickle only) and read by src/meta/zero.h into named full tensors of
+ * (central directory and pickle only) and read by src/source/zero.h into named full tensors of
  * flat pieces; a load reads only the byte ranges its requests need. The description for
  * other ranks is the tag (when `latest` named it) and the foreign metadata.
  * docs/FORMAT.md, "DeepSpeed ZeRO as strata reads it".
@@ -18,7 +18,7 @@
 #include <stdlib.h>
 
 #include "../core/error.h"
-#include "../meta/zero.h"
+#include "zero.h"
 #include "source.h"
 
 static const char *const optim_prefix[] = {"", "bf16_"};

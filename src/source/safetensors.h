@@ -31,7 +31,7 @@
 #include <stdint.h>
 
 #include "../core/util.h"
-#include "meta.h"
+#include "../meta/meta.h"
 #include "strata_types.h"
 
 #define ST_ST_MAX_HEADER 100000000ull /* bytes of JSON a reader accepts (as the reference) */

@@ -15,7 +15,7 @@
 
 #include "../core/error.h"
 #include "../core/util.h"
-#include "../meta/zero.h"
+#include "zero.h"
 #include "source.h"
 
 /* Does dir/name begin with the stub's magic? */

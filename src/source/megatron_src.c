@@ -1,7 +1,7 @@
 /* src_megatron.c - the Megatron-Core torch_dist source (source.h): a DCP directory
  * (.metadata + *.distcp, read by the DCP source's st_dcp_read_meta) with Megatron's
  * metadata.json (its backends) and common.pt (the state every rank shares, a torch.save
- * file). metadata.json is parsed strictly (src/meta/megatron.h); a tensor that
+ * file). metadata.json is parsed strictly (src/source/megatron.h); a tensor that
  * megatron-core < 0.14 saved as N-D flattened pieces (distributed-optimizer state: flat
  * ranges of boxes, reformulated into an (N+1)-d DCP tensor, the original shape in the
  * Metadata's mcore_data) becomes its original shape again, each piece a flat range of its
@@ -21,9 +21,10 @@
 
 #include "../core/error.h"
 #include "../meta/checks.h"
-#include "../meta/dcp.h"
-#include "../meta/megatron.h"
+#include "dcp.h"
+#include "megatron.h"
 #include "source.h"
+#include "zip.h"
 
 /* Reads dir/name whole (at most max bytes); what names it in messages. */
 static int read_whole(const st_vfs *v, const char *dir, const char *name, size_t max,
