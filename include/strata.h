@@ -572,14 +572,7 @@ uint32_t strata_ckpt_chunk_bytes(const strata_ckpt *ck); /* 0: no checksums (saf
  * strata_ckpt_data_bytes for a full one); the rest lie in files linked from the base
  * (ref-<id>-<rank>.bin, docs/FORMAT.md). */
 const char *strata_ckpt_base(const strata_ckpt *ck, uint64_t *own_bytes);
-#define STRATA_FORMAT_STRATA 0
-#define STRATA_FORMAT_SAFETENSORS 1
-#define STRATA_FORMAT_DCP 2 /* PyTorch torch.distributed.checkpoint */
-#define STRATA_FORMAT_TORCH_SAVE 3 /* torch.save files, Hugging Face pytorch_model.bin */
-#define STRATA_FORMAT_MEGATRON 4 /* Megatron-Core torch_dist (DCP + metadata.json) */
-#define STRATA_FORMAT_DEEPSPEED 5 /* DeepSpeed ZeRO, its default engine's torch.save files */
-#define STRATA_FORMAT_STRATA_DEEPSPEED 6 /* a DeepSpeed tag saved through strata.deepspeed */
-int strata_ckpt_format(const strata_ckpt *ck); /* STRATA_FORMAT_* */
+int strata_ckpt_format(const strata_ckpt *ck); /* STRATA_FORMAT_* (strata_types.h) */
 /* The format's name: "strata", "safetensors", "dcp", "torch.save", "megatron", "deepspeed",
  * "strata.deepspeed". */
 const char *strata_ckpt_format_name(const strata_ckpt *ck);

@@ -1,30 +1,11 @@
-/* files.c - which files of a checkpoint directory are strata's (the names strata writes),
- * counting or removing them, and joining paths: the ground the directory's readers
- * (ckpt.c, survey.c) and its owner (own.c, retain.c) share. */
+/* files.c - strata's files in a checkpoint directory (st_is_strata_file, meta.h: the names
+ * strata writes), counted or removed: the ground the directory's owner (own.c, retain.c)
+ * stands on. */
 #include <stdio.h>
 #include <string.h>
 
 #include "../core/error.h"
 #include "engine.h"
-
-int st_path_join(char *out, const char *dir, const char *name)
-{
-    int n = snprintf(out, PATH_MAX, "%s/%s", dir, name);
-    if (n < 0 || n >= PATH_MAX)
-        return st_fail(STRATA_EINVAL, "path too long: %s/%s", dir, name);
-    return 0;
-}
-
-
-/* Is name one of the files strata writes into a checkpoint directory? */
-int st_is_strata_file(const char *name)
-{
-    if (strcmp(name, ST_COMMIT_FILE) == 0 || strcmp(name, ST_META_FILE) == 0 ||
-        strcmp(name, ST_COMMIT_FILE ".tmp") == 0 || strcmp(name, ST_META_FILE ".tmp") == 0 ||
-        strcmp(name, ST_LOCK_FILE) == 0)
-        return 1;
-    return st_data_file_rank(name) >= 0 || st_is_ref_file(name);
-}
 
 typedef struct {
     int strata, foreign, unlink;

@@ -38,6 +38,9 @@ long st_data_file_rank(const char *name);
 void st_ref_file_name(char out[ST_REF_FILE_BYTES], uint64_t save_id, long rank);
 /* Is name one of those? */
 int st_is_ref_file(const char *name);
+/* Is name one of the files strata writes into a checkpoint directory (commit record,
+ * metadata, their temporary names, the lock file, data and ref files)? */
+int st_is_strata_file(const char *name);
 
 /* Bytes of a data file holding [offset, offset + bytes), checksummed per chunk: chunk i
  * covers [i*chunk, min((i+1)*chunk, bytes)) and sums[i] is its XXH3-64. */
