@@ -1,7 +1,8 @@
 #!/bin/bash
-# cycles_test.sh - libstrata's files call one another without a cycle (tests/call_cycles.py
-# over the library's objects in $BUILD/obj; the command's files in src/cli are not the
-# library and are left out).
+# cycles_test.sh - libstrata's files reference one another (calls and data) without a cycle
+# (tests/call_cycles.py over the library's objects in $BUILD/obj; the command's files in
+# src/cli are not the library and are left out), and no file includes a floor above its
+# own (tests/include_floors.py over the sources).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 obj=${BUILD:-build}/obj/src
@@ -12,4 +13,5 @@ if [ ${#objs[@]} -eq 0 ]; then
     exit 1
 fi
 python3 "$here/call_cycles.py" "${objs[@]}"
-echo "cycles_test: ${#objs[@]} objects, no call cycle"
+python3 "$here/include_floors.py" "$here/.."
+echo "cycles_test: ${#objs[@]} objects, no call cycle (functions and data); no upward include"
