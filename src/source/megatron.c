@@ -8,214 +8,98 @@
 #include <stdlib.h>
 
 #include "../core/error.h"
+#include "json.h"
 
-/* ---- metadata.json: strict JSON, bounded ----------------------------------------------- */
+/* ---- metadata.json: strict JSON, bounded (json.h) ------------------------------------- */
 
-typedef struct mj {
-    const unsigned char *p, *end, *start;
-    const char *file;
-} mj;
-
-#define MJ_MAX_DEPTH 64
-
-static int mj_bad(const mj *j, const char *what)
+/* A string value into out (cap bytes, NUL-terminated): EFORMAT if it is not a string,
+ * ENOTSUP if it is not one strata could read (too long, a NUL inside). */
+static int field_str(st_json *j, const char *key, char *out, size_t cap)
 {
-    return st_fail(STRATA_EFORMAT, "Megatron %s: %s (at byte %zu)", j->file, what,
-                   (size_t)(j->p - j->start));
-}
-
-static void mj_ws(mj *j)
-{
-    while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r'))
-        j->p++;
-}
-
-/* The code unit of the \\u escape whose 'u' is at p (4 hex digits before end), or -1. */
-static long mj_hex4(const unsigned char *p, const unsigned char *end)
-{
-    long cp = 0;
-    for (int k = 1; k <= 4; k++) {
-        if (p + k >= end || !p[k] || !strchr("0123456789abcdefABCDEF", p[k]))
-            return -1;
-        cp = cp * 16 + (p[k] <= '9' ? p[k] - '0' : (p[k] | 0x20) - 'a' + 10);
-    }
-    return cp;
-}
-
-/* A string: its raw bytes (between the quotes, escapes checked, not decoded) in *s, *n. A
- * \\u escape of a lone surrogate (no character: not UTF-8, as strata's own names must be)
- * is refused. */
-static int mj_string(mj *j, const unsigned char **s, size_t *n)
-{
-    if (j->p >= j->end || *j->p != '"')
-        return mj_bad(j, j->p >= j->end ? "truncated" : "a string was expected");
-    const unsigned char *start = ++j->p;
-    while (j->p < j->end && *j->p != '"') {
-        if (*j->p < 0x20)
-            return mj_bad(j, "a control character in a string");
-        if (*j->p == '\\') {
-            if (++j->p >= j->end)
-                break;
-            if (*j->p == 'u') {
-                long cp = mj_hex4(j->p, j->end), lo = -1;
-                if (cp < 0)
-                    return mj_bad(j, "a bad \\u escape");
-                if (cp >= 0xDC00 && cp <= 0xDFFF)
-                    return mj_bad(j, "a lone low surrogate (\\uDC00..\\uDFFF) in a string");
-                if (cp >= 0xD800 && cp <= 0xDBFF) {
-                    if (j->p + 6 < j->end && j->p[5] == '\\' && j->p[6] == 'u')
-                        lo = mj_hex4(j->p + 6, j->end);
-                    if (lo < 0xDC00 || lo > 0xDFFF)
-                        return mj_bad(j, "a high surrogate (\\uD800..\\uDBFF) not followed by "
-                                      "a low one in a string");
-                    j->p += 6;
-                }
-                j->p += 4;
-            } else if (!*j->p || !strchr("\"\\/bfnrt", *j->p)) {
-                return mj_bad(j, "a bad escape");
-            }
-        }
-        j->p++;
-    }
-    if (j->p >= j->end)
-        return mj_bad(j, "truncated inside a string");
-    *s = start;
-    *n = (size_t)(j->p - start);
-    j->p++;
-    return 0;
-}
-
-/* A number; *is_int and *v when it is an integer that fits int64. */
-static int mj_number(mj *j, int *is_int, int64_t *v)
-{
-    int neg = 0, digits = 0, over = 0;
-    uint64_t x = 0;
-    if (j->p < j->end && *j->p == '-')
-        neg = 1, j->p++;
-    if (j->p < j->end && *j->p == '0') {
-        j->p++, digits = 1;
-    } else {
-        while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
-            over |= x > (UINT64_C(1) << 62);
-            x = x * 10 + (uint64_t)(*j->p++ - '0');
-            digits++;
-        }
-    }
-    if (!digits)
-        return mj_bad(j, "a value was expected");
-    *is_int = !over;
-    if (j->p < j->end && *j->p == '.') {
-        j->p++, *is_int = 0;
-        if (j->p >= j->end || *j->p < '0' || *j->p > '9')
-            return mj_bad(j, "a bad number");
-        while (j->p < j->end && *j->p >= '0' && *j->p <= '9')
-            j->p++;
-    }
-    if (j->p < j->end && (*j->p == 'e' || *j->p == 'E')) {
-        j->p++, *is_int = 0;
-        if (j->p < j->end && (*j->p == '+' || *j->p == '-'))
-            j->p++;
-        if (j->p >= j->end || *j->p < '0' || *j->p > '9')
-            return mj_bad(j, "a bad number");
-        while (j->p < j->end && *j->p >= '0' && *j->p <= '9')
-            j->p++;
-    }
-    *v = neg ? -(int64_t)x : (int64_t)x;
-    return 0;
-}
-
-static int mj_lit(mj *j, const char *lit)
-{
-    size_t n = strlen(lit);
-    if ((size_t)(j->end - j->p) < n || memcmp(j->p, lit, n) != 0)
-        return mj_bad(j, (size_t)(j->end - j->p) < n ? "truncated" : "a value was expected");
-    j->p += n;
-    return 0;
-}
-
-/* Any value (checked, skipped). */
-static int mj_skip(mj *j, int depth)
-{
-    const unsigned char *s;
-    size_t n;
-    int is_int;
-    int64_t v;
-    mj_ws(j);
-    if (j->p >= j->end)
-        return mj_bad(j, "truncated");
-    switch (*j->p) {
-    case '"':
-        return mj_string(j, &s, &n);
-    case 't':
-        return mj_lit(j, "true");
-    case 'f':
-        return mj_lit(j, "false");
-    case 'n':
-        return mj_lit(j, "null");
-    case '{':
-    case '[': {
-        const unsigned char close = *j->p == '{' ? '}' : ']';
-        const int obj = close == '}';
-        if (depth >= MJ_MAX_DEPTH)
-            return mj_bad(j, "nested too deeply");
-        j->p++;
-        mj_ws(j);
-        if (j->p < j->end && *j->p == close) {
-            j->p++;
-            return 0;
-        }
-        for (;;) {
-            int rc;
-            mj_ws(j);
-            if (obj) {
-                if ((rc = mj_string(j, &s, &n)))
-                    return rc;
-                mj_ws(j);
-                if (j->p >= j->end || *j->p != ':')
-                    return mj_bad(j, j->p >= j->end ? "truncated" : "':' was expected");
-                j->p++;
-            }
-            if ((rc = mj_skip(j, depth + 1)))
-                return rc;
-            mj_ws(j);
-            if (j->p >= j->end)
-                return mj_bad(j, "truncated");
-            if (*j->p == close) {
-                j->p++;
-                return 0;
-            }
-            if (*j->p != ',')
-                return mj_bad(j, "',' or the end of a container was expected");
-            j->p++;
-        }
-    }
-    default:
-        return mj_number(j, &is_int, &v);
-    }
-}
-
-static int key_is(const unsigned char *s, size_t n, const char *k)
-{
-    return n == strlen(k) && memcmp(s, k, n) == 0;
-}
-
-/* A string value into out (cap bytes, NUL-terminated); EFORMAT if not a plain one. */
-static int mj_field_str(mj *j, const char *key, char *out, size_t cap)
-{
-    const unsigned char *s;
-    size_t n;
-    mj_ws(j);
+    st_json_ws(j);
     if (j->p >= j->end || *j->p != '"')
         return st_fail(STRATA_EFORMAT, "Megatron %s: \"%s\" is not a string", j->file, key);
-    int rc = mj_string(j, &s, &n);
+    int rc = st_json_string(j, key);
     if (rc)
         return rc;
-    if (n >= cap || memchr(s, '\\', n))
-        return st_fail(STRATA_ENOTSUP, "Megatron %s: %s '%.*s' is not one strata reads "
-                       "(it reads torch_dist checkpoints)", j->file, key, (int)(n > 64 ? 64 : n),
-                       (const char *)s);
-    memcpy(out, s, n);
-    out[n] = 0;
+    if (j->slen >= cap || memchr(j->str, 0, j->slen)) {
+        char show[72];
+        return st_fail(STRATA_ENOTSUP, "Megatron %s: %s '%s' is not one strata reads (it "
+                       "reads torch_dist checkpoints)", j->file, key,
+                       st_json_show(j->str, j->slen, show));
+    }
+    memcpy(out, j->str, j->slen + 1);
+    return 0;
+}
+
+/* One member of the top-level object: its key just read. */
+static int member(st_json *j, st_mg_config *out, int *seen_sb, int *seen_sv, int *seen_cb)
+{
+    if (st_json_is(j, "sharded_backend")) {
+        *seen_sb = 1;
+        return field_str(j, "sharded_backend", out->sharded_backend,
+                         sizeof out->sharded_backend);
+    }
+    if (st_json_is(j, "common_backend")) {
+        *seen_cb = 1;
+        return field_str(j, "common_backend", out->common_backend, sizeof out->common_backend);
+    }
+    if (st_json_is(j, "sharded_backend_version")) {
+        int is_int = 0;
+        *seen_sv = 1;
+        int rc = st_json_number(j, &is_int, &out->sharded_backend_version,
+                                "sharded_backend_version");
+        if (!rc && !is_int)
+            rc = st_fail(STRATA_EFORMAT, "Megatron %s: sharded_backend_version is not an "
+                         "integer", j->file);
+        return rc;
+    }
+    return st_json_skip(j, 2);
+}
+
+static int parse_config(st_json *j, st_mg_config *out)
+{
+    int rc, seen_sb = 0, seen_sv = 0, seen_cb = 0;
+    /* keys seen, for duplicates: their bytes as written */
+    const unsigned char *keys[256];
+    size_t klen[256], nkeys = 0;
+    if ((rc = st_json_expect(j, '{', "to open the object")))
+        return rc;
+    if (!st_json_eat(j, '}')) {
+        do {
+            if ((rc = st_json_string(j, "a key")))
+                return rc;
+            for (size_t i = 0; i < nkeys; i++)
+                if (klen[i] == j->rawlen && memcmp(keys[i], j->raw, j->rawlen) == 0) {
+                    char show[72];
+                    return st_fail(STRATA_EFORMAT, "Megatron %s: key \"%s\" is there twice",
+                                   j->file, st_json_show(j->str, j->slen, show));
+                }
+            if (nkeys == 256)
+                return st_json_fail(j, "over 256 keys");
+            keys[nkeys] = j->raw, klen[nkeys++] = j->rawlen;
+            if ((rc = st_json_expect(j, ':', "after a key")) ||
+                (rc = member(j, out, &seen_sb, &seen_sv, &seen_cb)))
+                return rc;
+        } while (st_json_eat(j, ','));
+        if ((rc = st_json_expect(j, '}', "to close the object")))
+            return rc;
+    }
+    st_json_ws(j);
+    if (j->p != j->end)
+        return st_json_fail(j, "something follows the JSON object");
+    if (!seen_sb)
+        return st_fail(STRATA_EFORMAT, "Megatron %s: no \"sharded_backend\"", j->file);
+    if (strcmp(out->sharded_backend, "torch_dist") != 0)
+        return st_fail(STRATA_ENOTSUP, "Megatron %s: sharded_backend '%s' is not one strata "
+                       "reads (it reads torch_dist checkpoints)", j->file, out->sharded_backend);
+    if (seen_sv && out->sharded_backend_version != 1)
+        return st_fail(STRATA_ENOTSUP, "Megatron %s: torch_dist version %lld is not one strata "
+                       "reads (it reads version 1)", j->file,
+                       (long long)out->sharded_backend_version);
+    if (seen_cb && strcmp(out->common_backend, "torch") != 0)
+        return st_fail(STRATA_ENOTSUP, "Megatron %s: common_backend '%s' is not one strata "
+                       "reads (it reads torch)", j->file, out->common_backend);
     return 0;
 }
 
@@ -223,87 +107,12 @@ int st_mg_parse_config(st_mg_config *out, const unsigned char *b, size_t n, cons
 {
     memset(out, 0, sizeof *out);
     out->sharded_backend_version = -1;
-    mj j = {b, b + n, b, file};
-    int rc, seen_sb = 0, seen_sv = 0, seen_cb = 0;
-    mj_ws(&j);
-    if (j.p >= j.end || *j.p != '{')
-        return mj_bad(&j, j.p >= j.end ? "empty, not a JSON object" : "not a JSON object");
-    j.p++;
-    mj_ws(&j);
-    /* keys seen, for duplicates: the raw bytes of each (at most n / 3 of them) */
-    const unsigned char *keys[256];
-    size_t klen[256], nkeys = 0;
-    if (j.p < j.end && *j.p == '}') {
-        j.p++;
-    } else {
-        for (;;) {
-            const unsigned char *k;
-            size_t kn;
-            mj_ws(&j);
-            if ((rc = mj_string(&j, &k, &kn)))
-                return rc;
-            for (size_t i = 0; i < nkeys; i++)
-                if (klen[i] == kn && memcmp(keys[i], k, kn) == 0)
-                    return st_fail(STRATA_EFORMAT, "Megatron %s: key \"%.*s\" is there twice",
-                                   file, (int)(kn > 64 ? 64 : kn), (const char *)k);
-            if (nkeys == 256)
-                return mj_bad(&j, "over 256 keys");
-            keys[nkeys] = k, klen[nkeys++] = kn;
-            mj_ws(&j);
-            if (j.p >= j.end || *j.p != ':')
-                return mj_bad(&j, j.p >= j.end ? "truncated" : "':' was expected");
-            j.p++;
-            mj_ws(&j);
-            if (key_is(k, kn, "sharded_backend")) {
-                seen_sb = 1;
-                rc = mj_field_str(&j, "sharded_backend", out->sharded_backend,
-                                  sizeof out->sharded_backend);
-            } else if (key_is(k, kn, "common_backend")) {
-                seen_cb = 1;
-                rc = mj_field_str(&j, "common_backend", out->common_backend,
-                                  sizeof out->common_backend);
-            } else if (key_is(k, kn, "sharded_backend_version")) {
-                int is_int = 0;
-                seen_sv = 1;
-                rc = j.p < j.end && (*j.p == '-' || (*j.p >= '0' && *j.p <= '9'))
-                         ? mj_number(&j, &is_int, &out->sharded_backend_version)
-                         : mj_bad(&j, "sharded_backend_version is not a number");
-                if (!rc && !is_int)
-                    rc = st_fail(STRATA_EFORMAT, "Megatron %s: sharded_backend_version is not an "
-                                 "integer", file);
-            } else {
-                rc = mj_skip(&j, 1);
-            }
-            if (rc)
-                return rc;
-            mj_ws(&j);
-            if (j.p >= j.end)
-                return mj_bad(&j, "truncated");
-            if (*j.p == '}') {
-                j.p++;
-                break;
-            }
-            if (*j.p != ',')
-                return mj_bad(&j, "',' or '}' was expected");
-            j.p++;
-        }
-    }
-    mj_ws(&j);
-    if (j.p != j.end)
-        return mj_bad(&j, "something follows the JSON object");
-    if (!seen_sb)
-        return st_fail(STRATA_EFORMAT, "Megatron %s: no \"sharded_backend\"", file);
-    if (strcmp(out->sharded_backend, "torch_dist") != 0)
-        return st_fail(STRATA_ENOTSUP, "Megatron %s: sharded_backend '%s' is not one strata "
-                       "reads (it reads torch_dist checkpoints)", file, out->sharded_backend);
-    if (seen_sv && out->sharded_backend_version != 1)
-        return st_fail(STRATA_ENOTSUP, "Megatron %s: torch_dist version %lld is not one strata "
-                       "reads (it reads version 1)", file,
-                       (long long)out->sharded_backend_version);
-    if (seen_cb && strcmp(out->common_backend, "torch") != 0)
-        return st_fail(STRATA_ENOTSUP, "Megatron %s: common_backend '%s' is not one strata "
-                       "reads (it reads torch)", file, out->common_backend);
-    return 0;
+    st_json j;
+    int rc = st_json_init(&j, b, n, file, "Megatron metadata.json");
+    if (!rc)
+        rc = parse_config(&j, out);
+    st_json_free(&j);
+    return rc;
 }
 
 /* ---- legacy N-D flattened tensors ------------------------------------------------------ */
