@@ -11,7 +11,7 @@
  * Inputs that start with "OVLP" instead describe, compactly, a large crafted shard set of
  * one tensor (fm_overlap_gen: up to 16,384 shards from a few bytes), to hunt for inputs on
  * which the overlap check is wrong or slow: its answer is held to a brute-force one, and
- * its work (st_meta_overlap_work) to a near-linear bound, so a superlinear case aborts
+ * its work (st_overlap_work) to a near-linear bound, so a superlinear case aborts
  * here even where it would not yet hit libFuzzer's -timeout. */
 #include <stdint.h>
 #include <stdio.h>
@@ -20,6 +20,7 @@
 
 #include "core/checksum.h"
 #include "core/geom.h"
+#include "core/overlap.h"
 #include "meta/checks.h"
 #include "meta/meta.h"
 
@@ -199,7 +200,7 @@ static void fm_overlap_gen(const uint8_t *data, size_t size)
             }
     }
     int rc = st_meta_check_overlap(&t);
-    uint64_t work = st_meta_overlap_work();
+    uint64_t work = st_overlap_work();
     if (rc == STRATA_ENOMEM)
         return;
     if (rc != 0 && rc != STRATA_EOVERLAP)

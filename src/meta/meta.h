@@ -170,11 +170,9 @@ int st_meta_decode_foreign(st_meta **out, const unsigned char *buf, size_t len);
 int st_meta_decode_unchecked(st_meta **out, const unsigned char *buf, size_t len);
 void st_meta_free(st_meta *m);
 /* Checks the shards of one tensor for overlap; STRATA_EOVERLAP naming the pair. Exact,
- * and near-linear in the number of shards on every input (DESIGN.md, Save). */
+ * and near-linear in the number of shards on every input: the search is core's
+ * (st_overlap_find, core/overlap.h; its work counter st_overlap_work). */
 int st_meta_check_overlap(const st_mtensor *t);
-/* Work units (boxes visited) of this thread's last st_meta_check_overlap: for tests and
- * fuzzing, which hold it to a near-linear bound. */
-uint64_t st_meta_overlap_work(void);
 /* Is `name` a plain file name (no '/', not "." or "..", no control characters)? */
 int st_plain_name(const char *name, size_t len);
 
