@@ -47,7 +47,7 @@ for d in LIB_DIRS:
 ext = Extension(
     "strata._strata",
     sources=sources,
-    include_dirs=["include", "src"],
+    include_dirs=["include"],  # the binding uses the public headers only
     depends=sorted(
         glob.glob("include/*.h") + glob.glob("src/*/*.h") + glob.glob("python/strata/*.h")
     ),

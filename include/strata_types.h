@@ -12,7 +12,7 @@ extern "C" {
 #endif
 
 #define STRATA_VERSION_MAJOR 0
-#define STRATA_VERSION_MINOR 2
+#define STRATA_VERSION_MINOR 3
 
 /* ---- errors ---------------------------------------------------------------------------- */
 

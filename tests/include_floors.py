@@ -8,7 +8,8 @@ Layers). The floors, from the ground up:
     4 cli, mpi                  (and strata_mpi.h)
 
 A file under src/X/ may include (#include "...") only headers of its own floor and those
-below. Prints each upward include and exits 1; 0 when there is none.
+below; the Python extension (python/strata/*.c) only the public headers and its own. Prints
+each upward include and exits 1; 0 when there is none.
 Usage: python3 tests/include_floors.py [ROOT]"""
 import glob
 import os
@@ -45,6 +46,11 @@ for f in sorted(glob.glob(os.path.join(src, "*", "*.[ch]"))):
         if fl is not None and fl > mine:
             bad.append("%s includes \"%s\" (floor %d above its own, %d)"
                        % (os.path.relpath(f, root), h, fl, mine))
+for f in sorted(glob.glob(os.path.join(root, "python", "strata", "*.c"))):
+    for h in INCLUDE.findall(open(f, encoding="utf-8").read()):
+        if h not in PUBLIC and not os.path.exists(os.path.join(os.path.dirname(f), h)):
+            bad.append("%s includes \"%s\": the extension uses the public headers only"
+                       % (os.path.relpath(f, root), h))
 for b in bad:
     print("upward include:", b)
 sys.exit(1 if bad else 0)

@@ -394,8 +394,8 @@ int st_dir_adopt(st_dir *d, const char *uri, const unsigned char *desc, size_t l
                  uint32_t source);
 /* The directory behind a public handle. */
 const st_dir *st_ckpt_dir(const strata_ckpt *ck);
-/* Counts (and with unlink = 1 removes) strata's regular files in dir; anything else
- * (other names, symlinks, directories) counts as foreign and is never touched. */
+/* Counts (and with unlink = 1 removes) strata's regular files in dir (own.c); anything
+ * else (other names, symlinks, directories) counts as foreign and is never touched. */
 int st_scan_dir(const st_vfs *v, const char *dir, int unlink, int *strata, int *foreign,
                 uint64_t *bytes);
 /* Removes strata's regular files in dir but its LOCK and the data files of keep. */
