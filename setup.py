@@ -1,6 +1,6 @@
 """Builds strata._strata: python/strata/_strata*.c (the binding, a C file per concept sharing
 the internal _strata.h) plus every C file of libstrata (carried statically: src/core, io,
-meta, plan, comm, engine; not the command, not MPI). The metadata is in pyproject.toml;
+meta, plan, comm, source, engine; not the command, not MPI). The metadata is in pyproject.toml;
 `pip install .` from the repository root."""
 import glob
 import os
@@ -12,7 +12,7 @@ from setuptools import Extension, setup
 HERE = os.path.dirname(os.path.abspath(__file__))
 os.chdir(HERE)  # setuptools wants source paths relative to the project root
 
-LIB_DIRS = ("core", "io", "meta", "plan", "comm", "engine")
+LIB_DIRS = ("core", "io", "meta", "plan", "comm", "source", "engine")
 
 
 def version():
@@ -47,7 +47,7 @@ for d in LIB_DIRS:
 ext = Extension(
     "strata._strata",
     sources=sources,
-    include_dirs=["include", "src"],
+    include_dirs=["include"],  # the binding uses the public headers only
     depends=sorted(
         glob.glob("include/*.h") + glob.glob("src/*/*.h") + glob.glob("python/strata/*.h")
     ),

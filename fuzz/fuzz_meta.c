@@ -11,7 +11,7 @@
  * Inputs that start with "OVLP" instead describe, compactly, a large crafted shard set of
  * one tensor (fm_overlap_gen: up to 16,384 shards from a few bytes), to hunt for inputs on
  * which the overlap check is wrong or slow: its answer is held to a brute-force one, and
- * its work (st_meta_overlap_work) to a near-linear bound, so a superlinear case aborts
+ * its work (st_overlap_work) to a near-linear bound, so a superlinear case aborts
  * here even where it would not yet hit libFuzzer's -timeout. */
 #include <stdint.h>
 #include <stdio.h>
@@ -20,6 +20,7 @@
 
 #include "core/checksum.h"
 #include "core/geom.h"
+#include "core/overlap.h"
 #include "meta/checks.h"
 #include "meta/meta.h"
 
@@ -199,7 +200,7 @@ static void fm_overlap_gen(const uint8_t *data, size_t size)
             }
     }
     int rc = st_meta_check_overlap(&t);
-    uint64_t work = st_meta_overlap_work();
+    uint64_t work = st_overlap_work();
     if (rc == STRATA_ENOMEM)
         return;
     if (rc != 0 && rc != STRATA_EOVERLAP)
@@ -304,7 +305,7 @@ static void fm_check(const st_meta *m)
         const st_mcheck *c = &m->checks[i], *p = i ? &m->checks[i - 1] : NULL;
         size_t nl = strlen(c->name);
         if (c->file >= m->nfiles || c->bytes == 0 || c->offset > m->files[c->file].bytes ||
-            c->bytes > m->files[c->file].bytes - c->offset || nl < 1 || nl > ST_ZIP_MAX_NAME)
+            c->bytes > m->files[c->file].bytes - c->offset || nl < 1 || nl > ST_CHECK_MAX_NAME)
             FM_FAIL("check range %zu outside its file (or a bad name) accepted", i);
         if (p && (p->file > c->file || (p->file == c->file && p->offset + p->bytes > c->offset)))
             FM_FAIL("check ranges %zu and %zu out of order or overlapping accepted", i - 1, i);

@@ -1,4 +1,4 @@
-/* fuzz_torchsave.c - libFuzzer target for the torch.save interpreter (src/meta/torchsave.c):
+/* fuzz_torchsave.c - libFuzzer target for the torch.save interpreter (src/source/torchsave.c):
  * the zip, data.pkl and the tensors of its pickle placed in their storages.
  *
  * The input is the archive, read through a callback that refuses reads past its end (the
@@ -23,7 +23,7 @@
 #include <string.h>
 
 #include "meta/checks.h"
-#include "meta/torchsave.h"
+#include "source/torchsave.h"
 #include "strata_types.h"
 #include "fuzz_mem.h"
 

@@ -1,4 +1,4 @@
-/* fuzz_zero.c - libFuzzer target for the DeepSpeed ZeRO reader (src/meta/zero.c): the files
+/* fuzz_zero.c - libFuzzer target for the DeepSpeed ZeRO reader (src/source/zero.c): the files
  * of one tag directory, their pickles interpreted into named full tensors of flat pieces.
  *
  * Input: "Z", the stage (a byte, taken modulo 3, plus 1), the data-parallel ranks (a byte,
@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "meta/zero.h"
+#include "source/zero.h"
 #include "strata_types.h"
 #include "fuzz_mem.h"
 

@@ -572,14 +572,7 @@ uint32_t strata_ckpt_chunk_bytes(const strata_ckpt *ck); /* 0: no checksums (saf
  * strata_ckpt_data_bytes for a full one); the rest lie in files linked from the base
  * (ref-<id>-<rank>.bin, docs/FORMAT.md). */
 const char *strata_ckpt_base(const strata_ckpt *ck, uint64_t *own_bytes);
-#define STRATA_FORMAT_STRATA 0
-#define STRATA_FORMAT_SAFETENSORS 1
-#define STRATA_FORMAT_DCP 2 /* PyTorch torch.distributed.checkpoint */
-#define STRATA_FORMAT_TORCH_SAVE 3 /* torch.save files, Hugging Face pytorch_model.bin */
-#define STRATA_FORMAT_MEGATRON 4 /* Megatron-Core torch_dist (DCP + metadata.json) */
-#define STRATA_FORMAT_DEEPSPEED 5 /* DeepSpeed ZeRO, its default engine's torch.save files */
-#define STRATA_FORMAT_STRATA_DEEPSPEED 6 /* a DeepSpeed tag saved through strata.deepspeed */
-int strata_ckpt_format(const strata_ckpt *ck); /* STRATA_FORMAT_* */
+int strata_ckpt_format(const strata_ckpt *ck); /* STRATA_FORMAT_* (strata_types.h) */
 /* The format's name: "strata", "safetensors", "dcp", "torch.save", "megatron", "deepspeed",
  * "strata.deepspeed". */
 const char *strata_ckpt_format_name(const strata_ckpt *ck);
@@ -839,6 +832,95 @@ int strata_export_safetensors(strata_stats *stats, const char *ckpt_uri, const c
  * directories removed. Errors: STRATA_ENOENT (no such directory), STRATA_ESCHEME,
  * STRATA_EIO, STRATA_ENOMEM. */
 int strata_remove_export_staging(int *removed, const char *dir_uri);
+
+/* ---- restricted pickles: values read without executing pickle ------------------------- */
+
+/* strata reads pickles (a torch.save archive's data.pkl, a DCP item, Megatron's common.pt)
+ * with its own bounded reader, which builds plain values and never calls anything: only an
+ * allow-list of globals (torch dtypes and storage types, the tensor rebuild functions,
+ * collections.OrderedDict, io.BytesIO, DCP's and DeepSpeed's metadata classes) may appear,
+ * and only those the list allows may be called - each call a tagged value for the reader to
+ * interpret, never run (docs/FORMAT.md, "Reading pickle and zip"). These calls give it to a
+ * caller that builds its own values (the Python package builds Python objects from them).
+ * A strata_pickle is read-only once made and may be shared between threads. */
+typedef struct strata_pickle strata_pickle;             /* a parsed pickle */
+typedef struct strata_pickle_value strata_pickle_value; /* one of its values */
+
+#define STRATA_PICKLE_NONE 0
+#define STRATA_PICKLE_BOOL 1
+#define STRATA_PICKLE_INT 2    /* one that fits int64 */
+#define STRATA_PICKLE_BIGINT 3 /* a larger one: its bytes */
+#define STRATA_PICKLE_FLOAT 4
+#define STRATA_PICKLE_STR 5
+#define STRATA_PICKLE_BYTES 6
+#define STRATA_PICKLE_TUPLE 7   /* torch.Size too */
+#define STRATA_PICKLE_LIST 8
+#define STRATA_PICKLE_DICT 9    /* collections.OrderedDict too (ordered) */
+#define STRATA_PICKLE_GLOBAL 10 /* a global used as a value (torch.float32) */
+#define STRATA_PICKLE_TENSOR 11 /* a torch tensor or parameter: strata_pickle_tensor */
+#define STRATA_PICKLE_BYTES_IO 12 /* an io.BytesIO: its bytes and position */
+#define STRATA_PICKLE_OTHER 13  /* a call or persistent id strata does not interpret: why */
+
+/* What a value is (strata_pickle_get). Pointers live as long as the pickle. */
+typedef struct strata_pickle_value_info {
+    int kind;       /* STRATA_PICKLE_* */
+    int ordered;    /* DICT: a collections.OrderedDict */
+    int64_t i;      /* BOOL (0 or 1), INT; BYTES_IO: its position */
+    double f;       /* FLOAT */
+    const unsigned char *bytes; /* STR (valid UTF-8, NUL-terminated), BYTES, BIGINT (two's
+                                   complement, little-endian), BYTES_IO (its buffer) */
+    size_t len;     /* their bytes */
+    size_t n;       /* TUPLE, LIST: items; DICT: (key, value) pairs */
+    const char *module, *name; /* GLOBAL: the global; OTHER: the one called (NULL for a
+                                  persistent id) */
+    char why[256];  /* OTHER: what it is, for a message */
+} strata_pickle_value_info;
+
+/* Parses len bytes of pickle (protocols 2 to 5) into *out; name names it in messages (NULL:
+ * "pickle"). data is copied: it may go once the call returns. Free with strata_pickle_free.
+ * Errors: STRATA_EFORMAT (malformed, truncated, a global off the allow-list named as
+ * module.name, a call of one the list does not allow, a bound exceeded: nesting, size,
+ * memo, values), STRATA_ENOMEM; each naming name and the byte. */
+int strata_pickle_parse(strata_pickle **out, const void *data, size_t len, const char *name);
+/* Opens the torch.save archive (the zip format of torch >= 1.6) that is the len bytes at
+ * data: its data.pkl is parsed as by strata_pickle_parse, and its tensors are placed in its
+ * stored entries (strata_pickle_tensor gives their bytes). data is borrowed: it must live as
+ * long as *out. Errors: STRATA_EFORMAT, STRATA_ENOTSUP (legacy format, a compressed entry,
+ * big-endian data, a non-contiguous or complex tensor), STRATA_ECHECKSUM (data.pkl's
+ * CRC-32), STRATA_ENOMEM; each naming name (NULL: "torch.save archive"). */
+int strata_pickle_open_archive(strata_pickle **out, const void *data, size_t len,
+                               const char *name);
+void strata_pickle_free(strata_pickle *pk);
+
+/* The value the pickle returns (its STOP). Never NULL for an open pickle. */
+const strata_pickle_value *strata_pickle_root(const strata_pickle *pk);
+/* What v is (*out filled; never fails). A value referenced twice by the pickle (its memo) is
+ * one strata_pickle_value: compare pointers to share what it shares. */
+void strata_pickle_get(strata_pickle_value_info *out, const strata_pickle_value *v);
+/* Item i of a TUPLE or LIST (i < n); of a DICT, its pair i / 2: the key for an even i, the
+ * value for an odd one (i < 2 n). NULL for another kind or an index out of range. */
+const strata_pickle_value *strata_pickle_item(const strata_pickle_value *v, size_t i);
+/* A dict key as a part of a tensor's name, as strata.torch joins them ("layers.0.weight"):
+ * a str as it is, an int or bool in decimal, into buf (cap bytes, NUL-terminated). Its
+ * length, or -1 for a key that cannot name a tensor (another kind, a NUL inside, too long). */
+int strata_pickle_key(char *buf, size_t cap, const strata_pickle_value *key);
+
+/* A TENSOR value read by torch.save's rules: its dtype and shape and, in an archive, its
+ * bytes (a pointer into the archive's data; NULL and 0 for a bare pickle, whose bytes are
+ * elsewhere). */
+typedef struct strata_pickle_tensor_info {
+    strata_dtype dtype;
+    int ndim;
+    uint64_t shape[STRATA_MAX_DIMS];
+    const void *data;
+    uint64_t bytes;
+} strata_pickle_tensor_info;
+/* Reads the TENSOR value v of pk, named name (its keys joined with '.', strata_pickle_key; in
+ * an archive, the name its bytes are found by). Errors: STRATA_EINVAL (v is not a tensor),
+ * STRATA_EFORMAT (a malformed call; in an archive, no tensor of that name), STRATA_ENOTSUP
+ * (non-contiguous, complex); each naming name. */
+int strata_pickle_tensor(strata_pickle_tensor_info *out, const strata_pickle *pk,
+                         const strata_pickle_value *v, const char *name);
 
 #ifdef __cplusplus
 }

@@ -1,4 +1,4 @@
-/* test_torchsave.c - the torch.save source (src/engine/src_torchsave.c) through the public
+/* test_torchsave.c - the torch.save source (src/source/torchsave_src.c) through the public
  * API, on files written by torch.save (torch 2.13; the seeds of fuzz/corpus/fuzz_torchsave,
  * made by tests/python/test_torchsave.py's writer: see FUZZ below), so that it also runs
  * under ASan, UBSan and TSan: open, the tensors and their bytes, the blob, verify (the zip
@@ -6,9 +6,17 @@
  * one read and across reads, on three threads as ranks, an export; a byte flipped where
  * the request does not reach; STRATA_LOAD_SKIP_CRC). Runs from the repository root (or $STRATA_SRC_ROOT).
  *
+ * Also the restricted pickle reader's public entry (strata_pickle_*): an archive's values
+ * and tensors' bytes, a bare data.pkl's, the kinds it hands out, its refusals.
+ *
  * seed-valid-dtypes: {name: torch.arange(4).to(dtype)} for the 12 dtypes;
+ * seed-valid-values: {"w": a float32 tensor of 2, "step": 7, "cfg": {"lr": 0.1, "big": 2**90,
+ * "t": (1, "x", b"y", None, True), "od": OrderedDict(a=1), "size": torch.Size([2]),
+ * "dt": torch.float16}} (seed-pkl-valid-values: its data.pkl);
  * seed-valid-views: {"m": {"base": b, "rows": b[1:3], "row": b[2], "s": b[4, 1], "e":
  * b[2:2]}, "tied": [b, b], "p": Parameter(ones(2, 2))} with b a 5x3 float32 tensor. */
+#include <zlib.h>
+
 #include "testutil.h"
 #include "threadcomm.h"
 
@@ -381,6 +389,129 @@ static void test_refusals(void **state)
     refused(FUZZ "seed-reject-planted-global-eformat", STRATA_EFORMAT, "io.open");
 }
 
+/* The kind of v (strata_pickle_get), checked. */
+static strata_pickle_value_info kind_of(const strata_pickle_value *v, int kind)
+{
+    assert_non_null(v);
+    strata_pickle_value_info i;
+    strata_pickle_get(&i, v);
+    assert_int_equal(i.kind, kind);
+    return i;
+}
+
+/* The value of dict d at the key named key (by strata_pickle_key), checked to be there. */
+static const strata_pickle_value *at_key(const strata_pickle_value *d, const char *key)
+{
+    strata_pickle_value_info i = kind_of(d, STRATA_PICKLE_DICT);
+    char part[64];
+    for (size_t k = 0; k < i.n; k++)
+        if (strata_pickle_key(part, sizeof part, strata_pickle_item(d, 2 * k)) >= 0 &&
+            strcmp(part, key) == 0)
+            return strata_pickle_item(d, 2 * k + 1);
+    fail_msg("no key '%s'", key);
+    return NULL;
+}
+
+static void test_pickle_api(void **state)
+{
+    (void)state;
+    size_t len;
+    unsigned char *buf = tu_read_file(at(FUZZ "seed-valid-values"), &len);
+    strata_pickle *pk;
+    assert_ok(strata_pickle_open_archive(&pk, buf, len, "values.pt"));
+    const strata_pickle_value *root = strata_pickle_root(pk), *v, *cfg, *t;
+    assert_int_equal(kind_of(root, STRATA_PICKLE_DICT).n, 3);
+    /* the tensor: its dtype, shape, and its bytes in the archive (their zip CRC-32) */
+    v = at_key(root, "w");
+    kind_of(v, STRATA_PICKLE_TENSOR);
+    strata_pickle_tensor_info ti;
+    assert_ok(strata_pickle_tensor(&ti, pk, v, "w"));
+    assert_int_equal(ti.dtype, STRATA_F32);
+    assert_int_equal(ti.ndim, 1);
+    assert_int_equal(ti.shape[0], 2);
+    assert_int_equal(ti.bytes, 8);
+    assert_true((const unsigned char *)ti.data >= buf &&
+                (const unsigned char *)ti.data + 8 <= buf + len);
+    assert_int_equal(crc32(0, ti.data, 8), 3573961104u);
+    assert_rc(strata_pickle_tensor(&ti, pk, root, "root"), STRATA_EINVAL);
+    assert_msg_has("'root' is not a tensor");
+    assert_int_equal(kind_of(at_key(root, "step"), STRATA_PICKLE_INT).i, 7);
+    /* the values */
+    cfg = at_key(root, "cfg");
+    assert_int_equal(kind_of(cfg, STRATA_PICKLE_DICT).ordered, 0);
+    assert_true(kind_of(at_key(cfg, "lr"), STRATA_PICKLE_FLOAT).f == 0.1);
+    strata_pickle_value_info big = kind_of(at_key(cfg, "big"), STRATA_PICKLE_BIGINT);
+    assert_int_equal(big.len, 12); /* 2**90, little-endian */
+    assert_int_equal(big.bytes[11], 4);
+    t = at_key(cfg, "t");
+    assert_int_equal(kind_of(t, STRATA_PICKLE_TUPLE).n, 5);
+    assert_int_equal(kind_of(strata_pickle_item(t, 0), STRATA_PICKLE_INT).i, 1);
+    strata_pickle_value_info x = kind_of(strata_pickle_item(t, 1), STRATA_PICKLE_STR);
+    assert_true(x.len == 1 && strcmp((const char *)x.bytes, "x") == 0);
+    x = kind_of(strata_pickle_item(t, 2), STRATA_PICKLE_BYTES);
+    assert_true(x.len == 1 && x.bytes[0] == 'y');
+    kind_of(strata_pickle_item(t, 3), STRATA_PICKLE_NONE);
+    assert_int_equal(kind_of(strata_pickle_item(t, 4), STRATA_PICKLE_BOOL).i, 1);
+    assert_null(strata_pickle_item(t, 5));
+    assert_null(strata_pickle_item(strata_pickle_item(t, 0), 0));
+    v = at_key(cfg, "od");
+    assert_int_equal(kind_of(v, STRATA_PICKLE_DICT).ordered, 1);
+    assert_int_equal(kind_of(at_key(v, "a"), STRATA_PICKLE_INT).i, 1);
+    v = at_key(cfg, "size"); /* torch.Size([2]): a tuple */
+    assert_int_equal(kind_of(v, STRATA_PICKLE_TUPLE).n, 1);
+    assert_int_equal(kind_of(strata_pickle_item(v, 0), STRATA_PICKLE_INT).i, 2);
+    x = kind_of(at_key(cfg, "dt"), STRATA_PICKLE_GLOBAL);
+    assert_string_equal(x.module, "torch");
+    assert_string_equal(x.name, "float16");
+    char part[2];
+    assert_int_equal(strata_pickle_key(part, sizeof part, strata_pickle_item(cfg, 0)), -1);
+    strata_pickle_free(pk);
+    free(buf);
+
+    /* its data.pkl alone: the same values, a tensor without bytes */
+    buf = tu_read_file(at(FUZZ "seed-pkl-valid-values"), &len);
+    assert_ok(strata_pickle_parse(&pk, buf, len, NULL));
+    free(buf); /* copied */
+    assert_ok(strata_pickle_tensor(&ti, pk, at_key(strata_pickle_root(pk), "w"), "w"));
+    assert_true(ti.dtype == STRATA_F32 && ti.shape[0] == 2 && !ti.data && !ti.bytes);
+    assert_int_equal(kind_of(at_key(strata_pickle_root(pk), "step"), STRATA_PICKLE_INT).i, 7);
+    strata_pickle_free(pk);
+
+    /* a call strata does not interpret (a DCP Metadata) is OTHER, named */
+    buf = tu_read_file(at("fuzz/corpus/fuzz_dcp/seed-valid-single"), &len);
+    assert_ok(strata_pickle_parse(&pk, buf, len, ".metadata"));
+    x = kind_of(strata_pickle_root(pk), STRATA_PICKLE_OTHER);
+    assert_string_equal(x.name, "Metadata");
+    assert_non_null(strstr(x.why, "torch.distributed.checkpoint.metadata.Metadata"));
+    strata_pickle_free(pk);
+    free(buf);
+
+    /* refusals, each naming the input */
+    static const struct {
+        const char *seed;
+        int archive, rc;
+        const char *words;
+    } bad[] = {
+        {"seed-reject-planted-global-eformat", 1, STRATA_EFORMAT, "io.open"},
+        {"seed-pkl-reject-planted-global-eformat", 0, STRATA_EFORMAT, "io.open"},
+        {"seed-reject-legacy-eformat", 1, STRATA_EFORMAT, "in.pt"},
+        {"seed-reject-compressed-enotsup", 1, STRATA_ENOTSUP, "compressed"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char path[256];
+        snprintf(path, sizeof path, FUZZ "%s", bad[i].seed);
+        buf = tu_read_file(at(path), &len);
+        pk = (strata_pickle *)1;
+        assert_rc(bad[i].archive ? strata_pickle_open_archive(&pk, buf, len, "in.pt")
+                                 : strata_pickle_parse(&pk, buf, len, "in.pt"),
+                  bad[i].rc);
+        assert_null(pk);
+        assert_msg_has(bad[i].words);
+        assert_msg_has("in.pt");
+        free(buf);
+    }
+}
+
 int main(void)
 {
     const char *r = getenv("STRATA_SRC_ROOT");
@@ -393,6 +524,7 @@ int main(void)
         cmocka_unit_test(test_loads_check_the_crc),
         cmocka_unit_test(test_export_checks_the_crc),
         cmocka_unit_test(test_ranks_all_fail),
+        cmocka_unit_test(test_pickle_api),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,7 +15,6 @@
 #include "../core/util.h"
 #include "../io/vfs.h"
 #include "engine.h"
-#include "source.h"
 
 #define COPY_THREADS 4
 
@@ -293,9 +292,9 @@ int strata_copy_ext(strata_stats *stats, const char *src_uri, const char *dst_ur
     st_dir d;
     if ((rc = st_dir_open(&d, src_uri, 0)))
         return rc;
-    if (d.src || d.meta->foreign) {
+    if (d.src != &st_source_strata || d.meta->foreign) {
         rc = st_fail(STRATA_ENOTSUP, "strata_copy: '%s' is a %s checkpoint: only strata's own "
-                     "are copied (export or load it instead)", src_uri, d.src ? d.src->name : "foreign");
+                     "are copied (export or load it instead)", src_uri, d.src->name);
         st_dir_close(&d);
         return rc;
     }

@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include "../core/crc32.h"
 #include "../core/error.h"
-#include "source.h"
+#include "engine.h"
 
 /* A run of bytes [lo, hi) of an entry and its CRC-32. */
 typedef struct {
@@ -69,7 +69,7 @@ static int mismatch(const st_dir *d, uint32_t check, uint32_t got)
                    "its CRC-32 (read %08x, the archive says %08x): the file is corrupt",
                    who, c->name, (unsigned long long)c->offset,
                    (unsigned long long)(c->offset + c->bytes),
-                   d->src ? d->src->name : "foreign", d->meta->files[c->file].name, d->path,
+                   d->src->name, d->meta->files[c->file].name, d->path,
                    (unsigned)got, (unsigned)c->crc);
 }
 
@@ -150,7 +150,7 @@ int st_crc_take(st_crc_run *r, const st_dir *d, size_t io, const char *buf, uint
         if (at + (c->hi - c->lo) > got) {
             rc = st_fail(STRATA_EFORMAT, "%s file '%s' of '%s' is truncated: it ends at byte "
                          "%llu, inside zip entry '%.300s' (bytes %llu..%llu)",
-                         d->src ? d->src->name : "foreign", m->files[k->file].name, d->path,
+                         d->src->name, m->files[k->file].name, d->path,
                          (unsigned long long)(rd->off + got), k->name,
                          (unsigned long long)k->offset,
                          (unsigned long long)(k->offset + k->bytes));
@@ -362,7 +362,7 @@ static int read_crc(const st_dir *d, st_file *f, const st_mcheck *c, uint64_t lo
                            d->meta->files[c->file].name, d->path, strerror((int)-got));
         if ((size_t)got != n)
             return st_fail(STRATA_EFORMAT, "%s file '%s' of '%s' is truncated inside zip entry "
-                           "'%.300s'", d->src ? d->src->name : "foreign",
+                           "'%.300s'", d->src->name,
                            d->meta->files[c->file].name, d->path, c->name);
         x = st_crc32(x, buf, n);
         at += n;
@@ -382,7 +382,7 @@ static int open_checked(const st_dir *d, uint32_t fi, st_file **f)
     int e = d->vfs->open(d->vfs, path, ST_O_READ | ST_O_FOLLOW, f);
     if (e)
         return st_fail(st_from_errno(-e), "%s file '%s' of '%s': %s",
-                       d->src ? d->src->name : "foreign", m->files[fi].name, d->path,
+                       d->src->name, m->files[fi].name, d->path,
                        strerror(-e));
     if (m->idents && (rc = st_check_same_file(d, &m->files[fi], &m->idents[fi], *f))) {
         d->vfs->close(*f);

@@ -10,7 +10,6 @@
 #include "../core/error.h"
 #include "../io/pool.h"
 #include "dist.h"
-#include "source.h"
 
 /* Rank 0's I/O settings, every rank's: they size the reads of the one global plan, the
  * rounds (reads per rank per round) and each rank's slot in the node's segment, so ranks

@@ -8,6 +8,7 @@
 #include "../io/vfs.h"
 #include "../meta/meta.h"
 #include "../plan/plan.h"
+#include "../source/source.h"
 #include "strata.h"
 
 struct strata_state {
@@ -93,7 +94,8 @@ void st_committer_drain(st_committer *q);
 int st_save_dist_start(strata_handle **out, strata_comm *comm, st_plan_cache **cache,
                        const char *const *uris, int ntiers, strata_state *local,
                        const strata_save_opts *o, strata_pool **pool, st_committer *q, int bg);
-typedef struct st_dir st_dir; /* an opened checkpoint directory, below */
+/* An opened checkpoint: the index its source read (src/source/source.h). */
+typedef st_index st_dir;
 typedef struct st_crc_run st_crc_run;       /* a load's CRC-32 checks, below */
 typedef struct st_crc_ledger st_crc_ledger; /* a loader's checks across its loads, below */
 
@@ -372,61 +374,28 @@ int st_async_start(strata_handle **out, st_save_plan *sp, const strata_save_opts
                    strata_pool **pool, const st_commit_ops *ops, void *ctx, int failed,
                    st_committer *q, int bg);
 
-typedef struct st_source st_source; /* source.h */
-
-/* An opened checkpoint directory. */
-struct st_dir {
-    const st_vfs *vfs;
-    const st_source *src; /* another format's reader (source.h); NULL: strata's own */
-    char path[PATH_MAX];  /* the directory read (a DeepSpeed save_dir's tag, ...) */
-    char tag[256];        /* a DeepSpeed save_dir's: the tag its `latest` named; "" */
-    st_meta *meta;
-    int committed;
-    int incomplete_ok; /* for a source's open: the caller takes an incomplete checkpoint */
-    st_commit commit;
-};
-
 /* The public read-only view of an opened directory (ckpt.c; a loader holds one). */
 struct strata_ckpt {
     st_dir d;
 };
 
-/* Joins dir and a plain name into out (PATH_MAX). STRATA_EINVAL if too long. */
-int st_path_join(char *out, const char *dir, const char *name);
-/* Opens uri: reads and validates the commit record and metadata. allow_incomplete lets
- * a checkpoint without a (valid) commit record through if its metadata decodes. */
+/* Opens uri: finds the source that reads what is there (strata's own included) and opens
+ * it; when none claims it, fails saying what it is (st_survey). allow_incomplete lets a
+ * strata checkpoint without a (valid) commit record through if its metadata decodes. */
 int st_dir_open(st_dir *d, const char *uri, int allow_incomplete);
 void st_dir_close(st_dir *d);
-/* st_dir_open that also returns the raw metadata bytes (malloc'd) for broadcasting. */
+/* st_dir_open that also returns the source's description (malloc'd) for broadcasting. */
 int st_dir_open_raw(st_dir *d, const char *uri, int allow_incomplete, unsigned char **raw,
                     size_t *rawlen);
-/* Reads strata's own commit record and metadata at d->path (d->vfs set): what
- * st_dir_open does once no source claimed the directory; also for a source whose files are
- * a strata checkpoint (a strata.deepspeed tag). survey: a directory without a commit record
- * or strata's files is told apart (st_survey) rather than called incomplete. */
-int st_dir_read_own(st_dir *d, int allow_incomplete, int survey, unsigned char **raw,
-                    size_t *rawlen);
-/* Takes strata's own metadata that another rank read, with its commit record c (d->path
- * set): decoded and checked against c. */
-int st_dir_parse_own(st_dir *d, const st_commit *c, const unsigned char *meta, size_t mlen);
-/* A committed checkpoint opened elsewhere: decodes and checks metadata received from the
- * rank that read it; source: st_source_id of the source that read it (0: strata's own,
- * with commit record c; else meta is that source's description). */
-int st_dir_adopt(st_dir *d, const char *uri, const st_commit *c, const unsigned char *meta,
-                 size_t mlen, uint32_t source);
-/* What is at path (stat kind `kind`), which has no commit record (survey.c): 0 when it is a
- * directory holding strata's files (an incomplete strata checkpoint); else fails saying
- * what it is instead: STRATA_EFORMAT naming a format strata cannot read yet (PyTorch DCP,
- * Megatron torch_dist, DeepSpeed, torch.save), STRATA_ENOENT for a directory of checkpoints
- * (naming one), an empty or unrelated directory, or a file that is none of these. */
-int st_survey(const st_vfs *v, const char *path, int kind);
+/* A committed checkpoint opened elsewhere: builds the index from the description the rank
+ * that opened it made, without I/O (but a source's own: a safetensors or torch.save path
+ * is looked at to tell a file from a directory); source: st_source_id of its source. */
+int st_dir_adopt(st_dir *d, const char *uri, const unsigned char *desc, size_t len,
+                 uint32_t source);
 /* The directory behind a public handle. */
 const st_dir *st_ckpt_dir(const strata_ckpt *ck);
-/* Is name a file strata writes into a checkpoint directory? (files.c, with st_path_join
- * and st_scan_dir) */
-int st_is_strata_file(const char *name);
-/* Counts (and with unlink = 1 removes) strata's regular files in dir; anything else
- * (other names, symlinks, directories) counts as foreign and is never touched. */
+/* Counts (and with unlink = 1 removes) strata's regular files in dir (own.c); anything
+ * else (other names, symlinks, directories) counts as foreign and is never touched. */
 int st_scan_dir(const st_vfs *v, const char *dir, int unlink, int *strata, int *foreign,
                 uint64_t *bytes);
 /* Removes strata's regular files in dir but its LOCK and the data files of keep. */

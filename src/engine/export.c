@@ -31,7 +31,7 @@
 #include "../core/error.h"
 #include "../core/utf8.h"
 #include "../io/vfs.h"
-#include "../meta/safetensors.h"
+#include "../source/safetensors.h"
 #include "engine.h"
 #include "export_dir.h"
 

@@ -18,7 +18,7 @@
 #include "../core/checksum.h"
 #include "../core/error.h"
 #include "../io/pool.h"
-#include "source.h"
+#include "engine.h"
 
 /* One base data file linked into the new checkpoint. */
 typedef struct {
@@ -442,7 +442,7 @@ int st_incr_open_base(st_dir *bd, uint64_t *id, const st_dests *d, const char *b
                 break;
             continue;
         }
-        if (b->src) /* safetensors, DCP, ...: a strata checkpoint's base is strata's */
+        if (b->src != &st_source_strata) /* safetensors, DCP, ...: a base is strata's own */
             rc = st_fail(STRATA_EINVAL, "base '%s' is a %s checkpoint: an incremental save's "
                          "base must be a strata checkpoint", p, b->src->name);
         else if (t > 0 && o.commit.save_id != bd->commit.save_id)

@@ -7,7 +7,6 @@
 #include "../core/error.h"
 #include "../io/pool.h"
 #include "dist.h"
-#include "source.h"
 
 
 void st_load_cache_clear(st_load_cache *c)
@@ -103,7 +102,7 @@ int strata_ckpt_verify(const strata_ckpt *ck, strata_verify_cb report, void *ctx
 {
     st_clear_error();
     const st_dir *d = st_ckpt_dir(ck);
-    if (d->src && d->src->verify)
+    if (d->src->verify)
         return d->src->verify(d, report ? report : ignore_report, ctx);
     st_io_plan p;
     int rc = st_plan_verify_all(&p, d->meta, ST_DEFAULT_MAX_IO);

@@ -10,7 +10,6 @@
 
 #include "../core/error.h"
 #include "dist.h"
-#include "source.h"
 
 struct strata_loader {
     strata_comm *comm; /* borrowed; NULL: ranks in this process */
@@ -26,13 +25,12 @@ struct strata_loader {
 };
 
 /* What rank 0 sends when it has opened (or failed to open) a tier: the outcome, and the
- * index (a strata checkpoint's commit record and metadata, or a source's description),
- * inline when it fits, else in a second broadcast. */
+ * index (its source's description: for a strata checkpoint its metadata and commit
+ * record), inline when it fits, else in a second broadcast. */
 typedef struct {
-    int32_t tier; /* the tier opened; -1: none (st: the last failure, why: every one's) */
-    uint32_t source; /* st_source_id: 0 strata's own, else meta is a source's description */
+    int32_t tier;    /* the tier opened; -1: none (st: the last failure, why: every one's) */
+    uint32_t source; /* st_source_id of the source that opened it */
     uint64_t meta_len;
-    st_commit commit;
     st_status st;
     char why[1024];
     unsigned char meta[STRATA_LOADER_INLINE_BYTES];
@@ -94,7 +92,6 @@ static void open_root(strata_loader *ld, int from, open_block *ob, unsigned char
         if (!rc) {
             ob->tier = t;
             ob->source = st_source_id(ld->ck.d.src);
-            ob->commit = ld->ck.d.commit;
             ob->meta_len = mlen;
             memcpy(ob->meta, *meta, ST_MIN(mlen, sizeof ob->meta));
             ld->tier = t;
@@ -147,8 +144,7 @@ static int open_dist(strata_loader *ld, int from)
     int local = 0;
     if (me != ST_ROOT) {
         const unsigned char *m = meta ? meta : ob->meta;
-        local = st_dir_adopt(&ld->ck.d, ld->uri[ob->tier], &ob->commit, m, ob->meta_len,
-                             ob->source);
+        local = st_dir_adopt(&ld->ck.d, ld->uri[ob->tier], m, ob->meta_len, ob->source);
         if (!local)
             ld->tier = ob->tier;
     }

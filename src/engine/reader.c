@@ -15,7 +15,6 @@
 #include "../io/cuda.h"
 #include "../io/pool.h"
 #include "engine.h"
-#include "source.h"
 
 typedef struct {
     const st_dir *d;

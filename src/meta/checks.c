@@ -6,20 +6,6 @@
 
 #include "../core/error.h"
 
-int st_check_add_zip(st_check_set *s, const st_zip *z, uint32_t file, uint64_t base)
-{
-    for (size_t i = 0; i < z->n; i++) {
-        const st_zip_entry *e = &z->e[i];
-        if (e->method != 0 || e->usize == 0)
-            continue;
-        char *name = st_arena_strndup(&s->arena, e->name, strlen(e->name));
-        if (!name || st_grow(&s->v, &s->cap, s->n + 1, sizeof *s->v))
-            return st_fail(STRATA_ENOMEM, "out of memory");
-        s->v[s->n++] = (st_mcheck){file, e->crc, base + e->data_off, e->usize, name};
-    }
-    return 0;
-}
-
 void st_check_set_free(st_check_set *s)
 {
     st_arena_free(&s->arena);
@@ -195,7 +181,7 @@ int st_checks_read(st_rd *r, st_meta *m)
         c->offset = st_rd_var(r);
         c->bytes = st_rd_var(r);
         c->crc = st_rd_u32(r);
-        c->name = st_rd_str(r, &m->arena, ST_ZIP_MAX_NAME);
+        c->name = st_rd_str(r, &m->arena, ST_CHECK_MAX_NAME);
         if (r->err)
             break;
         if (f >= m->nfiles || c->bytes == 0 || c->offset > m->files[f].bytes ||

@@ -1,13 +1,15 @@
 /* checks.h - the checks a foreign format carries, as the check table of its foreign index
  * (st_mcheck, meta.h): a stored zip entry's bytes and CRC-32. A source collects the entries
- * of the archives it opened (st_check_add_zip) and sets them on its metadata
+ * of the archives it opened (st_check_add_zip, src/source/zip.h) and sets them on its metadata
  * (st_meta_set_checks): those holding a byte of some tensor or blob are kept, sorted and
  * validated; the table travels with the index (st_meta_encode: FORMAT.md, "The foreign
  * index") so that every rank of a load checks what it reads. Pure; no I/O. */
 #ifndef STRATA_CHECKS_H
 #define STRATA_CHECKS_H
 #include "meta.h"
-#include "zip.h"
+
+/* The longest name of a check (a zip entry's: ST_ZIP_MAX_NAME, src/source/zip.h). */
+#define ST_CHECK_MAX_NAME 4096
 
 /* Candidates being collected (malloc'd; names in the set's arena). */
 typedef struct st_check_set {
@@ -16,10 +18,6 @@ typedef struct st_check_set {
     size_t n, cap;
 } st_check_set;
 
-/* Adds every stored, non-empty entry of z, whose offsets count from byte `base` of file
- * `file` (a DCP item's archive lies inside its .distcp file). A compressed entry is left out
- * (strata reads none: its bytes are never a tensor's). STRATA_ENOMEM on failure. */
-int st_check_add_zip(st_check_set *s, const st_zip *z, uint32_t file, uint64_t base);
 void st_check_set_free(st_check_set *s);
 
 /* Sets the check table of the foreign m: its own checks (if any) and s's (may be NULL), keeping
@@ -32,7 +30,7 @@ int st_meta_set_checks(st_meta *m, const st_check_set *s, const char *where);
 size_t st_check_find(const st_meta *m, uint32_t f, uint64_t off);
 
 /* The table's encoding in a foreign index (meta.c): count, then per check its file, offset,
- * bytes (varints), CRC-32 (u32) and name (a string of 1..ST_ZIP_MAX_NAME bytes). The reader
+ * bytes (varints), CRC-32 (u32) and name (a string of 1..ST_CHECK_MAX_NAME bytes). The reader
  * validates what st_meta_set_checks guarantees (file in range, inside it, non-empty, sorted,
  * disjoint) and fails r otherwise. */
 void st_checks_put(st_buf *b, const st_meta *m);

@@ -38,6 +38,9 @@ long st_data_file_rank(const char *name);
 void st_ref_file_name(char out[ST_REF_FILE_BYTES], uint64_t save_id, long rank);
 /* Is name one of those? */
 int st_is_ref_file(const char *name);
+/* Is name one of the files strata writes into a checkpoint directory (commit record,
+ * metadata, their temporary names, the lock file, data and ref files)? */
+int st_is_strata_file(const char *name);
 
 /* Bytes of a data file holding [offset, offset + bytes), checksummed per chunk: chunk i
  * covers [i*chunk, min((i+1)*chunk, bytes)) and sums[i] is its XXH3-64. */
@@ -167,11 +170,9 @@ int st_meta_decode_foreign(st_meta **out, const unsigned char *buf, size_t len);
 int st_meta_decode_unchecked(st_meta **out, const unsigned char *buf, size_t len);
 void st_meta_free(st_meta *m);
 /* Checks the shards of one tensor for overlap; STRATA_EOVERLAP naming the pair. Exact,
- * and near-linear in the number of shards on every input (DESIGN.md, Save). */
+ * and near-linear in the number of shards on every input: the search is core's
+ * (st_overlap_find, core/overlap.h; its work counter st_overlap_work). */
 int st_meta_check_overlap(const st_mtensor *t);
-/* Work units (boxes visited) of this thread's last st_meta_check_overlap: for tests and
- * fuzzing, which hold it to a near-linear bound. */
-uint64_t st_meta_overlap_work(void);
 /* Is `name` a plain file name (no '/', not "." or "..", no control characters)? */
 int st_plain_name(const char *name, size_t len);
 

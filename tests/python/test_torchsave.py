@@ -1,4 +1,4 @@
-"""torch.save files as a load source (src/meta/torchsave.c, src/engine/src_torchsave.c) and
+"""torch.save files as a load source (src/source/torchsave.c, src/source/torchsave_src.c) and
 their values in strata.torch (python/strata/_strata_pickle.c, _torchsave.py).
 
 Every fixture is written here by torch.save (torch 2.13): every dtype strata has, views at

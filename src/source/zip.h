@@ -24,10 +24,11 @@
 #include <stdint.h>
 
 #include "../core/util.h"
+#include "../meta/checks.h"
 #include "strata_types.h"
 
 #define ST_ZIP_MAX_CD (256ull << 20) /* bytes of central directory a reader accepts */
-#define ST_ZIP_MAX_NAME 4096         /* bytes of an entry's name */
+#define ST_ZIP_MAX_NAME ST_CHECK_MAX_NAME /* bytes of an entry's name */
 
 /* Reads exactly len bytes at offset off into buf. Returns 0, or a negative STRATA_E* code
  * with strata_error_last() set (a short read is an error: the caller passes the size). */
@@ -68,5 +69,11 @@ const st_zip_entry *st_zip_find(const st_zip *z, const char *name);
  * CRC differs (naming entry and file), the callback's code. */
 int st_zip_read(const st_zip *z, const st_zip_entry *e, void *buf, st_zip_read_fn rd, void *ctx,
                 const char *file);
+
+/* The entries of z as checks of an index (st_check_set, meta/checks.h): every stored,
+ * non-empty entry, its offsets counted from byte `base` of file `file` (a DCP item's archive
+ * lies inside its .distcp file). A compressed entry is left out (strata reads none: its bytes
+ * are never a tensor's). STRATA_ENOMEM on failure. */
+int st_check_add_zip(st_check_set *s, const st_zip *z, uint32_t file, uint64_t base);
 
 #endif

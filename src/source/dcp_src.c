@@ -1,12 +1,12 @@
-/* src_dcp.c - the PyTorch DCP source (source.h): a torch.distributed.checkpoint directory
+/* dcp_src.c - the PyTorch DCP source (source.h): a torch.distributed.checkpoint directory
  * (.metadata + *.distcp). The .metadata pickle is parsed by the restricted reader and
- * interpreted (src/meta/dcp.h); each tensor item's torch.save archive inside its .distcp file
+ * interpreted (src/source/dcp.h); each tensor item's torch.save archive inside its .distcp file
  * is opened through a ranged read (its zip end records, central directory and local headers,
- * and its data.pkl: one or two small reads per item, src/meta/zip.h) to find where the
+ * and its data.pkl: one or two small reads per item, src/source/zip.h) to find where the
  * tensor's bytes lie. Non-tensor items are blobs of their whole stored bytes (a torch.save
  * archive of the object). The zip entries holding those bytes are the index's checks
- * (checks.h: their CRC-32s). The description for other ranks is the foreign metadata
- * (st_source_describe). docs/FORMAT.md, "DCP as strata reads it".
+ * (checks.h: their CRC-32s). The description for other ranks is the foreign metadata as
+ * st_index_take encoded it. docs/FORMAT.md, "DCP as strata reads it".
  *
  * here: a directory without strata's metadata or commit record (nor Megatron's
  * metadata.json) holding a .metadata whose first bytes are a pickle protocol 2..5 header. open: errors STRATA_EFORMAT, STRATA_ENOTSUP
@@ -19,9 +19,9 @@
 
 #include "../core/error.h"
 #include "../meta/checks.h"
-#include "../meta/dcp.h"
-#include "../meta/zip.h"
-#include "source.h"
+#include "dcp.h"
+#include "zip.h"
+#include "readers.h"
 
 #define HEAD_WINDOW 4096u
 
@@ -343,9 +343,10 @@ static int build(st_meta *m, const char *dir, const st_dcp *dc, const dcp_files 
     return 0;
 }
 
-int st_dcp_read_meta(const st_vfs *v, const char *dir, st_meta **out)
+int st_dcp_build(const st_vfs *v, const char *dir, st_dcp *dc, st_meta **built)
 {
-    *out = NULL;
+    *built = NULL;
+    memset(dc, 0, sizeof *dc);
     char p[PATH_MAX], shown[PATH_MAX + 16];
     int rc = st_path_join(p, dir, ST_DCP_METADATA);
     if (rc)
@@ -360,46 +361,45 @@ int st_dcp_read_meta(const st_vfs *v, const char *dir, st_meta **out)
     if (e)
         return st_fail(e == -ENOENT ? STRATA_ENOENT : st_from_errno(-e), "DCP metadata '%s': %s",
                        shown, e == -ST_ENOTREG ? "is not a regular file" : strerror(-e));
-    st_dcp dc;
     dcp_files fs = {0};
     st_meta *m = NULL;
-    rc = st_dcp_parse(&dc, buf, len, shown);
+    rc = st_dcp_parse(dc, buf, len, shown);
     free(buf);
     if (rc)
         return rc;
     st_check_set cs = {0};
-    if (!(rc = files_open(v, dir, &dc, &fs))) {
+    if (!(rc = files_open(v, dir, dc, &fs))) {
         if (!(m = calloc(1, sizeof *m)))
             rc = st_fail(STRATA_ENOMEM, "out of memory");
-        else if (!(rc = build(m, dir, &dc, &fs, v, &cs)))
+        else if (!(rc = build(m, dir, dc, &fs, v, &cs)))
             rc = st_meta_set_checks(m, &cs, dir);
     }
     st_check_set_free(&cs);
     files_close(v, &fs);
-    /* the metadata's strings live in dc's arena: encode, then decode (and so validate)
-     * the same way every other rank will */
-    unsigned char *enc = NULL;
-    size_t elen = 0;
-    if (!rc && !(rc = st_meta_encode(m, &enc, &elen)) &&
-        (rc = st_meta_decode_foreign(out, enc, elen)) != 0)
-        rc = st_wrap(rc, "DCP checkpoint '%s'", dir);
-    free(enc);
-    if (m)
-        st_meta_free(m);
-    st_dcp_free(&dc);
-    return rc;
+    if (rc) {
+        if (m)
+            st_meta_free(m);
+        st_dcp_free(dc);
+        return rc;
+    }
+    *built = m;
+    return 0;
 }
 
-static int st_dcp_open(st_dir *d, unsigned char **desc, size_t *desclen)
+static int st_dcp_open(st_index *ix, int allow_incomplete, unsigned char **desc,
+                       size_t *desclen)
 {
-    int rc = st_dcp_read_meta(d->vfs, d->path, &d->meta);
+    (void)allow_incomplete;
+    st_dcp dc;
+    st_meta *m;
+    int rc = st_dcp_build(ix->vfs, ix->path, &dc, &m);
     if (rc)
         return rc;
-    d->committed = 1;
-    memset(&d->commit, 0, sizeof d->commit);
-    if (desc && (rc = st_source_describe(d, desc, desclen)) != 0)
-        return rc;
-    return 0;
+    /* the metadata's strings live in dc's arena: encoded once, decoded as every rank will */
+    rc = st_index_take(ix, m, "DCP checkpoint", desc, desclen);
+    st_meta_free(m);
+    st_dcp_free(&dc);
+    return rc;
 }
 
 /* ---- verify -------------------------------------------------------------------------- */
@@ -411,7 +411,7 @@ static int st_dcp_open(st_dir *d, unsigned char **desc, size_t *desclen)
  * of `file`. 0, STRATA_ECHECKSUM (reported) or another error. */
 static int verify_zip(const st_vfs *v, st_file *f, const char *shown, const char *name,
                       const char *file, uint64_t off, uint64_t len, unsigned char *buf,
-                      strata_verify_cb report, void *ctx)
+                      st_report_fn report, void *ctx)
 {
     char what[PATH_MAX + 600], msg[PATH_MAX + 1200];
     snprintf(what, sizeof what, "%s: item '%.200s' at %llu", shown, name,
@@ -453,7 +453,7 @@ static int verify_zip(const st_vfs *v, st_file *f, const char *shown, const char
 }
 
 int st_dcp_verify_archive(const st_vfs *v, st_file *f, const char *shown, const char *name,
-                          const char *file, uint64_t len, strata_verify_cb report, void *ctx)
+                          const char *file, uint64_t len, st_report_fn report, void *ctx)
 {
     unsigned char *win = malloc(VERIFY_WINDOW);
     int rc = win ? verify_zip(v, f, shown, name, file, 0, len, win, report, ctx)
@@ -462,14 +462,14 @@ int st_dcp_verify_archive(const st_vfs *v, st_file *f, const char *shown, const 
     return rc;
 }
 
-int st_dcp_verify_files(const st_dir *d, uint32_t nfiles, strata_verify_cb report, void *ctx)
+int st_dcp_verify_files(const st_index *ix, uint32_t nfiles, st_report_fn report, void *ctx)
 {
-    const st_vfs *v = d->vfs;
-    const st_meta *m = d->meta;
+    const st_vfs *v = ix->vfs;
+    const st_meta *m = ix->meta;
     char p[PATH_MAX];
     unsigned char *buf = NULL;
     size_t len = 0;
-    int rc = st_path_join(p, d->path, ST_DCP_METADATA);
+    int rc = st_path_join(p, ix->path, ST_DCP_METADATA);
     if (rc)
         return rc;
     int e = st_vfs_read_all(v, p, ST_DCP_MAX_METADATA, ST_O_FOLLOW, &buf, &len);
@@ -482,16 +482,16 @@ int st_dcp_verify_files(const st_dir *d, uint32_t nfiles, strata_verify_cb repor
     free(buf);
     if (rc)
         return rc;
-    if (!(rc = files_open(v, d->path, &dc, &fs)) && dc.nfiles != nfiles)
+    if (!(rc = files_open(v, ix->path, &dc, &fs)) && dc.nfiles != nfiles)
         rc = st_fail(STRATA_ECHANGED, "DCP checkpoint '%s': its .metadata changed after it was "
-                     "opened", d->path);
+                     "opened", ix->path);
     for (size_t f = 0; !rc && f < dc.nfiles; f++) {
         const st_mident *was = &m->idents[f];
         if (strcmp(dc.files[f], m->files[f].name) != 0 || fs.id[f].ino != was->ino ||
             fs.id[f].size != m->files[f].bytes || fs.id[f].mtime_ns != was->mtime_ns ||
             fs.id[f].ctime_ns != was->ctime_ns)
             rc = st_fail(STRATA_ECHANGED, "dcp file '%s' of '%s' changed after the checkpoint "
-                         "was opened: verify it again", dc.files[f], d->path);
+                         "was opened: verify it again", dc.files[f], ix->path);
     }
     unsigned char *win = rc ? NULL : malloc(VERIFY_WINDOW);
     if (!rc && !win)
@@ -501,7 +501,7 @@ int st_dcp_verify_files(const st_dir *d, uint32_t nfiles, strata_verify_cb repor
         for (size_t c = 0; !rc && c < dc.items[i].nchunks; c++) {
             const st_dcp_chunk *k = &dc.items[i].chunks[c];
             char shown[PATH_MAX + 300];
-            snprintf(shown, sizeof shown, "%s/%s", d->path, dc.files[k->file]);
+            snprintf(shown, sizeof shown, "%s/%s", ix->path, dc.files[k->file]);
             int r = verify_zip(v, fs.f[k->file], shown, dc.items[i].fqn, dc.files[k->file],
                                k->offset, k->length, win, report, ctx);
             if (r == STRATA_ECHECKSUM)
@@ -514,14 +514,14 @@ int st_dcp_verify_files(const st_dir *d, uint32_t nfiles, strata_verify_cb repor
     st_dcp_free(&dc);
     if (!rc && bad)
         rc = st_fail(STRATA_ECHECKSUM, "DCP checkpoint '%s': items whose zip CRC-32 differs "
-                     "(reported)", d->path);
+                     "(reported)", ix->path);
     return rc;
 }
 
-static int st_dcp_verify(const st_dir *d, strata_verify_cb report, void *ctx)
+static int st_dcp_verify(const st_index *ix, st_report_fn report, void *ctx)
 {
-    return st_dcp_verify_files(d, d->meta->nfiles, report, ctx);
+    return st_dcp_verify_files(ix, ix->meta->nfiles, report, ctx);
 }
 
-const st_source st_source_dcp = {"dcp",       STRATA_FORMAT_DCP, st_dcp_here,
-                                 st_dcp_open, NULL,              st_dcp_verify};
+const st_source st_source_dcp = {"dcp",       STRATA_FORMAT_DCP,   st_dcp_here,
+                                 st_dcp_open, st_index_adopt_meta, st_dcp_verify};

@@ -8,7 +8,7 @@
 
 #include "../core/error.h"
 #include "../core/geom.h"
-#include "checks.h"
+#include "../meta/checks.h"
 
 /* ---- the tensors of a pickle ---- */
 

@@ -2,12 +2,11 @@
 #include "safetensors.h"
 
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "../core/error.h"
-#include "../core/utf8.h"
+#include "json.h"
 
 static const struct {
     const char *name;
@@ -61,283 +60,25 @@ int st_st_header_len(const unsigned char first8[8], uint64_t file_size, uint64_t
     return hlen(first8, file_size, n, "safetensors file");
 }
 
-/* ---- a strict, bounded JSON reader over the header ---- */
-
-typedef struct {
-    const unsigned char *s, *p, *end;
-    const char *file;
-    const char *kind; /* "header" or "index", for messages */
-    char *scratch; /* N + 1 bytes: the decoded string (never longer than its source) */
-    size_t slen;
-} sj;
-
-__attribute__((format(printf, 2, 3))) static int sj_fail(sj *j, const char *fmt, ...)
-{
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return st_fail(STRATA_EFORMAT, "%s: bad safetensors %s at byte %zu of its JSON: %s",
-                   j->file, j->kind, (size_t)(j->p - j->s), msg);
-}
-
-/* A printable excerpt of a (decoded) name for messages. */
-static const char *sj_show(const char *s, size_t n, char out[72])
-{
-    size_t k = 0;
-    for (size_t i = 0; i < n && k < 64; i++) {
-        unsigned char c = (unsigned char)s[i];
-        out[k++] = c < 0x20 || c == 0x7f ? '?' : (char)c;
-    }
-    if (n > 64)
-        out[k++] = '.', out[k++] = '.', out[k++] = '.';
-    out[k] = 0;
-    return out;
-}
-
-static void sj_ws(sj *j)
-{
-    while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r'))
-        j->p++;
-}
-
-/* After whitespace: is the next byte c? (consumed if so) */
-static int sj_eat(sj *j, unsigned char c)
-{
-    sj_ws(j);
-    if (j->p < j->end && *j->p == c) {
-        j->p++;
-        return 1;
-    }
-    return 0;
-}
-
-static int sj_expect(sj *j, unsigned char c, const char *where)
-{
-    if (sj_eat(j, c))
-        return 0;
-    if (j->p >= j->end)
-        return sj_fail(j, "the JSON ends early (expected '%c' %s)", c, where);
-    return sj_fail(j, "expected '%c' %s", c, where);
-}
-
-static int hex4(const unsigned char *p, unsigned *v)
-{
-    unsigned x = 0;
-    for (int i = 0; i < 4; i++) {
-        unsigned c = p[i], d;
-        if (c >= '0' && c <= '9')
-            d = c - '0';
-        else if (c >= 'a' && c <= 'f')
-            d = c - 'a' + 10;
-        else if (c >= 'A' && c <= 'F')
-            d = c - 'A' + 10;
-        else
-            return -1;
-        x = x << 4 | d;
-    }
-    *v = x;
-    return 0;
-}
-
-static void put_utf8(char *o, size_t *k, unsigned cp)
-{
-    if (cp < 0x80) {
-        o[(*k)++] = (char)cp;
-    } else if (cp < 0x800) {
-        o[(*k)++] = (char)(0xC0 | cp >> 6);
-        o[(*k)++] = (char)(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-        o[(*k)++] = (char)(0xE0 | cp >> 12);
-        o[(*k)++] = (char)(0x80 | (cp >> 6 & 0x3F));
-        o[(*k)++] = (char)(0x80 | (cp & 0x3F));
-    } else {
-        o[(*k)++] = (char)(0xF0 | cp >> 18);
-        o[(*k)++] = (char)(0x80 | (cp >> 12 & 0x3F));
-        o[(*k)++] = (char)(0x80 | (cp >> 6 & 0x3F));
-        o[(*k)++] = (char)(0x80 | (cp & 0x3F));
-    }
-}
-
-/* Reads a string into j->scratch (j->slen bytes, NUL-terminated; may hold NULs). */
-static int sj_string(sj *j, const char *what)
-{
-    if (!sj_eat(j, '"'))
-        return j->p >= j->end ? sj_fail(j, "the JSON ends early (expected %s)", what)
-                              : sj_fail(j, "expected a string (%s)", what);
-    size_t k = 0;
-    for (;;) {
-        if (j->p >= j->end)
-            return sj_fail(j, "unterminated string");
-        unsigned c = *j->p;
-        if (c == '"') {
-            j->p++;
-            break;
-        }
-        if (c < 0x20)
-            return sj_fail(j, "control character 0x%02x in a string", c);
-        if (c >= 0x80) {
-            int ok;
-            size_t n = st_utf8_seq(j->p, (size_t)(j->end - j->p), &ok);
-            if (!ok)
-                return sj_fail(j, "invalid UTF-8 in a string");
-            memcpy(j->scratch + k, j->p, n);
-            k += n;
-            j->p += n;
-            continue;
-        }
-        if (c != '\\') {
-            j->scratch[k++] = (char)c;
-            j->p++;
-            continue;
-        }
-        if (j->end - j->p < 2)
-            return sj_fail(j, "unterminated string");
-        unsigned e = j->p[1];
-        const char *simple = strchr("\"\\/bfnrt", (int)e);
-        if (e && simple) {
-            static const char to[] = "\"\\/\b\f\n\r\t";
-            j->scratch[k++] = to[simple - "\"\\/bfnrt"];
-            j->p += 2;
-            continue;
-        }
-        if (e != 'u')
-            return sj_fail(j, "bad escape '\\%c' in a string", e >= 0x20 && e < 0x7f ? e : '?');
-        unsigned cp, lo;
-        if (j->end - j->p < 6 || hex4(j->p + 2, &cp))
-            return sj_fail(j, "bad \\u escape in a string");
-        if (cp >= 0xDC00 && cp <= 0xDFFF)
-            return sj_fail(j, "lone low surrogate \\u%04X in a string", cp);
-        if (cp >= 0xD800 && cp <= 0xDBFF) {
-            if (j->end - j->p < 12 || j->p[6] != '\\' || j->p[7] != 'u' ||
-                hex4(j->p + 8, &lo) || lo < 0xDC00 || lo > 0xDFFF)
-                return sj_fail(j, "high surrogate \\u%04X not followed by a low one", cp);
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-            j->p += 12;
-        } else
-            j->p += 6;
-        put_utf8(j->scratch, &k, cp);
-    }
-    j->scratch[k] = 0;
-    j->slen = k;
-    return 0;
-}
-
-/* Does the string just read equal lit? */
-static int sj_is(const sj *j, const char *lit)
-{
-    return j->slen == strlen(lit) && memcmp(j->scratch, lit, j->slen) == 0;
-}
-
-/* A non-negative integer below 2^64 (what safetensors' numbers must be). */
-static int sj_uint(sj *j, uint64_t *v, const char *what)
-{
-    sj_ws(j);
-    if (j->p >= j->end)
-        return sj_fail(j, "the JSON ends early (expected %s)", what);
-    if (*j->p == '-')
-        return sj_fail(j, "negative number for %s", what);
-    if (*j->p < '0' || *j->p > '9')
-        return sj_fail(j, "expected a number for %s", what);
-    if (*j->p == '0' && j->end - j->p > 1 && j->p[1] >= '0' && j->p[1] <= '9')
-        return sj_fail(j, "number with a leading zero for %s", what);
-    uint64_t x = 0;
-    while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
-        if (__builtin_mul_overflow(x, 10, &x) || __builtin_add_overflow(x, *j->p - '0', &x))
-            return sj_fail(j, "number too large for %s", what);
-        j->p++;
-    }
-    if (j->p < j->end && (*j->p == '.' || *j->p == 'e' || *j->p == 'E'))
-        return sj_fail(j, "non-integer number for %s", what);
-    *v = x;
-    return 0;
-}
-
-/* Skips one JSON value of any kind, checking its syntax; depth: of the value. */
-static int sj_skip(sj *j, int depth)
-{
-    if (depth > ST_ST_MAX_DEPTH)
-        return sj_fail(j, "JSON nested deeper than %d", ST_ST_MAX_DEPTH);
-    sj_ws(j);
-    if (j->p >= j->end)
-        return sj_fail(j, "the JSON ends early (expected a value)");
-    unsigned c = *j->p;
-    int rc;
-    if (c == '"')
-        return sj_string(j, "a string");
-    if (c == '{' || c == '[') {
-        unsigned close = c == '{' ? '}' : ']';
-        j->p++;
-        if (sj_eat(j, (unsigned char)close))
-            return 0;
-        do {
-            if (c == '{') {
-                if ((rc = sj_string(j, "a key")) || (rc = sj_expect(j, ':', "after a key")))
-                    return rc;
-            }
-            if ((rc = sj_skip(j, depth + 1)))
-                return rc;
-        } while (sj_eat(j, ','));
-        return sj_expect(j, (unsigned char)close, c == '{' ? "to close an object"
-                                                            : "to close an array");
-    }
-    static const char *const words[] = {"true", "false", "null"};
-    for (int i = 0; i < 3; i++) {
-        size_t n = strlen(words[i]);
-        if ((size_t)(j->end - j->p) >= n && memcmp(j->p, words[i], n) == 0) {
-            j->p += n;
-            return 0;
-        }
-    }
-    /* a number: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)? */
-    const unsigned char *q = j->p;
-    if (q < j->end && *q == '-')
-        q++;
-    if (q >= j->end || *q < '0' || *q > '9')
-        return sj_fail(j, "expected a JSON value");
-    if (*q == '0')
-        q++;
-    else
-        while (q < j->end && *q >= '0' && *q <= '9')
-            q++;
-    if (q < j->end && *q == '.') {
-        q++;
-        if (q >= j->end || *q < '0' || *q > '9')
-            return sj_fail(j, "bad number");
-        while (q < j->end && *q >= '0' && *q <= '9')
-            q++;
-    }
-    if (q < j->end && (*q == 'e' || *q == 'E')) {
-        q++;
-        if (q < j->end && (*q == '+' || *q == '-'))
-            q++;
-        if (q >= j->end || *q < '0' || *q > '9')
-            return sj_fail(j, "bad number");
-        while (q < j->end && *q >= '0' && *q <= '9')
-            q++;
-    }
-    j->p = q;
-    return 0;
-}
+/* ---- the header: its JSON read strictly (json.h) ---- */
 
 /* An array of at most max non-negative integers; *n gets the count. */
-static int sj_uints(sj *j, uint64_t *v, int max, int *n, const char *what, const char *name)
+static int read_uints(st_json *j, uint64_t *v, int max, int *n, const char *what, const char *name)
 {
     int rc;
-    if ((rc = sj_expect(j, '[', what)))
+    if ((rc = st_json_expect(j, '[', what)))
         return rc;
     *n = 0;
-    if (sj_eat(j, ']'))
+    if (st_json_eat(j, ']'))
         return 0;
     do {
         if (*n == max)
-            return sj_fail(j, "tensor '%s': %s has more than %d entries", name, what, max);
-        if ((rc = sj_uint(j, &v[*n], what)))
+            return st_json_fail(j, "tensor '%s': %s has more than %d entries", name, what, max);
+        if ((rc = st_json_uint(j, &v[*n], what)))
             return rc;
         ++*n;
-    } while (sj_eat(j, ','));
-    return sj_expect(j, ']', what);
+    } while (st_json_eat(j, ','));
+    return st_json_expect(j, ']', what);
 }
 
 typedef struct {
@@ -345,100 +86,100 @@ typedef struct {
     size_t n, cap;
     st_st_kv *kv;
     size_t nkv, kvcap;
-} sj_out;
+} st_hdr;
 
-static int sj_tensor(sj *j, st_st_tensor *t, st_arena *a)
+static int read_tensor(st_json *j, st_st_tensor *t, st_arena *a)
 {
     char show[72];
-    sj_show(j->scratch, j->slen, show);
+    st_json_show(j->str, j->slen, show);
     if (j->slen == 0)
-    return sj_fail(j, "a tensor has an empty name");
+    return st_json_fail(j, "a tensor has an empty name");
     if (j->slen > STRATA_MAX_NAME)
-    return sj_fail(j, "tensor name '%s' is longer than %d bytes", show, STRATA_MAX_NAME);
-    if (memchr(j->scratch, 0, j->slen))
-    return sj_fail(j, "tensor name '%s' holds a NUL character", show);
+    return st_json_fail(j, "tensor name '%s' is longer than %d bytes", show, STRATA_MAX_NAME);
+    if (memchr(j->str, 0, j->slen))
+    return st_json_fail(j, "tensor name '%s' holds a NUL character", show);
     memset(t, 0, sizeof *t);
-    if (!(t->name = st_arena_strndup(a, j->scratch, j->slen)))
+    if (!(t->name = st_arena_strndup(a, j->str, j->slen)))
     return st_fail(STRATA_ENOMEM, "%s: out of memory reading the safetensors header",
                    j->file);
     int rc, have_dt = 0, have_shape = 0, have_off = 0;
     uint64_t off[2];
-    if ((rc = sj_expect(j, '{', "to open a tensor's entry")))
+    if ((rc = st_json_expect(j, '{', "to open a tensor's entry")))
     return rc;
-    if (sj_eat(j, '}'))
-    return sj_fail(j, "tensor '%s' has no dtype", show);
+    if (st_json_eat(j, '}'))
+    return st_json_fail(j, "tensor '%s' has no dtype", show);
     do {
-        if ((rc = sj_string(j, "a field name")) || (rc = sj_expect(j, ':', "after a key")))
+        if ((rc = st_json_string(j, "a field name")) || (rc = st_json_expect(j, ':', "after a key")))
             return rc;
-        if (sj_is(j, "dtype")) {
+        if (st_json_is(j, "dtype")) {
             if (have_dt++)
-                return sj_fail(j, "tensor '%s': dtype given twice", show);
-            if ((rc = sj_string(j, "a dtype")))
+                return st_json_fail(j, "tensor '%s': dtype given twice", show);
+            if ((rc = st_json_string(j, "a dtype")))
                 return rc;
-            if (st_st_dtype_parse(&t->dtype, j->scratch, j->slen)) {
+            if (st_st_dtype_parse(&t->dtype, j->str, j->slen)) {
                 char d[72];
-                return sj_fail(j, "tensor '%s': unknown dtype '%s'", show,
-                               sj_show(j->scratch, j->slen, d));
+                return st_json_fail(j, "tensor '%s': unknown dtype '%s'", show,
+                               st_json_show(j->str, j->slen, d));
             }
-        } else if (sj_is(j, "shape")) {
+        } else if (st_json_is(j, "shape")) {
             if (have_shape++)
-                return sj_fail(j, "tensor '%s': shape given twice", show);
-            if ((rc = sj_uints(j, t->shape, STRATA_MAX_DIMS, &t->ndim, "shape", show)))
+                return st_json_fail(j, "tensor '%s': shape given twice", show);
+            if ((rc = read_uints(j, t->shape, STRATA_MAX_DIMS, &t->ndim, "shape", show)))
                 return rc;
-        } else if (sj_is(j, "data_offsets")) {
+        } else if (st_json_is(j, "data_offsets")) {
             int n;
             if (have_off++)
-                return sj_fail(j, "tensor '%s': data_offsets given twice", show);
-            if ((rc = sj_uints(j, off, 2, &n, "data_offsets", show)))
+                return st_json_fail(j, "tensor '%s': data_offsets given twice", show);
+            if ((rc = read_uints(j, off, 2, &n, "data_offsets", show)))
                 return rc;
             if (n != 2)
-                return sj_fail(j, "tensor '%s': data_offsets has %d entries, not 2", show, n);
-        } else if ((rc = sj_skip(j, 3))) /* top object, tensor object, this value */
+                return st_json_fail(j, "tensor '%s': data_offsets has %d entries, not 2", show, n);
+        } else if ((rc = st_json_skip(j, 3))) /* top object, tensor object, this value */
             return rc;
-    } while (sj_eat(j, ','));
-    if ((rc = sj_expect(j, '}', "to close a tensor's entry")))
+    } while (st_json_eat(j, ','));
+    if ((rc = st_json_expect(j, '}', "to close a tensor's entry")))
         return rc;
     if (!have_dt || !have_shape || !have_off)
-        return sj_fail(j, "tensor '%s' has no %s", show,
+        return st_json_fail(j, "tensor '%s' has no %s", show,
                        !have_dt ? "dtype" : !have_shape ? "shape" : "data_offsets");
     t->begin = off[0];
     t->end = off[1];
     return 0;
 }
 
-static int sj_metadata(sj *j, sj_out *o, st_arena *a)
+static int read_metadata(st_json *j, st_hdr *o, st_arena *a)
 {
     int rc;
-    if ((rc = sj_expect(j, '{', "to open __metadata__")))
+    if ((rc = st_json_expect(j, '{', "to open __metadata__")))
         return rc;
-    if (sj_eat(j, '}'))
+    if (st_json_eat(j, '}'))
         return 0;
     do {
-        if ((rc = sj_string(j, "a __metadata__ key")))
+        if ((rc = st_json_string(j, "a __metadata__ key")))
             return rc;
         if (st_grow(&o->kv, &o->kvcap, o->nkv + 1, sizeof *o->kv))
             return st_fail(STRATA_ENOMEM, "%s: out of memory reading the safetensors header",
                            j->file);
         st_st_kv *kv = &o->kv[o->nkv];
         kv->key_len = j->slen;
-        if (!(kv->key = st_arena_strndup(a, j->scratch, j->slen)))
+        if (!(kv->key = st_arena_strndup(a, j->str, j->slen)))
             return st_fail(STRATA_ENOMEM, "%s: out of memory", j->file);
-        if ((rc = sj_expect(j, ':', "after a key")))
+        if ((rc = st_json_expect(j, ':', "after a key")))
             return rc;
-        sj_ws(j);
+        st_json_ws(j);
         if (j->p < j->end && *j->p != '"') {
             char show[72];
-            return sj_fail(j, "__metadata__ value of '%s' is not a string",
-                           sj_show(kv->key, kv->key_len, show));
+            return st_json_fail(j, "__metadata__ value of '%s' is not a string",
+                           st_json_show(kv->key, kv->key_len, show));
         }
-        if ((rc = sj_string(j, "a __metadata__ value")))
+        if ((rc = st_json_string(j, "a __metadata__ value")))
             return rc;
         kv->value_len = j->slen;
-        if (!(kv->value = st_arena_strndup(a, j->scratch, j->slen)))
+        if (!(kv->value = st_arena_strndup(a, j->str, j->slen)))
             return st_fail(STRATA_ENOMEM, "%s: out of memory", j->file);
         o->nkv++;
-    } while (sj_eat(j, ','));
-    return sj_expect(j, '}', "to close __metadata__");
+    } while (st_json_eat(j, ','));
+    return st_json_expect(j, '}', "to close __metadata__");
 }
 
 static int cmp_kv(const void *a, const void *b)
@@ -465,13 +206,13 @@ static int cmp_offset(const void *a, const void *b)
 }
 
 /* The checks after parsing: duplicates, sizes, bounds, tiling. Offsets still relative. */
-static int st_check(const char *file, sj_out *o, uint64_t data_len)
+static int st_check(const char *file, st_hdr *o, uint64_t data_len)
 {
     char show[72], show2[72];
     for (size_t i = 0; i < o->n; i++) {
     st_st_tensor *t = &o->t[i];
     uint64_t numel = 1, bytes;
-    sj_show(t->name, strlen(t->name), show);
+    st_json_show(t->name, strlen(t->name), show);
     for (int d = 0; d < t->ndim; d++)
         if (__builtin_mul_overflow(numel, t->shape[d], &numel))
             return st_fail(STRATA_EFORMAT, "%s: safetensors tensor '%s': the element count "
@@ -502,7 +243,7 @@ static int st_check(const char *file, sj_out *o, uint64_t data_len)
     qsort(by, o->n, sizeof *by, cmp_name);
     for (size_t i = 1; i < o->n; i++)
         if (strcmp(by[i - 1]->name, by[i]->name) == 0) {
-            sj_show(by[i]->name, strlen(by[i]->name), show);
+            st_json_show(by[i]->name, strlen(by[i]->name), show);
             free(by);
             return st_fail(STRATA_EFORMAT, "%s: safetensors header names tensor '%s' "
                            "twice", file, show);
@@ -514,7 +255,7 @@ static int st_check(const char *file, sj_out *o, uint64_t data_len)
     for (size_t i = 1; i < o->nkv; i++)
         if (cmp_kv(&o->kv[i - 1], &o->kv[i]) == 0)
             return st_fail(STRATA_EFORMAT, "%s: safetensors __metadata__ has the key '%s' "
-                           "twice", file, sj_show(o->kv[i].key, o->kv[i].key_len, show));
+                           "twice", file, st_json_show(o->kv[i].key, o->kv[i].key_len, show));
     }
     if (o->n > 1)
         qsort(o->t, o->n, sizeof *o->t, cmp_offset);
@@ -522,13 +263,13 @@ static int st_check(const char *file, sj_out *o, uint64_t data_len)
     for (size_t i = 0; i < o->n; i++) {
     const st_st_tensor *t = &o->t[i];
     if (t->begin != pos) {
-        sj_show(t->name, strlen(t->name), show);
+        st_json_show(t->name, strlen(t->name), show);
         if (t->begin > pos)
             return st_fail(STRATA_EFORMAT, "%s: safetensors data has a gap: bytes "
                            "[%llu, %llu) belong to no tensor (before '%s')", file,
                            (unsigned long long)pos, (unsigned long long)t->begin, show);
         return st_fail(STRATA_EFORMAT, "%s: safetensors tensors '%s' and '%s' overlap "
-                       "(data_offsets)", file, sj_show(o->t[i - 1].name,
+                       "(data_offsets)", file, st_json_show(o->t[i - 1].name,
                        strlen(o->t[i - 1].name), show2), show);
     }
     pos = t->end;
@@ -563,25 +304,25 @@ int st_st_parse(st_st_index *out, const unsigned char *file_head, size_t head_le
     if (head_len - 8 < n)
     return st_fail(STRATA_EINVAL, "%s: %zu bytes of the file passed, its header needs "
                    "%llu", file, head_len, (unsigned long long)(8 + n));
-    sj j = {file_head + 8, file_head + 8, file_head + 8 + n, file, "header", malloc(n + 1), 0};
-    sj_out o = {0};
+    st_json j;
+    st_hdr o = {0};
     st_arena a = {0};
-    if (!j.scratch)
-    return st_fail(STRATA_ENOMEM, "%s: out of memory", file);
+    if ((rc = st_json_init(&j, file_head + 8, n, file, "safetensors header")))
+        return rc;
     int have_meta = 0;
-    if ((rc = sj_expect(&j, '{', "to open the header")))
+    if ((rc = st_json_expect(&j, '{', "to open the header")))
     goto out;
-    if (sj_eat(&j, '}'))
+    if (st_json_eat(&j, '}'))
     goto closed;
     do {
-        if ((rc = sj_string(&j, "a tensor name")) || (rc = sj_expect(&j, ':', "after a key")))
+        if ((rc = st_json_string(&j, "a tensor name")) || (rc = st_json_expect(&j, ':', "after a key")))
             goto out;
-        if (sj_is(&j, "__metadata__")) {
+        if (st_json_is(&j, "__metadata__")) {
             if (have_meta++) {
-                rc = sj_fail(&j, "__metadata__ given twice");
+                rc = st_json_fail(&j, "__metadata__ given twice");
                 goto out;
             }
-            if ((rc = sj_metadata(&j, &o, &a)))
+            if ((rc = read_metadata(&j, &o, &a)))
                 goto out;
             continue;
         }
@@ -589,16 +330,16 @@ int st_st_parse(st_st_index *out, const unsigned char *file_head, size_t head_le
             rc = st_fail(STRATA_ENOMEM, "%s: out of memory", file);
             goto out;
         }
-        if ((rc = sj_tensor(&j, &o.t[o.n], &a)))
+        if ((rc = read_tensor(&j, &o.t[o.n], &a)))
             goto out;
         o.n++;
-    } while (sj_eat(&j, ','));
-    if ((rc = sj_expect(&j, '}', "to close the header")))
+    } while (st_json_eat(&j, ','));
+    if ((rc = st_json_expect(&j, '}', "to close the header")))
         goto out;
 closed:
-    sj_ws(&j);
+    st_json_ws(&j);
     if (j.p != j.end) {
-        rc = sj_fail(&j, "bytes after the header's JSON object");
+        rc = st_json_fail(&j, "bytes after the header's JSON object");
         goto out;
     }
     if ((rc = st_check(file, &o, file_size - 8 - n)))
@@ -625,7 +366,7 @@ closed:
     out->arena = a;
     a.head = NULL;
 out:
-    free(j.scratch);
+    st_json_free(&j);
     free(o.t);
     free(o.kv);
     st_arena_free(&a);
@@ -654,43 +395,43 @@ void st_st_map_free(st_st_map *m)
     }
 }
 
-static int sj_weight_map(sj *j, st_st_wm **e, size_t *n, size_t *cap, st_arena *a)
+static int read_weight_map(st_json *j, st_st_wm **e, size_t *n, size_t *cap, st_arena *a)
 {
     int rc;
     char show[72];
-    if ((rc = sj_expect(j, '{', "to open weight_map")))
+    if ((rc = st_json_expect(j, '{', "to open weight_map")))
         return rc;
-    if (sj_eat(j, '}'))
+    if (st_json_eat(j, '}'))
         return 0;
     do {
-        if ((rc = sj_string(j, "a tensor name")))
+        if ((rc = st_json_string(j, "a tensor name")))
             return rc;
-        sj_show(j->scratch, j->slen, show);
-        if (j->slen == 0 || j->slen > STRATA_MAX_NAME || memchr(j->scratch, 0, j->slen))
-            return sj_fail(j, "weight_map has a bad tensor name '%s' (empty, longer than %d "
+        st_json_show(j->str, j->slen, show);
+        if (j->slen == 0 || j->slen > STRATA_MAX_NAME || memchr(j->str, 0, j->slen))
+            return st_json_fail(j, "weight_map has a bad tensor name '%s' (empty, longer than %d "
                            "bytes, or holding a NUL)", show, STRATA_MAX_NAME);
         if (st_grow(e, cap, *n + 1, sizeof **e))
             return st_fail(STRATA_ENOMEM, "%s: out of memory", j->file);
         st_st_wm *w = &(*e)[*n];
-        if (!(w->name = st_arena_strndup(a, j->scratch, j->slen)))
+        if (!(w->name = st_arena_strndup(a, j->str, j->slen)))
             return st_fail(STRATA_ENOMEM, "%s: out of memory", j->file);
-        if ((rc = sj_expect(j, ':', "after a key")))
+        if ((rc = st_json_expect(j, ':', "after a key")))
             return rc;
-        sj_ws(j);
+        st_json_ws(j);
         if (j->p < j->end && *j->p != '"')
-            return sj_fail(j, "weight_map value of '%s' is not a string", show);
-        if ((rc = sj_string(j, "a file name")))
+            return st_json_fail(j, "weight_map value of '%s' is not a string", show);
+        if ((rc = st_json_string(j, "a file name")))
             return rc;
-        if (!st_plain_name(j->scratch, j->slen) || j->slen > 255) {
+        if (!st_plain_name(j->str, j->slen) || j->slen > 255) {
             char f[72];
-            return sj_fail(j, "weight_map maps '%s' to '%s', not a plain file name in the "
-                           "directory", show, sj_show(j->scratch, j->slen, f));
+            return st_json_fail(j, "weight_map maps '%s' to '%s', not a plain file name in the "
+                           "directory", show, st_json_show(j->str, j->slen, f));
         }
-        if (!(w->file = st_arena_strndup(a, j->scratch, j->slen)))
+        if (!(w->file = st_arena_strndup(a, j->str, j->slen)))
             return st_fail(STRATA_ENOMEM, "%s: out of memory", j->file);
         ++*n;
-    } while (sj_eat(j, ','));
-    return sj_expect(j, '}', "to close weight_map");
+    } while (st_json_eat(j, ','));
+    return st_json_expect(j, '}', "to close weight_map");
 }
 
 int st_st_parse_index(st_st_map *out, const unsigned char *json, size_t len,
@@ -701,36 +442,36 @@ int st_st_parse_index(st_st_map *out, const unsigned char *json, size_t len,
     if (len > ST_ST_MAX_HEADER)
         return st_fail(STRATA_EFORMAT, "%s: %zu bytes, over the limit of %llu for an index",
                        file, len, ST_ST_MAX_HEADER);
-    sj j = {json, json, json + len, file, "index", malloc(len + 1), 0};
+    st_json j;
     st_arena a = {0};
     st_st_wm *e = NULL;
     size_t n = 0, cap = 0;
     int rc, have_map = 0;
-    if (!j.scratch)
-        return st_fail(STRATA_ENOMEM, "%s: out of memory", file);
-    if ((rc = sj_expect(&j, '{', "to open the index")))
+    if ((rc = st_json_init(&j, json, len, file, "safetensors index")))
+        return rc;
+    if ((rc = st_json_expect(&j, '{', "to open the index")))
         goto out;
-    if (!sj_eat(&j, '}')) {
+    if (!st_json_eat(&j, '}')) {
         do {
-            if ((rc = sj_string(&j, "a key")) || (rc = sj_expect(&j, ':', "after a key")))
+            if ((rc = st_json_string(&j, "a key")) || (rc = st_json_expect(&j, ':', "after a key")))
                 goto out;
-            if (sj_is(&j, "weight_map")) {
+            if (st_json_is(&j, "weight_map")) {
                 if (have_map++) {
-                    rc = sj_fail(&j, "weight_map given twice");
+                    rc = st_json_fail(&j, "weight_map given twice");
                     goto out;
                 }
-                if ((rc = sj_weight_map(&j, &e, &n, &cap, &a)))
+                if ((rc = read_weight_map(&j, &e, &n, &cap, &a)))
                     goto out;
-            } else if ((rc = sj_skip(&j, 1))) { /* "metadata" and anything else */
+            } else if ((rc = st_json_skip(&j, 1))) { /* "metadata" and anything else */
                 goto out;
             }
-        } while (sj_eat(&j, ','));
-        if ((rc = sj_expect(&j, '}', "to close the index")))
+        } while (st_json_eat(&j, ','));
+        if ((rc = st_json_expect(&j, '}', "to close the index")))
             goto out;
     }
-    sj_ws(&j);
+    st_json_ws(&j);
     if (j.p != j.end) {
-        rc = sj_fail(&j, "bytes after the index's JSON object");
+        rc = st_json_fail(&j, "bytes after the index's JSON object");
         goto out;
     }
     if (!have_map) {
@@ -743,7 +484,7 @@ int st_st_parse_index(st_st_map *out, const unsigned char *json, size_t len,
         if (strcmp(e[i - 1].name, e[i].name) == 0) {
             char show[72];
             rc = st_fail(STRATA_EFORMAT, "%s: weight_map names tensor '%s' twice", file,
-                         sj_show(e[i].name, strlen(e[i].name), show));
+                         st_json_show(e[i].name, strlen(e[i].name), show));
             goto out;
         }
     out->e = st_arena_alloc(&a, (n ? n : 1) * sizeof *e);
@@ -767,7 +508,7 @@ int st_st_parse_index(st_st_map *out, const unsigned char *json, size_t len,
     out->arena = a;
     a.head = NULL;
 out:
-    free(j.scratch);
+    st_json_free(&j);
     free(e);
     st_arena_free(&a);
     if (rc)
@@ -833,7 +574,7 @@ static int check_map(const st_st_map *map, const src_tensor *all, size_t n,
     for (size_t i = 0; i < map->n; i++) {
         const st_st_wm *w = &map->e[i];
         const src_tensor *t = find_tensor(all, n, w->name);
-        sj_show(w->name, strlen(w->name), show);
+        st_json_show(w->name, strlen(w->name), show);
         if (!t)
             return st_fail(STRATA_EFORMAT, "%s: %s maps tensor '%s' to '%s', which does not "
                            "hold it", where, ST_ST_INDEX_FILE, show, w->file);
@@ -855,7 +596,7 @@ static int check_map(const st_st_map *map, const src_tensor *all, size_t n,
             if (lo == map->n || strcmp(map->e[lo].name, all[i].t->name) != 0)
                 return st_fail(STRATA_EFORMAT, "%s: tensor '%s' of '%s' is not in the "
                                "weight_map of %s", where,
-                               sj_show(all[i].t->name, strlen(all[i].t->name), show),
+                               st_json_show(all[i].t->name, strlen(all[i].t->name), show),
                                m->files[all[i].file].name, ST_ST_INDEX_FILE);
         }
     return 0;
@@ -927,7 +668,7 @@ int st_st_meta(st_meta **out, const unsigned char *src, size_t len, const st_st_
         if (strcmp(all[i - 1].t->name, all[i].t->name) == 0) {
             char show[72];
             rc = st_fail(STRATA_EFORMAT, "%s: tensor '%s' is in both '%s' and '%s'", where,
-                         sj_show(all[i].t->name, strlen(all[i].t->name), show),
+                         st_json_show(all[i].t->name, strlen(all[i].t->name), show),
                          m->files[all[i - 1].file].name, m->files[all[i].file].name);
             goto out;
         }

@@ -1,8 +1,8 @@
-/* src_torchsave.c - the torch.save source (source.h): one torch.save file (the zip format of
+/* torchsave_src.c - the torch.save source (source.h): one torch.save file (the zip format of
  * torch >= 1.6: .pt, .pth, .bin), or a Hugging Face directory holding pytorch_model.bin or
  * the files named by pytorch_model.bin.index.json. Each file's central directory and
- * data.pkl are read and its tensors placed (src/meta/torchsave.h); the metadata built is
- * described to other ranks as st_meta_encode of it (st_source_describe).
+ * data.pkl are read and its tensors placed (torchsave.h); the metadata built is encoded
+ * once (st_index_take), which is also its description for other ranks.
  *
  * here: by content - a file that is a zip archive with a <dir>/data.pkl entry (or a zip
  * whose structure is broken: open names the problem), or that begins as torch.save's
@@ -17,8 +17,8 @@
 #include <zlib.h>
 
 #include "../core/error.h"
-#include "../meta/torchsave.h"
-#include "source.h"
+#include "torchsave.h"
+#include "readers.h"
 
 typedef struct {
     const st_vfs *v;
@@ -150,80 +150,66 @@ static int read_index(const st_vfs *v, const char *dir, st_st_map *map)
     return rc;
 }
 
-/* A path naming a file: d->path becomes its directory, the file's name into name. */
-static int to_dir(st_dir *d, char *name)
+static int ts_open(st_index *ix, int allow_incomplete, unsigned char **desc, size_t *desclen)
 {
-    int kind;
-    const st_vfs *v = d->vfs;
-    if (v->stat(v, d->path, NULL, &kind) == 0 && (kind == 0 || kind == 2)) {
-        char dir[PATH_MAX];
-        snprintf(name, PATH_MAX, "%s", st_source_split(d->path, dir));
-        memcpy(d->path, dir, strlen(dir) + 1);
-        return 1;
-    }
-    return 0;
-}
-
-static int ts_open(st_dir *d, unsigned char **desc, size_t *desclen)
-{
-    const st_vfs *v = d->vfs;
+    (void)allow_incomplete;
+    const st_vfs *v = ix->vfs;
     st_st_map map = {0};
     char single[PATH_MAX] = ST_TS_SINGLE_FILE;
     const char *one = single;
     const char *const *names = &one;
     size_t n = 1;
     int rc = 0;
-    if (!to_dir(d, single) && st_source_has_file(v, d->path, ST_TS_INDEX_FILE)) {
-        if ((rc = read_index(v, d->path, &map)))
+    if (!st_index_to_dir(ix, single) && st_source_has_file(v, ix->path, ST_TS_INDEX_FILE)) {
+        if ((rc = read_index(v, ix->path, &map)))
             goto out;
         names = (const char *const *)map.files;
         n = map.nfiles;
     }
     st_ts_archive *a = calloc(n, sizeof *a);
     st_ts_file *tf = calloc(n, sizeof *tf);
+    st_meta *m = NULL;
     if (!a || !tf)
         rc = st_fail(STRATA_ENOMEM, "out of memory");
     for (size_t i = 0; i < n && !rc; i++)
-        rc = st_ts_open_file(v, d->path, names[i], &a[i], &tf[i]);
+        rc = st_ts_open_file(v, ix->path, names[i], &a[i], &tf[i]);
     if (!rc)
-        rc = st_ts_meta(&d->meta, tf, n, map.n ? &map : NULL, d->path);
+        rc = st_ts_meta(&m, tf, n, map.n ? &map : NULL, ix->path);
     for (size_t i = 0; a && i < n; i++)
         st_ts_close(&a[i]);
     free(a);
     free(tf);
-    if (!rc && desc)
-        rc = st_source_describe(d, desc, desclen);
-    if (!rc) {
-        d->committed = 1;
-        memset(&d->commit, 0, sizeof d->commit);
-    }
+    if (!rc)
+        rc = st_index_take(ix, m, "torch.save source", desc, desclen);
+    if (m)
+        st_meta_free(m);
 out:
     st_st_map_free(&map);
     return rc;
 }
 
-static int ts_adopt(st_dir *d, const unsigned char *desc, size_t len)
+static int ts_adopt(st_index *ix, const unsigned char *desc, size_t len)
 {
     char name[PATH_MAX];
-    to_dir(d, name);
-    return st_source_adopt_meta(d, desc, len);
+    st_index_to_dir(ix, name);
+    return st_index_adopt_meta(ix, desc, len);
 }
 
 /* Checks the CRC-32 of every stored entry of file i of d. */
-static int verify_file(const st_dir *d, uint32_t i, strata_verify_cb report, void *ctx,
+static int verify_file(const st_index *ix, uint32_t i, st_report_fn report, void *ctx,
                        unsigned char *buf, size_t cap)
 {
-    const st_vfs *v = d->vfs;
-    const st_mfile *mf = &d->meta->files[i];
+    const st_vfs *v = ix->vfs;
+    const st_mfile *mf = &ix->meta->files[i];
     char p[PATH_MAX];
     st_file *f;
     st_file_id id;
     st_zip z;
-    int rc = st_path_join(p, d->path, mf->name), bad = 0;
-    if (rc || (rc = st_source_open_file(v, d->path, mf->name, "torch.save file", &f, &id)))
+    int rc = st_path_join(p, ix->path, mf->name), bad = 0;
+    if (rc || (rc = st_source_open_file(v, ix->path, mf->name, "torch.save file", &f, &id)))
         return rc;
     rd_ctx c = {v, f, p};
-    if ((rc = st_check_same_file(d, mf, &d->meta->idents[i], f)) ||
+    if ((rc = st_check_same_file(ix, mf, &ix->meta->idents[i], f)) ||
         (rc = st_zip_open(&z, id.size, rd_vfs, &c, p))) {
         v->close(f);
         return rc;
@@ -254,15 +240,15 @@ static int verify_file(const st_dir *d, uint32_t i, strata_verify_cb report, voi
     return rc ? rc : bad ? STRATA_ECHECKSUM : 0;
 }
 
-static int ts_verify(const st_dir *d, strata_verify_cb report, void *ctx)
+static int ts_verify(const st_index *ix, st_report_fn report, void *ctx)
 {
     size_t cap = 4u << 20;
     unsigned char *buf = malloc(cap);
     if (!buf)
         return st_fail(STRATA_ENOMEM, "out of memory");
     int rc = 0;
-    for (uint32_t i = 0; i < d->meta->nfiles; i++) {
-        int r = verify_file(d, i, report, ctx, buf, cap);
+    for (uint32_t i = 0; i < ix->meta->nfiles; i++) {
+        int r = verify_file(ix, i, report, ctx, buf, cap);
         if (r == STRATA_ECHECKSUM && !rc)
             rc = r;
         else if (r && r != STRATA_ECHECKSUM) {
@@ -272,7 +258,7 @@ static int ts_verify(const st_dir *d, strata_verify_cb report, void *ctx)
     }
     free(buf);
     if (rc == STRATA_ECHECKSUM)
-        st_fail(rc, "torch.save source '%s': an entry's CRC-32 differs", d->path);
+        st_fail(rc, "torch.save source '%s': an entry's CRC-32 differs", ix->path);
     return rc;
 }
 

@@ -1,12 +1,13 @@
-/* src_megatron.c - the Megatron-Core torch_dist source (source.h): a DCP directory
- * (.metadata + *.distcp, read by the DCP source's st_dcp_read_meta) with Megatron's
+/* megatron_src.c - the Megatron-Core torch_dist source (source.h): a DCP directory
+ * (.metadata + *.distcp, read by the DCP source's st_dcp_build) with Megatron's
  * metadata.json (its backends) and common.pt (the state every rank shares, a torch.save
- * file). metadata.json is parsed strictly (src/meta/megatron.h); a tensor that
+ * file). metadata.json is parsed strictly (megatron.h); a tensor that
  * megatron-core < 0.14 saved as N-D flattened pieces (distributed-optimizer state: flat
  * ranges of boxes, reformulated into an (N+1)-d DCP tensor, the original shape in the
  * Metadata's mcore_data) becomes its original shape again, each piece a flat range of its
  * box; common.pt is a global blob of the index (the whole file), read by a load as any
- * blob. The description for other ranks is the foreign metadata (st_source_describe).
+ * blob. The description for other ranks is the foreign metadata, encoded once
+ * (st_index_take) after Megatron completed what the DCP source built.
  * docs/FORMAT.md, "Megatron torch_dist as strata reads it".
  *
  * here: a directory without strata's metadata or commit record holding a metadata.json that
@@ -21,9 +22,10 @@
 
 #include "../core/error.h"
 #include "../meta/checks.h"
-#include "../meta/dcp.h"
-#include "../meta/megatron.h"
-#include "source.h"
+#include "dcp.h"
+#include "megatron.h"
+#include "readers.h"
+#include "zip.h"
 
 /* Reads dir/name whole (at most max bytes); what names it in messages. */
 static int read_whole(const st_vfs *v, const char *dir, const char *name, size_t max,
@@ -152,43 +154,16 @@ static int add_common(const st_vfs *v, const char *dir, st_meta *m, int *changed
     return rc;
 }
 
-/* The DCP index of dir as Megatron completes it: legacy flattened tensors in their shapes,
- * common.pt a blob. Validated again (as every other rank will) when it changed. */
-static int read_meta(const st_vfs *v, const char *dir, st_meta **meta)
+static int st_megatron_open(st_index *ix, int allow_incomplete, unsigned char **desc,
+                            size_t *desclen)
 {
-    int changed = 0;
-    unsigned char *enc = NULL;
-    size_t elen = 0;
-    st_meta *m = NULL;
-    int rc = st_dcp_read_meta(v, dir, meta);
-    if (!rc)
-        rc = unflatten(v, dir, *meta, &changed);
-    if (!rc)
-        rc = add_common(v, dir, *meta, &changed);
-    if (!rc && changed && !(rc = st_meta_encode(*meta, &enc, &elen))) {
-        if ((rc = st_meta_decode_foreign(&m, enc, elen)) != 0) {
-            rc = st_wrap(rc, "Megatron checkpoint '%s'", dir);
-        } else {
-            st_meta_free(*meta);
-            *meta = m;
-        }
-    }
-    free(enc);
-    if (rc && *meta) {
-        st_meta_free(*meta);
-        *meta = NULL;
-    }
-    return rc;
-}
-
-static int st_megatron_open(st_dir *d, unsigned char **desc, size_t *desclen)
-{
-    const st_vfs *v = d->vfs;
+    (void)allow_incomplete;
+    const st_vfs *v = ix->vfs;
     char shown[PATH_MAX];
     unsigned char *buf = NULL;
     size_t len = 0;
     st_mg_config cfg;
-    int rc = read_whole(v, d->path, ST_MG_CONFIG, ST_MG_MAX_CONFIG, "metadata.json", &buf,
+    int rc = read_whole(v, ix->path, ST_MG_CONFIG, ST_MG_MAX_CONFIG, "metadata.json", &buf,
                         &len, shown);
     if (rc)
         return rc;
@@ -196,44 +171,52 @@ static int st_megatron_open(st_dir *d, unsigned char **desc, size_t *desclen)
     free(buf);
     if (rc)
         return rc;
-    if (!st_source_has_file(v, d->path, ST_DCP_METADATA))
+    if (!st_source_has_file(v, ix->path, ST_DCP_METADATA))
         return st_fail(STRATA_ENOENT, "Megatron torch_dist checkpoint '%s': its DCP metadata "
-                       "(%s) is missing", d->path, ST_DCP_METADATA);
-    if ((rc = read_meta(v, d->path, &d->meta)) != 0)
+                       "(%s) is missing", ix->path, ST_DCP_METADATA);
+    /* the DCP index as Megatron completes it (legacy flattened tensors in their shapes,
+     * common.pt a blob), then encoded once and validated as every other rank will */
+    st_dcp dc;
+    st_meta *m;
+    int changed = 0;
+    if ((rc = st_dcp_build(v, ix->path, &dc, &m)))
         return rc;
-    d->committed = 1;
-    memset(&d->commit, 0, sizeof d->commit);
-    if (desc && (rc = st_source_describe(d, desc, desclen)) != 0)
-        return rc;
-    return 0;
+    if (!(rc = unflatten(v, ix->path, m, &changed)) &&
+        !(rc = add_common(v, ix->path, m, &changed)))
+        rc = st_index_take(ix, m, changed ? "Megatron checkpoint" : "DCP checkpoint", desc,
+                           desclen);
+    st_meta_free(m);
+    st_dcp_free(&dc);
+    return rc;
 }
 
 /* DCP's verify of the DCP files, then common.pt (the last file, when add_common found one):
  * still the file opened, and its zip CRC-32s. */
-static int st_megatron_verify(const st_dir *d, strata_verify_cb report, void *ctx)
+static int st_megatron_verify(const st_index *ix, st_report_fn report, void *ctx)
 {
-    const st_meta *m = d->meta;
+    const st_meta *m = ix->meta;
     uint32_t nf = m->nfiles;
     int common = nf && strcmp(m->files[nf - 1].name, ST_MG_COMMON) == 0;
-    int rc = st_dcp_verify_files(d, nf - (uint32_t)common, report, ctx);
+    int rc = st_dcp_verify_files(ix, nf - (uint32_t)common, report, ctx);
     if (!common || (rc && rc != STRATA_ECHECKSUM))
         return rc;
     char shown[PATH_MAX];
     st_file *f = NULL;
     st_file_id id;
-    int rc2 = st_source_open_file(d->vfs, d->path, ST_MG_COMMON, "Megatron common.pt", &f, &id);
+    int rc2 = st_source_open_file(ix->vfs, ix->path, ST_MG_COMMON, "Megatron common.pt", &f, &id);
     if (!rc2) {
-        if (!(rc2 = st_check_same_file(d, &m->files[nf - 1], &m->idents[nf - 1], f)) &&
-            !(rc2 = st_path_join(shown, d->path, ST_MG_COMMON)))
-            rc2 = st_dcp_verify_archive(d->vfs, f, shown, ST_MG_COMMON, ST_MG_COMMON,
+        if (!(rc2 = st_check_same_file(ix, &m->files[nf - 1], &m->idents[nf - 1], f)) &&
+            !(rc2 = st_path_join(shown, ix->path, ST_MG_COMMON)))
+            rc2 = st_dcp_verify_archive(ix->vfs, f, shown, ST_MG_COMMON, ST_MG_COMMON,
                                         m->files[nf - 1].bytes, report, ctx);
-        d->vfs->close(f);
+        ix->vfs->close(f);
     }
     if (rc2 == STRATA_ECHECKSUM && !rc)
         return st_fail(rc2, "Megatron checkpoint '%s': its %s fails its zip CRC-32 "
-                       "(reported)", d->path, ST_MG_COMMON);
+                       "(reported)", ix->path, ST_MG_COMMON);
     return rc2 && rc2 != STRATA_ECHECKSUM ? rc2 : rc;
 }
 
-const st_source st_source_megatron = {"megatron", STRATA_FORMAT_MEGATRON, st_megatron_here,
-                                      st_megatron_open, NULL, st_megatron_verify};
+const st_source st_source_megatron = {"megatron",          STRATA_FORMAT_MEGATRON,
+                                      st_megatron_here,    st_megatron_open,
+                                      st_index_adopt_meta, st_megatron_verify};

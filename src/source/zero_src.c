@@ -1,9 +1,10 @@
-/* src_zero.c - the DeepSpeed ZeRO source (source.h): a tag directory written by DeepSpeed's
+/* zero_src.c - the DeepSpeed ZeRO source (source.h): a tag directory written by DeepSpeed's
  * default checkpoint engine (its torch.save files, ZeRO stage 1, 2 or 3, one model-parallel
  * rank), or a save_dir whose `latest` file names such a tag. The files' archives are opened
- * (central directory and pickle only) and read by src/meta/zero.h into named full tensors of
+ * (central directory and pickle only) and read by zero.h into named full tensors of
  * flat pieces; a load reads only the byte ranges its requests need. The description for
- * other ranks is the tag (when `latest` named it) and the foreign metadata.
+ * other ranks is the foreign metadata as st_index_take encoded it, with the tag `latest`
+ * named ("" if none) as a trailer.
  * docs/FORMAT.md, "DeepSpeed ZeRO as strata reads it".
  *
  * here: a directory without strata's metadata or commit record holding a model-states file
@@ -18,8 +19,8 @@
 #include <stdlib.h>
 
 #include "../core/error.h"
-#include "../meta/zero.h"
-#include "source.h"
+#include "zero.h"
+#include "readers.h"
 
 static const char *const optim_prefix[] = {"", "bf16_"};
 
@@ -169,81 +170,58 @@ static int read_tag(const st_vfs *v, const char *dir, st_meta **meta)
     return rc;
 }
 
-/* The description: the tag `latest` named ("" if none: u32 length, bytes) and the
- * metadata's encoding. */
-static int zero_open(st_dir *d, unsigned char **desc, size_t *desclen)
+static int zero_open(st_index *ix, int allow_incomplete, unsigned char **desc, size_t *desclen)
 {
-    const st_vfs *v = d->vfs;
+    (void)allow_incomplete;
+    const st_vfs *v = ix->vfs;
     const char *prefix;
     char tag[256] = "";
     int rc = 0;
-    if (!layout(v, d->path, &prefix) && st_source_has_file(v, d->path, ST_ZERO_LATEST)) {
-        if ((rc = st_zero_read_latest(v, d->path, tag, sizeof tag)))
+    if (!layout(v, ix->path, &prefix) && st_source_has_file(v, ix->path, ST_ZERO_LATEST)) {
+        if ((rc = st_zero_read_latest(v, ix->path, tag, sizeof tag)))
             return rc;
         char p[PATH_MAX];
-        if ((rc = st_path_join(p, d->path, tag)))
+        if ((rc = st_path_join(p, ix->path, tag)))
             return rc;
-        memcpy(d->path, p, strlen(p) + 1);
-        snprintf(d->tag, sizeof d->tag, "%s", tag);
+        memcpy(ix->path, p, strlen(p) + 1);
+        snprintf(ix->tag, sizeof ix->tag, "%s", tag);
     }
-    st_meta *m = NULL, *checked = NULL;
-    unsigned char *enc = NULL;
-    size_t elen = 0;
-    if ((rc = read_tag(v, d->path, &m)) || (rc = st_meta_encode(m, &enc, &elen)))
-        goto out;
-    /* validated as every other rank will */
-    if ((rc = st_meta_decode_foreign(&checked, enc, elen))) {
-        rc = st_wrap(rc, "DeepSpeed ZeRO checkpoint '%s'", d->path);
-        goto out;
+    st_meta *m = NULL;
+    if ((rc = read_tag(v, ix->path, &m)))
+        return rc;
+    rc = st_index_take(ix, m, "DeepSpeed ZeRO checkpoint", desc, desclen);
+    st_meta_free(m);
+    if (!rc && desc && (rc = st_desc_add(desc, desclen, tag, strlen(tag)))) {
+        free(*desc);
+        *desc = NULL;
     }
-    d->meta = checked;
-    d->committed = 1;
-    memset(&d->commit, 0, sizeof d->commit);
-    if (desc) {
-        size_t tl = strlen(tag);
-        if (!(*desc = malloc(4 + tl + elen))) {
-            rc = st_fail(STRATA_ENOMEM, "out of memory");
-            goto out;
-        }
-        for (int i = 0; i < 4; i++) /* little-endian, as st_get_u32 reads it */
-            (*desc)[i] = (unsigned char)(tl >> (8 * i));
-        memcpy(*desc + 4, tag, tl);
-        memcpy(*desc + 4 + tl, enc, elen);
-        *desclen = 4 + tl + elen;
-    }
-out:
-    if (rc && checked) {
-        st_meta_free(checked);
-        d->meta = NULL;
-    }
-    if (m)
-        st_meta_free(m);
-    free(enc);
     return rc;
 }
 
-static int zero_adopt(st_dir *d, const unsigned char *desc, size_t len)
+static int zero_adopt(st_index *ix, const unsigned char *desc, size_t len)
 {
-    uint32_t tl = len >= 4 ? st_get_u32(desc) : UINT32_MAX;
-    if (tl > len - 4 || tl >= 256 || (tl && !st_plain_name((const char *)desc + 4, tl)))
+    const unsigned char *t;
+    size_t tl;
+    if (st_desc_take(desc, &len, &t, &tl) || tl >= 256 ||
+        (tl && !st_plain_name((const char *)t, tl)))
         return st_fail(STRATA_EFORMAT, "checkpoint '%s': the index another rank read: a bad "
-                       "tag", d->path);
+                       "tag", ix->path);
     if (tl) {
         char tag[256], p[PATH_MAX];
-        memcpy(tag, desc + 4, tl);
+        memcpy(tag, t, tl);
         tag[tl] = 0;
-        int rc = st_path_join(p, d->path, tag);
+        int rc = st_path_join(p, ix->path, tag);
         if (rc)
             return rc;
-        memcpy(d->path, p, strlen(p) + 1);
-        snprintf(d->tag, sizeof d->tag, "%s", tag);
+        memcpy(ix->path, p, strlen(p) + 1);
+        snprintf(ix->tag, sizeof ix->tag, "%s", tag);
     }
-    return st_source_adopt_meta(d, desc + 4 + tl, len - 4 - tl);
+    return st_index_adopt_meta(ix, desc, len);
 }
 
-static int zero_verify(const st_dir *d, strata_verify_cb report, void *ctx)
+static int zero_verify(const st_index *ix, st_report_fn report, void *ctx)
 {
-    return st_source_torchsave.verify(d, report, ctx);
+    return st_source_torchsave.verify(ix, report, ctx);
 }
 
 const st_source st_source_zero = {"deepspeed", STRATA_FORMAT_DEEPSPEED, zero_here, zero_open,

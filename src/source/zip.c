@@ -364,3 +364,17 @@ int st_zip_read(const st_zip *z, const st_zip_entry *e, void *buf, st_zip_read_f
                        file, e->name, (unsigned)crc, (unsigned)e->crc);
     return 0;
 }
+
+int st_check_add_zip(st_check_set *s, const st_zip *z, uint32_t file, uint64_t base)
+{
+    for (size_t i = 0; i < z->n; i++) {
+        const st_zip_entry *e = &z->e[i];
+        if (e->method != 0 || e->usize == 0)
+            continue;
+        char *name = st_arena_strndup(&s->arena, e->name, strlen(e->name));
+        if (!name || st_grow(&s->v, &s->cap, s->n + 1, sizeof *s->v))
+            return st_fail(STRATA_ENOMEM, "out of memory");
+        s->v[s->n++] = (st_mcheck){file, e->crc, base + e->data_off, e->usize, name};
+    }
+    return 0;
+}

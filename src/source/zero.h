@@ -27,7 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "meta.h"
+#include "../meta/meta.h"
 #include "torchsave.h"
 
 #define ST_ZERO_LATEST "latest"      /* a save_dir's file naming its newest tag */

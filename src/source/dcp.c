@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "../core/error.h"
-#include "meta.h"
+#include "../meta/meta.h"
 
 static uint64_t mul_sat(uint64_t a, uint64_t b)
 {

@@ -8,9 +8,10 @@
  * relative to the start of the data (8 + N). Rules enforced (docs/FORMAT.md, "Reading
  * safetensors"), each refusal STRATA_EFORMAT with a message naming the file and the problem:
  *   - 8 + N <= file size, N <= ST_ST_MAX_HEADER (100 MB; refused before reading the JSON);
- *   - the JSON is strict: objects, arrays, strings (escapes, \u with surrogate pairs,
- *     valid UTF-8, no raw control characters), true/false/null only where skipped, numbers
- *     as non-negative integers below 2^64 where read; nesting at most ST_ST_MAX_DEPTH;
+ *   - the JSON is strict (json.h, the reader the formats share): objects, arrays, strings
+ *     (escapes, \u with surrogate pairs, valid UTF-8, no raw control characters),
+ *     true/false/null only where skipped, numbers as non-negative integers below 2^64 where
+ *     read; nesting at most ST_JSON_MAX_DEPTH;
  *     nothing but whitespace after the top-level object;
  *   - tensor names 1..STRATA_MAX_NAME bytes, no NUL, unique; each tensor has the fields
  *     dtype, shape and data_offsets (2 entries), each once (other fields are skipped, as by
@@ -31,11 +32,10 @@
 #include <stdint.h>
 
 #include "../core/util.h"
-#include "meta.h"
+#include "../meta/meta.h"
 #include "strata_types.h"
 
 #define ST_ST_MAX_HEADER 100000000ull /* bytes of JSON a reader accepts (as the reference) */
-#define ST_ST_MAX_DEPTH 64            /* nesting of JSON arrays and objects */
 
 typedef struct st_st_tensor {
     char *name; /* UTF-8, NUL-terminated, 1..STRATA_MAX_NAME bytes */

@@ -1,118 +1,17 @@
-/* survey.c - what a path holds when it is not a checkpoint to open: the subdirectories of a
- * directory on any storage backend (strata_list_dirs, for `ls` and `gc`), and, for a path
- * without a commit record, what it is instead - another framework's checkpoint that strata
- * does not read (a DeepSpeed checkpoint without the ZeRO files its source reads, a directory
- * of torch.save files), a directory of strata checkpoints, an empty or unrelated directory -
- * told by the files' content where the name could lie. */
+/* survey.c - what a path holds when no source claims it (st_survey, source.h): another
+ * framework's checkpoint that strata does not read (a DeepSpeed checkpoint without the ZeRO
+ * files its source reads, a directory of torch.save files), an unfinished DCP save, a
+ * directory of checkpoints, an empty or unrelated directory - told by the files' content
+ * where the name could lie. Above the table (it asks whether a subdirectory is a
+ * checkpoint of some source), below the engine. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "../core/error.h"
-#include "../meta/dcp.h"
-#include "../meta/torchsave.h"
-#include "engine.h"
-#include "source.h"
-
-#define SURVEY_MAX 65536 /* entries looked at in one directory (a file per rank) */
-
-typedef struct {
-    char *name;
-    int kind; /* st_vfs kinds: 0 file, 1 directory, 2 symlink, 3 other */
-} entry;
-
-typedef struct {
-    entry *e;
-    size_t n, cap;
-    int oom;
-} entries;
-
-static int collect(void *ctx, const char *name, uint64_t size, int kind)
-{
-    (void)size;
-    entries *l = ctx;
-    if (l->n == SURVEY_MAX)
-        return ST_LIST_STOP;
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? 2 * l->cap : 32;
-        entry *more = realloc(l->e, cap * sizeof *more);
-        if (!more) {
-            l->oom = 1;
-            return ST_LIST_STOP;
-        }
-        l->e = more, l->cap = cap;
-    }
-    if (!(l->e[l->n].name = strdup(name))) {
-        l->oom = 1;
-        return ST_LIST_STOP;
-    }
-    l->e[l->n++].kind = kind;
-    return ST_LIST_NEXT;
-}
-
-static int cmp_entry(const void *a, const void *b)
-{
-    return strcmp(((const entry *)a)->name, ((const entry *)b)->name);
-}
-
-static void entries_free(entries *l)
-{
-    for (size_t i = 0; i < l->n; i++)
-        free(l->e[i].name);
-    free(l->e);
-}
-
-/* The entries of dir, sorted by name. */
-static int list_sorted(const st_vfs *v, const char *dir, entries *l)
-{
-    memset(l, 0, sizeof *l);
-    int e = v->list(v, dir, collect, l);
-    if (l->oom) {
-        entries_free(l);
-        return st_fail(STRATA_ENOMEM, "out of memory listing '%s'", dir);
-    }
-    if (e) {
-        entries_free(l);
-        return st_fail(e == -ENOENT ? STRATA_ENOENT : st_from_errno(-e), "cannot list '%s': %s",
-                       dir, strerror(-e));
-    }
-    if (l->n)
-        qsort(l->e, l->n, sizeof *l->e, cmp_entry);
-    return 0;
-}
-
-int strata_list_dirs(const char *dir_uri, strata_dir_cb fn, void *ctx)
-{
-    st_clear_error();
-    if (!dir_uri || !fn)
-        return st_fail(STRATA_EINVAL, "strata_list_dirs: %s is NULL", dir_uri ? "fn" : "dir_uri");
-    const st_vfs *v;
-    char path[PATH_MAX];
-    int rc = st_vfs_resolve(dir_uri, &v, path, sizeof path);
-    if (rc)
-        return rc;
-    entries l;
-    rc = list_sorted(v, path, &l);
-    st_vfs_release(v);
-    if (rc)
-        return rc;
-    size_t n = strlen(dir_uri);
-    while (n > 1 && dir_uri[n - 1] == '/')
-        n--;
-    for (size_t i = 0; i < l.n && !rc; i++) {
-        if (l.e[i].kind != 1)
-            continue;
-        char *child;
-        if (asprintf(&child, "%.*s/%s", (int)n, dir_uri, l.e[i].name) < 0)
-            rc = st_fail(STRATA_ENOMEM, "out of memory");
-        else if (fn(ctx, child) != 0)
-            rc = st_fail(STRATA_EABORTED, "strata_list_dirs: stopped by its callback");
-        if (rc != STRATA_ENOMEM)
-            free(child);
-    }
-    entries_free(&l);
-    return rc;
-}
+#include "dcp.h"
+#include "readers.h"
+#include "torchsave.h"
 
 /* ---- what a path is ---------------------------------------------------------------------- */
 
@@ -160,7 +59,7 @@ static int ends_with(const char *s, const char *suffix)
 }
 
 /* DeepSpeed's `latest`: a small file naming a tag directory beside it (global_step100)? */
-static int deepspeed_latest(const st_vfs *v, const char *dir, const entries *l)
+static int deepspeed_latest(const st_vfs *v, const char *dir, const st_dirlist *l)
 {
     char p[PATH_MAX];
     unsigned char *buf = NULL;
@@ -180,7 +79,7 @@ static int deepspeed_latest(const st_vfs *v, const char *dir, const entries *l)
 }
 
 /* The .distcp files in the list (a DCP directory's data, one or more per rank). */
-static size_t distcp_files(const entries *l)
+static size_t distcp_files(const st_dirlist *l)
 {
     size_t n = 0;
     for (size_t i = 0; i < l->n; i++)
@@ -192,17 +91,15 @@ static size_t distcp_files(const entries *l)
  * dcp.save writes last (its rename of .metadata.tmp commits it)? */
 static int dcp_unfinished(const st_vfs *v, const char *dir)
 {
-    entries l;
+    st_dirlist l;
     int kind;
     char p[PATH_MAX];
     if (st_path_join(p, dir, ST_DCP_METADATA) == 0 && v->stat(v, p, NULL, &kind) == 0)
         return 0;
-    if (list_sorted(v, dir, &l)) {
-        st_clear_error();
+    if (st_dirlist_read(v, dir, &l))
         return 0;
-    }
     size_t n = distcp_files(&l);
-    entries_free(&l);
+    st_dirlist_free(&l);
     return n > 0;
 }
 
@@ -210,7 +107,7 @@ static int dcp_unfinished(const st_vfs *v, const char *dir)
  * strata does not read, STRATA_EINCOMPLETE for a DCP checkpoint without its .metadata,
  * STRATA_ENOENT for no checkpoint at all). Its subdirectories are checkpoints when they hold
  * strata's files or another format strata reads (a source's). */
-static int name_dir(const st_vfs *v, const char *dir, const char *path, const entries *l)
+static int name_dir(const st_vfs *v, const char *dir, const char *path, const st_dirlist *l)
 {
     size_t saved = 0, ckpts = 0, committed = 0, distcp = distcp_files(l);
     const char *a_saved = NULL, *last = NULL;
@@ -229,7 +126,8 @@ static int name_dir(const st_vfs *v, const char *dir, const char *path, const en
                              v->stat(v, p, NULL, NULL) == 0;
             int has_meta = !has_commit && st_path_join(p, c, ST_META_FILE) == 0 &&
                            v->stat(v, p, NULL, NULL) == 0;
-            int other = !has_commit && !has_meta && st_source_find(v, c, 1) != NULL;
+            const st_source *src = has_commit || has_meta ? NULL : st_source_find(v, c, 1);
+            int other = src && src != &st_source_strata; /* another format's */
             int unfinished = !has_commit && !has_meta && !other && dcp_unfinished(v, c);
             ckpts += has_commit || has_meta || other || unfinished;
             if (has_commit || other)
@@ -276,7 +174,7 @@ int st_survey(const st_vfs *v, const char *path, int kind)
     if (kind != 1) { /* a file, a link to one (safetensors: taken before) */
         unsigned char b[4];
         size_t n = head(v, path, NULL, b, sizeof b);
-        if (is_zip(b, n)) /* torch.save's are taken before (src_torchsave.c) */
+        if (is_zip(b, n)) /* torch.save's are taken before (torchsave_src.c) */
             return st_fail(STRATA_EFORMAT, "'%s' is a zip archive without a <dir>/data.pkl "
                            "entry: not a torch.save file, nor a checkpoint", path);
         if (is_pickle(b, n))
@@ -287,19 +185,19 @@ int st_survey(const st_vfs *v, const char *path, int kind)
     /* a symlink to a directory ("latest", which the caller reads through): listed as
      * "link/." (the listing itself never follows a link) */
     char dir[PATH_MAX];
-    int ns = 0, lk = 1, rc = 0;
+    int lk = 1, rc = 0;
     if (v->stat(v, path, NULL, &lk) == 0 && lk == 2)
         rc = st_path_join(dir, path, ".");
     else
         snprintf(dir, sizeof dir, "%s", path);
-    if (!rc)
-        rc = st_scan_dir(v, dir, 0, &ns, NULL, NULL);
-    if (rc || ns) /* strata's files: a strata checkpoint (the caller says incomplete) */
+    if (rc)
         return rc;
-    entries l;
-    if ((rc = list_sorted(v, dir, &l)))
-        return rc;
-    rc = name_dir(v, dir, path, &l);
-    entries_free(&l);
+    st_dirlist l;
+    int e = st_dirlist_read(v, dir, &l);
+    if (e)
+        return st_fail(st_from_errno(-e), "cannot list '%s': %s", dir, strerror(-e));
+    /* strata's files: a strata checkpoint (its source says what is missing) */
+    rc = st_strata_files(&l) ? 0 : name_dir(v, dir, path, &l);
+    st_dirlist_free(&l);
     return rc;
 }

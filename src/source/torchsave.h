@@ -33,7 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "meta.h"
+#include "../meta/meta.h"
 #include "pickle.h"
 #include "safetensors.h"
 #include "zip.h"

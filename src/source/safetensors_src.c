@@ -1,6 +1,6 @@
-/* foreign.c - the safetensors source (source.h): a Hugging Face safetensors directory (or
+/* safetensors_src.c - the safetensors source (source.h): a Hugging Face safetensors directory (or
  * one .safetensors file). The index and every file's header are read, and the metadata is
- * built from them (src/meta/safetensors.h). Its description for the other ranks is the
+ * built from them (safetensors.h). Its description for the other ranks is the
  * headers themselves (safetensors.h's source description).
  *
  * here: a file named *.safetensors, or a directory without strata's metadata or commit
@@ -12,8 +12,8 @@
 #include <stdlib.h>
 
 #include "../core/error.h"
-#include "../meta/safetensors.h"
-#include "source.h"
+#include "safetensors.h"
+#include "readers.h"
 
 static int ends_with(const char *s, const char *suffix)
 {
@@ -64,24 +64,21 @@ static int put_header(const st_vfs *v, const char *dir, const char *name, st_buf
     return rc;
 }
 
-static int st_foreign_open(st_dir *d, unsigned char **raw, size_t *rawlen)
+static int st_foreign_open(st_index *ix, int allow_incomplete, unsigned char **raw,
+                           size_t *rawlen)
 {
-    const st_vfs *v = d->vfs;
-    int kind, rc = 0;
+    (void)allow_incomplete;
+    const st_vfs *v = ix->vfs;
+    int rc = 0;
     st_buf b = {0};
     st_st_map map = {0};
-    const char *single = ST_ST_SINGLE_FILE;
-    if (v->stat(v, d->path, NULL, &kind) == 0 && (kind == 0 || kind == 2)) {
-        char dir[PATH_MAX];
-        single = st_source_split(d->path, dir);
-        char name[PATH_MAX];
-        snprintf(name, sizeof name, "%s", single);
-        memcpy(d->path, dir, strlen(dir) + 1);
+    char single[PATH_MAX] = ST_ST_SINGLE_FILE;
+    if (st_index_to_dir(ix, single)) {
         st_st_src_begin(&b, 1);
-        rc = put_header(v, d->path, name, &b);
-    } else if (st_source_has_file(v, d->path, ST_ST_INDEX_FILE)) {
+        rc = put_header(v, ix->path, single, &b);
+    } else if (st_source_has_file(v, ix->path, ST_ST_INDEX_FILE)) {
         char shown[PATH_MAX + 300];
-        snprintf(shown, sizeof shown, "%s/%s", d->path, ST_ST_INDEX_FILE);
+        snprintf(shown, sizeof shown, "%s/%s", ix->path, ST_ST_INDEX_FILE);
         unsigned char *json = NULL;
         size_t len = 0;
         int e = st_vfs_read_all(v, shown, ST_ST_MAX_HEADER, ST_O_FOLLOW, &json, &len);
@@ -101,23 +98,22 @@ static int st_foreign_open(st_dir *d, unsigned char **raw, size_t *rawlen)
             goto out;
         st_st_src_begin(&b, (uint32_t)map.nfiles);
         for (size_t i = 0; i < map.nfiles && !rc; i++)
-            rc = put_header(v, d->path, map.files[i], &b);
+            rc = put_header(v, ix->path, map.files[i], &b);
     } else {
         st_st_src_begin(&b, 1);
-        rc = put_header(v, d->path, single, &b);
+        rc = put_header(v, ix->path, single, &b);
     }
     if (!rc && b.oom)
         rc = st_fail(STRATA_ENOMEM, "out of memory");
     if (!rc)
-        rc = st_st_meta(&d->meta, b.p, b.n, map.n ? &map : NULL, d->path);
+        rc = st_st_meta(&ix->meta, b.p, b.n, map.n ? &map : NULL, ix->path);
 out:
     st_st_map_free(&map);
     if (rc) {
         free(b.p);
         return rc;
     }
-    d->committed = 1;
-    memset(&d->commit, 0, sizeof d->commit);
+    ix->committed = 1;
     if (raw) {
         *raw = b.p;
         *rawlen = b.n;
@@ -127,18 +123,13 @@ out:
     return 0;
 }
 
-static int st_foreign_adopt(st_dir *d, const unsigned char *raw, size_t len)
+static int st_foreign_adopt(st_index *ix, const unsigned char *raw, size_t len)
 {
-    int kind;
-    const st_vfs *v = d->vfs;
-    if (v->stat(v, d->path, NULL, &kind) == 0 && (kind == 0 || kind == 2)) {
-        char dir[PATH_MAX];
-        st_source_split(d->path, dir);
-        memcpy(d->path, dir, strlen(dir) + 1);
-    }
-    int rc = st_st_meta(&d->meta, raw, len, NULL, d->path);
+    char name[PATH_MAX];
+    st_index_to_dir(ix, name);
+    int rc = st_st_meta(&ix->meta, raw, len, NULL, ix->path);
     if (!rc)
-        d->committed = 1;
+        ix->committed = 1;
     return rc;
 }
 

@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "meta.h"
+#include "../meta/meta.h"
 #include "pickle.h"
 
 #define ST_MG_CONFIG "metadata.json"

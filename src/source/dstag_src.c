@@ -1,22 +1,22 @@
-/* src_dstag.c - a DeepSpeed tag saved through strata.deepspeed as a source (source.h): the
+/* dstag_src.c - a DeepSpeed tag saved through strata.deepspeed as a source (source.h): the
  * tag directory (DeepSpeed's files there are stubs naming their entries, the data is the
  * strata checkpoint tag/strata), or the save_dir whose `latest` names one. What is read is
- * that strata checkpoint, as strata's own (its metadata, commit record and checksums); the
- * source only finds it. The description for other ranks is the tag `latest` named (or ""),
- * the commit record and the metadata. docs/FORMAT.md, "DeepSpeed tags (strata.deepspeed)".
+ * that strata checkpoint, by strata's own source (strata_src.c: its metadata, commit record
+ * and checksums); this source only finds it. The description for other ranks is strata's
+ * own, with the tag `latest` named ("" if none) as a trailer. docs/FORMAT.md, "DeepSpeed tags (strata.deepspeed)".
  *
  * here: a directory without strata's metadata or commit record holding a model-states stub
  * (mp_rank_00_model_states.pt, or zero_pp_rank_0_mp_rank_00_model_states.pt, beginning with
  * the stub's magic) and a subdirectory strata; or one holding `latest` that names such a
  * directory. open: the strata checkpoint's errors (STRATA_EINCOMPLETE naming tag/strata for
- * a tag whose save did not commit), `latest`'s (src_zero.c). No threads. */
+ * a tag whose save did not commit), `latest`'s (zero_src.c). No threads. */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "../core/error.h"
 #include "../core/util.h"
-#include "../meta/zero.h"
-#include "source.h"
+#include "zero.h"
+#include "readers.h"
 
 /* Does dir/name begin with the stub's magic? */
 static int stub_at(const st_vfs *v, const char *dir, const char *name)
@@ -59,70 +59,51 @@ static int dstag_here(const st_vfs *v, const char *path, int kind)
     return yes;
 }
 
-/* d->path, the tag directory (or the save_dir `tag` names a tag of), becomes its strata
+/* ix->path, the tag directory (or the save_dir `tag` names a tag of), becomes its strata
  * checkpoint's. */
-static int to_ckpt(st_dir *d, const char *tag)
+static int to_ckpt(st_index *ix, const char *tag)
 {
     char p[PATH_MAX];
     int rc = 0;
-    if (*tag && !(rc = st_path_join(p, d->path, tag))) {
-        memcpy(d->path, p, strlen(p) + 1);
-        snprintf(d->tag, sizeof d->tag, "%s", tag);
+    if (*tag && !(rc = st_path_join(p, ix->path, tag))) {
+        memcpy(ix->path, p, strlen(p) + 1);
+        snprintf(ix->tag, sizeof ix->tag, "%s", tag);
     }
-    if (!rc && !(rc = st_path_join(p, d->path, ST_DSTAG_SUBDIR)))
-        memcpy(d->path, p, strlen(p) + 1);
+    if (!rc && !(rc = st_path_join(p, ix->path, ST_DSTAG_SUBDIR)))
+        memcpy(ix->path, p, strlen(p) + 1);
     return rc;
 }
 
-/* The description: u32 tag length, the tag, u32 commit record length, the record, and the
- * metadata as stored. */
-static int dstag_open(st_dir *d, unsigned char **desc, size_t *desclen)
+static int dstag_open(st_index *ix, int allow_incomplete, unsigned char **desc,
+                      size_t *desclen)
 {
     char tag[256] = "";
     int rc = 0;
-    if (!is_tag(d->vfs, d->path) &&
-        (rc = st_zero_read_latest(d->vfs, d->path, tag, sizeof tag)))
+    if (!is_tag(ix->vfs, ix->path) &&
+        (rc = st_zero_read_latest(ix->vfs, ix->path, tag, sizeof tag)))
         return rc;
-    unsigned char *meta = NULL;
-    size_t mlen = 0;
-    if ((rc = to_ckpt(d, tag)) ||
-        (rc = st_dir_read_own(d, d->incomplete_ok, 0, desc ? &meta : NULL, &mlen)))
+    if ((rc = to_ckpt(ix, tag)) ||
+        (rc = st_source_strata.open(ix, allow_incomplete, desc, desclen)))
         return rc;
-    if (desc) {
-        unsigned char c[ST_COMMIT_SIZE];
-        size_t clen = st_commit_encode(&d->commit, c);
-        st_buf b = {0};
-        st_buf_u32(&b, (uint32_t)strlen(tag));
-        st_buf_put(&b, tag, strlen(tag));
-        st_buf_u32(&b, (uint32_t)clen);
-        st_buf_put(&b, c, clen);
-        st_buf_put(&b, meta, mlen);
-        free(meta);
-        if (b.oom) {
-            free(b.p);
-            return st_fail(STRATA_ENOMEM, "out of memory");
-        }
-        *desc = b.p;
-        *desclen = b.n;
+    if (desc && (rc = st_desc_add(desc, desclen, tag, strlen(tag)))) {
+        free(*desc);
+        *desc = NULL;
     }
-    return 0;
+    return rc;
 }
 
-static int dstag_adopt(st_dir *d, const unsigned char *desc, size_t len)
+static int dstag_adopt(st_index *ix, const unsigned char *desc, size_t len)
 {
-    st_rd r = {desc, desc + len, desc, 0, ""};
+    const unsigned char *t;
+    size_t tl;
     char tag[256] = "";
-    uint32_t tl = st_rd_u32(&r);
-    const unsigned char *t = tl < sizeof tag ? st_rd_take(&r, tl) : NULL;
-    uint32_t cl = st_rd_u32(&r);
-    const unsigned char *c = t && cl <= ST_COMMIT_SIZE ? st_rd_take(&r, cl) : NULL;
-    st_commit commit;
-    if (!c || (tl && !st_plain_name((const char *)t, tl)) || st_commit_decode(&commit, c, cl))
+    if (st_desc_take(desc, &len, &t, &tl) || tl >= sizeof tag ||
+        (tl && !st_plain_name((const char *)t, tl)))
         return st_fail(STRATA_EFORMAT, "checkpoint '%s': the index another rank read: a bad "
-                       "tag or commit record", d->path);
+                       "tag", ix->path);
     memcpy(tag, t, tl);
-    int rc = to_ckpt(d, tag);
-    return rc ? rc : st_dir_parse_own(d, &commit, r.p, st_rd_left(&r));
+    int rc = to_ckpt(ix, tag);
+    return rc ? rc : st_source_strata.adopt(ix, desc, len);
 }
 
 const st_source st_source_dstag = {"strata.deepspeed", STRATA_FORMAT_STRATA_DEEPSPEED,
