@@ -35,11 +35,9 @@ _manager (CheckpointManager).
 """
 
 import ctypes
-import hashlib
 import json
 import logging
 import os
-import struct
 import time
 import warnings
 
@@ -280,33 +278,21 @@ def _exchange(group, what, err, payload=b"", inline=0, same=False):
     """The collective step before strata's own in a save or load: every rank learns whether
     every rank got ready - else all raise: this rank's own error, or the first failing
     rank's, named ("<what> failed on rank r") - and gets every rank's payload (bytes), a
-    list by rank; or None where `same` and every rank's payload is the same. One allgather
+    list by rank; or None where `same` and every rank's payload is the same. libstrata's
+    agreement (strata_comm_agree, through Comm.agree on the group's Comm): one allgather
     when every rank is ready and either every payload fits in `inline` bytes (sent with the
-    status) or `same` and all are equal; else a second one, of the payloads."""
+    status) or `same` and all are equal; else one more, of the payloads that did not fit."""
     if group is None or group.size == 1:
         if err is not None:
             raise err
         return None if same else [payload]
-    if err is not None:
-        payload = json.dumps([type(err).__name__, str(err)]).encode()
-    digest = int.from_bytes(hashlib.blake2b(payload, digest_size=8).digest(), "little")
-    body = payload.ljust(inline, b"\0") if len(payload) <= inline else b"\0" * inline
-    recs = group.allgather_bytes(struct.pack("<QQQ", err is not None, len(payload), digest) + body)
-    heads = [struct.unpack("<QQQ", r[:24]) for r in recs]
-    if same and all(h[0] == 0 for h in heads) and len(set(h[1:] for h in heads)) == 1:
-        return None
-    if all(h[1] <= inline for h in heads):
-        got = [r[24:24 + h[1]] for r, h in zip(recs, heads)]
-    else:
-        n = max(h[1] for h in heads)
-        got = [g[:h[1]] for g, h in zip(group.allgather_bytes(payload.ljust(n, b"\0")), heads)]
-    if err is not None:
-        raise err
-    for r, h in enumerate(heads):
-        if h[0]:
-            cls, msg = json.loads(got[r])
-            raise _error(cls, "%s failed on rank %d: %s" % (what, r, msg))
-    return got
+    if err is None:
+        return group.comm.agree(payload, what=what, inline=inline, same=same)
+    try:   # every rank must reach the collective; this rank then raises its own error
+        group.comm.agree(what=what, error=err, inline=inline, same=same)
+    except _S.Error:
+        pass
+    raise err
 
 
 def _agree(group, what, err, checks=()):

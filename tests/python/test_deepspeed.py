@@ -275,11 +275,33 @@ def test_flat_hostile(tmp_path, monkeypatch):
 
 
 class _Pair:
-    """Two ranks of one process (threads) whose allgather_bytes meet; calls counted."""
+    """Two ranks of one process (threads) whose strata.Comm meets over a barrier; the
+    collectives of rank 0 counted."""
 
     def __init__(self):
         import threading
         self.barrier, self.buf, self.calls = threading.Barrier(2), [None, None], 0
+
+    def _comm(self, r):
+        def meet(data):
+            self.buf[r] = data
+            self.barrier.wait()
+            got = list(self.buf)
+            self.calls += r == 0
+            self.barrier.wait()
+            return got
+
+        def allgather(send, recv):
+            recv[:] = b"".join(meet(bytes(send)))
+
+        def alltoallv(send, scounts, recv, rcounts):
+            mine = bytes(send)
+            parts = [mine[sum(scounts[:d]):sum(scounts[:d + 1])] for d in range(2)]
+            recv[:] = b"".join(p[r] for p in meet(parts))
+
+        def bcast(buf, root):
+            raise AssertionError("not used")
+        return strata.Comm.host(r, 2, allgather, alltoallv, bcast)
 
     def run(self, fn, args):
         """fn(group of rank r, *args[r]) on both ranks: [result or exception] by rank."""
@@ -290,15 +312,7 @@ class _Pair:
             size = 2
 
             def __init__(rk, r):
-                rk.rank = r
-
-            def allgather_bytes(rk, data):
-                self.buf[rk.rank] = data
-                self.barrier.wait()
-                got = list(self.buf)
-                self.calls += rk.rank == 0
-                self.barrier.wait()
-                return got
+                rk.rank, rk.comm = r, self._comm(r)
 
         def one(r):
             try:
@@ -314,7 +328,7 @@ class _Pair:
 
 
 def test_agree_files():
-    """The ranks' file lists of a tag are agreed in one allgather when all is well (and
+    """The ranks' file lists of a tag are agreed in one collective when all is well (and
     when a rank failed, briefly), two for lists longer than _FILES_INLINE; a file of two
     ranks, or a rank's failure, is raised on every rank, naming them."""
     p = _Pair()
