@@ -17,7 +17,7 @@ import concurrent.futures
 import os
 import time
 
-from strata._tensor import _error
+import strata as _S
 
 
 def _classes():
@@ -40,12 +40,14 @@ def _one_path(what, path, checkpoint_id, io_path):
         same = (isinstance(path, (list, tuple)) == isinstance(checkpoint_id, (list, tuple))
                 and _fspaths(path) == _fspaths(checkpoint_id))
         if not same:
-            raise _error("InvalidArgumentError", "%s: path %r and checkpoint_id=%r differ; give "
-                         "one of them" % (what, path, checkpoint_id))
+            raise _S.InvalidArgumentError(
+                "%s: path %r and checkpoint_id=%r differ; give "
+                "one of them" % (what, path, checkpoint_id))
     got = path if path is not None else checkpoint_id if checkpoint_id is not None else io_path
     if got is None:
-        raise _error("InvalidArgumentError", "%s: no path: give it as checkpoint_id= (as to "
-                     "DCP) or as the argument after the state dict" % what)
+        raise _S.InvalidArgumentError(
+            "%s: no path: give it as checkpoint_id= (as to "
+            "DCP) or as the argument after the state dict" % what)
     return got
 
 
@@ -58,35 +60,40 @@ def save_args(what, path, checkpoint_id, storage_writer, planner, use_collective
     """(path, replace) of a save given DCP's arguments; options (the save's keyword options,
     a dict) gets sync=False where the writer asks for no fsync."""
     if use_collectives is not True:
-        raise _error("InvalidArgumentError", "%s: use_collectives=%r: strata's save always "
-                     "agrees on one plan over the ranks (its collectives run on a gloo group "
-                     "of its own); drop it, or pass no_dist=True to save in this process "
-                     "alone" % (what, use_collectives))
+        raise _S.InvalidArgumentError(
+            "%s: use_collectives=%r: strata's save always "
+            "agrees on one plan over the ranks (its collectives run on a gloo group "
+            "of its own); drop it, or pass no_dist=True to save in this process "
+            "alone" % (what, use_collectives))
     io_path = None
     if planner is not None or storage_writer is not None:
         dcp, _ = _classes()
         if planner is not None and type(planner) is not dcp.DefaultSavePlanner:
-            raise _error("InvalidArgumentError", "%s: planner=%s is not DCP's "
-                         "DefaultSavePlanner: strata plans a save itself (replicated tensors "
-                         "written once, the writes balanced over the ranks, the plan kept for "
-                         "the next save of the same layout); drop planner=" % (what, _name(planner)))
+            raise _S.InvalidArgumentError(
+                "%s: planner=%s is not DCP's "
+                "DefaultSavePlanner: strata plans a save itself (replicated tensors "
+                "written once, the writes balanced over the ranks, the plan kept for "
+                "the next save of the same layout); drop planner=" % (what, _name(planner)))
         if storage_writer is not None:
             w = storage_writer
             if type(w) is not dcp.FileSystemWriter:
-                raise _error("InvalidArgumentError", "%s: storage_writer=%s is not DCP's "
-                             "FileSystemWriter: strata writes through its own storage (a "
-                             "directory, file://, mem://, s3://): give the path as "
-                             "checkpoint_id=" % (what, _name(w)))
+                raise _S.InvalidArgumentError(
+                    "%s: storage_writer=%s is not DCP's "
+                    "FileSystemWriter: strata writes through its own storage (a "
+                    "directory, file://, mem://, s3://): give the path as "
+                    "checkpoint_id=" % (what, _name(w)))
             fmt = getattr(w, "serialization_format", None)
             if fmt is not None and getattr(fmt, "name", "TORCH_SAVE") != "TORCH_SAVE":
-                raise _error("InvalidArgumentError", "%s: FileSystemWriter(serialization_format="
-                             "%s): strata writes its own format; "
-                             "strata.torch.export_safetensors writes safetensors from it"
-                             % (what, fmt))
+                raise _S.InvalidArgumentError(
+                    "%s: FileSystemWriter(serialization_format="
+                    "%s): strata writes its own format; "
+                    "strata.torch.export_safetensors writes safetensors from it"
+                    % (what, fmt))
             if getattr(getattr(w, "transforms", None), "extensions", None):
-                raise _error("InvalidArgumentError", "%s: FileSystemWriter(_extensions=...): "
-                             "strata writes its own format (every chunk checksummed), with no "
-                             "stream transforms" % what)
+                raise _S.InvalidArgumentError(
+                    "%s: FileSystemWriter(_extensions=...): "
+                    "strata writes its own format (every chunk checksummed), with no "
+                    "stream transforms" % what)
             io_path = w.path
             replace = replace or bool(w.overwrite)
             if not w.sync_files:
@@ -101,19 +108,21 @@ def load_args(what, path, checkpoint_id, storage_reader, planner, partial):
         dcp, _ = _classes()
         if planner is not None:
             if type(planner) is not dcp.DefaultLoadPlanner:
-                raise _error("InvalidArgumentError", "%s: planner=%s is not DCP's "
-                             "DefaultLoadPlanner: strata plans a load itself (any saved layout "
-                             "into the target's); for keys the checkpoint lacks pass "
-                             "partial=True, for another dtype cast=True; drop planner="
-                             % (what, _name(planner)))
+                raise _S.InvalidArgumentError(
+                    "%s: planner=%s is not DCP's "
+                    "DefaultLoadPlanner: strata plans a load itself (any saved layout "
+                    "into the target's); for keys the checkpoint lacks pass "
+                    "partial=True, for another dtype cast=True; drop planner="
+                    % (what, _name(planner)))
             partial = partial or bool(planner.allow_partial_load)
         if storage_reader is not None:
             if type(storage_reader) is not dcp.FileSystemReader:
-                raise _error("InvalidArgumentError", "%s: storage_reader=%s is not DCP's "
-                             "FileSystemReader: strata reads through its own storage (a "
-                             "directory, file://, mem://, s3://; strata's checkpoints, DCP's, "
-                             "safetensors, torch.save, Megatron, DeepSpeed): give the path as "
-                             "checkpoint_id=" % (what, _name(storage_reader)))
+                raise _S.InvalidArgumentError(
+                    "%s: storage_reader=%s is not DCP's "
+                    "FileSystemReader: strata reads through its own storage (a "
+                    "directory, file://, mem://, s3://; strata's checkpoints, DCP's, "
+                    "safetensors, torch.save, Megatron, DeepSpeed): give the path as "
+                    "checkpoint_id=" % (what, _name(storage_reader)))
             io_path = storage_reader.path
     return _one_path(what, path, checkpoint_id, io_path), partial
 
@@ -138,10 +147,11 @@ def staging(what, dcp_call, storage_writer, async_stager):
         return ASYNC if async_stager._config.use_async_staging else SYNC
     if isinstance(async_stager, st.BlockingAsyncStager):
         return SYNC
-    raise _error("InvalidArgumentError", "%s: async_stager=%s is not DCP's DefaultStager: strata "
-                 "copies the state into its own pool in the background (the returned save's "
-                 "staging_completion, or wait_snapshot(), says when it is done); pass "
-                 "DefaultStager(...) or none" % (what, _name(async_stager)))
+    raise _S.InvalidArgumentError(
+        "%s: async_stager=%s is not DCP's DefaultStager: strata "
+        "copies the state into its own pool in the background (the returned save's "
+        "staging_completion, or wait_snapshot(), says when it is done); pass "
+        "DefaultStager(...) or none" % (what, _name(async_stager)))
 
 
 def response(save):

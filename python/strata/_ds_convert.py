@@ -13,7 +13,6 @@ import sys
 import torch
 
 import strata as _S
-from strata._tensor import _error
 
 # strata.deepspeed (SUBDIR, load_entry, _write_atomic) imports this module: taken at call time
 
@@ -28,12 +27,12 @@ def _tag_of(save_dir, tag, subdir):
             with open(os.path.join(save_dir, "latest")) as f:
                 tag = f.read().strip()
         except FileNotFoundError:
-            raise _error("MissingError", "%s: neither a tag saved through strata.deepspeed "
-                         "(no %s/) nor a save_dir with a `latest` file; name the tag (--tag)"
-                         % (save_dir, subdir)) from None
+            raise _S.MissingError(
+                "%s: neither a tag saved through strata.deepspeed "
+                "(no %s/) nor a save_dir with a `latest` file; name the tag (--tag)"
+                % (save_dir, subdir)) from None
     if not tag or "/" in tag or tag in (".", ".."):
-        raise _error("FormatError", "%s: %r is not a tag (a plain directory name)"
-                     % (save_dir, tag))
+        raise _S.FormatError("%s: %r is not a tag (a plain directory name)" % (save_dir, tag))
     return os.path.join(save_dir, tag), tag
 
 
@@ -41,8 +40,9 @@ def _safe_entry(ckpt, e, subdir):
     parts = e.split("/")
     if (not e or e.startswith("/") or any(p in ("", ".", "..") for p in parts)
             or parts[0] == subdir):
-        raise _error("FormatError", "%s: entry %r is not a file's place in a tag directory"
-                     % (ckpt, e))
+        raise _S.FormatError(
+            "%s: entry %r is not a file's place in a tag directory"
+            % (ckpt, e))
     return os.path.join(*parts)
 
 
@@ -62,7 +62,7 @@ def convert(save_dir, out_dir, tag=None, pickle=False):
     ckpt = os.path.join(tagdir, SUBDIR)
     dst = os.path.join(out_dir, tag)
     if os.path.lexists(dst):
-        raise _error("ExistsError", "%s: already there (a tag is never overwritten)" % dst)
+        raise _S.ExistsError("%s: already there (a tag is never overwritten)" % dst)
     os.makedirs(out_dir, exist_ok=True)
     tmp = os.path.join(out_dir, ".%s.strata-convert-%d" % (tag, os.getpid()))
     shutil.rmtree(tmp, ignore_errors=True)

@@ -9,7 +9,7 @@ import strata as _S
 from strata import _flush, _values
 from strata._flush import _committed
 from strata._statedict import _version_of
-from strata.torch import AsyncSave, _error, _group, _prepare_save, _versions, load
+from strata.torch import AsyncSave, _group, _prepare_save, _versions, load
 
 _STEP_DIR = re.compile(r"step-(\d+)")
 
@@ -207,7 +207,8 @@ class CheckpointManager:
             warnings.warn("strata CheckpointManager: step %d is committed on %s only: %s"
                           % (step, ", ".join(self.tiers[i] for i in ok), exc))
             return None
-        e = _error(type(exc).__name__, "step %d was saved on no tier: %s" % (step, exc))
+        cls = type(exc) if isinstance(exc, _S.Error) else _S.InvalidArgumentError
+        e = cls("step %d was saved on no tier: %s" % (step, exc))
         e.__cause__ = exc
         return e
 
@@ -402,8 +403,9 @@ class CheckpointManager:
         if step is None:
             step = self.latest()
             if step is None:
-                raise _error("NotFoundError", "no committed checkpoint under %s"
-                             % ", ".join(self.tiers))
+                raise _S.NotFoundError(
+                    "no committed checkpoint under %s"
+                    % ", ".join(self.tiers))
         uris = [self._load_path(step, i) for i in range(len(self.tiers))]
         self._snap = None   # (the load moves the counters of what it fills anyway)
         load(state_dict, uris, self.process_group, pickle=self.pickle, **options)

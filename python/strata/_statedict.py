@@ -15,7 +15,7 @@ import torch
 import strata as _S
 from strata import _torchsave, _values
 from strata._dtensor import _dtensor_boxes, _is_dtensor
-from strata._tensor import (_FROM_STRATA, _TO_STRATA, _check_tensor, _error, _hash_tensor,
+from strata._tensor import (_FROM_STRATA, _TO_STRATA, _check_tensor, _hash_tensor,
                             _nbytes, _readable, _sdtype, _with_key, _writable)
 
 # ---- per-rank values --------------------------------------------------------------------
@@ -105,9 +105,9 @@ def _join(key, k):
     elif isinstance(k, int):
         part = str(int(k))
     else:
-        raise _error("InvalidArgumentError",
-                     "%s: a state dict key of type %s (%r): keys are str or int"
-                     % (key or "<root>", type(k).__name__, k))
+        raise _S.InvalidArgumentError(
+            "%s: a state dict key of type %s (%r): keys are str or int"
+            % (key or "<root>", type(k).__name__, k))
     return part if not key else key + "." + part
 
 
@@ -152,8 +152,9 @@ def _flatten(state_dict, frozen_params=None):
                                      if not p.requires_grad)
             sd = v.state_dict()
             if not isinstance(sd, collections.abc.Mapping):
-                raise _error("InvalidArgumentError", "%s: state_dict() returned a %s, not a dict"
-                             % (key, type(sd).__name__))
+                raise _S.InvalidArgumentError(
+                    "%s: state_dict() returned a %s, not a dict"
+                    % (key, type(sd).__name__))
             container(sd, key, pr, out, True)
             return False
         if _is_container(v):
@@ -179,8 +180,8 @@ def _flatten(state_dict, frozen_params=None):
     seen = set()
     for e in out:
         if e[1] in seen:
-            raise _error("InvalidArgumentError",
-                         "two entries of the state dict flatten to the same key %r" % e[1])
+            raise _S.InvalidArgumentError(
+                "two entries of the state dict flatten to the same key %r" % e[1])
         seen.add(e[1])
     return out
 
@@ -203,8 +204,9 @@ def _frozen_test(frozen, params):
     names = [frozen] if isinstance(frozen, str) else list(frozen)
     for n in names:
         if not isinstance(n, str) or not n:
-            raise _error("InvalidArgumentError", "frozen=: %r is not a name (a key of the "
-                         "state dict, or a prefix of keys ending before a dot)" % (n,))
+            raise _S.InvalidArgumentError(
+                "frozen=: %r is not a name (a key of the "
+                "state dict, or a prefix of keys ending before a dot)" % (n,))
     names = set(names)
 
     def test(key, t):
@@ -269,8 +271,9 @@ class _SavePrep:
                 raise _with_key(e, key) from None
         missing = sorted(getattr(marks, "names", set()) - matched)
         if missing:
-            raise _error("InvalidArgumentError", "frozen=: %r names no tensor of the state dict "
-                         "(a key, or a prefix of keys ending before a dot)" % missing[0])
+            raise _S.InvalidArgumentError(
+                "frozen=: %r names no tensor of the state dict "
+                "(a key, or a prefix of keys ending before a dot)" % missing[0])
 
     def _blob(self, key, data, pr, check=True):
         buf = ctypes.create_string_buffer(max(len(data), 1))
@@ -286,11 +289,11 @@ class _SavePrep:
             data = _values.encode(v)
         except _values.NeedsPickle as e:
             if not self.pickle:
-                raise _error("InvalidArgumentError",
-                             "%s%s: %s cannot be saved without pickle: pass pickle=True to "
-                             "both save and load (loading then unpickles it, which can run "
-                             "code), or store it as None/bool/int/float/str/bytes/list/tuple/"
-                             "dict" % (key, e.path, e)) from None
+                raise _S.InvalidArgumentError(
+                    "%s%s: %s cannot be saved without pickle: pass pickle=True to "
+                    "both save and load (loading then unpickles it, which can run "
+                    "code), or store it as None/bool/int/float/str/bytes/list/tuple/"
+                    "dict" % (key, e.path, e)) from None
             data = _values.encode_pickle(v)
         self._blob(key, data, pr)
 
@@ -299,9 +302,9 @@ class _SavePrep:
         sdt = _sdtype(key, t)
         if _is_dtensor(t):
             if pr:
-                raise _error("InvalidArgumentError",
-                             "%s: per_rank() of a DTensor: a DTensor is already split over "
-                             "the ranks; save it without the marker" % key)
+                raise _S.InvalidArgumentError(
+                    "%s: per_rank() of a DTensor: a DTensor is already split over "
+                    "the ranks; save it without the marker" % key)
             gshape = tuple(t.shape)
             if t.numel() == 0:
                 self._blob(key, _values.encode_empty_tensor(sdt, gshape), False)
@@ -408,17 +411,19 @@ class _Meta:
         owners = self.owners
         if any((key, o) in self.blobs for o in owners) or any(
                 _pr_name(key, o) in self.tensors for o in owners):
-            return _error("NotFoundError",
-                          "%s: the checkpoint holds it per rank, but not for rank %d (saved by "
-                          "ranks %s): per-rank values are not resharded"
-                          % (key, rank, _ranges(owners)))
+            return _S.NotFoundError(
+                "%s: the checkpoint holds it per rank, but not for rank %d (saved by "
+                "ranks %s): per-rank values are not resharded"
+                % (key, rank, _ranges(owners)))
         if isinstance(self.common_error, _S.ChecksumError):
-            return _error("ChecksumError", "%s: not in the checkpoint's index, and its common.pt "
-                          "is corrupt: %s" % (key, self.common_error))
+            return _S.ChecksumError(
+                "%s: not in the checkpoint's index, and its common.pt "
+                "is corrupt: %s" % (key, self.common_error))
         if self.common_error is not None:
-            return _error("NotFoundError", "%s: not in the checkpoint's index, and its common.pt "
-                          "could not be read: %s" % (key, self.common_error))
-        return _error("NotFoundError", "%s: not in the checkpoint" % key)
+            return _S.NotFoundError(
+                "%s: not in the checkpoint's index, and its common.pt "
+                "could not be read: %s" % (key, self.common_error))
+        return _S.NotFoundError("%s: not in the checkpoint" % key)
 
 
 def _mismatch(key, dt, shape, sdt, tshape, cast):
@@ -432,8 +437,9 @@ def _mismatch(key, dt, shape, sdt, tshape, cast):
         elif not cast:
             why = (" (a narrowing conversion, which rounds: load with cast=True to convert "
                    "it, to nearest even)")
-    return _error("MismatchError", "%s: the checkpoint holds %s%s, the target is %s%s%s"
-                  % (key, dt, list(shape), sdt, list(tshape), why))
+    return _S.MismatchError(
+        "%s: the checkpoint holds %s%s, the target is %s%s%s"
+        % (key, dt, list(shape), sdt, list(tshape), why))
 
 
 def _copy_in(t, x):
@@ -447,8 +453,7 @@ def _dcp_value(key, data, target):
     reader (_torchsave.archive_values: C, never Python's pickle; an io.BytesIO, which DCP
     saves the same way, comes back as one)."""
     if target is not None:
-        raise _error("MismatchError", "%s: the checkpoint holds a value, the target is a "
-                     "tensor" % key)
+        raise _S.MismatchError("%s: the checkpoint holds a value, the target is a tensor" % key)
     return _torchsave.archive_values(data, name=key)
 
 
@@ -483,8 +488,9 @@ def _common_values(ld, d):
     d["b"] = [b for b in d["b"] if b is not blob[0]]
     name = ld.uri.rstrip("/") + "/" + _MG_COMMON
     if blob[0][2] > _torchsave.MAX_FILE_VALUES:
-        return {}, _error("FormatError", "%s: over %d bytes, the most read for its values"
-                          % (name, _torchsave.MAX_FILE_VALUES))
+        return {}, _S.FormatError(
+            "%s: over %d bytes, the most read for its values"
+            % (name, _torchsave.MAX_FILE_VALUES))
     try:
         data = _load_blobs(ld, blob)[0][1]
     except _S.ChecksumError as e:
@@ -555,8 +561,9 @@ class _LoadPrep:
         if _is_stateful(v):
             sd = v.state_dict()
             if not isinstance(sd, collections.abc.Mapping):
-                raise _error("InvalidArgumentError", "%s: state_dict() returned a %s, not a dict"
-                             % (key, type(sd).__name__))
+                raise _S.InvalidArgumentError(
+                    "%s: state_dict() returned a %s, not a dict"
+                    % (key, type(sd).__name__))
             self._container(sd, key, pr, None, False)
             self.finals.append(lambda obj=v, sd=sd: obj.load_state_dict(sd))
             return
@@ -575,11 +582,11 @@ class _LoadPrep:
             if fill and isinstance(v, collections.abc.MutableMapping):
                 self._fill(v, key)
                 return
-            raise _error("NotFoundError",
-                         "%s: the checkpoint holds entries under %r but the target's %r is "
-                         "empty (an optimizer whose state is not initialised yet? create it "
-                         "first, e.g. with torch.distributed.checkpoint.state_dict."
-                         "get_state_dict)" % (key, key + ".", key))
+            raise _S.NotFoundError(
+                "%s: the checkpoint holds entries under %r but the target's %r is "
+                "empty (an optimizer whose state is not initialised yet? create it "
+                "first, e.g. with torch.distributed.checkpoint.state_dict."
+                "get_state_dict)" % (key, key + ".", key))
         if isinstance(v, tuple):
             tmp = list(v)
             for i, c in items:
@@ -668,15 +675,16 @@ class _LoadPrep:
                     # a tensor among values (Megatron's common.pt): copied in after the load
                     self.values.append((lambda x, t=t: _copy_in(t, x), v))
                     return
-                raise _error("MismatchError", "%s: the checkpoint holds a value (%s), the target "
-                             "is a tensor" % (key, type(v).__name__))
+                raise _S.MismatchError(
+                    "%s: the checkpoint holds a value (%s), the target "
+                    "is a tensor" % (key, type(v).__name__))
             # a blob: an empty tensor, or a value (a mismatch). Refused here, before the load
             # writes anything, wherever its size tells: a target with elements can hold no
             # empty tensor, and the target's own would be exactly this many bytes
             if t.numel() or src[1] != len(_values.encode_empty_tensor(sdt, gshape)):
-                raise _error("MismatchError",
-                             "%s: the checkpoint holds a value or an empty tensor (a %d-byte "
-                             "blob), the target is %s%s" % (key, src[1], sdt, list(gshape)))
+                raise _S.MismatchError(
+                    "%s: the checkpoint holds a value or an empty tensor (a %d-byte "
+                    "blob), the target is %s%s" % (key, src[1], sdt, list(gshape)))
             self._blob(key, src, None, t)
             return
         dt, shape = m.tensors[name]
@@ -705,8 +713,8 @@ class _LoadPrep:
         if not isinstance(e, _S.NotFoundError):
             raise e
         if not self.partial:
-            raise _error("NotFoundError", "%s (partial=True leaves a key the checkpoint lacks "
-                         "as it is)" % e)
+            raise _S.NotFoundError(
+                "%s (partial=True leaves a key the checkpoint lacks as it is)" % e)
         self.missing.append(key)
 
     def _converts(self, saved, target):
@@ -747,17 +755,18 @@ class _LoadPrep:
         try:
             kind, v = _values.decode(data, pickle=self.pickle)
         except PermissionError as e:
-            raise _error("InvalidArgumentError", "%s: %s" % (key, e)) from None
+            raise _S.InvalidArgumentError("%s: %s" % (key, e)) from None
         except ValueError as e:
-            raise _error("FormatError", "%s: a malformed value: %s" % (key, e)) from None
+            raise _S.FormatError("%s: a malformed value: %s" % (key, e)) from None
         if kind != "empty":
             if target is not None:
-                raise _error("MismatchError", "%s: the checkpoint holds a value (%s), the "
-                             "target is a tensor" % (key, type(v).__name__))
+                raise _S.MismatchError(
+                    "%s: the checkpoint holds a value (%s), the "
+                    "target is a tensor" % (key, type(v).__name__))
             return v
         dt, shape = v
         if dt not in _FROM_STRATA:
-            raise _error("FormatError", "%s: unknown dtype %r" % (key, dt))
+            raise _S.FormatError("%s: unknown dtype %r" % (key, dt))
         if target is not None:
             sdt = _TO_STRATA.get(target.dtype)
             if tuple(target.shape) != tuple(shape) or not self._converts(dt, sdt):
@@ -766,5 +775,6 @@ class _LoadPrep:
         try:
             return torch.empty(shape, dtype=_FROM_STRATA[dt])
         except RuntimeError as e:   # a shape whose other dims overflow
-            raise _error("FormatError", "%s: an empty tensor of shape %s: %s"
-                         % (key, list(shape), e)) from None
+            raise _S.FormatError(
+                "%s: an empty tensor of shape %s: %s"
+                % (key, list(shape), e)) from None

@@ -18,7 +18,7 @@ import collections
 import torch
 
 import strata as _S
-from strata._tensor import _FROM_STRATA, _error
+from strata._tensor import _FROM_STRATA
 
 
 class TensorAt:
@@ -34,7 +34,7 @@ def _glob(module, name):
     v = getattr(torch, name, None) if module == "torch" else None
     if isinstance(v, torch.dtype):
         return v
-    raise _error("FormatError", "a value %s.%s, which strata does not convert" % (module, name))
+    raise _S.FormatError("a value %s.%s, which strata does not convert" % (module, name))
 
 
 def _tensor(name, dtype, shape, data):

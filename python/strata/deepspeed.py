@@ -58,7 +58,7 @@ import torch
 import strata as _S
 from strata import _ds_convert, _ds_zero, _values
 from strata._ds_convert import convert
-from strata._tensor import (_FROM_STRATA, _check_tensor, _error, _nbytes, _readable,
+from strata._tensor import (_FROM_STRATA, _check_tensor, _nbytes, _readable,
                             _sdtype)
 
 __all__ = ["enable", "disable", "convert", "StrataCheckpointEngine"]
@@ -83,8 +83,9 @@ def _qualname(t):
 
 def _allowed(qn, table):
     if qn not in table:
-        raise _error("FormatError", "a DeepSpeed entry names the class %r, which strata "
-                     "does not rebuild" % qn)
+        raise _S.FormatError(
+            "a DeepSpeed entry names the class %r, which strata "
+            "does not rebuild" % qn)
     mod, _, name = qn.rpartition(".")
     return getattr(importlib.import_module(mod), name)
 
@@ -126,10 +127,10 @@ class _Tree:
         if qn in _OBJECTS:
             return ["x", qn, self.node(dict(vars(v)), path)]
         if not self.pickle:
-            raise _error("InvalidArgumentError",
-                         "%s%s: a %s cannot be saved without pickle: pass pickle=True to "
-                         "strata.deepspeed.enable() (loading then unpickles it, which can run "
-                         "code), or keep plain values there" % (self.name, path, qn))
+            raise _S.InvalidArgumentError(
+                "%s%s: a %s cannot be saved without pickle: pass pickle=True to "
+                "strata.deepspeed.enable() (loading then unpickles it, which can run "
+                "code), or keep plain values there" % (self.name, path, qn))
         return ["p", _pickle.dumps(v)]
 
     def tensor(self, v, path):
@@ -187,7 +188,7 @@ def _build(n, tensors, pickle, where):
     if tag == "y":
         dt = getattr(torch, n[1], None)
         if not isinstance(dt, torch.dtype):
-            raise _error("FormatError", "%s: unknown dtype %r" % (where, n[1]))
+            raise _S.FormatError("%s: unknown dtype %r" % (where, n[1]))
         return dt
     if tag == "N":                # (_load_named appended the tensor read)
         t = n[3]
@@ -224,11 +225,12 @@ def _build(n, tensors, pickle, where):
         return o
     if tag == "p":
         if not pickle:
-            raise _error("InvalidArgumentError", "%s: holds a pickled object; load it with "
-                         "strata.deepspeed.enable(pickle=True) (unpickling can run code)"
-                         % where)
+            raise _S.InvalidArgumentError(
+                "%s: holds a pickled object; load it with "
+                "strata.deepspeed.enable(pickle=True) (unpickling can run code)"
+                % where)
         return _pickle.loads(n[1])
-    raise _error("FormatError", "%s: a node of unknown kind %r" % (where, tag))
+    raise _S.FormatError("%s: a node of unknown kind %r" % (where, tag))
 
 
 # ---- the files of one tag ---------------------------------------------------------------
@@ -258,8 +260,9 @@ def _read_stub(path):
     norm = os.path.normpath(path)
     if (not entry or entry.startswith("/") or ".." in entry.split("/")
             or not norm.endswith(os.sep + os.path.normpath(entry))):
-        raise _error("FormatError", "%s: a strata stub naming the entry %r, which is not this "
-                     "file's place in its tag directory" % (path, entry))
+        raise _S.FormatError(
+            "%s: a strata stub naming the entry %r, which is not this "
+            "file's place in its tag directory" % (path, entry))
     return os.path.join(norm[:-len(os.path.normpath(entry))], SUBDIR), entry
 
 
@@ -277,16 +280,18 @@ def _tag_free(info):
         return
     ck = os.path.join(tagdir, SUBDIR)
     if os.path.lexists(ck) and _S.probe(ck)["committed"]:
-        raise _error("ExistsError", "%s: tag %r is committed already; a committed tag is never "
-                     "overwritten: save under a new tag (DeepSpeed's default is "
-                     "global_step<N>) or remove this one first" % (tagdir, str(info.tag)))
+        raise _S.ExistsError(
+            "%s: tag %r is committed already; a committed tag is never "
+            "overwritten: save under a new tag (DeepSpeed's default is "
+            "global_step<N>) or remove this one first" % (tagdir, str(info.tag)))
     for name in sorted(os.listdir(tagdir)):
         p = os.path.join(tagdir, name)
         if (name != SUBDIR and os.path.isfile(p) and not os.path.islink(p)
                 and _stub_or_none(p) is None):
-            raise _error("ExistsError", "%s: tag %r holds %s, a file this engine did not "
-                         "write (another checkpoint engine's): it is never overwritten; save "
-                         "under a new tag" % (tagdir, str(info.tag), name))
+            raise _S.ExistsError(
+                "%s: tag %r holds %s, a file this engine did not "
+                "write (another checkpoint engine's): it is never overwritten; save "
+                "under a new tag" % (tagdir, str(info.tag), name))
 
 
 class _TagSave:
@@ -339,16 +344,18 @@ class StrataCheckpointEngine:
 
     def save(self, state_dict, path):
         if self._info is None:
-            raise _error("InvalidArgumentError", "%s: strata's DeepSpeed engine saves files "
-                         "only inside engine.save_checkpoint()" % path)
+            raise _S.InvalidArgumentError(
+                "%s: strata's DeepSpeed engine saves files "
+                "only inside engine.save_checkpoint()" % path)
         tagdir = os.path.normpath(os.path.join(self._info.save_dir, self._info.tag))
         entry = os.path.relpath(os.path.normpath(path), tagdir)
         if entry.startswith("..") or os.path.isabs(entry) or entry.split(os.sep)[0] == SUBDIR:
-            raise _error("InvalidArgumentError", "%s: outside the tag directory %s (or in its "
-                         "%s/ subdirectory)" % (path, tagdir, SUBDIR))
+            raise _S.InvalidArgumentError(
+                "%s: outside the tag directory %s (or in its "
+                "%s/ subdirectory)" % (path, tagdir, SUBDIR))
         entry = entry.replace(os.sep, "/")
         if any(e == entry for e, _ in self._files):
-            raise _error("InvalidArgumentError", "%s: saved twice in one tag" % path)
+            raise _S.InvalidArgumentError("%s: saved twice in one tag" % path)
         self._files.append((entry, state_dict))
         with open(path, "wb") as f:
             f.write(STUB_MAGIC + entry.encode() + b"\n")
@@ -360,12 +367,12 @@ class StrataCheckpointEngine:
         if stub is None:
             if os.path.isfile(path):
                 if not self.pickle:
-                    raise _error("InvalidArgumentError",
-                                 "%s: a torch.save file (not saved through strata): load it "
-                                 "with strata.deepspeed.enable(pickle=True), which loads it "
-                                 "with torch.load (unpickling can run code)" % path)
+                    raise _S.InvalidArgumentError(
+                        "%s: a torch.save file (not saved through strata): load it "
+                        "with strata.deepspeed.enable(pickle=True), which loads it "
+                        "with torch.load (unpickling can run code)" % path)
                 return torch.load(path, map_location=map_location, weights_only=False)
-            raise _error("MissingError", "%s: no such file" % path)
+            raise _S.MissingError("%s: no such file" % path)
         obj = load_entry(stub[0], stub[1], pickle=self.pickle)
         if isinstance(map_location, (str, torch.device)) and torch.device(map_location).type != "cpu":
             obj = _to_device(obj, torch.device(map_location))
@@ -497,8 +504,9 @@ def _agree_files(group, entries, err):
     for r, g in enumerate(got):
         for e in json.loads(g):
             if e in owner:
-                raise _error("InvalidArgumentError", "%s: saved by ranks %d and %d in one tag"
-                             % (e, owner[e], r))
+                raise _S.InvalidArgumentError(
+                    "%s: saved by ranks %d and %d in one tag"
+                    % (e, owner[e], r))
             owner[e] = r
 
 
@@ -518,9 +526,9 @@ def load_entry(ckpt, entry, pickle=False, partitions=True, loader=None):
     idx = _ds_zero.tensor_index(ix)
     owners = [b for b in ix["b"] if b[0] == entry]
     if not owners:
-        raise _error("NotFoundError", "%s: no entry %r" % (ckpt, entry))
+        raise _S.NotFoundError("%s: no entry %r" % (ckpt, entry))
     if owners[0][2] == 0:
-        raise _error("FormatError", "%s: entry %r is empty" % (ckpt, entry))
+        raise _S.FormatError("%s: entry %r is empty" % (ckpt, entry))
     state = _S.State()
     blob = bytearray(owners[0][2])
     _blob(state, entry, blob, owner=owners[0][1])
@@ -536,17 +544,18 @@ def load_entry(ckpt, entry, pickle=False, partitions=True, loader=None):
     try:
         kind, tree = _values.decode(bytes(blob))
     except ValueError as e:
-        raise _error("FormatError", "%s: %s" % (where, e)) from None
+        raise _S.FormatError("%s: %s" % (where, e)) from None
     if kind != "value":
-        raise _error("FormatError", "%s is not a tree" % where)
+        raise _S.FormatError("%s is not a tree" % where)
     try:
         _load_named(loader, idx, where, tree)
         if partitions:
             _load_flat(loader, idx, where, entry, tree)
         return _build(tree, tensors, pickle, where)
     except (IndexError, KeyError, TypeError, ValueError, RuntimeError) as e:
-        raise _error("FormatError", "%s: a malformed tree (%s: %s)"
-                     % (where, type(e).__name__, e)) from None
+        raise _S.FormatError(
+            "%s: a malformed tree (%s: %s)"
+            % (where, type(e).__name__, e)) from None
 
 
 def _flat_nodes(n, kind="F"):
@@ -573,12 +582,11 @@ def _load_named(ld, idx, where, tree):
     state, got = _S.State(), {}
     for n in _flat_nodes(tree, "N"):
         if len(n) != 3 or type(n[1]) is not str or type(n[2]) is not int:
-            raise _error("FormatError", "%s: a malformed named tensor %.200r" % (where, n))
+            raise _S.FormatError("%s: a malformed named tensor %.200r" % (where, n))
         if n[1] not in got:
             t = idx.get(n[1])
             if t is None:
-                raise _error("NotFoundError", "%s: no tensor %r in the checkpoint"
-                             % (where, n[1]))
+                raise _S.NotFoundError("%s: no tensor %r in the checkpoint" % (where, n[1]))
             x = got[n[1]] = torch.empty(t[1], dtype=_FROM_STRATA[t[0]])
             state.add_shard(n[1], t[0], t[1], data_ptr=x.data_ptr(), nbytes=_nbytes(x), keep=x)
         n.append(got[n[1]])
@@ -641,15 +649,16 @@ def _load_flat(ld, idx, where, entry, tree):
     for n in _flat_nodes(tree):
         if (len(n) != 5 or n[1] not in _FROM_STRATA or not _count(n[2]) or type(n[3]) is not int
                 or type(n[4]) is not list):
-            raise _error("FormatError", "%s: a malformed flat partition %.200r" % (where, n))
+            raise _S.FormatError("%s: a malformed flat partition %.200r" % (where, n))
         t = torch.empty(n[2], dtype=_FROM_STRATA[n[1]])
         off = 0
         for x in n[4]:
             if type(x) is list and len(x) == 3 and x[0] == "T" and _count(x[1]):
                 gap = idx.get(_tensor_name(entry, x[1]))
                 if gap is None:
-                    raise _error("NotFoundError", "%s: a flat partition's gap, tensor %r, is not "
-                                 "in the checkpoint" % (where, _tensor_name(entry, x[1])))
+                    raise _S.NotFoundError(
+                        "%s: a flat partition's gap, tensor %r, is not "
+                        "in the checkpoint" % (where, _tensor_name(entry, x[1])))
                 cnt = math.prod(gap[1])
             elif (type(x) is list and len(x) == 4 and x[0] == "n" and type(x[1]) is str
                   and _count(x[2]) and _count(x[3])):
@@ -657,14 +666,16 @@ def _load_flat(ld, idx, where, entry, tree):
                 if off + cnt <= n[2]:
                     wants.append((x[1], None, x[2], cnt, t.narrow(0, off, cnt)))
             else:
-                raise _error("FormatError", "%s: a malformed flat piece %.200r" % (where, x))
+                raise _S.FormatError("%s: a malformed flat piece %.200r" % (where, x))
             off += cnt
             if off > n[2]:
-                raise _error("FormatError", "%s: flat pieces of more than the partition's %d "
-                             "elements" % (where, n[2]))
+                raise _S.FormatError(
+                    "%s: flat pieces of more than the partition's %d "
+                    "elements" % (where, n[2]))
         if off < n[2]:
-            raise _error("UnfilledError", "%s: flat pieces of %d elements for a partition of %d"
-                         % (where, off, n[2]))
+            raise _S.UnfilledError(
+                "%s: flat pieces of %d elements for a partition of %d"
+                % (where, off, n[2]))
         n.append(t)
     _ds_zero.read_ranges(ld, idx, where, wants)
 

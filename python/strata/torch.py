@@ -48,7 +48,7 @@ import strata as _S
 from strata import _dcpcalls
 from strata._statedict import (PerRank, _LoadPrep, _Meta, _SavePrep, per_rank,  # noqa: F401
                                rng_state, set_rng_state)
-from strata._tensor import (_FROM_STRATA, _TO_STRATA, _error, _sync_cuda,  # noqa: F401
+from strata._tensor import (_FROM_STRATA, _TO_STRATA, _sync_cuda,  # noqa: F401
                             _sync_loaded)
 
 _log = logging.getLogger("strata.torch")
@@ -311,12 +311,12 @@ def _agree(group, what, err, checks=()):
     if bad:
         k = bad[0]
         groups = sorted(table[k].values())
-        raise _error("InvalidArgumentError",
-                     "%s: %r differs across ranks (ranks %s hold different bytes%s); a value "
-                     "each rank keeps for itself must be marked strata.torch.per_rank(...); "
-                     "nothing was written"
-                     % (what, k, " vs ".join(",".join(str(r) for r in g[:8]) for g in groups[:4]),
-                        "; also %s" % ", ".join(repr(b) for b in bad[1:6]) if len(bad) > 1 else ""))
+        raise _S.InvalidArgumentError(
+            "%s: %r differs across ranks (ranks %s hold different bytes%s); a value "
+            "each rank keeps for itself must be marked strata.torch.per_rank(...); "
+            "nothing was written"
+            % (what, k, " vs ".join(",".join(str(r) for r in g[:8]) for g in groups[:4]),
+               "; also %s" % ", ".join(repr(b) for b in bad[1:6]) if len(bad) > 1 else ""))
 
 
 def _prepare_save(state_dict, group, pickle, frozen=None, unmoved=None):
@@ -610,8 +610,9 @@ def export_safetensors(path, out, *, prefix=None, max_file_bytes=None, dtype=Non
     """
     if isinstance(dtype, torch.dtype):
         if dtype != torch.bfloat16:
-            raise _error("InvalidArgumentError", "export dtype %s: only torch.bfloat16 (or None: "
-                         "as saved)" % dtype)
+            raise _S.InvalidArgumentError(
+                "export dtype %s: only torch.bfloat16 (or None: "
+                "as saved)" % dtype)
         dtype = "bf16"
     return _S.export_safetensors(os.fspath(path), os.fspath(out), prefix=prefix,
                                  max_file_bytes=max_file_bytes, dtype=dtype, progress=progress,
