@@ -1,7 +1,7 @@
-"""State dicts as strata sees them: flattening to dotted keys, per-rank values, and the
-strata.State a rank registers to save a state dict (_SavePrep) or to load into one
-(_LoadPrep, with _Meta: what the checkpoint holds). No collective here: strata.torch runs
-them around its own (_agree) and strata's."""
+"""State dicts as strata sees them: flattening to dotted keys (walked and named as _keys
+says), per-rank values, and the strata.State a rank registers to save a state dict
+(_SavePrep) or to load into one (_LoadPrep, with _Meta: what the checkpoint holds). No
+collective here: strata.torch runs them around its own (_agree) and strata's."""
 
 import bisect
 import collections.abc
@@ -15,6 +15,7 @@ import torch
 import strata as _S
 from strata import _torchsave, _values
 from strata._dtensor import _dtensor_boxes, _is_dtensor
+from strata._keys import _is_container, _is_stateful, _items, _join, _pr_name, _rebuild
 from strata._tensor import (_FROM_STRATA, _TO_STRATA, _check_tensor, _hash_tensor,
                             _nbytes, _readable, _sdtype, _with_key, _writable)
 
@@ -38,10 +39,6 @@ def per_rank(value):
     Per-rank values are not resharded: a load on more ranks than saved finds no value for
     the new ranks (NotFoundError naming the key)."""
     return value if isinstance(value, PerRank) else PerRank(value)
-
-
-def _pr_name(key, rank):
-    return "%s@rank%d" % (key, rank)
 
 
 def rng_state():
@@ -75,42 +72,6 @@ def set_rng_state(state):
 
 # ---- walking state dicts ----------------------------------------------------------------
 
-def _is_stateful(v):
-    return (not isinstance(v, (torch.Tensor, type))
-            and callable(getattr(v, "state_dict", None))
-            and callable(getattr(v, "load_state_dict", None)))
-
-
-def _is_container(v):
-    return isinstance(v, (collections.abc.Mapping, list, tuple))
-
-
-def _key_order(kv):
-    k = kv[0]
-    return (type(k).__name__, k if isinstance(k, (str, int)) else repr(k))
-
-
-def _items(v):
-    """v's (key, child) pairs: a mapping's in sorted key order, so that every rank walks a
-    state dict, and so calls state_dict() / load_state_dict() of its Stateful objects
-    (which may run collectives), in one order whatever order its keys were inserted in."""
-    if isinstance(v, collections.abc.Mapping):
-        return sorted(v.items(), key=_key_order)
-    return list(enumerate(v))
-
-
-def _join(key, k):
-    if isinstance(k, str):
-        part = k
-    elif isinstance(k, int):
-        part = str(int(k))
-    else:
-        raise _S.InvalidArgumentError(
-            "%s: a state dict key of type %s (%r): keys are str or int"
-            % (key or "<root>", type(k).__name__, k))
-    return part if not key else key + "." + part
-
-
 def _plain(v, depth=0):
     """True if v holds no tensor, no Stateful and no per_rank (it is one value)."""
     if isinstance(v, (torch.Tensor, PerRank)) or _is_stateful(v):
@@ -118,15 +79,6 @@ def _plain(v, depth=0):
     if _is_container(v) and depth < 1000:
         return all(_plain(c, depth + 1) for _, c in _items(v))
     return True
-
-
-def _rebuild(orig, items):
-    t = type(orig)
-    if t is tuple:
-        return tuple(items)
-    if hasattr(t, "_make"):   # namedtuple
-        return t._make(items)
-    return t(items)
 
 
 def _flatten(state_dict, frozen_params=None):
