@@ -33,22 +33,24 @@ def _name(x):
 
 
 def _one_path(what, path, checkpoint_id, io_path):
-    """The path of a save or load: `path` (strata's positional argument) or checkpoint_id
-    (DCP's keyword; both: they must be the same), else the path of DCP's FileSystemWriter or
-    FileSystemReader (which DCP too replaces by checkpoint_id where both are given)."""
+    """The URIs of a save or load (a list: one path, or tiers): `path` (strata's positional
+    argument) or checkpoint_id (DCP's keyword; both: they must be the same), else the path
+    of DCP's FileSystemWriter or FileSystemReader (which DCP too replaces by checkpoint_id
+    where both are given)."""
     if path is not None and checkpoint_id is not None:
         same = (isinstance(path, (list, tuple)) == isinstance(checkpoint_id, (list, tuple))
                 and _fspaths(path) == _fspaths(checkpoint_id))
         if not same:
-            raise _S.InvalidArgumentError(
-                "%s: path %r and checkpoint_id=%r differ; give "
-                "one of them" % (what, path, checkpoint_id))
+            raise _S.InvalidArgumentError("%s: path %r and checkpoint_id=%r differ; give one "
+                                          "of them" % (what, path, checkpoint_id))
     got = path if path is not None else checkpoint_id if checkpoint_id is not None else io_path
     if got is None:
-        raise _S.InvalidArgumentError(
-            "%s: no path: give it as checkpoint_id= (as to "
-            "DCP) or as the argument after the state dict" % what)
-    return got
+        raise _S.InvalidArgumentError("%s: no path: give it as checkpoint_id= (as to DCP) or "
+                                      "as the argument after the state dict" % what)
+    uris = _fspaths(got)
+    if not uris:
+        raise ValueError("strata.torch: no path given")
+    return uris
 
 
 def _fspaths(p):
@@ -57,7 +59,7 @@ def _fspaths(p):
 
 def save_args(what, path, checkpoint_id, storage_writer, planner, use_collectives, replace,
               options):
-    """(path, replace) of a save given DCP's arguments; options (the save's keyword options,
+    """(URIs, replace) of a save given DCP's arguments; options (the save's keyword options,
     a dict) gets sync=False where the writer asks for no fsync."""
     if use_collectives is not True:
         raise _S.InvalidArgumentError(
@@ -102,7 +104,7 @@ def save_args(what, path, checkpoint_id, storage_writer, planner, use_collective
 
 
 def load_args(what, path, checkpoint_id, storage_reader, planner, partial):
-    """(path, partial) of a load given DCP's arguments."""
+    """(URIs, partial) of a load given DCP's arguments."""
     io_path = None
     if planner is not None or storage_reader is not None:
         dcp, _ = _classes()

@@ -9,7 +9,9 @@ import strata as _S
 from strata import _flush, _values
 from strata._flush import _committed
 from strata._statedict import _version_of
-from strata.torch import AsyncSave, _group, _prepare_save, _versions, load
+from strata._group import _group
+from strata._load import load
+from strata._save import AsyncSave, _prepare_save, _versions
 
 _STEP_DIR = re.compile(r"step-(\d+)")
 

@@ -58,6 +58,8 @@ import torch
 import strata as _S
 from strata import _ds_convert, _ds_zero, _values
 from strata._ds_convert import convert
+from strata._group import _exchange, _group
+from strata._save import _save_saver
 from strata._tensor import (_FROM_STRATA, _check_tensor, _nbytes, _readable,
                             _sdtype)
 
@@ -429,7 +431,6 @@ class StrataCheckpointEngine:
         self._info, self._files = None, []
         if info is None:
             return
-        from strata.torch import _group, _save_saver
         group = _group(None)
         rank = group.rank if group is not None else 0
         state, keep, err = None, [], None
@@ -496,8 +497,7 @@ def _blob(state, name, buf, **kw):
 def _agree_files(group, entries, err):
     """Every rank learns whether every rank's files were encoded (else all raise, naming
     the failing rank), and no file is saved by two ranks: one allgather when all is well
-    (strata.torch._exchange; a rank's file list fits in _FILES_INLINE bytes)."""
-    from strata.torch import _exchange
+    (_group._exchange; a rank's file list fits in _FILES_INLINE bytes)."""
     got = _exchange(group, "strata.deepspeed save", err, json.dumps(entries).encode(),
                     inline=_FILES_INLINE)
     owner = {}
