@@ -13,8 +13,9 @@ import sys
 import torch
 
 import strata as _S
+from strata._ds_entry import load_entry
+from strata._ds_tag import SUBDIR, _write_atomic
 
-# strata.deepspeed (SUBDIR, load_entry, _write_atomic) imports this module: taken at call time
 
 def _tag_of(save_dir, tag, subdir):
     """(the tag directory, the tag) of save_dir: save_dir/tag, or the tag `latest` names,
@@ -57,7 +58,6 @@ def convert(save_dir, out_dir, tag=None, pickle=False):
     its place and renamed there once complete; a tag already at out_dir/<tag> is
     strata.ExistsError. pickle: as enable()'s (objects saved pickled). Returns the written
     tag directory. Also: python -m strata.deepspeed convert SAVE_DIR OUT_DIR [--tag TAG]."""
-    from strata.deepspeed import SUBDIR, _write_atomic, load_entry
     tagdir, tag = _tag_of(save_dir, tag, SUBDIR)
     ckpt = os.path.join(tagdir, SUBDIR)
     dst = os.path.join(out_dir, tag)

@@ -21,6 +21,7 @@ import torch
 deepspeed = pytest.importorskip("deepspeed")
 import strata  # noqa: E402
 import strata.deepspeed as sds  # noqa: E402
+from strata import _ds_entry  # noqa: E402
 from deepspeed.runtime.checkpoint_engine import CheckpointCommitInfo  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -400,9 +401,9 @@ def test_class_not_allowed(tmp_path, monkeypatch):
     """An entry naming a class off the allow-list is FormatError naming it, never imported."""
     d = str(tmp_path)
     name = "%s.%s" % (Opaque.__module__, Opaque.__qualname__)
-    monkeypatch.setattr(sds, "_OBJECTS", sds._OBJECTS | {name})   # as a crafted file would
-    _save(sds.StrataCheckpointEngine(), d, "t", {"m.pt": {"o": Opaque()}}).wait()
-    monkeypatch.setattr(sds, "_OBJECTS", sds._OBJECTS - {name})
+    monkeypatch.setattr(_ds_entry, "_OBJECTS", _ds_entry._OBJECTS | {name})  # as a crafted
+    _save(sds.StrataCheckpointEngine(), d, "t", {"m.pt": {"o": Opaque()}}).wait()  # file would
+    monkeypatch.setattr(_ds_entry, "_OBJECTS", _ds_entry._OBJECTS - {name})
     with pytest.raises(strata.FormatError, match="names the class '%s', which strata does not "
                        "rebuild" % name):
         sds.StrataCheckpointEngine(pickle=True).load(os.path.join(d, "t", "m.pt"))
