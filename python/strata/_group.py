@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 import strata as _S
+from strata import _values
 
 
 def _as_u8(mv):
@@ -209,6 +210,15 @@ def _group(process_group):
         g = _Group(process_group)
         _GROUPS[process_group] = g
     return g
+
+
+def _from_root(group, choose):
+    """choose() - a value _values encodes - run on rank 0 alone, its result on every rank
+    (one broadcast); without a group of several ranks, choose()."""
+    if group is None or group.size == 1:
+        return choose()
+    v = choose() if group.rank == 0 else None
+    return _values.decode(group.bcast_bytes(_values.encode(v)))[1]
 
 
 def _dcp_group(process_group, no_dist):

@@ -33,7 +33,7 @@ concept lives in a module of its own beside it (docs/DESIGN.md, "strata.torch"):
 process group adapter and the agreement before each save and load), _save (save,
 async_save, AsyncSave), _load (load), _statedict (flattening, per-rank values, what a rank
 registers to save or load), _keys, _tensor, _dtensor, _values, _torchsave, _dcpcalls, and
-_manager (CheckpointManager, with _flush).
+_manager (CheckpointManager, over _tiers, _retention, _incremental and _flush).
 """
 
 import os
