@@ -1,5 +1,5 @@
 """strata.torch's load: one strata.Loader opened on the group's Comm, the state dict
-matched against its index (_statedict's _Meta and _LoadPrep) and agreed on by every rank,
+matched against its index (_loadprep's _Meta and _LoadPrep) and agreed on by every rank,
 then loaded through the same loader."""
 
 import logging
@@ -7,7 +7,7 @@ import logging
 import strata as _S
 from strata import _dcpcalls
 from strata._group import _agree, _dcp_group
-from strata._statedict import _LoadPrep, _Meta
+from strata._loadprep import _LoadPrep, _Meta
 from strata._tensor import _sync_cuda, _sync_loaded
 
 _log = logging.getLogger("strata.torch")

@@ -29,11 +29,12 @@ With an initialised process group (or the one given) every rank calls together; 
 collectives run on a dedicated gloo group. Without one, everything runs in this process.
 
 This module is the facade: every name users import from strata.torch, and export. Each
-concept lives in a module of its own beside it (docs/DESIGN.md, "strata.torch"): _group (the
-process group adapter and the agreement before each save and load), _save (save,
-async_save, AsyncSave), _load (load), _statedict (flattening, per-rank values, what a rank
-registers to save or load), _keys, _tensor, _dtensor, _values, _torchsave, _dcpcalls, and
-_manager (CheckpointManager, over _tiers, _retention, _incremental and _flush).
+concept lives in a module of its own beside it (docs/DESIGN.md, "strata.torch"): _group
+(the process group adapter and the agreement before each save and load), _save (save,
+async_save, AsyncSave), _load (load), _statedict (per-rank values, flattening, what a rank
+registers to save), _loadprep (what it registers to load into), _keys, _tensor, _dtensor,
+_values, _torchsave, _dcpcalls, and _manager (CheckpointManager, over _tiers, _retention,
+_incremental and _flush).
 """
 
 import os
