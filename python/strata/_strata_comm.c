@@ -1,6 +1,7 @@
 /* _strata_comm.c - strata._strata's Comm: a host communicator whose collectives are Python
- * callables (taking the GIL for each call), its dup for a saver's background commits, and
- * Comm.self(). */
+ * callables (taking the GIL for each call), its dup for a saver's background commits,
+ * Comm.self(), and Comm.agree (strata_comm_agree: the agreement strata.torch runs before
+ * each save and load). */
 #include "_strata.h"
 
 /* ---- Comm: host collectives ------------------------------------------------------------ */
