@@ -14,10 +14,11 @@ OPT     ?= -O2
 SAN     ?=
 CFLAGS  ?= $(OPT) -g
 ST_CFLAGS  = -std=c11 -D_GNU_SOURCE -fPIC -Iinclude -Wall -Wextra -Werror $(SAN)
-ALL_CFLAGS = $(ST_CFLAGS) $(if $(CURL_ON),-DST_HAVE_CURL) $(CPPFLAGS) $(CFLAGS)
+ALL_CFLAGS = $(ST_CFLAGS) $(if $(CURL_ON),-DST_HAVE_CURL) $(if $(ISAL_ON),-DST_HAVE_ISAL) \
+             $(CPPFLAGS) $(CFLAGS)
 # executables link only the shared libraries they use (MPICH only where MPI is called)
 ST_LDFLAGS = $(SAN) -Wl,--as-needed
-LIBS       = -lxxhash -lz -lpthread -ldl $(if $(CURL_ON),-lcurl)
+LIBS       = -lxxhash -lz -lpthread -ldl $(if $(CURL_ON),-lcurl) $(if $(ISAL_ON),-lisal)
 # MPICH's flags, looked up when a recipe that needs them runs - after `deps` has installed
 # it (recursive variables: a `:=` here would run pkg-config before MPICH is there)
 MPI_CFLAGS = $(shell pkg-config --cflags mpich 2>/dev/null)
@@ -28,6 +29,12 @@ MPI_LIBS   = $(shell pkg-config --libs mpich 2>/dev/null || echo -lmpich)
 CURL ?= auto
 CURL_ON = $(eval CURL_ON := $(if $(filter 0,$(CURL)),,$(shell pkg-config --exists libcurl \
               2>/dev/null && echo 1)))$(CURL_ON)
+# ISA-L (libisal-dev) is optional at build time too: its CRC-32 (crc32_gzip_refl, 4x zlib's
+# here) checks the zip entries of foreign checkpoints as they are read (src/core/crc32.h);
+# without it zlib's. ISAL=0 builds without it.
+ISAL ?= auto
+ISAL_ON = $(eval ISAL_ON := $(if $(filter 0,$(ISAL)),,$(shell pkg-config --exists libisal \
+              2>/dev/null && echo 1)))$(ISAL_ON)
 
 # the version (strata_types.h) and the shared libraries' names
 VERSION_MAJOR := $(shell sed -n 's/.*define STRATA_VERSION_MAJOR \([0-9][0-9]*\).*/\1/p' include/strata_types.h)
@@ -58,7 +65,7 @@ LIBRARIES := $(BUILD)/libstrata.a $(BUILD)/libstrata.so $(BUILD)/libstrata_mpi.a
 
 # Debian packages used by the build, tests and tools (checked, installed when missing).
 DEB_PKGS = gcc make libxxhash-dev libcmocka-dev pkg-config mpich libmpich-dev zlib1g-dev \
-           libcurl4-openssl-dev
+           libcurl4-openssl-dev libisal-dev
 
 # A shell function for recipes: `$(APT) apt_need PKG...` installs the Debian packages of
 # the list that are not installed (apt-get update first; sudo when not root; waits for
@@ -78,7 +85,7 @@ APT = apt_need() { \
 tool_need() { command -v "$$1" >/dev/null 2>&1 || apt_need "$$2"; };
 
 .PHONY: all lib deps demo test bench bench-incr clean test-asan test-tsan test-valgrind check-header \
-        check-clang fuzz stress install uninstall venv test-python test-gpu
+        check-clang fuzz stress install uninstall venv venv-torch test-python test-gpu
 
 all: deps $(LIBRARIES) $(BUILD)/strata $(BUILD)/examples/reshard
 
@@ -244,6 +251,10 @@ bench-incr: $(BUILD)/bench/bench_incr
 # never an unpinned torch), pytest, safetensors and numpy (safetensors.torch.save_file needs
 # it, and so does a multi-rank DCP save) once, then `pip install .` again whenever the package,
 # libstrata's sources or the build files change (the stamp $(VENV)/.strata-installed).
+# `make venv-torch` stops there (strata and strata.torch: what a PyTorch user needs);
+# `make venv` adds what `make test` needs: megatron-core, DeepSpeed (its CPU op built) and
+# moto's S3 server. (pip extras for the same: strata[torch], strata[deepspeed],
+# strata[megatron], strata[test]; pyproject.toml.)
 # megatron-core (the writer of tests/python/test_megatron_source.py's fixtures; 0.16.1 is the
 # last for Python 3.11) goes in without its dependencies, so pip never touches torch: of
 # those it declares, numpy and torch are there already, and its checkpoint writer needs psutil.
@@ -255,7 +266,9 @@ PY_DEPS := pyproject.toml setup.py MANIFEST.in \
            $(wildcard python/strata/*.py python/strata/*.c python/strata/*.h) \
            $(LIB_SRC) $(wildcard src/*/*.h) $(HEADERS)
 
-venv: $(VENV)/.strata-installed $(VENV)/.deepspeed-installed $(VENV)/.moto-installed
+venv: $(VENV)/.strata-installed $(VENV)/.mcore-installed $(VENV)/.deepspeed-op $(VENV)/.moto-installed
+
+venv-torch: $(VENV)/.strata-installed
 
 $(VENV)/.deps-installed:
 	@$(APT) tool_need python3 python3 && apt_need libxxhash-dev gcc && \
@@ -272,9 +285,13 @@ $(VENV)/.mcore-installed: $(VENV)/.deps-installed
 
 # DeepSpeed (strata.deepspeed, tests/python/test_deepspeed.py) and its dependencies, each
 # pinned and installed with --no-deps after torch, so that pip never brings another torch;
-# DS_BUILD_OPS=0 compiles no op at install. At its first run DeepSpeed JIT-builds its CPU
-# shared-memory allreduce (~40-100 s, once; kept in ~/.cache/torch_extensions) with ninja
-# (pinned here) and g++.
+# DS_BUILD_OPS=0 compiles no op at install. On CPU, DeepSpeed JIT-builds its shared-memory
+# allreduce at its first run (g++, ninja pinned here; 25 s to 7 minutes) into
+# $TORCH_EXTENSIONS_DIR: $(VENV)/.deepspeed-op builds it once into $(VENV)/torch_extensions
+# (where tests/run.sh points TORCH_EXTENSIONS_DIR), and a .pth file in the venv's
+# site-packages sets TORCH_EXTENSIONS_DIR to that directory for the venv's Python when it is
+# not set, so that a user's first run finds it built. Only on DeepSpeed's CPU accelerator
+# (a GPU machine builds no such op).
 DEEPSPEED_PKGS = deepspeed==0.19.8 einops==0.8.2 hjson==3.1.0 msgpack==1.2.4 ninja==1.13.2 \
                  psutil==$(PSUTIL_VERSION) py-cpuinfo==9.0.0 pydantic==2.14.4 pydantic_core==2.50.5 \
                  annotated-types==0.8.0 typing-inspection==0.4.5 tqdm==4.70.1
@@ -305,11 +322,22 @@ MOTO_PKGS = moto[server]==5.2.5 antlr4-python3-runtime==4.13.2 attrs==26.1.0 aws
             jinja2==3.1.6 markupsafe==3.0.4 typing-extensions==4.16.0 pydantic==2.14.4 \
             pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
 
+$(VENV)/.deepspeed-op: $(VENV)/.deepspeed-installed
+	$(VENV)/bin/python -c 'import os, sysconfig; \
+	    open(os.path.join(sysconfig.get_paths()["purelib"], "strata-torch-extensions.pth"), "w").write( \
+	        "import os, sys; os.environ.setdefault(\"TORCH_EXTENSIONS_DIR\", " \
+	        "os.path.join(sys.prefix, \"torch_extensions\"))\n")'
+	TORCH_EXTENSIONS_DIR=$(abspath $(VENV))/torch_extensions $(VENV)/bin/python -W ignore -c \
+	    'import deepspeed.ops; from deepspeed.accelerator import get_accelerator as a; \
+	    b = a().create_op_builder("ShareMemCommBuilder") if a()._name == "cpu" else None; \
+	    b is not None and deepspeed.ops.__compatible_ops__.get(b.NAME) and b.load()'
+	@touch $@
+
 $(VENV)/.moto-installed: $(VENV)/.deps-installed
 	$(VENV)/bin/pip install -q --no-deps '$(firstword $(MOTO_PKGS))' $(wordlist 2,999,$(MOTO_PKGS))
 	@touch $@
 
-$(VENV)/.strata-installed: $(VENV)/.deps-installed $(VENV)/.mcore-installed $(PY_DEPS)
+$(VENV)/.strata-installed: $(VENV)/.deps-installed $(PY_DEPS)
 	$(VENV)/bin/pip install -q .
 	@touch $@
 
@@ -333,10 +361,20 @@ test-gpu: deps
 	BUILD=$(GPU_BUILD) PYTHON=$(GPU_PYTHON) bash tests/gpu_test.sh \
 	    $(addprefix $(GPU_BUILD)/tests/,$(GPU_TESTS))
 
-# pkg-config files: the install's directories, and MPICH's flags for strata-mpi
+# pkg-config files: the install's directories, and MPICH's flags for strata-mpi. The static
+# link's libraries come from the packages' own .pc files (Requires.private: libcurl's lists
+# its private libraries, which a link with libcurl.a needs). A LIBDIR the dynamic linker does
+# not search by default (a PREFIX such as $HOME/strata) gets an rpath in Libs, so that a
+# program linked with `pkg-config --libs strata` finds libstrata.so.MAJOR there when it
+# starts; PC_RPATH= leaves it out (then LD_LIBRARY_PATH=LIBDIR).
+SYSTEM_LIBDIRS := /lib /lib64 /usr/lib /usr/lib64 /usr/local/lib \
+                  $(addprefix /usr/lib/,$(shell $(CC) -print-multiarch 2>/dev/null)) \
+                  $(addprefix /lib/,$(shell $(CC) -print-multiarch 2>/dev/null))
+PC_RPATH ?= $(if $(filter $(SYSTEM_LIBDIRS),$(patsubst %/,%,$(LIBDIR))),,-Wl,-rpath,$${libdir} )
 $(BUILD)/strata.pc: src/strata.pc.in | deps
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' \
-	    -e 's|@VERSION@|$(VERSION)|g' -e 's|@CURL_LIBS@|$(if $(CURL_ON),-lcurl)|g' $< >$@
+	    -e 's|@VERSION@|$(VERSION)|g' -e 's|@CURL_PC@|$(if $(CURL_ON),libcurl)|g' \
+	    -e 's|@ISAL_PC@|$(if $(ISAL_ON),libisal)|g' -e 's|@RPATH@|$(PC_RPATH)|g' $< >$@
 
 $(BUILD)/strata-mpi.pc: src/strata-mpi.pc.in | deps
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' \
@@ -361,6 +399,9 @@ install: deps $(LIBRARIES) $(BUILD)/strata $(BUILD)/strata.pc $(BUILD)/strata-mp
 	ln -sf $(MPI_SONAME) $(DESTDIR)$(LIBDIR)/libstrata_mpi.so
 	install -m 644 $(BUILD)/strata.pc $(BUILD)/strata-mpi.pc $(DESTDIR)$(PKGCONFIGDIR)/
 	install -m 755 $(BUILD)/strata $(DESTDIR)$(BINDIR)/
+	@# a system LIBDIR (/usr/local/lib): the dynamic linker's cache learns the new library
+	@if [ -z "$(DESTDIR)" ] && [ -z "$(PC_RPATH)" ] && [ "$$(id -u)" = 0 ] && \
+	    command -v ldconfig >/dev/null; then ldconfig; fi
 
 uninstall:
 	rm -f $(addprefix $(DESTDIR)$(INCLUDEDIR)/,$(notdir $(HEADERS))) \

@@ -92,7 +92,7 @@ static int save(const char *ck, uint64_t rows)
 static int check(const char *out, uint64_t rows)
 {
     char path[8192];
-    snprintf(path, sizeof path, "%s/model-00001-of-00001.safetensors", out);
+    snprintf(path, sizeof path, "%s/model.safetensors", out);
     int fd = open(path, O_RDONLY);
     if (fd < 0)
         return perror(path), 0;

@@ -14,7 +14,9 @@
 # BENCH_DS_GB, default 1; writes bench/results/deepspeed.md), then `strata export` of a ZeRO-2
 # checkpoint of DeepSpeed's default engine beside its zero_to_fp32.py (bench/bench_zero_export.py:
 # time and peak RSS, its section of the same file).
-.PHONY: bench-torch bench-unified bench-deepspeed
+# make bench-crc: a cold load of a DCP checkpoint and a torch.save file with the zip CRC-32s
+# checked and with skip_crc (bench/bench_crc.py; BENCH_CRC_GB, default 1, BENCH_CRC_ROUNDS 5).
+.PHONY: bench-torch bench-unified bench-deepspeed bench-crc
 
 BENCH_TORCH_DIR ?= $(BUILD)/bench-torch
 
@@ -39,3 +41,6 @@ bench-deepspeed: venv $(BUILD)/strata
 	@$(APT) tool_need /usr/bin/time time
 	BENCH_DIR=$(BUILD)/bench-deepspeed PYTHONWARNINGS=ignore STRATA=$(BUILD)/strata \
 	    $(VENV)/bin/python bench/bench_zero_export.py
+
+bench-crc: venv
+	BENCH_DIR=$(BUILD)/bench-crc PYTHONWARNINGS=ignore $(VENV)/bin/python bench/bench_crc.py

@@ -2,7 +2,8 @@
  * an FSDP-style flat piece of the other. Build against an installed strata:
  *   cc reshard.c $(pkg-config --cflags --libs strata)
  * or the build tree: cc reshard.c -Iinclude build/libstrata.a -lxxhash -lz -lpthread -ldl -lcurl
- * (-lcurl in a build with libcurl, the default where it is installed) */
+ * -lisal (-lcurl in a build with libcurl, -lisal in one with ISA-L: the default where each is
+ * installed) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>

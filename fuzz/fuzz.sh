@@ -2,12 +2,12 @@
 # fuzz.sh - builds the libFuzzer targets of fuzz/ into build/fuzz/ and runs each for
 # ${FUZZ_SECONDS:-60} seconds. `make fuzz` calls it. The targets: fuzz_meta (metadata
 # decoder), fuzz_commit (commit record), fuzz_uri (URI resolution), fuzz_layout (the CLI's
-# layout parser), fuzz_safetensors (the safetensors header parser, src/meta/safetensors.c),
-# fuzz_pickle, fuzz_zip, fuzz_dcp (the DCP .metadata interpreter, src/meta/dcp.c),
-# fuzz_megatron (metadata.json and mcore_data, src/meta/megatron.c).
+# layout parser), fuzz_safetensors (the safetensors header parser, src/source/safetensors.c),
+# fuzz_pickle, fuzz_zip, fuzz_dcp (the DCP .metadata interpreter, src/source/dcp.c),
+# fuzz_megatron (metadata.json and mcore_data, src/source/megatron.c).
 #
-# Build: the library sources (src/core, io, meta, plan, comm without its MPI backend, engine)
-# are compiled with clang, coverage instrumentation and ASan + UBSan into
+# Build: the library sources (src/core, io, meta, plan, comm without its MPI backend, source,
+# engine) are compiled with clang, coverage instrumentation and ASan + UBSan into
 # build/fuzz/libstrata_fuzz.a (objects are rebuilt when their source or any header is
 # newer); each target fuzz/fuzz_<name>.c links against it (fuzz_layout also compiles
 # src/cli/synth.c).
@@ -61,7 +61,7 @@ build() {
     local newest_h
     newest_h=$(ls -t include/*.h src/*/*.h 2>/dev/null | head -1)
     local stale=() objs=()
-    for s in src/core/*.c src/io/*.c src/meta/*.c src/plan/*.c src/comm/*.c src/engine/*.c; do
+    for s in src/core/*.c src/io/*.c src/meta/*.c src/plan/*.c src/comm/*.c src/source/*.c src/engine/*.c; do
         case $s in *_mpi.c) continue ;; esac # no MPI in the fuzzers (nothing they link uses it)
         local o="$OUT/obj/${s%.c}.o"
         objs+=("$o")

@@ -1,4 +1,4 @@
-/* fuzz_dcp.c - libFuzzer target for the DCP interpreter (src/meta/dcp.c): the input is a
+/* fuzz_dcp.c - libFuzzer target for the DCP interpreter (src/source/dcp.c): the input is a
  * .metadata pickle. On success the table is held to dcp.h's rules: items sorted by FQN and
  * unique, files plain names sorted and unique, every chunk inside its tensor and naming a
  * file of the table, the non-empty chunks' volumes summing to the tensor's elements; a
@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "meta/dcp.h"
+#include "source/dcp.h"
 #include "meta/meta.h"
 
 #define FDCP_FAIL(...)                                                                       \

@@ -1,4 +1,4 @@
-/* fuzz_megatron.c - libFuzzer target for the Megatron torch_dist readers (src/meta/megatron.c):
+/* fuzz_megatron.c - libFuzzer target for the Megatron torch_dist readers (src/source/megatron.c):
  * the input is read as a metadata.json (st_mg_parse_config) and as a DCP .metadata whose
  * mcore_data is looked up (st_mg_reforms). An accepted config names torch_dist (version 1 or
  * none, common backend torch or none); a refusal must be STRATA_EFORMAT or STRATA_ENOTSUP
@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "meta/megatron.h"
+#include "source/megatron.h"
 
 #define FMG_FAIL(...)                                                                        \
     do {                                                                                     \

@@ -3,14 +3,15 @@
  * The input goes to st_meta_decode_unchecked (no trailer checksum, so mutations reach deep
  * into the parser) and to st_meta_decode. A decoded st_meta is then held to the rules of
  * docs/FORMAT.md ("What a reader checks") by an independent checker, including a
- * brute-force overlap test of small tensors, and re-encoded: the encoding must decode (with
+ * brute-force overlap test of small tensors and a foreign index's check table, and
+ * re-encoded: the encoding must decode (with
  * its checksum) to an equal st_meta and re-encode to the same bytes. Any violation is
  * abort(). Also replayed by tests/test_fuzz_replay.c (the entry point is renamed there).
  *
  * Inputs that start with "OVLP" instead describe, compactly, a large crafted shard set of
  * one tensor (fm_overlap_gen: up to 16,384 shards from a few bytes), to hunt for inputs on
  * which the overlap check is wrong or slow: its answer is held to a brute-force one, and
- * its work (st_meta_overlap_work) to a near-linear bound, so a superlinear case aborts
+ * its work (st_overlap_work) to a near-linear bound, so a superlinear case aborts
  * here even where it would not yet hit libFuzzer's -timeout. */
 #include <stdint.h>
 #include <stdio.h>
@@ -19,6 +20,8 @@
 
 #include "core/checksum.h"
 #include "core/geom.h"
+#include "core/overlap.h"
+#include "meta/checks.h"
 #include "meta/meta.h"
 
 #define FM_FAIL(...)                                                                         \
@@ -197,7 +200,7 @@ static void fm_overlap_gen(const uint8_t *data, size_t size)
             }
     }
     int rc = st_meta_check_overlap(&t);
-    uint64_t work = st_meta_overlap_work();
+    uint64_t work = st_overlap_work();
     if (rc == STRATA_ENOMEM)
         return;
     if (rc != 0 && rc != STRATA_EOVERLAP)
@@ -295,6 +298,20 @@ static void fm_check(const st_meta *m)
     if (total != m->data_bytes)
         FM_FAIL("data_bytes %llu, objects sum to %llu", (unsigned long long)m->data_bytes,
                 (unsigned long long)total);
+    /* the check table (foreign only): inside its files, non-empty, sorted and disjoint */
+    if (m->nchecks && !m->foreign)
+        FM_FAIL("strata's own metadata with %zu check ranges", m->nchecks);
+    for (size_t i = 0; i < m->nchecks; i++) {
+        const st_mcheck *c = &m->checks[i], *p = i ? &m->checks[i - 1] : NULL;
+        size_t nl = strlen(c->name);
+        if (c->file >= m->nfiles || c->bytes == 0 || c->offset > m->files[c->file].bytes ||
+            c->bytes > m->files[c->file].bytes - c->offset || nl < 1 || nl > ST_CHECK_MAX_NAME)
+            FM_FAIL("check range %zu outside its file (or a bad name) accepted", i);
+        if (p && (p->file > c->file || (p->file == c->file && p->offset + p->bytes > c->offset)))
+            FM_FAIL("check ranges %zu and %zu out of order or overlapping accepted", i - 1, i);
+        if (st_check_find(m, c->file, c->offset) != i)
+            FM_FAIL("st_check_find does not find check range %zu", i);
+    }
     /* unique names (quadratic: only for modest counts) */
     if (m->ntensors + m->nblobs <= 4096) {
         for (size_t i = 0; i < m->ntensors; i++)
@@ -327,6 +344,14 @@ static int fm_equal(const st_meta *a, const st_meta *b)
     for (uint32_t i = 0; i < a->nfiles; i++)
         if (strcmp(a->files[i].name, b->files[i].name) || a->files[i].bytes != b->files[i].bytes)
             return 0;
+    if (a->nchecks != b->nchecks)
+        return 0;
+    for (size_t i = 0; i < a->nchecks; i++) {
+        const st_mcheck *x = &a->checks[i], *y = &b->checks[i];
+        if (x->file != y->file || x->offset != y->offset || x->bytes != y->bytes ||
+            x->crc != y->crc || strcmp(x->name, y->name))
+            return 0;
+    }
     for (size_t i = 0; i < a->ntensors; i++) {
         const st_mtensor *x = &a->tensors[i], *y = &b->tensors[i];
         if (strcmp(x->name, y->name) || x->dtype != y->dtype || x->ndim != y->ndim ||

@@ -1,4 +1,4 @@
-/* fuzz_pickle.c - libFuzzer target for the restricted pickle reader (src/meta/pickle.c).
+/* fuzz_pickle.c - libFuzzer target for the restricted pickle reader (src/source/pickle.c).
  *
  * The input is parsed as a pickle. On success the value graph is held to the rules of
  * pickle.h and docs/FORMAT.md ("Reading pickle and zip"), walked recursively (which the
@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "core/utf8.h"
-#include "meta/pickle.h"
+#include "source/pickle.h"
 
 #define FPK_FAIL(...)                                                                        \
     do {                                                                                     \

@@ -1,5 +1,5 @@
 /* fuzz_safetensors.c - libFuzzer target for the safetensors header parser
- * (src/meta/safetensors.c).
+ * (src/source/safetensors.c).
  *
  * Each input is parsed three times: as a whole file (8-byte length, JSON, data; file size =
  * input size), and twice "wrapped": the first 4 bytes are a little-endian data length D, the
@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "meta/safetensors.h"
+#include "source/safetensors.h"
 
 #define FST_FAIL(...)                                                                        \
     do {                                                                                     \

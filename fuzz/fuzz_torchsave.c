@@ -1,12 +1,14 @@
-/* fuzz_torchsave.c - libFuzzer target for the torch.save interpreter (src/meta/torchsave.c):
+/* fuzz_torchsave.c - libFuzzer target for the torch.save interpreter (src/source/torchsave.c):
  * the zip, data.pkl and the tensors of its pickle placed in their storages.
  *
  * The input is the archive, read through a callback that refuses reads past its end (the
  * reader never asks for one: such a read is abort()). An opened archive is held to the rules
  * of torchsave.h: tensors sorted by name, unique, names 1..STRATA_MAX_NAME bytes; each
  * tensor's bytes numel x its dtype's size, inside its storage's stored entry, which holds
- * exactly the storage; then the metadata built from it must encode and decode (the same
- * validator as every other rank's) unchanged in its tensors. A refusal must be
+ * exactly the storage; then the metadata built from it must hold a check range for each
+ * stored entry a tensor or the pickle lies in (its data, size and CRC-32), sorted and
+ * disjoint, and must encode and decode (the same validator as every other rank's)
+ * unchanged in its tensors and checks. A refusal must be
  * STRATA_EFORMAT, STRATA_ENOTSUP or STRATA_ECHECKSUM naming the file (or STRATA_ENOMEM) and
  * leave nothing behind.
  *
@@ -20,7 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "meta/torchsave.h"
+#include "meta/checks.h"
+#include "source/torchsave.h"
 #include "strata_types.h"
 #include "fuzz_mem.h"
 
@@ -67,13 +70,32 @@ static void ft_check(const st_ts_archive *a, size_t size)
         return;
     if (rc)
         FT_FAIL("metadata of an accepted archive refused: %s", strata_error_last());
+    /* its check table: stored entries of the archive, each holding a tensor's or the
+     * pickle's bytes, sorted and disjoint */
+    for (size_t i = 0; i < m->nchecks; i++) {
+        const st_mcheck *c = &m->checks[i];
+        const st_zip_entry *e = st_zip_find(&a->zip, c->name);
+        if (!e || e->method != 0 || e->data_off != c->offset || e->usize != c->bytes ||
+            e->crc != c->crc || c->file != 0)
+            FT_FAIL("check range %zu is not a stored entry of the archive", i);
+        if (i && m->checks[i - 1].offset + m->checks[i - 1].bytes > c->offset)
+            FT_FAIL("check ranges %zu and %zu overlap or are out of order", i - 1, i);
+    }
+    for (size_t i = 0; i < d->n; i++) { /* every tensor with bytes lies in a checked entry */
+        const st_ts_tensor *t = &d->t[i];
+        size_t k = t->bytes ? st_check_find(m, 0, t->at) : 0;
+        if (t->bytes && (k == m->nchecks || m->checks[k].offset > t->at ||
+                         m->checks[k].offset + m->checks[k].bytes < t->at + t->bytes))
+            FT_FAIL("tensor '%s' lies in no checked entry", t->name);
+    }
     if (st_meta_encode(m, &enc, &len) == 0) {
         rc = st_meta_decode_foreign(&back, enc, len);
         if (rc && rc != STRATA_ENOMEM)
             FT_FAIL("the metadata of an accepted archive does not decode: %s",
                     strata_error_last());
-        if (!rc && back->ntensors != m->ntensors)
-            FT_FAIL("decoded metadata has %zu tensors, not %zu", back->ntensors, m->ntensors);
+        if (!rc && (back->ntensors != m->ntensors || back->nchecks != m->nchecks))
+            FT_FAIL("decoded metadata has %zu tensors and %zu checks, not %zu and %zu",
+                    back->ntensors, back->nchecks, m->ntensors, m->nchecks);
     }
     st_meta_free(back);
     free(enc);

@@ -1,4 +1,4 @@
-/* fuzz_zero.c - libFuzzer target for the DeepSpeed ZeRO reader (src/meta/zero.c): the files
+/* fuzz_zero.c - libFuzzer target for the DeepSpeed ZeRO reader (src/source/zero.c): the files
  * of one tag directory, their pickles interpreted into named full tensors of flat pieces.
  *
  * Input: "Z", the stage (a byte, taken modulo 3, plus 1), the data-parallel ranks (a byte,
@@ -9,7 +9,8 @@
  * another in a file of their total size; any other is a torch.save archive read through a
  * callback that refuses reads past its end. An accepted checkpoint's metadata must encode and
  * decode (the validator every other rank runs: boxes, flat ranges and extents inside the
- * files, no overlap) with every tensor's pieces covering it exactly. A refusal must be
+ * files, no overlap, the check table of the archives' entries) with every tensor's pieces
+ * covering it exactly. A refusal must be
  * STRATA_EFORMAT, STRATA_ENOTSUP, STRATA_ECHECKSUM, STRATA_EUNFILLED or STRATA_EMISMATCH
  * naming the input (or STRATA_ENOMEM). Also replayed by tests/test_fuzz_replay.c. */
 #include <stdint.h>
@@ -17,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "meta/zero.h"
+#include "source/zero.h"
 #include "strata_types.h"
 #include "fuzz_mem.h"
 
@@ -116,6 +117,11 @@ static void zf_check(const st_meta *m)
     if (rc)
         ZF_FAIL("the metadata of an accepted checkpoint does not decode: %s",
                 strata_error_last());
+    if (back->nchecks != m->nchecks)
+        ZF_FAIL("%zu check ranges decoded of %zu", back->nchecks, m->nchecks);
+    for (size_t i = 0; i < m->nchecks; i++) /* each holds a byte of some piece */
+        if (!m->checks[i].bytes || m->checks[i].file >= m->nfiles)
+            ZF_FAIL("check range %zu is empty or of no file", i);
     for (size_t i = 0; i < back->ntensors; i++) {
         const st_mtensor *t = &back->tensors[i];
         uint64_t numel = 1, got = 0;

@@ -1,4 +1,4 @@
-/* fuzz_zip.c - libFuzzer target for the bounded zip reader (src/meta/zip.c).
+/* fuzz_zip.c - libFuzzer target for the bounded zip reader (src/source/zip.c).
  *
  * The input is the archive (read through a callback that refuses reads past its end: the
  * reader must never ask for one on an archive it accepts or is still checking, so such a
@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "meta/zip.h"
+#include "source/zip.h"
 #include "strata_types.h"
 #include "fuzz_mem.h"
 

@@ -116,7 +116,10 @@ int strata_state_add_blob(strata_state *st, const char *name, unsigned flags, in
  * path holds a complete committed checkpoint - the previous one, then the new one; the
  * previous one is then removed. The save owns both the path and the directory beside it
  * (STRATA_EBUSY if another save or a collector holds either). A path with no committed
- * checkpoint (missing, or incomplete) gets the new one the same way. Readers that opened
+ * checkpoint (missing, empty, or incomplete) gets the new one the same way; anything else
+ * there (a file, a symlink, a directory holding files strata does not write: a user's, a
+ * run directory of checkpoints) is refused with STRATA_ENOTCKPT naming it, and a link
+ * planted at the name beside it with STRATA_EINVAL, nothing touched. Readers that opened
  * the previous one's files keep reading them (POSIX); a load that read its metadata before
  * the exchange and opens data files after it fails (the new files' checksums or sizes do
  * not match), never loads a mix. A file system that cannot exchange directories (NFS,
@@ -159,17 +162,21 @@ typedef struct strata_save_opts {
      * STRATA_SAVE_INCREMENTAL, one of another chunk size, or a backend or file system that
      * cannot link (EXDEV, EPERM): written as usual. On s3:// a link is a copy made by the
      * server (no byte uploaded; FORMAT.md); a copy the server refuses fails a save in one
-     * process. Errors: the base's open (missing: STRATA_ENOENT,
-     * not committed: STRATA_EINCOMPLETE, not strata's: STRATA_EINVAL, a name with '/':
-     * STRATA_EINVAL); a base removed or replaced while the save links its files:
-     * STRATA_ECHANGED (the save is removed, nothing else touched).
+     * process. The base's bytes a shard would refer to are read and checked against their
+     * checksums first (once per process and base file version: a chain of saves reads
+     * its base once); where they fail, the caller's bytes are written instead, so the
+     * new checkpoint verifies. Errors: the base's open (missing: STRATA_ENOENT,
+     * not committed: STRATA_EINCOMPLETE, not strata's: STRATA_EINVAL, a name with '/' or
+     * a symlink's: STRATA_EINVAL); a base removed or replaced while the save links its
+     * files: STRATA_ECHANGED (the save is removed, nothing else touched).
      * With a communicator every rank gives a base, or none (else STRATA_EINVAL on every
      * rank, before anything is written); rank 0's base is used: where it is missing, not
      * committed or not incremental-ready the save is a full one, and a rank that cannot
      * link its base files (EXDEV, EPERM, ...) or finds the base removed or replaced writes
-     * its own part in full; a base that cannot be read (not strata's, corrupt metadata)
-     * fails the save on every rank, as in one process. Marks are not carried
-     * between ranks: a distributed save hashes its candidates. */
+     * its own part in full (and a rank whose base bytes fail their check, those pieces);
+     * a base that cannot be read (not strata's, corrupt metadata) fails the save on every
+     * rank, as in one process. Marks are not carried between ranks: a distributed save
+     * hashes its candidates. */
     const char *base;
 } strata_save_opts;
 #define STRATA_SAVE_OPTS_INIT {STRATA_SAVE_OPTS_VERSION, 0, 0, 0, 0, 0, NULL}
@@ -192,6 +199,28 @@ typedef struct strata_save_opts {
  * Any other pair (narrowing integers, float to integer, i64 to float, fp8) is
  * STRATA_EMISMATCH naming the tensor and both dtypes. Shapes must still match. */
 #define STRATA_LOAD_CAST (1u << 1)
+/* Load a shard registered with another dtype than the saved tensor's by converting it
+ * only where every value of the saved dtype is exact in the requested one (a widening):
+ * f16, bf16 to f32, f64; f32 to f64; and the integer and bool conversions above, all
+ * exact. Nothing is rounded: a narrowing pair (f32 to bf16, f16 to bf16 and back, f64 to
+ * f32) stays STRATA_EMISMATCH, with a message saying STRATA_LOAD_CAST would convert it.
+ * Converted as STRATA_LOAD_CAST converts; with STRATA_LOAD_CAST this flag adds nothing. */
+#define STRATA_LOAD_WIDEN (1u << 2)
+
+/* 1 if a load with `flags` (STRATA_LOAD_* ; only STRATA_LOAD_CAST and STRATA_LOAD_WIDEN
+ * matter) fills a shard of dtype `requested` from a tensor saved as `saved`, else 0:
+ * equal (valid) dtypes always, other pairs as the two flags above say. Pure; thread-safe. */
+int strata_load_converts(strata_dtype saved, strata_dtype requested, unsigned flags);
+
+/* Leave the zip CRC-32s of a DCP, torch.save, DeepSpeed ZeRO or Megatron checkpoint
+ * unchecked. By default every zip entry a load reads a byte of is read whole and its CRC-32
+ * checked before its bytes reach the states (where the load needs part of an entry, the
+ * rest is read too: strata_stats.crc_bytes), and a mismatch is STRATA_ECHECKSUM naming the
+ * tensor, the entry and the file. With this flag only the requested bytes are read and
+ * nothing is checked; strata_stats.crc_skipped says so. strata's own checksums are always
+ * verified (they cover exactly what is read); safetensors has none. With a communicator,
+ * rank 0's flag holds for every rank (the reads of the one plan depend on it). */
+#define STRATA_LOAD_SKIP_CRC (1u << 3)
 
 #define STRATA_LOAD_OPTS_VERSION 1
 typedef struct strata_load_opts {
@@ -211,7 +240,7 @@ typedef struct strata_load_opts {
  * one); strata fills the fields of that version. strata_save and strata_load refuse a
  * version outside 1..STRATA_STATS_VERSION with STRATA_EINVAL before doing anything;
  * strata_wait_durable leaves such a struct untouched (the save's outcome stands). */
-#define STRATA_STATS_VERSION 3
+#define STRATA_STATS_VERSION 4
 typedef struct strata_stats {
     int version;
     int tier;              /* load: the index of the source that was loaded */
@@ -243,8 +272,16 @@ typedef struct strata_stats {
      * tier reads and broadcasts again); for strata_load, in the call; for
      * strata_export_safetensors, the export's one open. */
     uint64_t meta_reads, meta_bcasts;
+    /* version 4, load and export: the zip CRC-32s of a DCP, torch.save, DeepSpeed ZeRO or
+     * Megatron checkpoint (STRATA_LOAD_SKIP_CRC). crc_checked: the entries this rank checked,
+     * each read whole; crc_bytes: the bytes it read only to check them (parts of entries no
+     * request needed); crc_skipped: 1 when STRATA_LOAD_SKIP_CRC (STRATA_EXPORT_SKIP_CRC) left
+     * them unchecked. 0, 0, 0 for strata's own checkpoints and safetensors. */
+    uint64_t crc_checked, crc_bytes;
+    int crc_skipped;
 } strata_stats;
-#define STRATA_STATS_INIT {STRATA_STATS_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+#define STRATA_STATS_INIT {STRATA_STATS_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
+                           0, 0, 0}
 
 /* ---- buffer pools ---------------------------------------------------------------------- */
 
@@ -304,7 +341,8 @@ typedef struct strata_handle strata_handle;
 /* Starts a save of the ranks' states to the destinations uris[0..nuris) (1 to
  * STRATA_MAX_TIERS; "file:///abs/path", a plain path, "mem://name", or
  * "s3://bucket/prefix" in a build with libcurl (else STRATA_ENOTSUP; endpoint, region and
- * credentials from AWS_*; STRATA_SAVE_REPLACE refused there); tiers fastest first) and
+ * credentials from AWS_*; STRATA_SAVE_REPLACE refused there; a prefix with an empty, "."
+ * or ".." segment: STRATA_EINVAL); tiers fastest first) and
  * returns once the plan is made, before any I/O or copying.
  *  - Ranks: without a communicator, `nstates` logical ranks in this process (index =
  *    rank); with one, this rank's one state (nstates = 1), and every rank of the
@@ -380,10 +418,13 @@ int strata_save(strata_stats *stats, strata_saver *sv, const char *const *uris, 
  * read once, by one of the ranks that need it, verified, and sent to the others. All
  * ranks agree on the source used.
  * Only the checksum chunks that hold requested bytes are read, each once; every chunk is
- * verified before its bytes are scattered. Every requested byte is filled, or the call
- * fails (the destinations may then hold partial data). opts may be NULL.
+ * verified before its bytes are scattered. A source of another format is checked as its
+ * format allows: every zip entry of a DCP, torch.save, DeepSpeed or Megatron checkpoint
+ * that holds a requested byte is read whole and its CRC-32 compared (STRATA_LOAD_SKIP_CRC);
+ * safetensors has no checksum. Every requested byte is filled, or the call fails (the
+ * destinations may then hold partial data). opts may be NULL.
  * Errors (of the last source, with the reasons of all): STRATA_EINCOMPLETE,
- * STRATA_EFORMAT, STRATA_ECHECKSUM (naming tensor and file), STRATA_ENOTFOUND,
+ * STRATA_EFORMAT, STRATA_ECHECKSUM (naming tensor and file; a zip entry too), STRATA_ENOTFOUND,
  * STRATA_EMISMATCH, STRATA_EUNFILLED, STRATA_ENOENT, STRATA_EIO, STRATA_ESCHEME,
  * STRATA_ECHANGED (a safetensors file replaced or rewritten after its header was read),
  * STRATA_EABORTED (another rank failed). */
@@ -425,12 +466,12 @@ int strata_load(strata_stats *stats, strata_comm *comm, const char *const *uris,
  * rank calls it together with its one state, nstates = 1), as many times as the caller
  * wants, with other states or the same, without reading the index again. The load plan is
  * kept on the loader: a load whose requests (every rank's names, dtypes, boxes, flat
- * ranges, blobs and STRATA_LOAD_CAST; not the data addresses) equal the last load's reuses
- * it (stats->plan_cached = 1). If the load fails on the tier open now (a bad checksum, a
- * missing or changed data file) and later tiers remain, the loader opens the next tier
- * that opens and loads from it (stats->tier says which; the index is then that tier's),
- * as strata_load falls back (on any error, a request the tier cannot fill included; not
- * once the communicator is broken). When no tier is left, the message names every tier's
+ * ranges, blobs, STRATA_LOAD_CAST and STRATA_LOAD_WIDEN; not the data addresses) equal the
+ * last load's reuses it (stats->plan_cached = 1). If the load fails on the tier open now
+ * (a bad checksum, a missing or changed data file) and later tiers remain, the loader
+ * opens the next tier that opens and loads from it (stats->tier says which; the index is
+ * then that tier's), as strata_load falls back (on any error, a request the tier cannot
+ * fill included; not once the communicator is broken). When no tier is left, the message names every tier's
  * reason, and the loader has no tier open: later loads fail with STRATA_EINVAL saying so.
  * The states' buffers may hold partial data after a failure. Errors: those of strata_load,
  * STRATA_EINVAL (bad arguments or options; ld NULL; no tier left).
@@ -510,7 +551,13 @@ void strata_loader_free(strata_loader *ld);
  * checksums (verify checks the zip CRC-32s); committed. Errors beyond torch.save's:
  * STRATA_ENOENT (a rank's file missing), STRATA_EUNFILLED (the partitions do not cover a
  * parameter), STRATA_EMISMATCH (param_shapes and the partitions disagree), STRATA_ENOTSUP (a
- * partition not fp32, a second model-parallel rank). */
+ * partition not fp32, a second model-parallel rank).
+ *
+ * So does a DeepSpeed tag saved through strata.deepspeed (STRATA_FORMAT_STRATA_DEEPSPEED):
+ * the tag directory (its DeepSpeed files are stubs) or the save_dir whose `latest` names
+ * one; what is read is the strata checkpoint tag/strata, with its checksums and commit
+ * record (an incomplete one: STRATA_EINCOMPLETE). strata_ckpt_tag says which tag `latest`
+ * named. */
 #define STRATA_OPEN_INCOMPLETE (1u << 0)
 int strata_ckpt_open(strata_ckpt **out, const char *uri, unsigned flags);
 void strata_ckpt_free(strata_ckpt *ck);
@@ -529,15 +576,13 @@ uint32_t strata_ckpt_chunk_bytes(const strata_ckpt *ck); /* 0: no checksums (saf
  * strata_ckpt_data_bytes for a full one); the rest lie in files linked from the base
  * (ref-<id>-<rank>.bin, docs/FORMAT.md). */
 const char *strata_ckpt_base(const strata_ckpt *ck, uint64_t *own_bytes);
-#define STRATA_FORMAT_STRATA 0
-#define STRATA_FORMAT_SAFETENSORS 1
-#define STRATA_FORMAT_DCP 2 /* PyTorch torch.distributed.checkpoint */
-#define STRATA_FORMAT_TORCH_SAVE 3 /* torch.save files, Hugging Face pytorch_model.bin */
-#define STRATA_FORMAT_MEGATRON 4 /* Megatron-Core torch_dist (DCP + metadata.json) */
-#define STRATA_FORMAT_DEEPSPEED 5 /* DeepSpeed ZeRO, its default engine's torch.save files */
-int strata_ckpt_format(const strata_ckpt *ck); /* STRATA_FORMAT_* */
-/* The format's name: "strata", "safetensors", "dcp", "torch.save", "megatron", "deepspeed". */
+int strata_ckpt_format(const strata_ckpt *ck); /* STRATA_FORMAT_* (strata_types.h) */
+/* The format's name: "strata", "safetensors", "dcp", "torch.save", "megatron", "deepspeed",
+ * "strata.deepspeed". */
 const char *strata_ckpt_format_name(const strata_ckpt *ck);
+/* A DeepSpeed checkpoint opened through its save_dir: the tag its `latest` named, which is
+ * what was read; NULL for any other (a tag directory named directly too). */
+const char *strata_ckpt_tag(const strata_ckpt *ck);
 
 typedef struct strata_tensor_info {
     const char *name;
@@ -620,6 +665,28 @@ int strata_uri_path(char *out, size_t cap, const char *uri);
  * and the file (nothing is committed), the destination's storage errors. The source must
  * not be removed meanwhile (the caller's retention keeps it). */
 int strata_copy(strata_stats *stats, const char *src_uri, const char *dst_uri, unsigned flags);
+
+/* Progress of a long operation (strata_copy_ext): bytes done of the total so far. Return 0 to
+ * go on; anything else stops it with STRATA_EABORTED (the callback may set the message with
+ * strata_error_set). */
+typedef int (*strata_progress_cb)(void *ctx, uint64_t bytes_done, uint64_t bytes_total);
+
+#define STRATA_COPY_OPTS_VERSION 1
+typedef struct strata_copy_opts {
+    int version;                 /* STRATA_COPY_OPTS_VERSION */
+    unsigned flags;              /* 0 */
+    strata_progress_cb progress; /* may be NULL: once before the first byte (0 of the data
+                                    files' total), then after each block written, from the
+                                    copy's threads one call at a time */
+    void *progress_ctx;
+} strata_copy_opts;
+#define STRATA_COPY_OPTS_INIT {STRATA_COPY_OPTS_VERSION, 0, NULL, NULL}
+
+/* strata_copy with options (opts may be NULL: strata_copy's defaults): a progress callback,
+ * which may stop the copy (STRATA_EABORTED; nothing is committed at dst_uri and what was
+ * written there is removed, as after any failure). `strata copy SRC DST` is this call. */
+int strata_copy_ext(strata_stats *stats, const char *src_uri, const char *dst_uri,
+                    const strata_copy_opts *opts);
 
 /* Retention in a directory of checkpoints (one tier): keeps the `keep` newest committed
  * checkpoints directly under dir_uri (by commit time) and removes the older ones (commit
@@ -713,6 +780,13 @@ typedef int (*strata_export_progress_cb)(void *ctx, uint64_t bytes_done, uint64_
 /* Never use O_DIRECT, reading the checkpoint or writing the files (by default the files
  * are written with O_DIRECT where the file system allows it: the page cache is left alone). */
 #define STRATA_EXPORT_NO_DIRECT (1u << 1)
+/* Leave the zip CRC-32s of a DCP, torch.save, DeepSpeed or Megatron checkpoint unchecked
+ * (STRATA_LOAD_SKIP_CRC; stats->crc_skipped says so). By default every zip entry the
+ * export reads a byte of is checked, before anything is published: the windows keep the
+ * CRC-32 of what each read, and the rest of an entry no window read is read at the end
+ * (stats->crc_bytes); a mismatch fails the export with STRATA_ECHECKSUM naming the tensor,
+ * the entry and the file, and out_dir is left as it was. */
+#define STRATA_EXPORT_SKIP_CRC (1u << 2)
 
 #define STRATA_EXPORT_OPTS_VERSION 2
 typedef struct strata_export_opts {
@@ -750,7 +824,8 @@ typedef struct strata_export_opts {
  * parents): model-0000i-of-0000N.safetensors, tensors in the checkpoint's order, each file
  * a header {"__metadata__": {"format": "pt"}, name: {dtype, shape, data_offsets}} padded
  * with spaces to a multiple of 8, then the data; and model.safetensors.index.json
- * ({"metadata": {"total_size": bytes}, "weight_map": {name: file}}). Blobs are not
+ * ({"metadata": {"total_size": bytes}, "weight_map": {name: file}}); when all fit one file,
+ * model.safetensors alone, without an index, as Hugging Face writes it. Blobs are not
  * exported. Memory stays bounded whatever the model: the checkpoint is opened once (one
  * strata_loader, its index read once: stats->meta_reads) and each tensor is loaded from it
  * (every checksum verified) in windows of at most 64 MiB, flat element ranges, into one
@@ -770,7 +845,8 @@ typedef struct strata_export_opts {
  * or a directory holding only files an export writes (an earlier export's output); anything
  * else there, and a symlink as out_dir, is refused with STRATA_EEXIST before anything is
  * written. opts may be NULL. stats (may be NULL) gets data_bytes (tensor bytes read), bytes
- * and all_bytes (tensor bytes written: total_size), io_calls, seconds, meta_reads (1).
+ * and all_bytes (tensor bytes written: total_size), io_calls, seconds, meta_reads (1),
+ * crc_checked, crc_bytes, crc_skipped (STRATA_EXPORT_SKIP_CRC).
  * A selection (include, exclude, model_only) that keeps no tensor is STRATA_ENOTFOUND,
  * nothing written; only selected tensors are loaded, counted and written.
  * Errors: those of strata_ckpt_open and strata_load (STRATA_ENOENT, STRATA_EINCOMPLETE,
@@ -792,6 +868,95 @@ int strata_export_safetensors(strata_stats *stats, const char *ckpt_uri, const c
  * directories removed. Errors: STRATA_ENOENT (no such directory), STRATA_ESCHEME,
  * STRATA_EIO, STRATA_ENOMEM. */
 int strata_remove_export_staging(int *removed, const char *dir_uri);
+
+/* ---- restricted pickles: values read without executing pickle ------------------------- */
+
+/* strata reads pickles (a torch.save archive's data.pkl, a DCP item, Megatron's common.pt)
+ * with its own bounded reader, which builds plain values and never calls anything: only an
+ * allow-list of globals (torch dtypes and storage types, the tensor rebuild functions,
+ * collections.OrderedDict, io.BytesIO, DCP's and DeepSpeed's metadata classes) may appear,
+ * and only those the list allows may be called - each call a tagged value for the reader to
+ * interpret, never run (docs/FORMAT.md, "Reading pickle and zip"). These calls give it to a
+ * caller that builds its own values (the Python package builds Python objects from them).
+ * A strata_pickle is read-only once made and may be shared between threads. */
+typedef struct strata_pickle strata_pickle;             /* a parsed pickle */
+typedef struct strata_pickle_value strata_pickle_value; /* one of its values */
+
+#define STRATA_PICKLE_NONE 0
+#define STRATA_PICKLE_BOOL 1
+#define STRATA_PICKLE_INT 2    /* one that fits int64 */
+#define STRATA_PICKLE_BIGINT 3 /* a larger one: its bytes */
+#define STRATA_PICKLE_FLOAT 4
+#define STRATA_PICKLE_STR 5
+#define STRATA_PICKLE_BYTES 6
+#define STRATA_PICKLE_TUPLE 7   /* torch.Size too */
+#define STRATA_PICKLE_LIST 8
+#define STRATA_PICKLE_DICT 9    /* collections.OrderedDict too (ordered) */
+#define STRATA_PICKLE_GLOBAL 10 /* a global used as a value (torch.float32) */
+#define STRATA_PICKLE_TENSOR 11 /* a torch tensor or parameter: strata_pickle_tensor */
+#define STRATA_PICKLE_BYTES_IO 12 /* an io.BytesIO: its bytes and position */
+#define STRATA_PICKLE_OTHER 13  /* a call or persistent id strata does not interpret: why */
+
+/* What a value is (strata_pickle_get). Pointers live as long as the pickle. */
+typedef struct strata_pickle_value_info {
+    int kind;       /* STRATA_PICKLE_* */
+    int ordered;    /* DICT: a collections.OrderedDict */
+    int64_t i;      /* BOOL (0 or 1), INT; BYTES_IO: its position */
+    double f;       /* FLOAT */
+    const unsigned char *bytes; /* STR (valid UTF-8, NUL-terminated), BYTES, BIGINT (two's
+                                   complement, little-endian), BYTES_IO (its buffer) */
+    size_t len;     /* their bytes */
+    size_t n;       /* TUPLE, LIST: items; DICT: (key, value) pairs */
+    const char *module, *name; /* GLOBAL: the global; OTHER: the one called (NULL for a
+                                  persistent id) */
+    char why[256];  /* OTHER: what it is, for a message */
+} strata_pickle_value_info;
+
+/* Parses len bytes of pickle (protocols 2 to 5) into *out; name names it in messages (NULL:
+ * "pickle"). data is copied: it may go once the call returns. Free with strata_pickle_free.
+ * Errors: STRATA_EFORMAT (malformed, truncated, a global off the allow-list named as
+ * module.name, a call of one the list does not allow, a bound exceeded: nesting, size,
+ * memo, values), STRATA_ENOMEM; each naming name and the byte. */
+int strata_pickle_parse(strata_pickle **out, const void *data, size_t len, const char *name);
+/* Opens the torch.save archive (the zip format of torch >= 1.6) that is the len bytes at
+ * data: its data.pkl is parsed as by strata_pickle_parse, and its tensors are placed in its
+ * stored entries (strata_pickle_tensor gives their bytes). data is borrowed: it must live as
+ * long as *out. Errors: STRATA_EFORMAT, STRATA_ENOTSUP (legacy format, a compressed entry,
+ * big-endian data, a non-contiguous or complex tensor), STRATA_ECHECKSUM (data.pkl's
+ * CRC-32), STRATA_ENOMEM; each naming name (NULL: "torch.save archive"). */
+int strata_pickle_open_archive(strata_pickle **out, const void *data, size_t len,
+                               const char *name);
+void strata_pickle_free(strata_pickle *pk);
+
+/* The value the pickle returns (its STOP). Never NULL for an open pickle. */
+const strata_pickle_value *strata_pickle_root(const strata_pickle *pk);
+/* What v is (*out filled; never fails). A value referenced twice by the pickle (its memo) is
+ * one strata_pickle_value: compare pointers to share what it shares. */
+void strata_pickle_get(strata_pickle_value_info *out, const strata_pickle_value *v);
+/* Item i of a TUPLE or LIST (i < n); of a DICT, its pair i / 2: the key for an even i, the
+ * value for an odd one (i < 2 n). NULL for another kind or an index out of range. */
+const strata_pickle_value *strata_pickle_item(const strata_pickle_value *v, size_t i);
+/* A dict key as a part of a tensor's name, as strata.torch joins them ("layers.0.weight"):
+ * a str as it is, an int or bool in decimal, into buf (cap bytes, NUL-terminated). Its
+ * length, or -1 for a key that cannot name a tensor (another kind, a NUL inside, too long). */
+int strata_pickle_key(char *buf, size_t cap, const strata_pickle_value *key);
+
+/* A TENSOR value read by torch.save's rules: its dtype and shape and, in an archive, its
+ * bytes (a pointer into the archive's data; NULL and 0 for a bare pickle, whose bytes are
+ * elsewhere). */
+typedef struct strata_pickle_tensor_info {
+    strata_dtype dtype;
+    int ndim;
+    uint64_t shape[STRATA_MAX_DIMS];
+    const void *data;
+    uint64_t bytes;
+} strata_pickle_tensor_info;
+/* Reads the TENSOR value v of pk, named name (its keys joined with '.', strata_pickle_key; in
+ * an archive, the name its bytes are found by). Errors: STRATA_EINVAL (v is not a tensor),
+ * STRATA_EFORMAT (a malformed call; in an archive, no tensor of that name), STRATA_ENOTSUP
+ * (non-contiguous, complex); each naming name. */
+int strata_pickle_tensor(strata_pickle_tensor_info *out, const strata_pickle *pk,
+                         const strata_pickle_value *v, const char *name);
 
 #ifdef __cplusplus
 }

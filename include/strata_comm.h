@@ -71,6 +71,32 @@ int strata_comm_size(const strata_comm *c);
 void strata_comm_set_timeout(strata_comm *c, int ms);
 int strata_comm_timeout(const strata_comm *c);
 
+/* strata_comm_agree's flags. STRATA_AGREE_SAME: where every rank's payload is the same
+ * bytes, *out is NULL (one allgather, whatever the payloads' size). */
+#define STRATA_AGREE_SAME 1u
+
+/* A step each rank ran on its own, agreed on: the protocol strata runs around its own
+ * steps, for the caller's (strata.torch runs it before each save and load). A collective:
+ * every rank calls it at the same point, with the same what, inline_bytes and flags.
+ * rc: this rank's outcome, 0 or a negative STRATA_E* code whose message is
+ * strata_error_last(); payload: its n bytes (not sent where rc is not 0).
+ * Where every rank's rc is 0, returns 0 with *out holding every rank's payload in rank
+ * order (free it with strata_free; NULL where all are empty, or with STRATA_AGREE_SAME all
+ * the same) and lens[r] the length of rank r's (lens: the caller's array of
+ * strata_comm_size entries). Else every rank fails: a rank that failed with its own rc and
+ * message, the others with the code of the first rank that failed and "<what> failed on
+ * rank <r>: <its message>"; a collective that fails, STRATA_EABORTED (a rank that failed
+ * keeps its own). One allgather of 24 + inline_bytes bytes a rank where every payload - or
+ * every failing rank's message - is at most inline_bytes long, or with STRATA_AGREE_SAME
+ * all are the same; else an alltoallv after it carries the ones that are longer. Errors
+ * of the arguments: STRATA_EINVAL, before any collective. */
+int strata_comm_agree(unsigned char **out, size_t *lens, strata_comm *c, const char *what,
+                      int rc, const void *payload, size_t n, size_t inline_bytes,
+                      unsigned flags);
+/* Frees memory a strata function gave the caller (strata_comm_agree's *out); NULL is
+ * ignored. */
+void strata_free(void *p);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,4 +1,4 @@
-/* strata_types.h - the shared vocabulary of strata: error codes, dtypes and limits.
+/* strata_types.h - the shared vocabulary of strata: error codes, dtypes, formats and limits.
  * The ground floor: included by strata.h and by every internal layer, so that nothing
  * below the engine includes the public roof. Depends on nothing but the C library. */
 #ifndef STRATA_TYPES_H
@@ -12,7 +12,7 @@ extern "C" {
 #endif
 
 #define STRATA_VERSION_MAJOR 0
-#define STRATA_VERSION_MINOR 2
+#define STRATA_VERSION_MINOR 3
 
 /* ---- errors ---------------------------------------------------------------------------- */
 
@@ -38,7 +38,8 @@ extern "C" {
     X(EDEVICE, -16, "device memory given but CUDA is not usable")                            \
     X(EBUSY, -17, "another save or collector owns the checkpoint directory")                  \
     X(ECHANGED, -18, "a source file changed while it was being loaded")                       \
-    X(ENOTSUP, -19, "the storage cannot do this safely (locks that do not exclude, no atomic exchange)")
+    X(ENOTSUP, -19, "the storage cannot do this safely (locks that do not exclude, no atomic exchange)") \
+    X(ENOTCKPT, -20, "the path holds something other than a strata checkpoint to replace")
 
 typedef enum strata_error_code {
 #define STRATA_X_(name, val, msg) STRATA_##name = (val),
@@ -85,6 +86,16 @@ size_t strata_dtype_size(strata_dtype dt);
 const char *strata_dtype_name(strata_dtype dt);
 /* Parses a name printed by strata_dtype_name. Returns STRATA_EINVAL if unknown. */
 int strata_dtype_parse(strata_dtype *out, const char *name);
+
+/* ---- formats (strata_ckpt_format) ------------------------------------------------------ */
+
+#define STRATA_FORMAT_STRATA 0
+#define STRATA_FORMAT_SAFETENSORS 1
+#define STRATA_FORMAT_DCP 2 /* PyTorch torch.distributed.checkpoint */
+#define STRATA_FORMAT_TORCH_SAVE 3 /* torch.save files, Hugging Face pytorch_model.bin */
+#define STRATA_FORMAT_MEGATRON 4 /* Megatron-Core torch_dist (DCP + metadata.json) */
+#define STRATA_FORMAT_DEEPSPEED 5 /* DeepSpeed ZeRO, its default engine's torch.save files */
+#define STRATA_FORMAT_STRATA_DEEPSPEED 6 /* a DeepSpeed tag saved through strata.deepspeed */
 
 /* ---- limits ---------------------------------------------------------------------------- */
 

@@ -1,8 +1,8 @@
 """call_cycles.py - no two files of libstrata call each other in a cycle (docs/DESIGN.md,
-Layers): from the objects' symbol tables (nm: functions defined, T; symbols used, U), the
-graph of file -> file calls (a table of functions, like st_sources[], is a registration,
-not a call), and its strongly connected components (Tarjan). Prints each cycle with
-the calls that make it and exits 1; 0 when there is none.
+Layers): from the objects' symbol tables (nm: symbols defined - functions, T, and data,
+D/B/R: a table of sources names its readers through their data symbols; symbols used, U),
+the graph of file -> file references, and its strongly connected components (Tarjan).
+Prints each cycle with the references that make it and exits 1; 0 when there is none.
 Usage: python3 tests/call_cycles.py OBJ..."""
 import os
 import subprocess
@@ -14,7 +14,7 @@ for o in objs:
     name = os.path.basename(o)[:-2]
     for l in out:
         p = l.split()
-        if len(p) == 3 and p[1] == "T":  # functions: a table of them is a registration, not a call
+        if len(p) == 3 and p[1] in ("T", "D", "B", "R"):  # functions and data
             defs[p[2]] = name
         elif len(p) == 2 and p[0] == "U":
             uses.setdefault(name, set()).add(p[1])

@@ -97,18 +97,25 @@ check "README example (examples/reshard.c) runs" "${S%/strata}/examples/reshard"
 
 # export (issue 12): safetensors files whose headers follow the format (8-byte little-endian
 # length, JSON padded with spaces to a multiple of 8, offsets tiling the data, known dtype
-# names), an index whose total_size is the sum and whose weight_map names every tensor of
-# the checkpoint once; a small --max-file-gb splits it over several files; a corrupt
-# checkpoint exits 3 and leaves no output file
+# names), one file model.safetensors alone (issue 30: no index, as Hugging Face writes it);
+# a small --max-file-gb splits it over several files and an index whose total_size is the
+# sum and whose weight_map names every tensor of the checkpoint once; a corrupt checkpoint
+# exits 3 and leaves no output file
 cat >"$T/st_check.py" <<'PY'
 import json, os, struct, sys
 out, names_json, want_files = sys.argv[1], sys.argv[2], sys.argv[3]
 names = [t['name'] for t in json.load(open(names_json))['tensors']]
-idx = json.load(open(os.path.join(out, 'model.safetensors.index.json')))
-files = sorted(set(idx['weight_map'].values()))
+if want_files == '1':     # one file: model.safetensors alone, as Hugging Face writes it
+    assert os.listdir(out) == ['model.safetensors'], os.listdir(out)
+    files, idx = ['model.safetensors'], None
+else:
+    idx = json.load(open(os.path.join(out, 'model.safetensors.index.json')))
+    files = sorted(set(idx['weight_map'].values()))
+    assert files == ['model-%05d-of-%05d.safetensors' % (i + 1, len(files))
+                     for i in range(len(files))], files
+    assert sorted(os.listdir(out)) == sorted(files + ['model.safetensors.index.json']), \
+        os.listdir(out)
 n = len(files)
-assert files == ['model-%05d-of-%05d.safetensors' % (i + 1, n) for i in range(n)], files
-assert sorted(os.listdir(out)) == sorted(files + ['model.safetensors.index.json']), os.listdir(out)
 assert (n == 1) if want_files == '1' else (n > 1), n
 sizes = {'F64': 8, 'F32': 4, 'F16': 2, 'BF16': 2, 'F8_E4M3': 1, 'F8_E5M2': 1, 'I64': 8,
          'I32': 4, 'I16': 2, 'I8': 1, 'U8': 1, 'BOOL': 1}
@@ -139,8 +146,8 @@ for f in files:
         pos = e
     assert pos == len(raw) - 8 - hlen, (f, pos, len(raw))
     total += pos
-assert idx['metadata']['total_size'] == total, (idx['metadata'], total)
-assert seen == idx['weight_map']
+assert idx is None or idx['metadata']['total_size'] == total, (idx['metadata'], total)
+assert idx is None or seen == idx['weight_map']
 assert sorted(seen) == sorted(names), 'tensors differ from the checkpoint'
 print(n, 'files,', len(seen), 'tensors,', total, 'bytes')
 PY
@@ -148,6 +155,13 @@ PY
 check "export: headers, offsets, dtypes and index follow the format" bash -c "'$S' export '$T/ck1' '$T/st1' && python3 '$T/st_check.py' '$T/st1' '$T/ck1.json' 1"
 check "export --max-file-gb 0.001: several files, every tensor once" bash -c "'$S' export '$T/ck1' '$T/st2' --max-file-gb 0.001 --quiet && python3 '$T/st_check.py' '$T/st2' '$T/ck1.json' many"
 check "export --prefix strips it; --dtype bf16 writes BF16" bash -c "'$S' export '$T/ck1' '$T/st3' --prefix model. --dtype bf16 --quiet && python3 '$T/st_check.py' '$T/st3' <(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); [t.update(name=t[\"name\"][6:]) for t in j[\"tensors\"] if t[\"name\"].startswith(\"model.\")]; print(json.dumps(j))' '$T/ck1.json') 1"
+# copy (issue 30): strata_copy as a command, to a file path here (s3:// in s3_test.sh): the
+# progress line on a terminal (script gives it one), the summary, a copy that verifies and
+# has the source's step; a committed destination refused, untouched; a missing source
+check "copy --help says what it does" bash -c "'$S' copy --help | grep -q '^usage: strata copy SRC DST' && '$S' --help | grep -q '^  copy '"
+check "copy: progress line on a terminal, summary, the copy verifies (same step)" bash -c "script -qec \"'$S' copy '$T/ck1' '$T/ck1copy'\" /dev/null >'$T/cp.out' && grep -q 'copy: [0-9.]* [KMG]*i*B / [0-9.]* [KMG]*i*B  ' '$T/cp.out' && grep -q \"^copied $T/ck1 to $T/ck1copy: [0-9]* bytes of data files, every chunk verified, in .* s; committed\" '$T/cp.out' && '$S' verify '$T/ck1copy' && test \"\$('$S' inspect --json '$T/ck1copy' | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"step\"])')\" = \"\$('$S' inspect --json '$T/ck1' | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"step\"])')\""
+check "copy --quiet prints nothing; onto a committed checkpoint: exit 1, STRATA_EEXIST, untouched" bash -c "'$S' copy --quiet '$T/ck1' '$T/ck1q' >'$T/cpq' && test ! -s '$T/cpq' && before=\$(cat '$T/ck1q/COMMIT' | od -An -tx1) && '$S' copy '$T/ck1' '$T/ck1q' >'$T/o' 2>&1; test \$? = 1 && grep -q '(STRATA_EEXIST)' '$T/o' && test \"\$(cat '$T/ck1q/COMMIT' | od -An -tx1)\" = \"\$before\""
+check "copy of a missing checkpoint: exit 1; usage error: exit 2" bash -c "'$S' copy '$T/nothing-here' '$T/cpx' >'$T/o' 2>&1; test \$? = 1 && grep -q '(STRATA_ENOENT)' '$T/o' && ! test -e '$T/cpx/COMMIT' && { '$S' copy '$T/ck1' >/dev/null 2>&1; test \$? = 2; }"
 check "export of a corrupt checkpoint: exit 3, no output left" bash -c "'$S' export '$T/flip' '$T/st4' --quiet; test \$? = 3 && test ! -e '$T/st4'"
 check "export over an earlier export, corrupt: exit 3, the earlier files kept byte for byte" bash -c "cp -r '$T/st2' '$T/st5' && { '$S' export '$T/flip' '$T/st5' --quiet; test \$? = 3; } && diff -r '$T/st2' '$T/st5' && test -z \"\$(ls -d '$T'/st5.strata-export-* 2>/dev/null)\""
 check "export into a directory holding other files: exit 1, the file named, nothing touched" bash -c "mkdir '$T/st5b' && touch '$T/st5b/config.json' && '$S' export '$T/ck1' '$T/st5b' --quiet 2>&1 | grep -q \"holds 'config.json', which is not a file an export writes.*STRATA_EEXIST\" && test \${PIPESTATUS[0]} = 1 && test \"\$(ls -A '$T/st5b')\" = config.json"
@@ -384,7 +398,7 @@ mem_uris() {
 }
 check "mem:// and file:// URIs: ls lists and exits 0; inspect, verify, gc work" mem_uris
 
-check "gc removes a killed export's staging directory beside its OUT, OUT kept" bash -c "mkdir -p '$T/st1.strata-export-99-0000dead/set' && : >'$T/st1.strata-export-99-0000dead/EXPORT.LOCK' && '$S' gc '$T' | grep -q '^removed 1 staging directory left by killed exports' && test ! -e '$T/st1.strata-export-99-0000dead' && test -f '$T/st1/model.safetensors.index.json'"
+check "gc removes a killed export's staging directory beside its OUT, OUT kept" bash -c "mkdir -p '$T/st1.strata-export-99-0000dead/set' && : >'$T/st1.strata-export-99-0000dead/EXPORT.LOCK' && '$S' gc '$T' | grep -q '^removed 1 staging directory left by killed exports' && test ! -e '$T/st1.strata-export-99-0000dead' && test -f '$T/st1/model.safetensors'"
 
 # what a path that is no strata checkpoint is (issue 18), not "incomplete": a directory of
 # checkpoints names one, an empty directory says so (STRATA_ENOENT, exit 1); a real PyTorch
@@ -398,10 +412,18 @@ if [ -x "$PY" ] && "$PY" -c 'import torch.distributed.checkpoint' 2>/dev/null; t
     # a DCP checkpoint is a source (issue 19): inspect, verify, export, ls read it
     check "inspect of a DCP checkpoint: format named, no strata checksums" bash -c "'$S' inspect '$T/dcp' | grep -q \"^PyTorch DCP $T/dcp: 1 tensors, 0 blobs, 24 data bytes in 1 files; NO strata CHECKSUMS\""
     check "verify of a DCP checkpoint: zip CRC-32s checked, exit 0" bash -c "'$S' verify '$T/dcp' | grep -q \"^ok: $T/dcp: 1 tensors, 0 blobs, 24 data bytes read; every zip CRC-32 matches\""
-    check "export of a DCP checkpoint: safetensors written" bash -c "'$S' export '$T/dcp' '$T/dcp.out' --quiet && test -f '$T/dcp.out/model.safetensors.index.json'"
+    check "export of a DCP checkpoint: safetensors written" bash -c "'$S' export '$T/dcp' '$T/dcp.out' --quiet && test -f '$T/dcp.out/model.safetensors'"
     check "ls of a DCP checkpoint: listed as dcp" bash -c "'$S' ls '$T/dcp' | grep -q \"^dcp .* $T/dcp (no checksums)\""
+    # issue 30: a directory of DCP checkpoints gets the hint a directory of strata's does; a
+    # DCP directory whose save did not finish (.distcp files, no .metadata) is an incomplete
+    # DCP checkpoint, listed as one
+    "$PY" -W ignore -c "import sys, torch, torch.distributed.checkpoint as d; [d.save({'w': torch.arange(6.) * s}, checkpoint_id=sys.argv[1] + '/step-%d' % s) for s in (100, 200, 300)]" "$T/dcps"
+    rm "$T/dcps/step-300/.metadata"      # what a dcp.save killed before its last write leaves
+    check "inspect of a directory of DCP checkpoints: did you mean DIR/step-N, exit 1" bash -c "'$S' inspect '$T/dcps' >'$T/o' 2>&1; test \$? = 1 && grep -qF \"'$T/dcps' is a directory of checkpoints, not one (2 committed under it); did you mean $T/dcps/step-200? (strata ls $T/dcps lists them)\" '$T/o'"
+    check "inspect of a DCP directory without .metadata: an incomplete DCP checkpoint, exit 3" bash -c "'$S' inspect '$T/dcps/step-300' >'$T/o' 2>&1; test \$? = 3 && grep -qF \"'$T/dcps/step-300' is an incomplete PyTorch DCP checkpoint: 1 .distcp file, no .metadata (dcp.save writes it last\" '$T/o'"
+    check "ls of DCP checkpoints: the one without .metadata listed as incomplete" bash -c "'$S' ls '$T/dcps' >'$T/dcps.ls' && grep -q \"^dcp .* $T/dcps/step-200 (no checksums)\" '$T/dcps.ls' && grep -qF \"incomplete               -              -              -          -  $T/dcps/step-300 (an incomplete PyTorch DCP checkpoint\" '$T/dcps.ls'"
     check "verify of a torch.save file: its zip CRC-32s checked, no strata checksums said, exit 0" bash -c "'$S' verify '$T/model.pt' | grep -q \"^ok: $T/model.pt: 1 tensors in 1 files; every zip entry's CRC-32 matched (torch.save has no strata checksums\""
-    check "inspect of a torch.save file: its tensor, no strata checksums" bash -c "'$S' inspect '$T/model.pt' | grep -q \"^torch.save $T/model.pt: 1 tensors, 1 pickles of values, .*NO STRATA CHECKSUMS\" && '$S' inspect --json '$T/model.pt' | grep -q '\"format\":\"torch.save\",\"checksums\":false'"
+    check "inspect of a torch.save file: its tensor, no strata checksums" bash -c "'$S' inspect '$T/model.pt' | grep -q \"^torch.save $T/model.pt: 1 tensors, 1 pickle of values, .*NO STRATA CHECKSUMS\" && '$S' inspect --json '$T/model.pt' | grep -q '\"format\":\"torch.save\",\"checksums\":false'"
     "$PY" -W ignore -c "import sys, torch; torch.save({'w': torch.ones(2)}, sys.argv[1], _use_new_zipfile_serialization=False)" "$T/legacy.pt"
     check "inspect of a legacy torch.save file: refused as unsupported, exit 1" bash -c "'$S' inspect '$T/legacy.pt' 2>&1 | grep -q \"is in torch.save's legacy format .*(STRATA_ENOTSUP)\"; test \${PIPESTATUS[0]} = 1"
 else

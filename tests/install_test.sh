@@ -4,9 +4,11 @@
 # strata)` and run against the installed libstrata.so, and once more linked statically
 # (`pkg-config --static`: Libs.private); an MPI program built through strata-mpi.pc and run on
 # 2 ranks; the installed `strata` verifies what they saved. Checks that libstrata.so needs no
-# MPI, has its soname and exports strata_* only, under the version node
-# STRATA_<major>.<minor> (strata_types.h); that libstrata_mpi.so exports strata_comm_mpi
-# alone; that DESTDIR stages under PREFIX; that `make uninstall` removes every file.
+# MPI, has its soname and exports strata_* only, each under the version node of the release
+# that added it (src/libstrata.map: STRATA_0.2, ..., STRATA_<major>.<minor> of
+# strata_types.h), every function the public headers declare among them; that
+# libstrata_mpi.so exports strata_comm_mpi alone; that DESTDIR stages under PREFIX; that
+# `make uninstall` removes every file.
 # Prints one line per check and a summary. Uses the build in $BUILD (default build).
 # Skipped (exit 77) under the sanitizers (SANITIZED=1): a sanitized library does not link
 # into a plain program.
@@ -55,26 +57,57 @@ check "pkg-config --modversion strata is $major.$minor" \
 check "libstrata.so needs no MPI (ldd)" bash -c "ldd '$P/lib/libstrata.so' && ! ldd '$P/lib/libstrata.so' | grep -i mpi"
 check "libstrata.so has the soname libstrata.so.$major" \
     bash -c "readelf -d '$P/lib/libstrata.so' | grep -F 'Library soname: [libstrata.so.$major]'"
-check "libstrata.so exports strata_* under the version node $node, nothing else" bash -c "
+check "libstrata.so exports strata_* under version nodes up to $node, nothing else" bash -c "
     syms=\$(readelf --dyn-syms -W '$P/lib/libstrata.so' | awk '\$7 != \"UND\" && \$8 ~ /@/ { print \$8 }')
-    echo \"\$syms\" | grep -qx 'strata_load@@$node' || { echo 'no strata_load@@$node'; exit 1; }
-    bad=\$(echo \"\$syms\" | grep -v '^strata_[a-z0-9_]*@@$node\$')
-    [ -z \"\$bad\" ] || { echo \"exported besides strata_*@@$node:\"; echo \"\$bad\"; exit 1; }"
-check "libstrata_mpi.so exports strata_comm_mpi alone (STRATA_MPI_$major.$minor)" bash -c "
+    echo \"\$syms\" | grep -qx 'strata_load@@STRATA_0.2' || { echo 'no strata_load@@STRATA_0.2'; exit 1; }
+    echo \"\$syms\" | grep -qx 'strata_pickle_parse@@STRATA_0.3' || { echo 'no strata_pickle_parse@@STRATA_0.3'; exit 1; }
+    bad=\$(echo \"\$syms\" | grep -v '^strata_[a-z0-9_]*@@STRATA_$major\.[0-9]*\$' |
+         grep -v '^STRATA_$major\.[0-9]*@@STRATA_$major\.[0-9]*\$')
+    [ -z \"\$bad\" ] || { echo \"exported besides strata_*@@STRATA_$major.*:\"; echo \"\$bad\"; exit 1; }
+    later=\$(echo \"\$syms\" | sed -n 's/.*@@STRATA_$major\.\([0-9]*\)\$/\1/p' | awk '\$1 > $minor')
+    [ -z \"\$later\" ] || { echo \"a node after $node\"; exit 1; }"
+check "every function the public headers declare is exported" bash -c "
+    syms=\$(readelf --dyn-syms -W '$P/lib/libstrata.so' | awk '\$7 != \"UND\" { sub(/@.*/, \"\", \$8); print \$8 }')
+    for f in \$(cat include/strata.h include/strata_types.h include/strata_comm.h |
+                 grep -o 'strata_[a-z0-9_]*(' | tr -d '(' | sort -u); do
+        echo \"\$syms\" | grep -qx \"\$f\" || { echo \"not exported: \$f (src/libstrata.map)\"; exit 1; }
+    done"
+check "libstrata_mpi.so exports strata_comm_mpi alone (STRATA_MPI_0.2, its release's node)" bash -c "
     syms=\$(readelf --dyn-syms -W '$P/lib/libstrata_mpi.so' | awk '\$7 != \"UND\" && \$8 ~ /@/ { print \$8 }')
-    echo \"\$syms\"; [ \"\$syms\" = 'strata_comm_mpi@@STRATA_MPI_$major.$minor' ]"
+    echo \"\$syms\"; [ \"\$syms\" = 'strata_comm_mpi@@STRATA_MPI_0.2' ]"
 
 # the README's example, built as its user builds it
 check "examples/reshard.c builds with \$(pkg-config --cflags --libs strata)" bash -c "
     $CC -Wall -Wextra -Werror -o '$T/reshard' examples/reshard.c \$(pkg-config --cflags --libs strata)"
-check "the example runs against the installed libstrata.so" bash -c "
-    LD_LIBRARY_PATH='$P/lib' ldd '$T/reshard' | grep -F '$P/lib/libstrata.so.$major' &&
-    LD_LIBRARY_PATH='$P/lib' '$T/reshard' '$T/ck' && test -f '$T/ck/COMMIT'"
-check "the example needs symbols of version $node" bash -c "readelf -V '$T/reshard' | grep -F 'Name: $node'"
+# a PREFIX outside the dynamic linker's directories: strata.pc's rpath finds the library
+# when the program starts, no LD_LIBRARY_PATH (issue 30)
+check "the example runs against the installed libstrata.so, no LD_LIBRARY_PATH (rpath)" bash -c "
+    unset LD_LIBRARY_PATH; ldd '$T/reshard' | grep -F '$P/lib/libstrata.so.$major' &&
+    '$T/reshard' '$T/ck' && test -f '$T/ck/COMMIT'"
+check "the example needs versioned symbols (STRATA_0.2: the functions it calls)" bash -c "readelf -V '$T/reshard' | grep -F 'Name: STRATA_0.2'"
+# pkg-config --static lists every library a static link needs, libcurl's own private ones
+# included (Requires.private: libcurl); linked here with libstrata.a and libcurl's shared
+# library (this machine lacks some of libcurl's private libraries' -dev packages)
+if pkg-config --exists libcurl && nm "$B/libstrata.a" 2>/dev/null | grep -q ' U curl_easy_init'; then
+    check "pkg-config --static --libs strata holds libcurl's, libxxhash's and zlib's --static libs" bash -c "
+        have=\" \$(pkg-config --static --libs strata) \"
+        for f in \$(pkg-config --static --libs libcurl libxxhash zlib); do
+            case \"\$have\" in *\" \$f \"*) ;; *) echo \"missing \$f in:\$have\"; exit 1;; esac
+        done"
+fi
 check "the example links statically (pkg-config --static, Libs.private)" bash -c "
-    $CC -o '$T/reshard_static' examples/reshard.c \$(pkg-config --cflags strata) \
-        \$(pkg-config --static --libs strata | sed 's/-lstrata\\b/-l:libstrata.a/') &&
+    curl_private=\$(pkg-config --static --libs libcurl 2>/dev/null | sed 's/-lcurl\\b//; s/-lz\\b//')
+    flags=\$(pkg-config --static --libs strata | sed 's/-lstrata\\b/-l:libstrata.a/')
+    for f in \$curl_private; do flags=\$(echo \" \$flags \" | sed \"s/ \$f / /g\"); done
+    $CC -o '$T/reshard_static' examples/reshard.c \$(pkg-config --cflags strata) \$flags &&
     ! ldd '$T/reshard_static' | grep strata && '$T/reshard_static' '$T/ck_static'"
+check "installed with PC_RPATH= (no rpath): the example needs LD_LIBRARY_PATH, as the README says" bash -c "
+    make --no-print-directory BUILD='$B' PREFIX='$T/p2' PC_RPATH= install >/dev/null &&
+    ! grep -q rpath '$T/p2/lib/pkgconfig/strata.pc' &&
+    $CC -o '$T/reshard2' examples/reshard.c \$(PKG_CONFIG_PATH='$T/p2/lib/pkgconfig' pkg-config --cflags --libs strata) &&
+    { unset LD_LIBRARY_PATH; ! '$T/reshard2' '$T/ck2' 2>'$T/err2'; } &&
+    grep -F 'libstrata.so.$major: cannot open shared object file' '$T/err2' &&
+    LD_LIBRARY_PATH='$T/p2/lib' '$T/reshard2' '$T/ck2'"
 check "the installed strata verifies what the example saved" "$P/bin/strata" verify "$T/ck"
 
 # the MPI add-on, through strata-mpi.pc

@@ -27,6 +27,8 @@ check "dp=3 load reads each saved byte once (read_bytes $read = data bytes $save
 check "load on 2 processes as pp=2" load 2 "$T/a" tp=1,pp=2,dp=1
 check "load on 1 process" load 1 "$T/a" tp=1,pp=1,dp=1
 check "verify the MPI-saved checkpoint" "$S" verify "$T/a"
+# a layout for another number of processes: exit 2, the numbers said (issue 30)
+check "demo load on 3 processes of a 4-rank layout: says 3 and 4, exit 2" bash -c "$MPIEXEC -n 3 '$S' demo load --dir '$T/a' --layout tp=2,pp=1,dp=2 >'$T/ws' 2>&1; test \$? = 2 && grep -qxF 'strata demo: 3 processes; the layout tp=2,pp=1,dp=2 needs 4 (tp*pp*dp: one rank each): run it with mpiexec -n 4' '$T/ws'"
 
 # ranks of one load with settings of their own in the environment (MPMD: ranks 1 and 2 only):
 # every rank takes rank 0's I/O threads and loads bitwise (each used its own: a kill at the

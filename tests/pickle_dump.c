@@ -1,5 +1,5 @@
 /* pickle_dump.c - prints a canonical JSON description of a pickle read by the restricted
- * reader (src/meta/pickle.c), for tests/python/test_pickle_reader.py. Usage:
+ * reader (src/source/pickle.c), for tests/python/test_pickle_reader.py. Usage:
  *   pickle_dump FILE        FILE is a torch.save zip: its DIR/data.pkl is parsed, every
  *                           storage a tensor names is read whole (CRC-32 checked)
  *   pickle_dump --raw FILE  FILE is a bare pickle (a DCP .metadata)
@@ -17,8 +17,8 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "meta/pickle.h"
-#include "meta/zip.h"
+#include "source/pickle.h"
+#include "source/zip.h"
 #include "strata.h"
 
 static int rd_fd(void *ctx, void *buf, size_t len, uint64_t off)

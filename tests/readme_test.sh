@@ -74,7 +74,8 @@ run_block() { # pass, block number
           printf 'int main(void)\n{\n'; cat "$scratch/blocks/$b"; printf '}\n'; } >"$scratch/ex.c"
         (cd "$scratch/root" && cc -Wall -Wextra -Werror -Iinclude -o "$scratch/ex" \
             "$scratch/ex.c" build/libstrata.a -lxxhash -lz -lpthread -ldl -lm \
-            $(nm build/libstrata.a 2>/dev/null | grep -q ' U curl_easy_init' && echo -lcurl) &&
+            $(nm build/libstrata.a 2>/dev/null | grep -q ' U curl_easy_init' && echo -lcurl) \
+            $(nm build/libstrata.a 2>/dev/null | grep -q ' U crc32_gzip_refl' && echo -lisal) &&
             "$scratch/ex") >"$log" 2>&1 || rc=$? ;;
     file\ *)
         cp "$scratch/blocks/$b" "$scratch/root/${kind#file }"

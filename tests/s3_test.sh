@@ -2,7 +2,7 @@
 # s3_test.sh - the s3:// backend against moto's S3 server on 127.0.0.1 (moto_server from the
 # project venv, $VENV; started here and stopped on exit): build/tests/test_s3 (round trips,
 # two savers, gc beside saves, killed saves, the fault wrapper, refused credentials), then
-# the command on s3:// URIs (demo, inspect, ls, verify, gc, export; virtual-host addressing
+# the command on s3:// URIs (demo, inspect, ls, verify, gc, export, copy; virtual-host addressing
 # through strata-test.localhost too), an MPI save and resharded
 # load, and saves through tests/s3_fault_proxy.py (503s, dropped connections). A second moto runs with
 # authentication on (INITIAL_NO_AUTH_ACTION_COUNT=0), so that it refuses every key.
@@ -71,6 +71,10 @@ check "inspect on s3://" bash -c "'$S' inspect $U/ck1 | grep -q 'committed, step
 check "ls on s3://" bash -c "'$S' ls $U | grep -q 'ck1'"
 check "verify on s3://" bash -c "'$S' verify $U/ck1 | grep -q '^ok: '"
 check "export from s3://" bash -c "'$S' export $U/ck1 '$T/exp' --quiet && ls '$T/exp' | grep -q safetensors"
+# strata copy (issue 30): from s3:// to a path and back to s3://, each copy verifying, the
+# progress line on a terminal; onto a committed prefix refused
+check "copy from s3:// to a path and back to s3://: both verify, progress shown" bash -c "'$S' copy $U/ck1 '$T/froms3' --quiet && '$S' verify '$T/froms3' && script -qec \"'$S' copy '$T/froms3' $U/ck1back\" /dev/null >'$T/cp.out' && grep -q 'copy: .* / .*/s' '$T/cp.out' && grep -q '^copied .* committed' '$T/cp.out' && '$S' verify $U/ck1back | grep -q '^ok: ' && '$S' inspect $U/ck1back | grep -q 'committed, step 7'"
+check "copy onto a committed s3:// prefix: exit 1, STRATA_EEXIST" bash -c "'$S' copy '$T/froms3' $U/ck1back >'$T/o' 2>&1; test \$? = 1 && grep -q '(STRATA_EEXIST)' '$T/o'"
 # an incomplete checkpoint (a data object without COMMIT) is listed and collected
 curl -s -f -X PUT --data-binary 'x' "$AWS_ENDPOINT_URL/strata-test/cli/half/data-000000.bin" >/dev/null
 check "ls shows an incomplete one" bash -c "'$S' ls $U | grep 'half' | grep -qi 'incomplete'"

@@ -527,6 +527,144 @@ static void test_refused(void **state)
     free(buf);
 }
 
+/* STRATA_LOAD_WIDEN: strata_load_converts answers for every pair of dtypes as a table
+ * written here says (equal; with WIDEN the exact pairs; with CAST those and the rounding
+ * float pairs); a load with WIDEN converts a float to a wider float value for value and
+ * refuses a narrowing one (STRATA_EMISMATCH, saying STRATA_LOAD_CAST would convert it);
+ * with a communicator each rank's own level travels with its request. */
+static int exact_float_pair(strata_dtype a, strata_dtype b)
+{
+    return (b == STRATA_F64 && (a == STRATA_F32 || a == STRATA_F16 || a == STRATA_BF16)) ||
+           (b == STRATA_F32 && (a == STRATA_F16 || a == STRATA_BF16));
+}
+
+static int is_float_dt(strata_dtype t)
+{
+    return t == STRATA_F64 || t == STRATA_F32 || t == STRATA_F16 || t == STRATA_BF16;
+}
+
+/* A state requesting the whole of v_<from> as dtype `to` into *buf (allocated). */
+static strata_state *whole(int s, strata_dtype to, unsigned char **buf)
+{
+    static char name[16];
+    snprintf(name, sizeof name, "v_%s", dn(floats[s]));
+    uint64_t shape[2] = {rows[s], COLS};
+    *buf = malloc(rows[s] * COLS * strata_dtype_size(to));
+    assert_non_null(*buf);
+    strata_shard sh = {.name = name, .dtype = to, .ndim = 2, .global_shape = shape, .data = *buf};
+    strata_state *st;
+    assert_ok(strata_state_new(&st));
+    assert_ok(strata_state_add_shard(st, &sh));
+    return st;
+}
+
+static void check_whole(int s, strata_dtype to, const unsigned char *buf, const char *how)
+{
+    size_t W = strata_dtype_size(to);
+    for (uint64_t i = 0; i < rows[s] * COLS; i++) {
+        uint64_t b = saved_at(s, i), got = fetch(buf + i * W, W);
+        int ok = is_nan(floats[s], b) ? is_nan(to, got) && sign_of(to, got) == sign_of(floats[s], b)
+                                      : got == expect_bits(floats[s], to, b) &&
+                                            value_of(to, got) == value_of(floats[s], b);
+        if (!ok)
+            fail_msg("%s: %s -> %s element %llu: saved 0x%llx got 0x%llx", how, dn(floats[s]),
+                     dn(to), (unsigned long long)i, (unsigned long long)b, (unsigned long long)got);
+    }
+}
+
+static void test_widen(void **state)
+{
+    (void)state;
+    for (int a = 0; a <= STRATA_BOOL; a++)
+        for (int b = 0; b <= STRATA_BOOL; b++) {
+            strata_dtype A = (strata_dtype)a, B = (strata_dtype)b;
+            int fa = is_float_dt(A), fb = is_float_dt(B), ints = !fa && !fb &&
+                     A != STRATA_FP8_E4M3 && A != STRATA_FP8_E5M2 && B != STRATA_FP8_E4M3 &&
+                     B != STRATA_FP8_E5M2;
+            /* the integer pairs test_integers loads (bool, u8, i8, i16, i32 widened) */
+            int ib = A == STRATA_BOOL ? 1 : A == STRATA_U8 ? 8 : 8 * (int)strata_dtype_size(A) - 1;
+            int cap = B == STRATA_F64 ? 53 : B == STRATA_F32 ? 24 : B == STRATA_F16 ? 11
+                      : B == STRATA_BF16 ? 8 : B == STRATA_BOOL ? 1 : B == STRATA_U8 ? 8
+                      : 8 * (int)strata_dtype_size(B) - 1;
+            int int_ok = (ints || (!fa && fb && A != STRATA_FP8_E4M3 && A != STRATA_FP8_E5M2)) &&
+                         A != STRATA_I64 && ib <= cap &&
+                         (fb || (B != STRATA_BOOL && B != STRATA_U8) ||
+                          A == STRATA_BOOL || A == STRATA_U8);
+            int same = A == B, exact = same || exact_float_pair(A, B) || int_ok;
+            int any = exact || (fa && fb);
+            if (strata_load_converts(A, B, 0) != same ||
+                strata_load_converts(A, B, STRATA_LOAD_WIDEN) != exact ||
+                strata_load_converts(A, B, STRATA_LOAD_CAST) != any ||
+                strata_load_converts(A, B, STRATA_LOAD_CAST | STRATA_LOAD_WIDEN) != any)
+                fail_msg("strata_load_converts(%s, %s): %d %d %d, want %d %d %d", dn(A), dn(B),
+                         strata_load_converts(A, B, 0),
+                         strata_load_converts(A, B, STRATA_LOAD_WIDEN),
+                         strata_load_converts(A, B, STRATA_LOAD_CAST), same, exact, any);
+        }
+
+    strata_load_opts lo = STRATA_LOAD_OPTS_INIT;
+    lo.flags = STRATA_LOAD_WIDEN;
+    const char *uri = ck;
+    int widened = 0;
+    for (int s = 0; s < NFLOAT; s++)
+        for (int t = 0; t < NFLOAT; t++) {
+            if (s == t)
+                continue;
+            unsigned char *buf;
+            strata_state *st = whole(s, floats[t], &buf);
+            int rc = strata_load(NULL, NULL, &uri, 1, &st, 1, &lo);
+            if (exact_float_pair(floats[s], floats[t])) {
+                if (rc)
+                    fail_msg("%s -> %s: %s", dn(floats[s]), dn(floats[t]), strata_error_last());
+                check_whole(s, floats[t], buf, "WIDEN");
+                widened++;
+            } else {
+                assert_rc(rc, STRATA_EMISMATCH);
+                assert_msg_has("a narrowing conversion");
+                assert_msg_has("STRATA_LOAD_CAST would convert it");
+            }
+            strata_state_free(st);
+            free(buf);
+        }
+    assert_int_equal(widened, 5);
+
+    /* without a flag an exact pair is refused, naming the flag that converts it */
+    unsigned char *buf;
+    strata_state *st = whole(3, STRATA_F32, &buf); /* bf16 -> f32 */
+    assert_rc(strata_load(NULL, NULL, &uri, 1, &st, 1, NULL), STRATA_EMISMATCH);
+    assert_msg_has("STRATA_LOAD_WIDEN would convert it");
+    strata_state_free(st);
+    free(buf);
+
+    /* 3 ranks, levels mixed (WIDEN, CAST, WIDEN): bf16 -> f32 loads on every rank; f32 ->
+     * bf16 fails on every rank alike, naming rank 0 (which only widens) */
+    const unsigned fl[3] = {STRATA_LOAD_WIDEN, STRATA_LOAD_CAST, STRATA_LOAD_WIDEN};
+    for (int k = 0; k < 2; k++) {
+        int s = k ? 1 : 3;
+        strata_dtype to = k ? STRATA_BF16 : STRATA_F32;
+        strata_state *sts[3];
+        unsigned char *bufs[3];
+        for (int r = 0; r < 3; r++)
+            sts[r] = whole(s, to, &bufs[r]);
+        dist_job jobs[3];
+        dist_load(sts, fl, jobs);
+        for (int r = 0; r < 3; r++) {
+            if (!k) {
+                if (jobs[r].rc)
+                    fail_msg("rank %d: %s", r, jobs[r].msg);
+                check_whole(s, to, bufs[r], "3 ranks, WIDEN");
+            } else {
+                assert_int_equal(jobs[r].rc, STRATA_EMISMATCH);
+                if (!strstr(jobs[r].msg, "rank 0 requests bf16") ||
+                    !strstr(jobs[r].msg, "STRATA_LOAD_CAST would convert it"))
+                    fail_msg("rank %d: %s", r, jobs[r].msg);
+            }
+            strata_state_free(sts[r]);
+            free(bufs[r]);
+        }
+    }
+}
+
 /* Integers and bool: the exact widenings load value for value; narrowing, float to
  * integer and i64 to float are refused. */
 static void test_integers(void **state)
@@ -569,66 +707,69 @@ static void test_integers(void **state)
     assert_ok(strata_save(NULL, NULL, &uri, 1, &st, 1, &so));
     strata_state_free(st);
     strata_load_opts lo = STRATA_LOAD_OPTS_INIT;
-    lo.flags = STRATA_LOAD_CAST;
     static const strata_dtype targets[] = {STRATA_BOOL, STRATA_U8, STRATA_I8, STRATA_I16,
                                            STRATA_I32, STRATA_I64, STRATA_F64, STRATA_F32,
                                            STRATA_F16, STRATA_BF16};
     int loaded = 0;
-    for (int i = 0; i < nit; i++)
-        for (size_t t = 0; t < sizeof targets / sizeof targets[0]; t++) {
-            strata_dtype T = targets[t];
-            if (T == its[i])
-                continue;
-            int is_float = T == STRATA_F64 || T == STRATA_F32 || T == STRATA_F16 || T == STRATA_BF16;
-            /* the magnitude bits of the source; the target's capacity */
-            int sb = its[i] == STRATA_BOOL ? 1 : its[i] == STRATA_U8 ? 8 : 8 * (int)strata_dtype_size(its[i]) - 1;
-            int s_signed = its[i] != STRATA_BOOL && its[i] != STRATA_U8;
-            int cap = T == STRATA_F64 ? 53 : T == STRATA_F32 ? 24 : T == STRATA_F16 ? 11
-                      : T == STRATA_BF16 ? 8 : T == STRATA_BOOL ? 1 : T == STRATA_U8 ? 8
-                      : 8 * (int)strata_dtype_size(T) - 1;
-            int t_signed = is_float || (T != STRATA_BOOL && T != STRATA_U8);
-            int ok = its[i] != STRATA_I64 && sb <= cap && (t_signed || !s_signed);
-            size_t W = strata_dtype_size(T);
-            unsigned char *out = malloc(N * W);
-            strata_shard sh = {.name = dn(its[i]), .dtype = T, .ndim = 1, .global_shape = shape,
-                               .data = out};
-            assert_ok(strata_state_new(&st));
-            assert_ok(strata_state_add_shard(st, &sh));
-            int rc = strata_load(NULL, NULL, &uri, 1, &st, 1, &lo);
-            if (!ok) {
-                if (rc != STRATA_EMISMATCH)
-                    fail_msg("%s -> %s: %s, want STRATA_EMISMATCH", dn(its[i]), dn(T),
-                             strata_error_name(rc));
-            } else {
-                if (rc)
-                    fail_msg("%s -> %s: %s: %s", dn(its[i]), dn(T), strata_error_name(rc),
-                             strata_error_last());
-                for (int k = 0; k < N; k++) {
-                    uint64_t got = fetch(out + k * W, W), want;
-                    if (T == STRATA_F64) {
-                        double d = (double)v[i][k];
-                        memcpy(&want, &d, 8);
-                    } else if (T == STRATA_F32) {
-                        float f = (float)v[i][k];
-                        uint32_t u;
-                        memcpy(&u, &f, 4);
-                        want = u;
-                    } else if (is_float) {
-                        want = round16(T, (double)v[i][k]);
-                        assert_true(val16(T, (uint16_t)want) == (double)v[i][k]); /* exact */
-                    } else {
-                        want = (uint64_t)v[i][k] & (W == 8 ? ~0ull : (1ull << (8 * W)) - 1);
+    /* every conversion of integers is exact: STRATA_LOAD_WIDEN makes each one too */
+    for (int pass = 0; pass < 2; pass++) {
+        lo.flags = pass ? STRATA_LOAD_WIDEN : STRATA_LOAD_CAST;
+        for (int i = 0; i < nit; i++)
+            for (size_t t = 0; t < sizeof targets / sizeof targets[0]; t++) {
+                strata_dtype T = targets[t];
+                if (T == its[i])
+                    continue;
+                int is_float = T == STRATA_F64 || T == STRATA_F32 || T == STRATA_F16 || T == STRATA_BF16;
+                /* the magnitude bits of the source; the target's capacity */
+                int sb = its[i] == STRATA_BOOL ? 1 : its[i] == STRATA_U8 ? 8 : 8 * (int)strata_dtype_size(its[i]) - 1;
+                int s_signed = its[i] != STRATA_BOOL && its[i] != STRATA_U8;
+                int cap = T == STRATA_F64 ? 53 : T == STRATA_F32 ? 24 : T == STRATA_F16 ? 11
+                          : T == STRATA_BF16 ? 8 : T == STRATA_BOOL ? 1 : T == STRATA_U8 ? 8
+                          : 8 * (int)strata_dtype_size(T) - 1;
+                int t_signed = is_float || (T != STRATA_BOOL && T != STRATA_U8);
+                int ok = its[i] != STRATA_I64 && sb <= cap && (t_signed || !s_signed);
+                size_t W = strata_dtype_size(T);
+                unsigned char *out = malloc(N * W);
+                strata_shard sh = {.name = dn(its[i]), .dtype = T, .ndim = 1, .global_shape = shape,
+                                   .data = out};
+                assert_ok(strata_state_new(&st));
+                assert_ok(strata_state_add_shard(st, &sh));
+                int rc = strata_load(NULL, NULL, &uri, 1, &st, 1, &lo);
+                if (!ok) {
+                    if (rc != STRATA_EMISMATCH)
+                        fail_msg("%s -> %s: %s, want STRATA_EMISMATCH", dn(its[i]), dn(T),
+                                 strata_error_name(rc));
+                } else {
+                    if (rc)
+                        fail_msg("%s -> %s: %s: %s", dn(its[i]), dn(T), strata_error_name(rc),
+                                 strata_error_last());
+                    for (int k = 0; k < N; k++) {
+                        uint64_t got = fetch(out + k * W, W), want;
+                        if (T == STRATA_F64) {
+                            double d = (double)v[i][k];
+                            memcpy(&want, &d, 8);
+                        } else if (T == STRATA_F32) {
+                            float f = (float)v[i][k];
+                            uint32_t u;
+                            memcpy(&u, &f, 4);
+                            want = u;
+                        } else if (is_float) {
+                            want = round16(T, (double)v[i][k]);
+                            assert_true(val16(T, (uint16_t)want) == (double)v[i][k]); /* exact */
+                        } else {
+                            want = (uint64_t)v[i][k] & (W == 8 ? ~0ull : (1ull << (8 * W)) - 1);
+                        }
+                        if (got != want)
+                            fail_msg("%s -> %s element %d: got 0x%llx want 0x%llx", dn(its[i]),
+                                     dn(T), k, (unsigned long long)got, (unsigned long long)want);
                     }
-                    if (got != want)
-                        fail_msg("%s -> %s element %d: got 0x%llx want 0x%llx", dn(its[i]),
-                                 dn(T), k, (unsigned long long)got, (unsigned long long)want);
+                    loaded++;
                 }
-                loaded++;
+                strata_state_free(st);
+                free(out);
             }
-            strata_state_free(st);
-            free(out);
-        }
-    assert_int_equal(loaded, 29); /* the pairs convert.h lists */
+    }
+    assert_int_equal(loaded, 2 * 29); /* the pairs convert.h lists, with either flag */
     for (int i = 0; i < nit; i++)
         free(data[i]);
     tu_rmrf(ick);
@@ -674,6 +815,7 @@ int main(void)
         cmocka_unit_test(test_floats_local),
         cmocka_unit_test(test_floats_dist),
         cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_widen),
         cmocka_unit_test(test_integers),
         cmocka_unit_test(test_safetensors_pieces),
     };

@@ -3,8 +3,8 @@
  * host communicator (tests/distutil.h): resharding across world sizes, read-once loading,
  * plan caching (one saver per rank, kept across saves), asynchronous saves, the fault walk
  * of the distributed save, failure on one rank, a load across processes with one rank
- * killed (nothing left in /dev/shm). Background commits, commit order, tiers and replace:
- * test_dist_commit.c. */
+ * killed (nothing left in /dev/shm), and strata_comm_agree (the agreement the Python package
+ * runs). Background commits, commit order, tiers and replace: test_dist_commit.c. */
 #include <dirent.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -612,6 +612,148 @@ static void test_save_faults(void **state)
     fault_walk(SAVE_ASYNC);
 }
 
+/* ---- strata_comm_agree ---- */
+
+static int agree_ag, agree_a2a; /* collectives, counted by rank 0 */
+
+static int c_allgather(void *ctx, const void *send, size_t n, void *recv)
+{
+    if (((tcomm *)ctx)->rank == 0) /* one writer: the test reads it after the joins */
+        agree_ag++;
+    return t_allgather(ctx, send, n, recv);
+}
+
+static int c_alltoallv(void *ctx, const void *send, const size_t *sc, void *recv,
+                       const size_t *rc)
+{
+    if (((tcomm *)ctx)->rank == 0)
+        agree_a2a++;
+    return t_alltoallv(ctx, send, sc, recv, rc);
+}
+
+static const strata_comm_ops counting_ops = {2, c_allgather, c_alltoallv, t_bcast, NULL, NULL};
+
+typedef struct {
+    strata_comm *c;
+    int rank, rc; /* rc: this rank's outcome going in (its message "boom on <rank>") */
+    const char *payload;
+    size_t inl;
+    unsigned flags;
+    int got;
+    char msg[1024];
+    unsigned char *out;
+    size_t lens[3];
+} agree_job;
+
+static void *agree_run(void *p)
+{
+    agree_job *j = p;
+    if (j->rc)
+        strata_error_set(j->rc, "boom on %d", j->rank);
+    j->got = strata_comm_agree(&j->out, j->lens, j->c, "the step", j->rc, j->payload,
+                               j->payload ? strlen(j->payload) : 0, j->inl, j->flags);
+    snprintf(j->msg, sizeof j->msg, "%s", strata_error_last());
+    return NULL;
+}
+
+/* strata_comm_agree on three thread ranks with payloads p[r] (NULL: empty) and outcomes
+ * rc[r]; the collectives it made are in agree_ag and agree_a2a. */
+static void agree3(agree_job *j, const char *const p[3], const int rc[3], size_t inl,
+                   unsigned flags)
+{
+    hub h;
+    hub_init(&h, 3);
+    tcomm tc[3];
+    pthread_t th[3];
+    agree_ag = agree_a2a = 0;
+    for (int r = 0; r < 3; r++) {
+        tc[r] = (tcomm){&h, r};
+        j[r] = (agree_job){.rank = r, .rc = rc[r], .payload = p[r], .inl = inl, .flags = flags};
+        assert_ok(strata_comm_host(&j[r].c, &counting_ops, &tc[r], r, 3));
+    }
+    for (int r = 0; r < 3; r++)
+        assert_int_equal(pthread_create(&th[r], NULL, agree_run, &j[r]), 0);
+    for (int r = 0; r < 3; r++) {
+        pthread_join(th[r], NULL);
+        strata_comm_free(j[r].c);
+    }
+    hub_free(&h);
+}
+
+static void expect_payloads(agree_job *j, const char *want, size_t l0, size_t l1, size_t l2)
+{
+    for (int r = 0; r < 3; r++) {
+        if (j[r].got)
+            fail_msg("rank %d: %s: %s", r, strata_error_name(j[r].got), j[r].msg);
+        assert_int_equal(j[r].lens[0], l0);
+        assert_int_equal(j[r].lens[1], l1);
+        assert_int_equal(j[r].lens[2], l2);
+        if (!want)
+            assert_null(j[r].out);
+        else
+            assert_memory_equal(j[r].out, want, strlen(want));
+        strata_free(j[r].out);
+    }
+}
+
+/* The agreement the Python package runs before its saves and loads (strata.torch's
+ * _exchange): every payload on every rank, or the first failure's code and message on
+ * every rank, in one allgather when all is well or every payload fits inline, two
+ * collectives otherwise. */
+static void test_agree(void **state)
+{
+    (void)state;
+    agree_job j[3];
+    const char *abc[3] = {"a", "bb", "ccc"}, *xyz[3] = {"xyz", "xyz", "xyz"};
+    const char *none[3] = {NULL, NULL, NULL};
+    const int ok[3] = {0, 0, 0}, bad[3] = {0, STRATA_EMISMATCH, STRATA_ENOTFOUND};
+    /* every payload inline: one allgather */
+    agree3(j, abc, ok, 8, 0);
+    expect_payloads(j, "abbccc", 1, 2, 3);
+    assert_int_equal(agree_ag, 1);
+    assert_int_equal(agree_a2a, 0);
+    /* one does not fit: its bytes in an alltoallv after */
+    agree3(j, abc, ok, 2, 0);
+    expect_payloads(j, "abbccc", 1, 2, 3);
+    assert_int_equal(agree_ag + agree_a2a, 2);
+    /* the same on every rank: NULL, whatever the size */
+    agree3(j, xyz, ok, 0, STRATA_AGREE_SAME);
+    expect_payloads(j, NULL, 3, 3, 3);
+    assert_int_equal(agree_ag + agree_a2a, 1);
+    agree3(j, abc, ok, 0, STRATA_AGREE_SAME);
+    expect_payloads(j, "abbccc", 1, 2, 3);
+    assert_int_equal(agree_ag + agree_a2a, 2);
+    agree3(j, none, ok, 0, 0);
+    expect_payloads(j, NULL, 0, 0, 0);
+    /* ranks 1 and 2 fail: each keeps its own error, rank 0 gets the first's; the message
+     * inline (one allgather) or not (its bytes after) */
+    for (size_t inl = 0; inl <= 64; inl += 64) {
+        agree3(j, abc, bad, inl, STRATA_AGREE_SAME);
+        assert_int_equal(agree_ag + agree_a2a, inl ? 1 : 2);
+        assert_int_equal(j[0].got, STRATA_EMISMATCH);
+        assert_string_equal(j[0].msg, "the step failed on rank 1: boom on 1");
+        assert_int_equal(j[1].got, STRATA_EMISMATCH);
+        assert_string_equal(j[1].msg, "boom on 1");
+        assert_int_equal(j[2].got, STRATA_ENOTFOUND);
+        assert_string_equal(j[2].msg, "boom on 2");
+        for (int r = 0; r < 3; r++)
+            assert_null(j[r].out);
+    }
+    /* bad arguments: before any collective */
+    strata_comm *self;
+    unsigned char *out = (unsigned char *)"x";
+    size_t lens[1];
+    assert_ok(strata_comm_self(&self));
+    assert_int_equal(strata_comm_agree(&out, lens, self, "x", 0, "a", 1, 0, 4), STRATA_EINVAL);
+    assert_null(out);
+    assert_int_equal(strata_comm_agree(&out, lens, self, "x", 0, NULL, 1, 0, 0), STRATA_EINVAL);
+    assert_ok(strata_comm_agree(&out, lens, self, NULL, 0, "a", 1, 0, 0));
+    assert_int_equal(lens[0], 1);
+    assert_memory_equal(out, "a", 1);
+    strata_free(out);
+    strata_comm_free(self);
+}
+
 TU_TMPDIR_GROUP(base, "dist")
 
 int main(void)
@@ -626,6 +768,7 @@ int main(void)
         cmocka_unit_test(test_load_opts_differ),
         cmocka_unit_test(test_load_killed_leaves_no_shm),
         cmocka_unit_test(test_reclaim_old_segments),
+        cmocka_unit_test(test_agree),
     };
     return cmocka_run_group_tests(tests, tu_group_setup, tu_group_teardown);
 }

@@ -453,6 +453,63 @@ static void ranks_disagree(void **state)
     tu_rmrf(dir);
 }
 
+/* A base whose rank-1 rows of the frozen weight rotted after its commit (a flipped byte
+ * in its data-000001.bin): rank 1 reads its base bytes before linking them, finds the
+ * chunk that fails, and writes its rows itself; rank 0 links its own. The save verifies
+ * and loads bitwise (sync and async), and the next save on top of it links rank 1's rows
+ * again (written with the base's second checksums). A base named by a symlink is refused
+ * on every rank. */
+static void rotted_base(void **state)
+{
+    (void)state;
+    char dir[600], p0[700], p[700], f[800], name[32];
+    snprintf(dir, sizeof dir, "%s/rot", tmp);
+    tu_rmrf(dir);
+    snprintf(p0, sizeof p0, "%s/s0", dir);
+    vals v;
+    vals_init(&v, 10);
+    world w;
+    world_init(&w, 2, &v);
+    job jobs[2];
+    save_all(&w, p0, NULL, NULL, STRATA_SAVE_INCREMENTAL, 0, jobs);
+    expect_ok(jobs, 2);
+    tu_join(f, p0, "data-000001.bin");
+    tu_flip_byte(f, 3 * CHUNK + 5, 0x08); /* base.w's rows of rank 1 lead its file */
+    for (int s = 1; s <= 3; s++) {
+        vals_step(&v, s);
+        snprintf(p, sizeof p, "%s/s%d", dir, s);
+        snprintf(name, sizeof name, "s%d", s - 1);
+        save_all(&w, p, NULL, name, STRATA_SAVE_INCREMENTAL, s == 2, jobs);
+        expect_ok(jobs, 2);
+        expect_loads(p, &v);
+        disk k = on_disk(p, 2);
+        assert_true(k.ref_of[0]);
+        if (s == 1) { /* rank 1 wrote its rows of the frozen weight itself */
+            assert_false(k.ref_of[1]);
+            assert_true(k.file[1] >= (lo(0, 2, 2) - lo(0, 1, 2)) * COLS * 4);
+        } else {
+            assert_true(k.ref_of[1]);
+        }
+    }
+    /* a base named by a symlink: refused on every rank, nothing written */
+    char lnk[700];
+    snprintf(lnk, sizeof lnk, "%s/lnk", dir);
+    assert_int_equal(symlink("s3", lnk), 0);
+    snprintf(p, sizeof p, "%s/s4", dir);
+    for (int async = 0; async < 2; async++) {
+        save_all(&w, p, NULL, "lnk", STRATA_SAVE_INCREMENTAL, async, jobs);
+        for (int r = 0; r < 2; r++) {
+            assert_int_equal(jobs[r].rc, STRATA_EINVAL);
+            if (!strstr(jobs[r].msg, "symlink"))
+                fail_msg("rank %d: %s", r, jobs[r].msg);
+        }
+        assert_false(tu_exists(p));
+    }
+    world_free(&w);
+    vals_free(&v);
+    tu_rmrf(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -460,6 +517,7 @@ int main(void)
         cmocka_unit_test(chain_3_ranks),
         cmocka_unit_test(one_rank_cannot_link),
         cmocka_unit_test(ranks_disagree),
+        cmocka_unit_test(rotted_base),
     };
     return cmocka_run_group_tests(tests, tu_group_setup, tu_group_teardown);
 }

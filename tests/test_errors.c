@@ -186,6 +186,51 @@ static void test_existing(void **state)
     drop_ckpt(&f);
 }
 
+/* A directory of the user's files is refused as a destination by a save (sync and async)
+ * and by strata_copy (STRATA_EEXIST), and keeps nothing of the refused one: no LOCK. */
+static void test_user_dir_refused_leaves_nothing(void **state)
+{
+    (void)state;
+    fixture f;
+    make_ckpt(&f, "copysrc");
+    char user[700], notes[800], lock[800];
+    snprintf(user, sizeof user, "%s/user", base_dir);
+    tu_join(notes, user, "notes.txt");
+    tu_join(lock, user, ST_LOCK_FILE);
+    assert_int_equal(mkdir(user, 0755), 0);
+    tu_write_file(notes, "mine", 4);
+    tu_set s;
+    tu_set_init(&s, 1);
+    uint64_t shape[] = {10};
+    tu_set_shard(&s, 0, "new", STRATA_U8, 1, shape, NULL, NULL, 0, 0, 0, 1);
+    const char *u = user;
+    for (int k = 0; k < 3; k++) {
+        int rc;
+        if (k == 0) {
+            rc = strata_save(NULL, NULL, &u, 1, s.st, 1, NULL);
+        } else if (k == 1) {
+            strata_handle *h;
+            rc = strata_save_start(&h, NULL, &u, 1, s.st, 1, NULL);
+            if (!rc) {
+                rc = strata_wait_durable(NULL, h);
+                strata_handle_free(h);
+            }
+        } else {
+            rc = strata_copy(NULL, f.ck, user, 0);
+        }
+        if (rc != STRATA_EEXIST)
+            fail_msg("%d: %s (%s), want STRATA_EEXIST", k, strata_error_name(rc),
+                     strata_error_last());
+        assert_msg_has("not strata's");
+        if (tu_exists(lock))
+            fail_msg("%d: '%s' is left in the user's directory", k, lock);
+        assert_true(tu_exists(notes));
+    }
+    tu_set_free(&s);
+    tu_rmrf(user);
+    drop_ckpt(&f);
+}
+
 /* A full disk (simulated with RLIMIT_FSIZE: writes past the limit fail with EFBIG) is
  * STRATA_ENOSPC; nothing is committed, the failed save leaves no files, the previous
  * checkpoint still loads, and a retry with space succeeds. */
@@ -556,6 +601,7 @@ int main(void)
         cmocka_unit_test(test_unfilled),
         cmocka_unit_test(test_scheme),
         cmocka_unit_test(test_existing),
+        cmocka_unit_test(test_user_dir_refused_leaves_nothing),
         cmocka_unit_test(test_full_disk),
         cmocka_unit_test(test_remove_incomplete),
         cmocka_unit_test(test_symlinks),

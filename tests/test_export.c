@@ -184,9 +184,10 @@ static void test_roundtrip(void **state)
     assert_int_equal(s.data_bytes, want);
     assert_int_equal(s.all_bytes, want);
     assert_true(s.seconds > 0 && s.io_calls > 0);
-    assert_int_equal(count_entries(out), 2); /* one file and the index; no .partial */
+    /* one file: model.safetensors alone, no index (as Hugging Face writes it); no .partial */
+    assert_int_equal(count_entries(out), 1);
     size_t len, n;
-    unsigned char *f = read_out(out, "model-00001-of-00001.safetensors", &len);
+    unsigned char *f = read_out(out, "model.safetensors", &len);
     const unsigned char *p = tensor_in(f, len, "model.w", "F32", "[5,7]", &n);
     assert_int_equal(n, sizeof w);
     assert_memory_equal(p, w, sizeof w);
@@ -197,11 +198,6 @@ static void test_roundtrip(void **state)
     assert_int_equal(n, 8);
     assert_memory_equal(p, &step, 8);
     free(f);
-    unsigned char *ix = read_out(out, "model.safetensors.index.json", &len);
-    ix[len] = 0;
-    assert_non_null(strstr((char *)ix, "\"total_size\": 166"));
-    assert_non_null(strstr((char *)ix, "\"model.w\": \"model-00001-of-00001.safetensors\""));
-    free(ix);
 
     /* prefix, a split per tensor (max_file_bytes 1), bf16, buffered writes */
     char out2[600];
@@ -442,7 +438,7 @@ static void test_bounded_memory(void **state)
         assert_true(ru.ru_maxrss < 256 * 1024);
     /* the bytes: a few elements of each half, at their data_offsets */
     char f[700];
-    snprintf(f, sizeof f, "%s/model-00001-of-00001.safetensors", out);
+    snprintf(f, sizeof f, "%s/model.safetensors", out);
     int fd = open(f, O_RDONLY);
     assert_true(fd >= 0);
     uint64_t n;
@@ -556,9 +552,9 @@ static void test_out_dir(void **state)
     assert_rc(strata_export_safetensors(NULL, ck, out, NULL), STRATA_EEXIST);
     assert_msg_has("holds 'sub/'");
     assert_int_equal(rmdir(p), 0);
-    /* empty: filled */
+    /* empty: filled (one file: model.safetensors) */
     assert_ok(strata_export_safetensors(NULL, ck, out, NULL));
-    assert_int_equal(count_entries(out), 2);
+    assert_int_equal(count_entries(out), 1);
     assert_int_equal(staged(out), 0);
     /* "." names no directory of its own */
     assert_rc(strata_export_safetensors(NULL, ck, ".", NULL), STRATA_EINVAL);

@@ -168,7 +168,7 @@ static void test_reads_overlap_writes(void **state)
     assert_int_equal(expired, 0);
 
     char f[700];
-    snprintf(f, sizeof f, "%s/model-00001-of-00001.safetensors", out);
+    snprintf(f, sizeof f, "%s/model.safetensors", out);
     int fd = open(f, O_RDONLY);
     assert_true(fd >= 0);
     uint64_t n;

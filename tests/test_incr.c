@@ -220,6 +220,17 @@ static void bad_bases(void **state)
     assert_false(tu_exists(p1));
     assert_rc(save(p1, &s, 1, "../s0", 1, NULL), STRATA_EINVAL);
     assert_msg_has("plain name");
+    /* a symlink's name, to a committed incremental-ready checkpoint: refused the same */
+    char real[700], lnk[700];
+    snprintf(real, sizeof real, "%s/real", dir);
+    snprintf(lnk, sizeof lnk, "%s/lnk", dir);
+    assert_ok(save(real, &s, 0, NULL, 0, NULL));
+    assert_int_equal(symlink("real", lnk), 0);
+    for (int async = 0; async < 2; async++) {
+        assert_rc(save(p1, &s, 1, "lnk", async, NULL), STRATA_EINVAL);
+        assert_msg_has("symlink");
+        assert_false(tu_exists(p1));
+    }
     /* a full save without STRATA_SAVE_INCREMENTAL has no second checksums: all written */
     strata_save_opts o = STRATA_SAVE_OPTS_INIT;
     o.chunk_bytes = CHUNK;
@@ -605,6 +616,58 @@ static void replace_own_base(void **state)
     tu_rmrf(dir);
 }
 
+/* A base whose frozen bytes rotted after its commit (a flipped byte in its data file):
+ * an incremental save on top of it, synchronous or asynchronous, hashed or marked
+ * STRATA_SHARD_UNCHANGED, reads the base's bytes before referring to them, finds the
+ * chunk that fails its checksum and writes the caller's bytes instead: it verifies and
+ * loads bitwise, and so does the next save on top of it. The base's bytes are read once
+ * per file version: a save on a base whose files were checked reads nothing again. */
+extern _Atomic uint64_t st_incr_base_read;
+
+static void rotted_base(void **state)
+{
+    (void)state;
+    char dir[600], p0[700], p1[700], p2[700], p3[700], f[800];
+    for (int mode = 0; mode < 3; mode++) { /* hashed sync, hashed async, marked */
+        snprintf(dir, sizeof dir, "%s/rot%d", tmp, mode);
+        tu_rmrf(dir);
+        snprintf(p0, sizeof p0, "%s/s0", dir);
+        snprintf(p1, sizeof p1, "%s/s1", dir);
+        snprintf(p2, sizeof p2, "%s/s2", dir);
+        snprintf(p3, sizeof p3, "%s/s3", dir);
+        lora s;
+        lora_init_ex(&s, 13, mode == 2 ? STRATA_SHARD_UNCHANGED : 0, NULL);
+        assert_ok(save(p0, &s, 0, NULL, 0, NULL));
+        tu_join(f, p0, "data-000000.bin");
+        tu_flip_byte(f, 5 * CHUNK + 17, 0x40); /* base.w, chunk 5 */
+        lora_step(&s, 1, 1);
+        strata_stats st = STRATA_STATS_INIT;
+        uint64_t read0 = st_incr_base_read;
+        assert_ok(save(p1, &s, 1, "s0", mode == 1, &st));
+        snap w;
+        snap_take(&w, &s);
+        verify_ok(p1);
+        load_same(p1, &w);
+        snap_free(&w);
+        assert_int_equal(st.bytes, st.data_bytes); /* base.w written, nothing linked */
+        assert_true(st_incr_base_read - read0 >= 6 * CHUNK); /* up to the bad chunk */
+        /* the next save refers to s1's intact bytes: reads them once, then not again */
+        for (int k = 2; k <= 3; k++) {
+            lora_step(&s, k, 1);
+            read0 = st_incr_base_read;
+            assert_ok(save(k == 2 ? p2 : p3, &s, k, k == 2 ? "s1" : "s2", mode == 1, &st));
+            snap_take(&w, &s);
+            verify_ok(k == 2 ? p2 : p3);
+            load_same(k == 2 ? p2 : p3, &w);
+            snap_free(&w);
+            assert_int_equal(st.bytes, st.data_bytes - tbytes(0));
+            assert_int_equal(st_incr_base_read - read0, k == 2 ? tbytes(0) : 0);
+        }
+        lora_free(&s);
+        tu_rmrf(dir);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -618,6 +681,7 @@ int main(void)
         cmocka_unit_test(meta_v2_decoder),
         cmocka_unit_test(distributed_load),
         cmocka_unit_test(replace_own_base),
+        cmocka_unit_test(rotted_base),
     };
     return cmocka_run_group_tests(tests, tu_group_setup, tu_group_teardown);
 }

@@ -1,10 +1,10 @@
-/* test_pickle.c - the restricted pickle reader (src/meta/pickle.c) on hand-built pickles:
+/* test_pickle.c - the restricted pickle reader (src/source/pickle.c) on hand-built pickles:
  * the values it builds, and each refusal's exact code and message (forbidden globals, calls
  * of values, refused opcodes, truncation, bombs: deep nesting, huge memo indices, giant ints,
  * exponential sharing, cycles). Real torch.save / DCP files: tests/python/test_pickle_reader.py. */
 #include "testutil.h"
 
-#include "meta/pickle.h"
+#include "source/pickle.h"
 
 #define CTX "ctx.pkl"
 

@@ -2,6 +2,7 @@
  * and the load planner (exact coverage, empty requests, shared chunks read once, partial
  * reads), on states registered through the public API. */
 #include "core/geom.h"
+#include "core/overlap.h"
 #include "engine/engine.h"
 #include "plan/plan.h"
 #include "testutil.h"
@@ -1053,7 +1054,7 @@ static void ov_big_check(ov_big *b, const char *what, int want)
     size_t n = b->t.nshards;
     double lg = 64 - __builtin_clzll(n);
     assert_rc(st_meta_check_overlap(&b->t), want);
-    uint64_t work = st_meta_overlap_work();
+    uint64_t work = st_overlap_work();
     print_message("overlap check, %s: %zu shards, %s, work %.1f n log2 n\n", what, n,
                   strata_error_name(want), (double)work / ((double)n * lg));
     assert_true((double)work <= 64.0 * (double)n * lg);
@@ -1156,7 +1157,7 @@ static void test_overlap_issue10(void **state)
     st_mtensor *t = &p.meta->tensors[0];
     assert_int_equal(t->nshards, n);
     assert_ok(st_meta_check_overlap(t));
-    uint64_t work = st_meta_overlap_work();
+    uint64_t work = st_overlap_work();
     assert_true(work <= bound);
     for (size_t i = 0; i < t->nshards; i++) { /* checksums: any values */
         st_extent *x = &t->shards[i].ext;
@@ -1185,7 +1186,7 @@ static void test_overlap_issue10(void **state)
     t->shards[j].fe--;
     assert_rc(st_meta_check_overlap(t), STRATA_EOVERLAP);
     assert_msg_has("overlap");
-    assert_true(st_meta_overlap_work() <= bound);
+    assert_true(st_overlap_work() <= bound);
     assert_ok(st_meta_encode(p.meta, &buf, &blen));
     back = (st_meta *)1;
     assert_rc(st_meta_decode(&back, buf, blen), STRATA_EFORMAT);
@@ -1198,7 +1199,7 @@ static void test_overlap_issue10(void **state)
     issue10_add(&s, n, 3, n / 2 - 2, n / 2 - 3);
     assert_rc(plan_save(&p, &s), STRATA_EOVERLAP);
     assert_msg_has("issue10");
-    assert_true(st_meta_overlap_work() <= bound);
+    assert_true(st_overlap_work() <= bound);
     tu_set_free(&s);
 }
 

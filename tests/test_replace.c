@@ -413,6 +413,129 @@ static void test_replace_beside_gc(void **state)
     tu_rmrf(dir);
 }
 
+/* A link planted at the name a replace writes beside its target (".latest.strata-replace"
+ * pointing at another committed checkpoint K) is never followed: the replace is refused
+ * (STRATA_EINVAL, naming the link), K keeps its commit record and gets no LOCK, the link
+ * stays for a person to see, and retention afterwards keeps K. */
+static void test_replace_planted_link(void **state)
+{
+    (void)state;
+    char dir[600], ck[700], k[700], sib[800], lock[900];
+    snprintf(dir, sizeof dir, "%s/planted", base_dir);
+    snprintf(ck, sizeof ck, "%s/latest", dir);
+    snprintf(k, sizeof k, "%s/K", dir);
+    sibling_of(sib, sizeof sib, dir, "latest");
+    assert_ok(save_v(k, 7, 0, 0));
+    assert_ok(save_v(ck, 1, 0, 0));
+    const char *targets[2] = {"K", k}; /* relative and absolute */
+    for (int t = 0; t < 2; t++)
+        for (int async = 0; async < 2; async++) {
+            assert_int_equal(symlink(targets[t], sib), 0);
+            assert_rc(save_v(ck, 2, async, STRATA_SAVE_REPLACE), STRATA_EINVAL);
+            assert_msg_has("symlink");
+            assert_msg_has(sib);
+            struct stat sb;
+            assert_int_equal(lstat(sib, &sb), 0);
+            assert_true(S_ISLNK(sb.st_mode));
+            strata_probe_info pi;
+            assert_ok(strata_probe(&pi, k));
+            assert_int_equal(pi.committed, 1);
+            assert_int_equal(version_at(k), 7);
+            tu_join(lock, k, ST_LOCK_FILE);
+            assert_false(tu_exists(lock));
+            assert_int_equal(version_at(ck), 1);
+            tu_join(lock, ck, ST_LOCK_FILE);
+            assert_false(tu_exists(lock));
+            unlink(sib);
+        }
+    /* a link to a directory that is not a checkpoint: the same */
+    char other[700];
+    snprintf(other, sizeof other, "%s/other", dir);
+    assert_int_equal(mkdir(other, 0755), 0);
+    assert_int_equal(symlink(other, sib), 0);
+    assert_rc(save_v(ck, 2, 0, STRATA_SAVE_REPLACE), STRATA_EINVAL);
+    tu_join(lock, other, ST_LOCK_FILE);
+    assert_false(tu_exists(lock));
+    int removed = -1;
+    assert_ok(strata_retain(&removed, dir, 2)); /* keeps latest and K */
+    assert_int_equal(version_at(k), 7);
+    unlink(sib);
+    assert_ok(save_v(ck, 2, 0, STRATA_SAVE_REPLACE)); /* the link gone: replaced */
+    assert_int_equal(version_at(ck), 2);
+    assert_int_equal(version_at(k), 7);
+    expect_clean(dir, "latest");
+    tu_rmrf(dir);
+}
+
+/* Refuses a replace of path (STRATA_ENOTCKPT with want in the message), touching nothing:
+ * no directory beside it, no LOCK in it. */
+static void refused_not_ckpt(const char *dir, const char *name, const char *want)
+{
+    char p[700], lock[800], sib[800];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    for (int async = 0; async < 2; async++) {
+        assert_rc(save_v(p, 2, async, STRATA_SAVE_REPLACE), STRATA_ENOTCKPT);
+        assert_msg_has(p);
+        assert_msg_has(want);
+        tu_join(lock, p, ST_LOCK_FILE);
+        assert_false(tu_exists(lock));
+        sibling_of(sib, sizeof sib, dir, name);
+        assert_false(tu_exists(sib));
+    }
+}
+
+/* A replace takes only what a plain save refuses for being a committed checkpoint (and
+ * what it accepts: nothing, an empty directory, an incomplete checkpoint): a directory of
+ * user files, a run directory of step-N checkpoints, a checkpoint with a file of the
+ * user's in it, a file and a symlink are refused with STRATA_ENOTCKPT naming what is
+ * there, and stay as they were. */
+static void test_replace_not_ckpt(void **state)
+{
+    (void)state;
+    char dir[600], p[800], q[900];
+    snprintf(dir, sizeof dir, "%s/notckpt", base_dir);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    /* user files */
+    snprintf(p, sizeof p, "%s/user", dir);
+    assert_int_equal(mkdir(p, 0755), 0);
+    tu_join(q, p, "notes.txt");
+    tu_write_file(q, "mine", 4);
+    refused_not_ckpt(dir, "user", "not a checkpoint");
+    assert_true(tu_exists(q));
+    /* a run directory of checkpoints */
+    snprintf(p, sizeof p, "%s/run", dir);
+    for (int s = 1; s <= 2; s++) {
+        snprintf(q, sizeof q, "%s/step-%d", p, s);
+        assert_ok(save_v(q, (uint64_t)s, 0, 0));
+    }
+    refused_not_ckpt(dir, "run", "directory of checkpoints");
+    for (int s = 1; s <= 2; s++) {
+        snprintf(q, sizeof q, "%s/step-%d", p, s);
+        assert_int_equal(version_at(q), (uint64_t)s);
+    }
+    /* a committed checkpoint holding a file of the user's */
+    snprintf(p, sizeof p, "%s/mixed", dir);
+    assert_ok(save_v(p, 1, 0, 0));
+    tu_join(q, p, "README");
+    tu_write_file(q, "mine", 4);
+    refused_not_ckpt(dir, "mixed", "README");
+    assert_int_equal(version_at(p), 1);
+    /* a file, a symlink to a checkpoint */
+    snprintf(p, sizeof p, "%s/file", dir);
+    tu_write_file(p, "mine", 4);
+    refused_not_ckpt(dir, "file", "not a directory");
+    snprintf(p, sizeof p, "%s/link", dir);
+    assert_int_equal(symlink("mixed", p), 0);
+    refused_not_ckpt(dir, "link", "symlink");
+    /* what a plain save accepts is replaced: an empty directory */
+    snprintf(p, sizeof p, "%s/empty", dir);
+    assert_int_equal(mkdir(p, 0755), 0);
+    assert_ok(save_v(p, 3, 0, STRATA_SAVE_REPLACE));
+    assert_int_equal(version_at(p), 3);
+    expect_clean(dir, "empty");
+    tu_rmrf(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -424,6 +547,8 @@ int main(void)
         cmocka_unit_test(test_replace_kill),
         cmocka_unit_test(test_replace_beside_reader),
         cmocka_unit_test(test_replace_beside_gc),
+        cmocka_unit_test(test_replace_planted_link),
+        cmocka_unit_test(test_replace_not_ckpt),
     };
     return cmocka_run_group_tests(tests, tu_group_setup, tu_group_teardown);
 }

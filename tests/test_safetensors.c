@@ -1,10 +1,10 @@
-/* test_safetensors.c - the safetensors header parser (src/meta/safetensors.c): a valid
+/* test_safetensors.c - the safetensors header parser (src/source/safetensors.c): a valid
  * header parses with the right fields; every hostile case is STRATA_EFORMAT with a message
  * naming the file and the problem. */
 #include "testutil.h"
 
 #include "meta/meta.h"
-#include "meta/safetensors.h"
+#include "source/safetensors.h"
 
 #define FILE_NAME "model-00001-of-00002.safetensors"
 

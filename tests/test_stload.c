@@ -11,7 +11,7 @@
 #include "testutil.h"
 #include "threadcomm.h"
 
-#include "meta/safetensors.h"
+#include "source/safetensors.h"
 
 static char base[512];
 static int seq;

@@ -1,4 +1,4 @@
-/* test_zero.c - the DeepSpeed ZeRO source (src/engine/src_zero.c) through the public API, on
+/* test_zero.c - the DeepSpeed ZeRO source (src/source/zero_src.c) through the public API, on
  * the files DeepSpeed 0.19.8's default engine wrote (ZeRO-2, 2 ranks: the seed
  * fuzz/corpus/fuzz_zero/seed-valid-z2-zip, made by fuzz/make_zero_seeds.py), so that it also
  * runs under ASan, UBSan and TSan: the save_dir through `latest` and the tag directory, the

@@ -1,4 +1,4 @@
-/* test_zip.c - the bounded zip reader (src/meta/zip.c) on archives built here byte by byte:
+/* test_zip.c - the bounded zip reader (src/source/zip.c) on archives built here byte by byte:
  * stored entries read back bitwise with their CRC-32 checked, ZIP64 records, and each
  * refusal's exact code and message (truncation, offsets past the end, compressed entries,
  * sizes that lie, overlaps, bad and duplicate names, local headers that disagree, a CRC that
@@ -8,7 +8,7 @@
 #include <zlib.h>
 
 #include "core/error.h"
-#include "meta/zip.h"
+#include "source/zip.h"
 
 #define ZF "t.zip"
 

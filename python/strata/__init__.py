@@ -38,6 +38,7 @@ from ._strata import (  # noqa: F401
     hash_bytes,
     list_dirs,
     load,
+    load_converts,
     probe,
     remove_incomplete,
     retain,
@@ -46,6 +47,13 @@ from ._strata import (  # noqa: F401
     uri_path,
 )
 from . import _strata
+
+# A process that returns from main with an asynchronous save still in flight (no wait())
+# finishes it here, before the interpreter finalizes: the commit's collectives run on the
+# Saver's commit thread, which needs the GIL (as concurrent.futures joins its workers).
+import atexit as _atexit
+_atexit.register(_strata.finish_saves)
+del _atexit
 
 # One exception class per C error code (strata.ChecksumError, ...), all under strata.Error.
 for _cls in ERRORS.values():
@@ -57,6 +65,6 @@ __version__ = "%d.%d.0" % VERSION
 __all__ = [
     "DEFAULT_CHUNK", "DTYPES", "ERRORS", "MAX_DIMS", "MAX_NAME", "MAX_TIERS", "VERSION",
     "Checkpoint", "Comm", "Error", "Handle", "Loader", "Pool", "Saver", "State",
-    "copy", "dtype_size", "export_safetensors", "hash_bytes", "list_dirs", "load", "probe",
+    "copy", "dtype_size", "export_safetensors", "hash_bytes", "list_dirs", "load", "load_converts", "probe",
     "remove_incomplete", "retain", "unpickle", "unpickle_archive", "uri_path",
 ] + sorted(c.__name__ for c in ERRORS.values())

@@ -29,7 +29,7 @@ import math
 import torch
 
 import strata as _S
-from strata._tensor import _TO_STRATA, _error, _nbytes
+from strata._tensor import _TO_STRATA, _nbytes
 
 FP32 = "%s"        # the name of the fp32 master weight of fqn (optim.state.<fqn>.<key>:
                    # its optimizer state key, _moment_fmt)
@@ -109,6 +109,20 @@ def layout(engine):
     return out
 
 
+def shared_params(engine):
+    """{alias: name} of the engine module's tied parameters, as DeepSpeed's
+    _get_shared_params (shared_params in the model-states file, which zero_to_fp32 adds back)
+    gives them - on every rank (DeepSpeed's own runs on rank 0 only): every further name of
+    one parameter, in module order, names the first."""
+    first, out = {}, {}
+    for name, p in engine.module.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            out[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return out
+
+
 def _moment_fmt(key):
     return "optim.state.%s." + str(key).replace("%", "%%")
 
@@ -152,15 +166,17 @@ def read_ranges(ld, idx, where, wants):
     for name, shape, start, cnt, dst in wants:
         t = idx.get(name)
         if t is None:
-            raise _error("NotFoundError", "%s: no tensor %r in the checkpoint" % (where, name))
+            raise _S.NotFoundError("%s: no tensor %r in the checkpoint" % (where, name))
         dtype = _TO_STRATA[dst.dtype]
         if t[0] != dtype or (shape is not None and t[1] != tuple(shape)):
-            raise _error("MismatchError", "%s: %r is %s %s in the checkpoint, %s %s here"
-                         % (where, name, t[0], t[1], dtype,
-                            tuple(shape) if shape is not None else "(flat)"))
+            raise _S.MismatchError(
+                "%s: %r is %s %s in the checkpoint, %s %s here"
+                % (where, name, t[0], t[1], dtype,
+                   tuple(shape) if shape is not None else "(flat)"))
         if start + cnt > math.prod(t[1]):
-            raise _error("FormatError", "%s: elements [%d, %d) of %r, which has %d"
-                         % (where, start, start + cnt, name, math.prod(t[1])))
+            raise _S.FormatError(
+                "%s: elements [%d, %d) of %r, which has %d"
+                % (where, start, start + cnt, name, math.prod(t[1])))
         state.add_shard(name, dtype, t[1], flat=(start, start + cnt), data_ptr=dst.data_ptr(),
                         nbytes=_nbytes(dst), device=dst.is_cuda, keep=dst)
     if wants:
@@ -180,16 +196,18 @@ def reshard_load(engine, load_dir, tag, load_entry, stub_of):
                                            engine.bfloat16_enabled())
     stub = stub_of(name)
     if stub is None:
-        raise _error("InvalidArgumentError", "%s: not saved through strata.deepspeed; a "
-                     "checkpoint of DeepSpeed's own engine loads only on the DP world size "
-                     "that wrote it" % name)
+        raise _S.InvalidArgumentError(
+            "%s: not saved through strata.deepspeed; a "
+            "checkpoint of DeepSpeed's own engine loads only on the DP world size "
+            "that wrote it" % name)
     ckpt, entry = stub
     if stage == 3:
         frozen = [n for p, n in engine.param_names.items()
                   if not p.requires_grad and getattr(p, "ds_numel", p.numel()) > 0]
         if frozen:
-            raise _error("UnsupportedError", "%s: a ZeRO 3 model with frozen parameters (%s) "
-                         "resumes only on the DP world size that saved it" % (name, frozen[0]))
+            raise _S.UnsupportedError(
+                "%s: a ZeRO 3 model with frozen parameters (%s) "
+                "resumes only on the DP world size that saved it" % (name, frozen[0]))
     with _S.Loader([ckpt]) as ld:
         sd = load_entry(ckpt, entry, partitions=False, loader=ld)["optimizer_state_dict"]
         (_load3 if stage == 3 else _load12)(opt, sd, name, ld, ckpt)
@@ -208,8 +226,9 @@ def _state_targets(name, g, saved, live, base):
                 live[k] = torch.zeros_like(base)
             targets.append((_moment_fmt(k), live[k]))
         elif torch.is_tensor(v) and v.dim() > 0:
-            raise _error("MismatchError", "%s: optimizer state %r of group %d has shape %s, "
-                         "not a flat partition's" % (name, k, g, tuple(v.shape)))
+            raise _S.MismatchError(
+                "%s: optimizer state %r of group %d has shape %s, "
+                "not a flat partition's" % (name, k, g, tuple(v.shape)))
         else:                     # step and the like
             live[k] = v.clone() if torch.is_tensor(v) else v
     return targets
@@ -232,8 +251,9 @@ def _load12(opt, sd, name, ld, ckpt):
         saved_groups = [{"step": sd["base_optimizer_state_step"]}] * len(base_sd)
         saved_states = base_sd
     if len(saved_groups) != len(groups):
-        raise _error("MismatchError", "%s: %d optimizer param groups saved, %d now"
-                     % (name, len(saved_groups), len(groups)))
+        raise _S.MismatchError(
+            "%s: %d optimizer param groups saved, %d now"
+            % (name, len(saved_groups), len(groups)))
     # (as DeepSpeed's own load, what is set before a failing read stays set)
     wants = []
     for g, (base, frags) in enumerate(_partitions(opt, 2)):
@@ -258,8 +278,9 @@ def _load3(opt, sd, name, ld, ckpt):
     saved_groups = osd["param_groups"]
     ngroups = len(opt.optimizer.param_groups)
     if len(saved_groups) != ngroups:
-        raise _error("MismatchError", "%s: %d optimizer param groups saved, %d now"
-                     % (name, len(saved_groups), ngroups))
+        raise _S.MismatchError(
+            "%s: %d optimizer param groups saved, %d now"
+            % (name, len(saved_groups), ngroups))
     subs = [[i for i in range(len(opt.fp16_groups)) if opt.sub_group_to_group_id[i] == g]
             for g in range(ngroups)]
     index = {i: k for k, i in enumerate(i for s in subs for i in s)}   # torch's numbering

@@ -6,7 +6,7 @@ import itertools
 
 import torch
 
-from strata._tensor import _error
+import strata as _S
 
 try:
     from torch.distributed.tensor import DTensor as _DTensor
@@ -42,17 +42,18 @@ def _wrapper_boxes(key, local, gshape):
     shards = list(local.local_shards())
     offsets = [tuple(int(x) for x in o) for o in local.local_offsets()]
     if len(offsets) != len(shards):
-        raise _error("InvalidArgumentError", "%s: a LocalShardsWrapper with %d shards and %d "
-                     "offsets" % (key, len(shards), len(offsets)))
+        raise _S.InvalidArgumentError(
+            "%s: a LocalShardsWrapper with %d shards and %d "
+            "offsets" % (key, len(shards), len(offsets)))
     out = []
     for i, (shard, offs) in enumerate(zip(shards, offsets)):
         lens = tuple(int(x) for x in shard.shape)
         if (len(offs) != len(gshape) or len(lens) != len(gshape)
                 or any(o < 0 or o + n > g for o, n, g in zip(offs, lens, gshape))):
-            raise _error("InvalidArgumentError",
-                         "%s: local shard %d of its LocalShardsWrapper (shape %s at offsets "
-                         "%s) lies outside the DTensor's global shape %s"
-                         % (key, i, lens, offs, gshape))
+            raise _S.InvalidArgumentError(
+                "%s: local shard %d of its LocalShardsWrapper (shape %s at offsets "
+                "%s) lies outside the DTensor's global shape %s"
+                % (key, i, lens, offs, gshape))
         if shard.numel():
             out.append((offs, lens, shard))
     return out
@@ -100,9 +101,9 @@ def _dtensor_boxes(key, dt):
     local = dt._local_tensor
     for p in placements:
         if p.is_partial():
-            raise _error("InvalidArgumentError",
-                         "%s: a DTensor with a Partial placement (%s) holds partial sums, not "
-                         "values: redistribute it to Replicate or Shard first" % (key, placements))
+            raise _S.InvalidArgumentError(
+                "%s: a DTensor with a Partial placement (%s) holds partial sums, not "
+                "values: redistribute it to Replicate or Shard first" % (key, placements))
     coord = mesh.get_coordinate()
     if coord is None:
         return []
@@ -129,10 +130,10 @@ def _dtensor_boxes(key, dt):
         lshape, goff = compute_local_shape_and_global_offset(gshape, mesh, placements)
         lshape = tuple(int(x) for x in lshape)
         if lshape != tuple(local.shape):
-            raise _error("InvalidArgumentError",
-                         "%s: the DTensor's local tensor has shape %s, its placements %s on "
-                         "mesh %s give %s" % (key, tuple(local.shape), placements,
-                                               tuple(mesh.shape), lshape))
+            raise _S.InvalidArgumentError(
+                "%s: the DTensor's local tensor has shape %s, its placements %s on "
+                "mesh %s give %s" % (key, tuple(local.shape), placements,
+                                      tuple(mesh.shape), lshape))
         if local.numel() == 0:
             return []
         return [(tuple(int(x) for x in goff), lshape, local)]
@@ -157,10 +158,10 @@ def _dtensor_boxes(key, dt):
         idx[d] = cur
     lshape = tuple(idx[d].numel() if d in idx else gshape[d] for d in range(len(gshape)))
     if lshape != tuple(local.shape):
-        raise _error("InvalidArgumentError",
-                     "%s: the DTensor's local tensor has shape %s, its placements %s on mesh "
-                     "%s give %s" % (key, tuple(local.shape), placements, tuple(mesh.shape),
-                                     lshape))
+        raise _S.InvalidArgumentError(
+            "%s: the DTensor's local tensor has shape %s, its placements %s on mesh "
+            "%s give %s" % (key, tuple(local.shape), placements, tuple(mesh.shape),
+                            lshape))
     if local.numel() == 0:
         return []
     runs = [_runs(idx[d]) if d in idx else [(0, gshape[d], 0)] for d in range(len(gshape))]

@@ -1,53 +1,30 @@
-"""The CheckpointManager's background flush: object-store tiers (s3://) behind faster ones
-are not written by the save; once the save has committed on a faster tier, a worker thread
-copies that committed checkpoint to each of them (strata.copy: every chunk's checksum
-verified, the commit record written last). Threading: one worker per manager; submit,
-pending, wait and close are called by the manager's thread."""
+"""A CheckpointManager's background copies: tiers behind the others (object stores, s3://:
+_tiers.Tier.behind) are not written by a save; once the save has committed on a faster
+tier, a worker thread copies that committed checkpoint to each of them (Tier.fill; for an
+object store strata.copy: every chunk's checksum verified, the commit record written
+last). Threading: one worker per manager, started at the first copy; submit, ended,
+pending, wait and close are called by the manager's thread (pending by the worker too)."""
 
 import collections
 import threading
 import warnings
 
 import strata as _S
+from strata._tiers import committed
 
 _POLL_S = 0.05   # how often a job waiting for its save looks for the commit record
 
 
-def flushed(tier):
-    """Is tier one that the manager flushes in the background (an object store)?"""
-    return str(tier).startswith("s3://")
-
-
-def plan(tiers, group):
-    """(saved, flushed): the indices of the tiers a save writes and of those copied to in
-    the background after it commits. Every tier is saved directly with a process group of
-    more than one rank (a faster tier may be node-local: no one rank holds the whole
-    checkpoint to copy) and where every tier is an object store."""
-    later = [i for i, t in enumerate(tiers) if flushed(t)]
-    if not later or len(later) == len(tiers) or (group is not None and group.size > 1):
-        return list(range(len(tiers))), []
-    return [i for i in range(len(tiers)) if i not in later], later
-
-
-def _committed(uri):
-    try:
-        return _S.probe(uri)["committed"]
-    except _S.Error:
-        return False
-
-
 class Job:
-    """The flush of one step: copied from the first of sources that holds it committed to
-    each of dests, once the save has ended (ended(ok)) or a source is seen committed."""
+    """The copy of one step: from the first of sources (paths) that holds it committed to
+    each of dests (tiers behind), once the save has ended (Flusher.ended) or a source is
+    seen committed."""
 
     def __init__(self, step, sources, dests):
         self.step = step
         self.sources = sources
         self.dests = dests
         self.ok = None   # the save's outcome once known: True (some source committed) or False
-
-    def ended(self, ok):
-        self.ok = bool(ok)
 
 
 class Flusher:
@@ -64,7 +41,9 @@ class Flusher:
         self._thread = None
         self._stop = False
 
-    def submit(self, job):
+    def submit(self, step, sources, dests):
+        """Queues the copy of step from sources to dests (see Job); returns its Job."""
+        job = Job(step, sources, dests)
         with self._cv:
             self._jobs.append(job)
             self._busy += 1
@@ -74,16 +53,19 @@ class Flusher:
                                                 daemon=True)
                 self._thread.start()
             self._cv.notify_all()
+        return job
+
+    def ended(self, job, ok):
+        """job's save has ended: some source committed it (ok), or none did."""
+        with self._cv:
+            job.ok = bool(ok)
+            self._cv.notify_all()
 
     def pending(self):
         """Jobs submitted and not finished: the newest checkpoints of the faster tiers are
         theirs, which retention there keeps on top of its `keep`."""
         with self._cv:
             return self._unflushed
-
-    def wake(self):
-        with self._cv:
-            self._cv.notify_all()
 
     def wait(self):
         """Waits until every job submitted has finished; returns (and forgets) their errors,
@@ -135,7 +117,7 @@ class Flusher:
             if job.ok is False:
                 return None
             for s in job.sources:
-                if _committed(s):
+                if committed(s):
                     return s
             if job.ok is True:   # ended, yet no source committed: removed meanwhile
                 return None
@@ -149,14 +131,15 @@ class Flusher:
                 with self._cv:
                     self._errors.append(_S.MissingError(
                         "strata CheckpointManager: step %d: no committed copy left on %s to "
-                        "flush to %s" % (job.step, ", ".join(job.sources), ", ".join(job.dests))))
+                        "flush to %s" % (job.step, ", ".join(job.sources),
+                                         ", ".join(d.path(job.step) for d in job.dests))))
             return
         for d in job.dests:
             try:
-                _S.copy(src, d)
+                d.fill(src, job.step)
             except _S.Error as e:
                 err = type(e)("strata CheckpointManager: flushing step %d to %s: %s"
-                              % (job.step, d, e))
+                              % (job.step, d.path(job.step), e))
                 err.__cause__ = e
                 with self._cv:
                     self._errors.append(err)

@@ -1,27 +1,18 @@
-"""CheckpointManager: the checkpoints of a training loop, on tiers, with retention."""
+"""CheckpointManager: the checkpoints of a training loop, on tiers, with retention. The
+manager runs the saves and loads; beside it, _tiers.py (the tiers, their kinds and their
+step directories), _retention.py (what each tier keeps), _incremental.py (each save's base,
+the _version rule) and _flush.py (the background copies to tiers behind the others)."""
 
-import os
-import re
-import threading
 import warnings
 
 import strata as _S
-from strata import _flush, _values
-from strata._flush import _committed
-from strata._statedict import _version_of
-from strata.torch import AsyncSave, _error, _group, _prepare_save, _versions, load
-
-_STEP_DIR = re.compile(r"step-(\d+)")
-
-
-def _steps(tier):
-    """The step numbers under tier, newest first ([] where it cannot be listed)."""
-    try:
-        names = _S.list_dirs(tier)   # mem:// and s3:// included
-    except _S.Error:                 # missing, or no listable storage there
-        return []
-    return sorted((int(m.group(1)) for m in map(_STEP_DIR.fullmatch, names) if m),
-                  reverse=True)
+from strata import _flush
+from strata._group import _from_root, _group
+from strata._incremental import Incremental
+from strata._load import load
+from strata._retention import Retention
+from strata._save import AsyncSave, _prepare_save, _versions
+from strata._tiers import Tiers
 
 
 class _TierSave(AsyncSave):
@@ -41,6 +32,9 @@ class _TierSave(AsyncSave):
         except _S.Error:
             pass
 
+    def _dcp_settle(self):
+        """(The Future's outcome is the one wait() below reports, after _ended.)"""
+
     def wait(self):
         if not self._finished:
             try:
@@ -48,6 +42,7 @@ class _TierSave(AsyncSave):
             except Exception:
                 pass
             self._exc = self._ended(self._exc)
+            AsyncSave._dcp_settle(self)
         if self._exc is not None:
             e, self._exc = self._exc, None
             raise e
@@ -105,7 +100,8 @@ class CheckpointManager:
         be reused by others meanwhile; strata.torch.load moves the counter of what it
         fills). Sound only where every write to such a tensor moves its counter: in-place
         torch ops do (optimizer.step, copy_, under no_grad too, through views and
-        detach()); writes through .data, through numpy()/DLPack/ctypes/data_ptr(), through
+        detach()); writes through .data, through its untyped_storage() (copy_, fill_: a
+        storage has no counter), through numpy()/DLPack/ctypes/data_ptr(), through
         another tensor made over the same memory (set_, frombuffer, from_blob), and a
         storage freed and refilled in place (resize_, as FSDP does with unsharded
         parameters) do not, and would be saved as the base's bytes. Off by default."""
@@ -113,37 +109,28 @@ class CheckpointManager:
     def __init__(self, root, *, keep=3, pool_bytes=1 << 30, process_group=None,
                  async_save=True, pickle=False, incremental=True, full_every=10,
                  frozen=None, trust_version=False):
-        if isinstance(root, (list, tuple)):
-            self.tiers = [os.fspath(r) for r in root]
-        else:
-            self.tiers = [os.fspath(root)]
-        if not self.tiers:
-            raise ValueError("CheckpointManager: no root")
-        self.keep = int(keep)
+        self._tiers = Tiers(root)
+        self.tiers = self._tiers.uris
         self.pool_bytes = int(pool_bytes)
         self.process_group = process_group
         self.async_save = bool(async_save)
         self.pickle = pickle
-        self.incremental = bool(incremental)
-        self.full_every = int(full_every)
-        if self.full_every < 1:
-            raise ValueError("CheckpointManager: full_every must be at least 1")
         self.frozen = frozen
-        self.trust_version = bool(trust_version)
-        self._snap = None        # (step name, {key: (tensor, _version_of)}): the last save's
-        self._since_full = None  # incremental saves since the last full one (None: none yet)
+        self._incr = Incremental(incremental, full_every, trust_version)
+        # the copies to tiers behind (s3://), then retention on every tier, on its thread
+        self._flusher = _flush.Flusher(lambda job: self._retention.apply(None, range(len(
+            self._tiers))))
+        self._retention = Retention(self._tiers, keep, self._flusher.pending)
         self._pool = None
         self._saver = None
         self._pending = None
         self._closed = False
-        self._flusher = None     # the background flush to object-store tiers (_flush.py)
-        self._retaining = threading.Lock()
 
     def _group(self):
         return _group(self.process_group)
 
     def path(self, step, tier=0):
-        return self.tiers[tier].rstrip("/") + "/step-%08d" % int(step)
+        return self._tiers[tier].path(step)
 
     @property
     def pool(self):
@@ -166,102 +153,6 @@ class CheckpointManager:
             self._saver = _S.Saver(comm, self._pool) if self._pool is not None else _S.Saver(comm)
         return self._saver
 
-    def _retain(self, group, tiers):
-        if self.keep <= 0 or (group is not None and group.rank != 0):
-            return
-        with self._retaining:    # the caller's thread (after a save) and the flusher's
-            self._retain_on(tiers)
-
-    def _retain_on(self, tiers):
-        for i in tiers:
-            keep = self.keep
-            if self._flusher is not None and not _flush.flushed(self.tiers[i]):
-                keep += self._flusher.pending()   # the sources of flushes not yet done
-            try:
-                _S.retain(self.tiers[i], keep)
-            except _S.Error as e:
-                warnings.warn("strata CheckpointManager: retention in %s: %s"
-                              % (self.tiers[i], e))
-
-    def _ended(self, group, step, exc):
-        """After the save of step (exc: its error, or None): retention on the tiers that
-        committed it (rank 0 looks, and tells the others); an error is warned of here where
-        some tier committed the step, else returned, naming the step, to be raised."""
-        if exc is None:
-            self._retain(group, _flush.plan(self.tiers, group)[0])
-            return None
-        ok = None
-        if group is None or group.rank == 0:
-            ok = [i for i in range(len(self.tiers)) if _committed(self.path(step, i))]
-        if group is not None and group.size > 1:
-            ok = _values.decode(group.bcast_bytes(_values.encode(ok)))[1]
-        self._retain(group, ok)
-        if ok:
-            warnings.warn("strata CheckpointManager: step %d is committed on %s only: %s"
-                          % (step, ", ".join(self.tiers[i] for i in ok), exc))
-            return None
-        e = _error(type(exc).__name__, "step %d was saved on no tier: %s" % (step, exc))
-        e.__cause__ = exc
-        return e
-
-    def _base(self, group, step):
-        """The base of the save of step: the name of the newest committed step below it on
-        the first tier, or None (a full save: not incremental, none committed yet, or the
-        full_every-th save). With a process group rank 0 chooses it for every rank."""
-        if not self.incremental:
-            return None
-        if self._since_full is None or self._since_full >= self.full_every:
-            return None
-        saved = _flush.plan(self.tiers, group)[0]
-        if group is None or group.size == 1:
-            return self._newest_below(step, saved)
-        base = self._newest_below(step, saved) if group.rank == 0 else None
-        return _values.decode(group.bcast_bytes(_values.encode(base)))[1]
-
-    def _newest_below(self, step, saved):
-        """The newest step below step committed on every tier the save writes (saved): a
-        base one of them lacks would fail the save there (one process), and keep failing
-        every later one."""
-        for s in _steps(self.tiers[saved[0]]):
-            if s < step and all(_committed(self.path(s, i)) for i in saved):
-                return "step-%08d" % s
-        return None
-
-    def _saved(self, base, committed, snap):
-        """Counts the save just ended toward full_every; keeps its tensors' versions (snap)
-        for the _version rule where it committed on every tier, else forgets them."""
-        if committed:
-            self._since_full = 0 if base is None else self._since_full + 1
-        self._snap = snap if committed else None
-
-    def _unmoved(self, base):
-        """The _version rule for a save on base (trust_version): a test of (key, tensor), or
-        None where base is not this manager's last save."""
-        snap = self._snap
-        if not self.trust_version or base is None or snap is None or snap[0] != base:
-            return None
-        rec = snap[1]
-
-        def test(key, t):
-            r = rec.get(key)
-            if r is None:
-                return False
-            held, v = r
-            return _version_of(t) == v and held._version == v[-1]
-        return test
-
-    def _record(self, step, prep):
-        """What the _version rule keeps of the save of step as it starts: its plain tensors
-        (held: their memory is not reused while held) and their _version_of."""
-        if not self.trust_version:
-            return None
-        rec = {}
-        for key, t in prep.plain:
-            v = _version_of(t)
-            if v is not None:
-                rec[key] = (t, v)
-        return "step-%08d" % step, rec
-
     def save(self, step, state_dict, *, frozen=None):
         """Saves state_dict as step on every tier: returns the AsyncSave (async_save=True;
         its wait() returns the stats, or None where a tier failed) or the stats. The save in
@@ -274,42 +165,66 @@ class CheckpointManager:
         self._wait(False)
         group = self._group()
         step = int(step)
-        saved, later = _flush.plan(self.tiers, group)
+        saved, behind = self._tiers.plan(group)
         uris = [self.path(step, i) for i in saved]
-        base = self._base(group, step)
+        base = self._incr.base(self._tiers, group, step, saved)
         prep = _prepare_save(state_dict, group, self.pickle,
-                             self.frozen if frozen is None else frozen, self._unmoved(base))
-        snap = self._record(step, prep)
+                             self.frozen if frozen is None else frozen, self._incr.unmoved(base))
+        snap = self._incr.record(step, prep)
         saver = self._get_saver(group)
-        kw = {"base": base, "incremental": True} if self.incremental else {}
-
-        jobs = []   # its flush to the s3:// tiers behind (none: none, or not started)
+        kw = self._incr.options(base)
+        jobs = []   # its copies to the tiers behind (none: none, or not started)
 
         def ended(exc):
-            self._saved(base, exc is None, snap)
+            self._incr.ended(base, exc is None, snap)
             err = self._ended(group, step, exc)
             for job in jobs:
-                job.ended(err is None)
-                self._flusher.wake()
+                self._flusher.ended(job, err is None)
             return err
         if self.async_save:
             versions = _versions(prep)
             h = saver.start(uris, [prep.state], step=step, **kw)
-            jobs.extend(self._flush_job(step, saved, later))
+            jobs.extend(self._flush(step, saved, behind))
             self._pending = _TierSave(h, prep, ended)
             self._pending._versions = versions
             return self._pending
         try:
             stats = saver.save(uris, [prep.state], step=step, **kw)
         except _S.Error as e:
-            jobs.extend(self._flush_job(step, saved, later))
+            jobs.extend(self._flush(step, saved, behind))
             err = ended(e)
             if err is not None:
                 raise err from e
             return None
-        jobs.extend(self._flush_job(step, saved, later))
+        jobs.extend(self._flush(step, saved, behind))
         ended(None)
         return stats
+
+    def _flush(self, step, saved, behind):
+        """[the copy of step to the tiers behind], submitted once its save has started (it
+        copies once the save has committed on one of the tiers saved), or []."""
+        if not behind:
+            return []
+        return [self._flusher.submit(step, [self.path(step, i) for i in saved],
+                                     [self._tiers[i] for i in behind])]
+
+    def _ended(self, group, step, exc):
+        """After the save of step (exc: its error, or None): retention on the tiers that
+        committed it (rank 0 looks, and tells the others); an error is warned of here where
+        some tier committed the step, else returned, naming the step, to be raised."""
+        if exc is None:
+            self._retention.apply(group, self._tiers.plan(group)[0])
+            return None
+        ok = _from_root(group, lambda: self._tiers.holding(step))
+        self._retention.apply(group, ok)
+        if ok:
+            warnings.warn("strata CheckpointManager: step %d is committed on %s only: %s"
+                          % (step, ", ".join(self.tiers[i] for i in ok), exc))
+            return None
+        cls = type(exc) if isinstance(exc, _S.Error) else _S.InvalidArgumentError
+        e = cls("step %d was saved on no tier: %s" % (step, exc))
+        e.__cause__ = exc
+        return e
 
     def _wait(self, raise_error):
         p, self._pending = self._pending, None
@@ -329,66 +244,38 @@ class CheckpointManager:
         background flushes to object-store tiers go on (wait_durable waits for them)."""
         return self._wait(True)
 
-    def _flush_job(self, step, saved, later):
-        """[the flush of step to the tiers `later`], submitted once its save has started (it
-        copies once the save has committed on one of the tiers `saved`), or []."""
-        if not later:
-            return []
-        if self._flusher is None:
-            self._flusher = _flush.Flusher(self._flushed)
-        job = _flush.Job(step, [self.path(step, i) for i in saved],
-                         [self.path(step, i) for i in later])
-        self._flusher.submit(job)
-        return [job]
-
-    def _flushed(self, job):
-        """After a flush (on the flusher's thread): retention on every tier, the copies just
-        made counted on the object stores, the flushes still pending kept on the others."""
-        self._retain(None, range(len(self.tiers)))
-
     def wait_durable(self):
         """wait(), then waits for the background flushes to object-store tiers (s3://)
         submitted so far; raises the first flush that failed (each names its step and
         tier; the others are warned of)."""
         stats = self.wait()
-        errors = self._flusher.wait() if self._flusher is not None else []
+        errors = self._flusher.wait()
         for e in errors[1:]:
             warnings.warn(str(e))
         if errors:
             raise errors[0]
         return stats
 
-    def _scan(self):
-        best = None
-        for t in self.tiers:
-            for s in _steps(t):
-                if best is not None and s <= best:
-                    break
-                if _committed(t.rstrip("/") + "/step-%08d" % s):
-                    best = s
-                    break
-        return best
-
     def latest(self):
-        """The newest step with a committed checkpoint on any tier, or None."""
-        group = self._group()
-        if group is None or group.size == 1:
-            return self._scan()
-        best = self._scan() if group.rank == 0 else None
-        return _values.decode(group.bcast_bytes(_values.encode(best)))[1]
+        """The newest step with a committed checkpoint on any tier, or None: the answer to
+        "where do I resume from" (a directory is committed once its COMMIT file is there;
+        strata.probe(path)["committed"] tells for one). Directories named step-<N> as well
+        as the manager's own step-<N:08d> (so a root a DCP-style loop saved into too)."""
+        return _from_root(self._group(), self._tiers.latest)
 
-    def load(self, state_dict, step=None):
+    def load(self, state_dict, step=None, **options):
         """Loads step (default: latest()) into state_dict from the fastest tier holding a
-        committed copy (falling back through the others); returns the step."""
+        committed copy (falling back through the others); returns the step. options: those
+        of strata.torch.load (cast, partial, io_threads, ...)."""
         self._wait(False)
         if step is None:
             step = self.latest()
             if step is None:
-                raise _error("NotFoundError", "no committed checkpoint under %s"
-                             % ", ".join(self.tiers))
-        uris = [self.path(step, i) for i in range(len(self.tiers))]
-        self._snap = None   # (the load moves the counters of what it fills anyway)
-        load(state_dict, uris, self.process_group, pickle=self.pickle)
+                raise _S.NotFoundError("no committed checkpoint under %s"
+                                       % ", ".join(self.tiers))
+        uris = self._tiers.load_paths(step)
+        self._incr.forget()   # (the load moves the counters of what it fills anyway)
+        load(state_dict, uris, self.process_group, pickle=self.pickle, **options)
         return int(step)
 
     def close(self):
@@ -398,10 +285,8 @@ class CheckpointManager:
         try:
             self.wait()
         finally:
-            if self._flusher is not None:   # the flushes end first: errors warned of
-                for e in self._flusher.close():
-                    warnings.warn(str(e))
-                self._flusher = None
+            for e in self._flusher.close():   # the flushes end first: errors warned of
+                warnings.warn(str(e))
             self._closed = True
             self._saver = None
             self._pool = None

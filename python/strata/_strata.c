@@ -59,7 +59,7 @@ static const struct {
     {"ENOENT", "MissingError"},         {"EOVERLAP", "OverlapError"},
     {"EABORTED", "AbortedError"},       {"EDEVICE", "DeviceError"},
     {"EBUSY", "BusyError"},             {"ECHANGED", "ChangedError"},
-    {"ENOTSUP", "UnsupportedError"},
+    {"ENOTSUP", "UnsupportedError"},    {"ENOTCKPT", "NotCheckpointError"},
 };
 
 static PyObject *class_for(int code)
@@ -102,13 +102,46 @@ void err_give(PyObject *v) /* reference stolen; NULL: nothing is raised */
 #endif
 }
 
-/* Raises the class of code with msg (strata_error_str(code) when empty); returns NULL. */
+/* The names of the C API that libstrata's messages give (flags, option fields), each with
+ * what a Python caller writes instead: the keyword argument that sets it. In order: a
+ * message naming both ("replace=True, STRATA_SAVE_REPLACE") keeps one. */
+static const struct {
+    const char *c, *py;
+} py_names[] = {
+    {"replace=True, STRATA_SAVE_REPLACE", "replace=True"},
+    {"STRATA_SAVE_REPLACE", "replace=True"},
+    {"STRATA_LOAD_CAST", "cast=True"},
+    {"STRATA_LOAD_WIDEN", "widen=True"},
+    {"strata_save_opts.base '", "base='"},
+    {"strata_export_opts.", ""},
+    {"strata_copy: ", "strata.copy: "},
+};
+
+/* msg as a Python caller reads it (py_names); a new reference, or NULL with an error. */
+PyObject *py_text(const char *msg)
+{
+    PyObject *text = PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg), "replace");
+    for (size_t i = 0; text && i < sizeof py_names / sizeof py_names[0]; i++) {
+        if (!strstr(msg, py_names[i].c))
+            continue;
+        PyObject *c = PyUnicode_FromString(py_names[i].c);
+        PyObject *py = PyUnicode_FromString(py_names[i].py);
+        PyObject *t = c && py ? PyUnicode_Replace(text, c, py, -1) : NULL;
+        Py_XDECREF(c);
+        Py_XDECREF(py);
+        Py_SETREF(text, t);
+    }
+    return text;
+}
+
+/* Raises the class of code with msg (strata_error_str(code) when empty), in Python's names
+ * (py_text); returns NULL. */
 PyObject *raise_msg(int code, const char *msg)
 {
     PyObject *cls = class_for(code);
     if (!msg || !*msg)
         msg = strata_error_str(code);
-    PyObject *text = PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg), "replace");
+    PyObject *text = py_text(msg);
     if (!text)
         return NULL;
     PyObject *exc = PyObject_CallOneArg(cls, text);
@@ -331,37 +364,75 @@ PyObject *enter_self(PyObject *self, PyObject *unused)
 
 /* ---- stats ------------------------------------------------------------------------------ */
 
-/* The stats of a save, or of a load (load: with how often it read and broadcast the index,
- * meta_reads and meta_bcasts - the last two arguments, unused by the save's format). */
-#define STATS_FORMAT "{s:K,s:K,s:K,s:d,s:K,s:K,s:K,s:K,s:O,s:i"
+/* The stats of a save, or of a load: a save's with its writers' balance (max_writer_bytes,
+ * writers, balance_bound); a load's with the source it read (tier), how often it read and
+ * broadcast the index (meta_reads, meta_bcasts), and the zip CRC-32s checked (crc_checked,
+ * crc_bytes: bytes read only for the checks, crc_skipped). */
 PyObject *stats_dict(const strata_stats *s, int load)
 {
-    return Py_BuildValue(load ? STATS_FORMAT ",s:K,s:K}" : STATS_FORMAT "}", "data_bytes",
+    if (load)
+        return Py_BuildValue("{s:K,s:K,s:K,s:d,s:K,s:O,s:i,s:K,s:K,s:K,s:K,s:O}", "data_bytes",
+                             (unsigned long long)s->data_bytes, "bytes",
+                             (unsigned long long)s->bytes, "io_calls",
+                             (unsigned long long)s->io_calls, "seconds", s->seconds,
+                             "all_bytes", (unsigned long long)s->all_bytes, "plan_cached",
+                             s->plan_cached ? Py_True : Py_False, "tier", s->tier, "meta_reads",
+                             (unsigned long long)s->meta_reads, "meta_bcasts",
+                             (unsigned long long)s->meta_bcasts, "crc_checked",
+                             (unsigned long long)s->crc_checked, "crc_bytes",
+                             (unsigned long long)s->crc_bytes, "crc_skipped",
+                             s->crc_skipped ? Py_True : Py_False);
+    return Py_BuildValue("{s:K,s:K,s:K,s:d,s:K,s:K,s:K,s:K,s:O,s:i}", "data_bytes",
                          (unsigned long long)s->data_bytes, "bytes", (unsigned long long)s->bytes,
                          "io_calls", (unsigned long long)s->io_calls, "seconds", s->seconds,
                          "max_writer_bytes", (unsigned long long)s->max_writer_bytes, "writers",
                          (unsigned long long)s->writers, "balance_bound",
                          (unsigned long long)s->balance_bound, "all_bytes",
                          (unsigned long long)s->all_bytes, "plan_cached",
-                         s->plan_cached ? Py_True : Py_False, "tier", s->tier, "meta_reads",
-                         (unsigned long long)s->meta_reads, "meta_bcasts",
-                         (unsigned long long)s->meta_bcasts);
+                         s->plan_cached ? Py_True : Py_False, "tier", s->tier);
 }
 
 /* ---- module functions ------------------------------------------------------------------ */
 
+/* The strata dtype named by the str o into *dt; 0, or -1 with an error raised. */
+static int dtype_get(PyObject *o, strata_dtype *dt)
+{
+    if (!PyUnicode_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "dtype must be a str");
+        return -1;
+    }
+    const char *s = PyUnicode_AsUTF8(o);
+    if (!s)
+        return -1;
+    if (strata_dtype_parse(dt, s)) {
+        raise_fmt(STRATA_EINVAL, "strata has no dtype '%s'", s);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *mod_dtype_size(PyObject *m, PyObject *arg)
 {
     (void)m;
-    if (!PyUnicode_Check(arg))
-        return PyErr_Format(PyExc_TypeError, "dtype must be a str");
-    const char *s = PyUnicode_AsUTF8(arg);
-    if (!s)
-        return NULL;
     strata_dtype dt;
-    if (strata_dtype_parse(&dt, s))
-        return raise_fmt(STRATA_EINVAL, "strata has no dtype '%s'", s);
+    if (dtype_get(arg, &dt) < 0)
+        return NULL;
     return PyLong_FromSize_t(strata_dtype_size(dt));
+}
+
+static PyObject *mod_load_converts(PyObject *m, PyObject *args, PyObject *kw)
+{
+    (void)m;
+    static char *kwlist[] = {"saved", "requested", "cast", "widen", NULL};
+    PyObject *osaved, *oreq;
+    int cast = 0, widen = 0;
+    strata_dtype saved, req;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$pp:load_converts", kwlist, &osaved, &oreq,
+                                     &cast, &widen) ||
+        dtype_get(osaved, &saved) < 0 || dtype_get(oreq, &req) < 0)
+        return NULL;
+    unsigned flags = (cast ? STRATA_LOAD_CAST : 0) | (widen ? STRATA_LOAD_WIDEN : 0);
+    return PyBool_FromLong(strata_load_converts(saved, req, flags));
 }
 
 static PyObject *mod_hash_bytes(PyObject *m, PyObject *args, PyObject *kw)
@@ -460,12 +531,19 @@ static PyObject *mod_list_dirs(PyObject *m, PyObject *arg)
 
 static PyMethodDef module_methods[] = {
     {"load", (PyCFunction)(void (*)(void))mod_load, METH_VARARGS | METH_KEYWORDS,
-     "load(uris, states, comm=None, *, io_threads=0, max_io_bytes=0, direct=True, cast=False)"
-     " -> dict\n\n"
+     "load(uris, states, comm=None, *, io_threads=0, max_io_bytes=0, direct=True, cast=False,"
+     " widen=False, skip_crc=False) -> dict\n\n"
      "strata_load: from the first source that loads (stats['tier'] says which; stats\n"
      "['meta_reads'] / ['meta_bcasts'] count the index's reads and broadcasts). cast: a shard\n"
      "of another dtype than saved is converted (STRATA_LOAD_CAST: floats rounded once to\n"
-     "nearest even; integers only where exact)."},
+     "nearest even; integers only where exact); widen: only where every value is exact\n"
+     "(STRATA_LOAD_WIDEN: f16, bf16 to f32, f64; f32 to f64; the integer pairs). skip_crc:\n"
+     "leave a foreign checkpoint's zip CRC-32s unchecked (STRATA_LOAD_SKIP_CRC)."},
+    {"load_converts", (PyCFunction)(void (*)(void))mod_load_converts,
+     METH_VARARGS | METH_KEYWORDS,
+     "load_converts(saved, requested, *, cast=False, widen=False) -> bool\n\n"
+     "strata_load_converts: whether a load with those options fills a shard of dtype\n"
+     "`requested` (a name: 'f32', 'bf16', ...) from a tensor saved as `saved`."},
     {"dtype_size", (PyCFunction)mod_dtype_size, METH_O, "dtype_size(name) -> bytes per element"},
     {"hash_bytes", (PyCFunction)(void (*)(void))mod_hash_bytes, METH_VARARGS | METH_KEYWORDS,
      "hash_bytes(data_ptr, nbytes) -> int: XXH3-64 of the bytes (GIL released)."},
@@ -480,6 +558,11 @@ static PyMethodDef module_methods[] = {
     {"copy", (PyCFunction)mod_copy, METH_VARARGS,
      "copy(src_uri, dst_uri) -> stats: a committed checkpoint copied to a new directory on "
      "any backend, every chunk's checksum verified, committed last (strata_copy)"},
+    {"finish_saves", (PyCFunction)mod_finish_saves, METH_NOARGS,
+     "finish_saves() -> count: closes every Handle not closed yet, newest first, each waiting\n"
+     "for its save to end (committed or failed; a failure is printed to stderr, not raised).\n"
+     "Registered with atexit by `import strata`, so that a process that returns without\n"
+     "wait() still commits what it started, while the commit's collectives can run."},
     {"remove_incomplete", (PyCFunction)mod_remove_incomplete, METH_O,
      "remove_incomplete(uri): removes a checkpoint that has no valid commit record."},
     {"unpickle", (PyCFunction)(void (*)(void))mod_unpickle, METH_VARARGS | METH_KEYWORDS,
@@ -499,7 +582,7 @@ static PyMethodDef module_methods[] = {
      METH_VARARGS | METH_KEYWORDS,
      "export_safetensors(ckpt, out, *, prefix=None, max_file_bytes=None, dtype=None, "
      "progress=None, io_threads=None, direct=True, include=None, exclude=None, "
-     "model_only=None) -> dict\n\n"
+     "model_only=None, skip_crc=False) -> dict\n\n"
      "strata_export_safetensors: the checkpoint's tensors, merged to their global shapes, as "
      "Hugging Face safetensors files in the directory out (model-0000i-of-0000N.safetensors "
      "and model.safetensors.index.json), in bounded memory, every checksum verified. prefix "
@@ -511,8 +594,11 @@ static PyMethodDef module_methods[] = {
      "or a list of them): fnmatch globs on the checkpoint's names, exclude wins; model_only "
      "P (True: 'model'): only the tensors named P.<name>, written as <name>, never a "
      "per-rank <key>@rank<r> one; a selection keeping nothing is NotFoundError. "
-     "Returns {data_bytes, bytes, io_calls, seconds, meta_reads} (meta_reads: the reads of "
-     "the checkpoint's index, 1: the export opens it once)."},
+     "skip_crc=True leaves the zip CRC-32s of a DCP, torch.save, DeepSpeed or Megatron "
+     "checkpoint unchecked (by default each entry read is checked before out is replaced). "
+     "Returns {data_bytes, bytes, io_calls, seconds, meta_reads, crc_checked, crc_bytes, "
+     "crc_skipped} (meta_reads: the reads of the checkpoint's index, 1: the export opens it "
+     "once)."},
     {NULL, NULL, 0, NULL},
 };
 

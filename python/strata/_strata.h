@@ -31,6 +31,9 @@ PyObject *raise_last(int code);
 PyObject *raise_fmt(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void set_cause(PyObject *cause);
 void exc_text(PyObject *v, char *text, size_t cap);
+/* A message of libstrata's as a Python caller reads it: the C API's names of flags and
+ * options replaced by the keyword arguments that set them ("replace=True"). */
+PyObject *py_text(const char *msg);
 
 /* ---- argument helpers (_strata.c) ------------------------------------------------------ */
 
@@ -106,6 +109,9 @@ typedef struct {
 } PoolObject;
 
 extern PyTypeObject PoolType, SaverType, HandleType;
+/* finish_saves(): closes every Handle not closed yet (the exit handler, registered by
+ * `import strata`). */
+PyObject *mod_finish_saves(PyObject *m, PyObject *unused);
 
 /* ---- reading (_strata_read.c) ---------------------------------------------------------- */
 

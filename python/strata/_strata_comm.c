@@ -1,6 +1,7 @@
 /* _strata_comm.c - strata._strata's Comm: a host communicator whose collectives are Python
- * callables (taking the GIL for each call), its dup for a saver's background commits, and
- * Comm.self(). */
+ * callables (taking the GIL for each call), its dup for a saver's background commits,
+ * Comm.self(), and Comm.agree (strata_comm_agree: the agreement strata.torch runs before
+ * each save and load). */
 #include "_strata.h"
 
 /* ---- Comm: host collectives ------------------------------------------------------------ */
@@ -332,6 +333,83 @@ static PyObject *Comm_repr(CommObject *self)
                                 strata_comm_rank(self->c), strata_comm_size(self->c));
 }
 
+/* The code another rank raises for exception e of this rank's step: a strata.Error's own
+ * (its class's `code`), else STRATA_EINVAL. */
+static int code_of(PyObject *e)
+{
+    PyObject *c = PyObject_GetAttrString(e, "code");
+    long v = c && PyLong_Check(c) ? PyLong_AsLong(c) : 0;
+    Py_XDECREF(c);
+    PyErr_Clear();
+    return v < 0 && v >= INT32_MIN && strcmp(strata_error_name((int)v), "STRATA_E?")
+               ? (int)v
+               : STRATA_EINVAL;
+}
+
+/* Comm.agree: strata_comm_agree, the GIL let go (the callbacks take it). */
+static PyObject *Comm_agree(CommObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"payload", "what", "error", "inline", "same", NULL};
+    Py_buffer pb = {0};
+    const char *what = "a step";
+    PyObject *error = Py_None;
+    Py_ssize_t inl = 0;
+    int same = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|y*$sOnp:agree", kwlist, &pb, &what, &error,
+                                     &inl, &same))
+        return NULL;
+    int rc = 0;
+    if (inl < 0) {
+        PyBuffer_Release(&pb);
+        return PyErr_Format(PyExc_ValueError, "Comm.agree: inline must be >= 0");
+    }
+    if (error != Py_None) {
+        if (!PyExceptionInstance_Check(error)) {
+            PyBuffer_Release(&pb);
+            return PyErr_Format(PyExc_TypeError, "Comm.agree: error must be an exception");
+        }
+        char text[MSG_BYTES];
+        exc_text(error, text, sizeof text);
+        rc = strata_error_set(code_of(error), "%s", text[0] ? text : Py_TYPE(error)->tp_name);
+    }
+    size_t size = (size_t)strata_comm_size(self->c), *lens = PyMem_Calloc(size, sizeof *lens);
+    if (!lens) {
+        PyBuffer_Release(&pb);
+        return PyErr_NoMemory();
+    }
+    unsigned char *out = NULL;
+    char msg[MSG_BYTES];
+    int r;
+    comm_begin(self);
+    Py_BEGIN_ALLOW_THREADS
+    r = strata_comm_agree(&out, lens, self->c, what, rc, pb.buf, (size_t)pb.len, (size_t)inl,
+                          same ? STRATA_AGREE_SAME : 0);
+    snprintf(msg, sizeof msg, "%s", r ? strata_error_last() : "");
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&pb);
+    PyObject *res = NULL;
+    if (r) {
+        raise_comm(r, msg, self);
+    } else if (same && !out) {
+        res = Py_NewRef(Py_None);
+    } else if ((res = PyList_New((Py_ssize_t)size))) {
+        size_t at = 0;
+        for (size_t i = 0; i < size; i++) {
+            PyObject *b = PyBytes_FromStringAndSize(lens[i] ? (const char *)out + at : "",
+                                                    (Py_ssize_t)lens[i]);
+            if (!b) {
+                Py_CLEAR(res);
+                break;
+            }
+            PyList_SET_ITEM(res, (Py_ssize_t)i, b);
+            at += lens[i];
+        }
+    }
+    strata_free(out);
+    PyMem_Free(lens);
+    return res;
+}
+
 static PyMethodDef Comm_methods[] = {
     {"host", (PyCFunction)(void (*)(void))Comm_host, METH_VARARGS | METH_KEYWORDS | METH_STATIC,
      "host(rank, size, allgather, alltoallv, bcast, *, dup=None) -> Comm\n\n"
@@ -348,6 +426,16 @@ static PyMethodDef Comm_methods[] = {
      "communicator is not usable after that."},
     {"self", (PyCFunction)Comm_self, METH_NOARGS | METH_STATIC,
      "self() -> Comm\n\nThe single-process communicator (rank 0 of 1)."},
+    {"agree", (PyCFunction)(void (*)(void))Comm_agree, METH_VARARGS | METH_KEYWORDS,
+     "agree(payload=b'', *, what='a step', error=None, inline=0, same=False) -> list | None\n\n"
+     "A step each rank ran on its own, agreed on (strata_comm_agree; a collective): every\n"
+     "rank's payload (bytes), a list by rank - or None where same=True and every rank's is\n"
+     "the same. error: the exception of this rank's step, which failed: every rank then\n"
+     "raises - this one the strata error of error's code (a strata.Error's, else\n"
+     "InvalidArgumentError) with its text, the others that of the first rank that failed,\n"
+     "\"<what> failed on rank <r>: <its text>\". One collective when every payload (or\n"
+     "failing rank's text) is at most `inline` bytes, or with same=True all are the same;\n"
+     "else two."},
     {"set_timeout", (PyCFunction)Comm_set_timeout, METH_O,
      "set_timeout(ms): time limit of each collective, for communicators that keep one."},
     {NULL, NULL, 0, NULL},

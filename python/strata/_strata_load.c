@@ -6,7 +6,7 @@
 
 /* The load options of keyword arguments (each may be NULL). 0, or -1 with an error. */
 static int load_opts_get(strata_load_opts *o, PyObject *othreads, PyObject *omax, int direct,
-                         int cast)
+                         int cast, int widen, int skip_crc)
 {
     *o = (strata_load_opts)STRATA_LOAD_OPTS_INIT;
     long l;
@@ -30,6 +30,10 @@ static int load_opts_get(strata_load_opts *o, PyObject *othreads, PyObject *omax
         o->flags |= STRATA_LOAD_NO_DIRECT;
     if (cast)
         o->flags |= STRATA_LOAD_CAST;
+    if (widen)
+        o->flags |= STRATA_LOAD_WIDEN;
+    if (skip_crc)
+        o->flags |= STRATA_LOAD_SKIP_CRC;
     return 0;
 }
 
@@ -76,15 +80,17 @@ PyObject *mod_load(PyObject *m, PyObject *args, PyObject *kw)
 {
     (void)m;
     static char *kwlist[] = {"uris", "states", "comm", "io_threads", "max_io_bytes", "direct",
-                             "cast", NULL};
+                             "cast", "widen", "skip_crc", NULL};
     PyObject *ouris, *ostates, *ocomm = Py_None, *othreads = NULL, *omax = NULL;
-    int direct = 1, cast = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O$OOpp:load", kwlist, &ouris, &ostates, &ocomm,
-                                     &othreads, &omax, &direct, &cast))
+    int direct = 1, cast = 0, widen = 0, skip_crc = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O$OOpppp:load", kwlist, &ouris, &ostates,
+                                     &ocomm, &othreads, &omax, &direct, &cast, &widen,
+                                     &skip_crc))
         return NULL;
     CommObject *comm = comm_arg(ocomm);
     strata_load_opts o;
-    if ((!comm && ocomm != Py_None) || load_opts_get(&o, othreads, omax, direct, cast) < 0)
+    if ((!comm && ocomm != Py_None) ||
+        load_opts_get(&o, othreads, omax, direct, cast, widen, skip_crc) < 0)
         return NULL;
     uri_list u;
     if (uris_get(&u, ouris) < 0)
@@ -193,14 +199,16 @@ static int loader_usable(LoaderObject *self)
 
 static PyObject *Loader_load(LoaderObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"states", "io_threads", "max_io_bytes", "direct", "cast", NULL};
+    static char *kwlist[] = {"states", "io_threads", "max_io_bytes", "direct", "cast", "widen",
+                             "skip_crc", NULL};
     PyObject *ostates, *othreads = NULL, *omax = NULL;
-    int direct = 1, cast = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$OOpp:load", kwlist, &ostates, &othreads,
-                                     &omax, &direct, &cast))
+    int direct = 1, cast = 0, widen = 0, skip_crc = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$OOpppp:load", kwlist, &ostates, &othreads,
+                                     &omax, &direct, &cast, &widen, &skip_crc))
         return NULL;
     strata_load_opts o;
-    if (loader_usable(self) < 0 || load_opts_get(&o, othreads, omax, direct, cast) < 0)
+    if (loader_usable(self) < 0 ||
+        load_opts_get(&o, othreads, omax, direct, cast, widen, skip_crc) < 0)
         return NULL;
     return load_into(ostates, self->comm, NULL, self->ld, &self->busy, &o);
 }
@@ -301,12 +309,17 @@ static PyObject *Loader_uri(LoaderObject *self, void *closure)
 
 static PyMethodDef Loader_methods[] = {
     {"load", (PyCFunction)(void (*)(void))Loader_load, METH_VARARGS | METH_KEYWORDS,
-     "load(states, *, io_threads=0, max_io_bytes=0, direct=True, cast=False) -> stats\n\n"
+     "load(states, *, io_threads=0, max_io_bytes=0, direct=True, cast=False, widen=False,\n"
+     "     skip_crc=False)\n"
+     "-> stats\n\n"
      "strata_loader_load: loads into the states (with a Comm: this rank's one state, every\n"
-     "rank together) without reading the index again; a request equal to the last load's\n"
+     "rank together) without reading the index again (cast, widen: as strata.load's); a\n"
+     "request equal to the last load's\n"
      "reuses its plan (stats['plan_cached']). A load that fails on the tier open now goes on\n"
      "to the next tier (stats['tier']); stats['meta_reads'] / ['meta_bcasts'] count the\n"
-     "index's reads and broadcasts since the open."},
+     "index's reads and broadcasts since the open. The zip CRC-32s of a DCP, torch.save,\n"
+     "DeepSpeed or Megatron checkpoint are checked (each entry read whole:\n"
+     "stats['crc_checked'], ['crc_bytes']) unless skip_crc=True (stats['crc_skipped'])."},
     {"index", (PyCFunction)Loader_index, METH_NOARGS,
      "index() -> {step, uri (the tier's index), f (format), chunk_bytes (0: no checksums),\n"
      "data_bytes, t: [[name, dtype, [shape]]...], b: [[name, owner, bytes]...]}: the index\n"

@@ -1,7 +1,7 @@
 /* _strata_pickle.c - restricted pickles as Python values, never executing pickle: unpickle
  * (a bare pickle: a torch.save archive's data.pkl) and unpickle_archive (a whole torch.save
  * archive in memory, e.g. a DCP non-tensor item). Both parse with strata's restricted reader
- * (src/meta/pickle.h) and build only: None, bool, int (any size), float, str, bytes, tuple,
+ * (strata.h: strata_pickle_*) and build only: None, bool, int (any size), float, str, bytes, tuple,
  * list, dict, collections.OrderedDict; torch.Size becomes a tuple, an io.BytesIO (DCP
  * saves one as torch.save of it) an io.BytesIO at its position. A tensor (a
  * _rebuild_tensor_v2/_v3 or _rebuild_parameter call) becomes whatever the caller's
@@ -10,46 +10,35 @@
  * or None (unpickle: the bytes are the load's). A global used as a value (a torch dtype) is
  * glob(module, name) if given. Anything else (another call, a persistent id used as a value,
  * a dict with two equal keys) is FormatError. The argument's structure is shared as the
- * pickle shares it (a list or dict referenced twice is one object). Uses libstrata's internal
- * headers (setup.py compiles src/ into the extension): the pickle reader has no public API. */
+ * pickle shares it (a list or dict referenced twice is one object). Through strata.h's
+ * restricted pickle reader (strata_pickle_*), as every other file of the binding. */
 #include "_strata.h"
-
-#include "core/error.h"
-#include "meta/torchsave.h"
 
 typedef struct {
     PyObject *tensor, *glob; /* callables or NULL */
     PyObject *memo;          /* dict: id of a list / dict node -> its object */
-    const st_ts_archive *a;  /* unpickle_archive: the tensors' bytes */
-    const unsigned char *data;
+    const strata_pickle *pk;
     char name[STRATA_MAX_NAME + 2];
 } conv;
 
-static PyObject *value(conv *c, const pk_val *v, size_t len);
+static PyObject *value(conv *c, const strata_pickle_value *v, size_t len);
 
-static PyObject *tensor(conv *c, const pk_val *call, size_t len)
+static PyObject *tensor(conv *c, const strata_pickle_value *v, size_t len)
 {
     c->name[len] = 0;
     PyObject *data = Py_None, *shape = NULL, *r = NULL;
-    Py_INCREF(Py_None);
-    const st_ts_tensor *t = c->a ? st_ts_find(&c->a->doc, c->name) : NULL;
-    if (c->a && !t) /* the archive's rules refused it already; kept for safety */
-        return Py_DECREF(data), raise_fmt(STRATA_EFORMAT, "tensor '%s' not found", c->name);
     if (!c->tensor)
-        return Py_DECREF(data), raise_fmt(STRATA_EINVAL, "tensor '%s': no tensor callback "
-                                          "given", c->name);
-    if (t) {
-        Py_DECREF(data);
-        data = PyBytes_FromStringAndSize((const char *)c->data + t->at, (Py_ssize_t)t->bytes);
+        return raise_fmt(STRATA_EINVAL, "tensor '%s': no tensor callback given", c->name);
+    strata_pickle_tensor_info u;
+    int rc = strata_pickle_tensor(&u, c->pk, v, c->name);
+    if (rc)
+        return raise_last(rc);
+    if (u.data) { /* unpickle_archive: the bytes */
+        data = PyBytes_FromStringAndSize((const char *)u.data, (Py_ssize_t)u.bytes);
         if (!data)
             return NULL;
-    }
-    st_ts_tensor u;
-    uint64_t sbytes;
-    int rc = st_ts_tensor_info(&u, &sbytes, call, c->name, "pickle");
-    if (rc) {
-        Py_DECREF(data);
-        return raise_last(rc);
+    } else {
+        Py_INCREF(Py_None);
     }
     if ((shape = PyTuple_New(u.ndim)))
         for (int i = 0; i < u.ndim; i++)
@@ -62,14 +51,14 @@ static PyObject *tensor(conv *c, const pk_val *call, size_t len)
     return r;
 }
 
-static PyObject *bigint(const pk_val *v)
+static PyObject *bigint(const strata_pickle_value_info *v)
 {
-    PyObject *b = PyBytes_FromStringAndSize((const char *)v->s, (Py_ssize_t)v->len);
+    PyObject *b = PyBytes_FromStringAndSize((const char *)v->bytes, (Py_ssize_t)v->len);
     PyObject *r = b ? PyObject_CallMethod((PyObject *)&PyLong_Type, "from_bytes", "Os", b,
                                           "little")
                     : NULL;
     Py_XDECREF(b);
-    if (!r || !v->len || !(v->s[v->len - 1] & 0x80))
+    if (!r || !v->len || !(v->bytes[v->len - 1] & 0x80))
         return r;
     /* two's complement: subtract 2 ** (8 * len) */
     PyObject *one = PyLong_FromLong(1), *bits = PyLong_FromSize_t(8 * v->len);
@@ -82,7 +71,8 @@ static PyObject *bigint(const pk_val *v)
     return n;
 }
 
-static PyObject *container(conv *c, const pk_val *v, size_t len)
+static PyObject *container(conv *c, const strata_pickle_value *v,
+                           const strata_pickle_value_info *vi, size_t len)
 {
     PyObject *id = PyLong_FromVoidPtr((void *)v), *o;
     if (!id)
@@ -94,9 +84,10 @@ static PyObject *container(conv *c, const pk_val *v, size_t len)
     }
     if (PyErr_Occurred())
         return Py_DECREF(id), NULL;
-    if (v->kind == PK_LIST) {
+    const int list = vi->kind == STRATA_PICKLE_LIST;
+    if (list) {
         o = PyList_New(0);
-    } else if (!v->ordered) {
+    } else if (!vi->ordered) {
         o = PyDict_New();
     } else {
         PyObject *mod = PyImport_ImportModule("collections");
@@ -109,11 +100,11 @@ static PyObject *container(conv *c, const pk_val *v, size_t len)
         return NULL;
     }
     Py_DECREF(id);
-    for (size_t i = 0; i < v->n; i++) {
+    for (size_t i = 0; i < vi->n; i++) {
         char part[STRATA_MAX_NAME + 2];
-        const pk_val *key = v->kind == PK_DICT ? v->items[2 * i] : NULL;
-        const pk_val *child = v->kind == PK_DICT ? v->items[2 * i + 1] : v->items[i];
-        int n = key ? st_ts_key_part(key, part, sizeof part)
+        const strata_pickle_value *key = list ? NULL : strata_pickle_item(v, 2 * i);
+        const strata_pickle_value *child = strata_pickle_item(v, list ? i : 2 * i + 1);
+        int n = key ? strata_pickle_key(part, sizeof part, key)
                     : snprintf(part, sizeof part, "%zu", i);
         size_t at = len ? len + 1 : 0, nl = STRATA_MAX_NAME + 1; /* nl: no name */
         if (n >= 0 && at + (size_t)n <= STRATA_MAX_NAME) {
@@ -126,7 +117,7 @@ static PyObject *container(conv *c, const pk_val *v, size_t len)
         PyObject *x = (!key || k) ? value(c, child, nl) : NULL;
         c->name[len] = 0;
         int bad = !x;
-        if (!bad && v->kind == PK_LIST) {
+        if (!bad && list) {
             bad = PyList_Append(o, x);
         } else if (!bad) {
             Py_ssize_t before = PyObject_Length(o);
@@ -153,22 +144,13 @@ static PyObject *container(conv *c, const pk_val *v, size_t len)
     return o;
 }
 
-/* io.BytesIO: a REDUCE with no arguments, its BUILD state (bytes, position, dict or None). */
-static PyObject *bytes_io(const pk_val *v)
+/* io.BytesIO(bytes) at its position. */
+static PyObject *bytes_io(const strata_pickle_value_info *v)
 {
-    const pk_val *st = v->state;
-    int64_t pos = 0;
-    if (v->args->kind != PK_TUPLE || v->args->n != 0 || !st || st->kind != PK_TUPLE ||
-        st->n != 3 || st->items[0]->kind != PK_BYTES || pk_int64(st->items[1], &pos) ||
-        pos < 0 || (st->items[2]->kind != PK_NONE && st->items[2]->kind != PK_DICT) ||
-        (st->items[2]->kind == PK_DICT && st->items[2]->n))
-        return st_clear_error(), raise_fmt(STRATA_EFORMAT, "an io.BytesIO whose state is not "
-                                           "(bytes, position, None or {})");
     PyObject *io = PyImport_ImportModule("io");
-    PyObject *b = PyBytes_FromStringAndSize((const char *)st->items[0]->s,
-                                            (Py_ssize_t)st->items[0]->len);
+    PyObject *b = PyBytes_FromStringAndSize((const char *)v->bytes, (Py_ssize_t)v->len);
     PyObject *r = io && b ? PyObject_CallMethod(io, "BytesIO", "O", b) : NULL;
-    PyObject *ok = r ? PyObject_CallMethod(r, "seek", "L", (long long)pos) : NULL;
+    PyObject *ok = r ? PyObject_CallMethod(r, "seek", "L", (long long)v->i) : NULL;
     Py_XDECREF(io);
     Py_XDECREF(b);
     if (!ok)
@@ -178,27 +160,29 @@ static PyObject *bytes_io(const pk_val *v)
 }
 
 /* v at the name c->name[0..len) (len > STRATA_MAX_NAME: no name, e.g. a dict's key). */
-static PyObject *value(conv *c, const pk_val *v, size_t len)
+static PyObject *value(conv *c, const strata_pickle_value *v, size_t len)
 {
-    const pk_val *call = st_ts_tensor_call(v);
-    if (call) {
+    strata_pickle_value_info vi;
+    strata_pickle_get(&vi, v);
+    switch (vi.kind) {
+    case STRATA_PICKLE_TENSOR:
         if (len > STRATA_MAX_NAME || !len)
             return raise_fmt(STRATA_EFORMAT, "a tensor %s", !len ? "as the root" :
                              "under a key that cannot name it (not a str or int, or too long)");
-        return tensor(c, call, len);
-    }
-    switch (v->kind) {
-    case PK_NONE: Py_RETURN_NONE;
-    case PK_BOOL: return PyBool_FromLong((long)v->i);
-    case PK_INT: return PyLong_FromLongLong(v->i);
-    case PK_BIGINT: return bigint(v);
-    case PK_FLOAT: return PyFloat_FromDouble(v->f);
-    case PK_STR: return PyUnicode_DecodeUTF8((const char *)v->s, (Py_ssize_t)v->len, "strict");
-    case PK_BYTES: return PyBytes_FromStringAndSize((const char *)v->s, (Py_ssize_t)v->len);
-    case PK_LIST: case PK_DICT: return container(c, v, len);
-    case PK_TUPLE: {
-        PyObject *t = PyTuple_New((Py_ssize_t)v->n);
-        for (size_t i = 0; t && i < v->n; i++) {
+        return tensor(c, v, len);
+    case STRATA_PICKLE_NONE: Py_RETURN_NONE;
+    case STRATA_PICKLE_BOOL: return PyBool_FromLong((long)vi.i);
+    case STRATA_PICKLE_INT: return PyLong_FromLongLong(vi.i);
+    case STRATA_PICKLE_BIGINT: return bigint(&vi);
+    case STRATA_PICKLE_FLOAT: return PyFloat_FromDouble(vi.f);
+    case STRATA_PICKLE_STR:
+        return PyUnicode_DecodeUTF8((const char *)vi.bytes, (Py_ssize_t)vi.len, "strict");
+    case STRATA_PICKLE_BYTES:
+        return PyBytes_FromStringAndSize((const char *)vi.bytes, (Py_ssize_t)vi.len);
+    case STRATA_PICKLE_LIST: case STRATA_PICKLE_DICT: return container(c, v, &vi, len);
+    case STRATA_PICKLE_TUPLE: {
+        PyObject *t = PyTuple_New((Py_ssize_t)vi.n);
+        for (size_t i = 0; t && i < vi.n; i++) {
             char part[24];
             int n = snprintf(part, sizeof part, "%zu", i);
             size_t at = len ? len + 1 : 0, nl = STRATA_MAX_NAME + 1;
@@ -208,7 +192,7 @@ static PyObject *value(conv *c, const pk_val *v, size_t len)
                 memcpy(c->name + at, part, (size_t)n);
                 nl = at + (size_t)n;
             }
-            PyObject *x = value(c, v->items[i], nl);
+            PyObject *x = value(c, strata_pickle_item(v, i), nl);
             if (len <= STRATA_MAX_NAME)
                 c->name[len] = 0;
             if (!x) {
@@ -219,27 +203,18 @@ static PyObject *value(conv *c, const pk_val *v, size_t len)
         }
         return t;
     }
-    case PK_GLOBAL:
+    case STRATA_PICKLE_GLOBAL:
         if (c->glob)
-            return PyObject_CallFunction(c->glob, "ss", pk_global_module(v->g),
-                                         pk_global_name(v->g));
+            return PyObject_CallFunction(c->glob, "ss", vi.module, vi.name);
         return raise_fmt(STRATA_EFORMAT, "a value %s.%s (a global): no glob callback given",
-                         pk_global_module(v->g), pk_global_name(v->g));
-    case PK_CALL:
-        if (v->g == PK_G_BYTES_IO)
-            return bytes_io(v);
-        if (v->g == PK_G_TORCH_SIZE && v->args->kind == PK_TUPLE && v->args->n == 1 &&
-            v->args->items[0]->kind == PK_TUPLE)
-            return value(c, v->args->items[0], STRATA_MAX_NAME + 1);
-        return raise_fmt(STRATA_EFORMAT, "a value built by %s.%s, which strata does not "
-                         "convert", pk_global_module(v->g), pk_global_name(v->g));
-    case PK_PID:
-        return raise_fmt(STRATA_EFORMAT, "a persistent id used as a value");
+                         vi.module, vi.name);
+    case STRATA_PICKLE_BYTES_IO: return bytes_io(&vi);
+    case STRATA_PICKLE_OTHER: return raise_fmt(STRATA_EFORMAT, "%s", vi.why);
     }
     return raise_fmt(STRATA_EFORMAT, "an unknown value");
 }
 
-static PyObject *convert(conv *c, const pk_val *root)
+static PyObject *convert(conv *c, const strata_pickle_value *root)
 {
     c->memo = PyDict_New();
     if (!c->memo)
@@ -276,67 +251,39 @@ static int unpickle_args(PyObject *args, PyObject *kw, Py_buffer *buf, conv *c,
     return 0;
 }
 
-PyObject *mod_unpickle(PyObject *m, PyObject *args, PyObject *kw)
+/* unpickle (archive 0) or unpickle_archive (1). */
+static PyObject *unpickle(PyObject *args, PyObject *kw, int archive, const char *name)
 {
-    (void)m;
     Py_buffer buf;
-    const char *name = "pickle";
     conv c = {0};
     if (unpickle_args(args, kw, &buf, &c, &name))
         return NULL;
-    pk_doc doc;
+    strata_pickle *pk = NULL;
     PyObject *r = NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = pk_parse(&doc, buf.buf, (size_t)buf.len, name);
+    rc = archive ? strata_pickle_open_archive(&pk, buf.buf, (size_t)buf.len, name)
+                 : strata_pickle_parse(&pk, buf.buf, (size_t)buf.len, name);
     Py_END_ALLOW_THREADS
-    if (rc)
+    if (rc) {
         raise_last(rc);
-    else
-        r = convert(&c, doc.root);
-    pk_free(&doc);
+    } else {
+        c.pk = pk;
+        r = convert(&c, strata_pickle_root(pk));
+    }
+    strata_pickle_free(pk);
     PyBuffer_Release(&buf);
     return r;
 }
 
-typedef struct {
-    const unsigned char *p;
-    uint64_t n;
-} mem_src;
-
-static int rd_mem(void *ctx, void *out, size_t len, uint64_t off)
+PyObject *mod_unpickle(PyObject *m, PyObject *args, PyObject *kw)
 {
-    const mem_src *s = ctx;
-    if (off > s->n || len > s->n - off)
-        return st_fail(STRATA_EFORMAT, "torch.save archive: truncated (%zu bytes wanted at "
-                       "%llu of %llu)", len, (unsigned long long)off, (unsigned long long)s->n);
-    memcpy(out, s->p + off, len);
-    return 0;
+    (void)m;
+    return unpickle(args, kw, 0, "pickle");
 }
 
 PyObject *mod_unpickle_archive(PyObject *m, PyObject *args, PyObject *kw)
 {
     (void)m;
-    Py_buffer buf;
-    const char *name = "torch.save archive";
-    conv c = {0};
-    if (unpickle_args(args, kw, &buf, &c, &name))
-        return NULL;
-    st_ts_archive a;
-    PyObject *r = NULL;
-    int rc;
-    mem_src s = {buf.buf, (uint64_t)buf.len};
-    Py_BEGIN_ALLOW_THREADS
-    rc = st_ts_open(&a, s.n, rd_mem, &s, name);
-    Py_END_ALLOW_THREADS
-    if (rc) {
-        raise_last(rc);
-    } else {
-        c.a = &a;
-        c.data = buf.buf;
-        r = convert(&c, a.doc.pk.root);
-    }
-    st_ts_close(&a);
-    PyBuffer_Release(&buf);
-    return r;
+    return unpickle(args, kw, 1, "torch.save archive");
 }

@@ -471,12 +471,13 @@ typedef struct {
 static PyObject *export_run(PyObject *args, PyObject *kw, const export_sel *sel)
 {
     static char *kwlist[] = {"ckpt", "out", "prefix", "max_file_bytes", "dtype", "progress",
-                             "io_threads", "direct", NULL};
+                             "io_threads", "direct", "skip_crc", NULL};
     PyObject *ockpt, *oout, *oprefix = Py_None, *omax = Py_None, *odtype = Py_None,
                             *oprog = Py_None, *othreads = Py_None;
-    int direct = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOp:export_safetensors", kwlist, &ockpt,
-                                     &oout, &oprefix, &omax, &odtype, &oprog, &othreads, &direct))
+    int direct = 1, skip_crc = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OOOOOpp:export_safetensors", kwlist, &ockpt,
+                                     &oout, &oprefix, &omax, &odtype, &oprog, &othreads, &direct,
+                                     &skip_crc))
         return NULL;
     strata_export_opts o = STRATA_EXPORT_OPTS_INIT;
     o.include = sel->inc;
@@ -484,6 +485,8 @@ static PyObject *export_run(PyObject *args, PyObject *kw, const export_sel *sel)
     o.model_only = sel->model_only;
     if (!direct)
         o.flags |= STRATA_EXPORT_NO_DIRECT;
+    if (skip_crc)
+        o.flags |= STRATA_EXPORT_SKIP_CRC;
     uint64_t v;
     long l;
     if (omax != Py_None) {
@@ -564,10 +567,13 @@ static PyObject *export_run(PyObject *args, PyObject *kw, const export_sel *sel)
         return NULL;
     }
     Py_XDECREF(x.pending);
-    return Py_BuildValue("{s:K,s:K,s:K,s:d,s:K}", "data_bytes", (unsigned long long)s.data_bytes,
-                         "bytes", (unsigned long long)s.bytes, "io_calls",
-                         (unsigned long long)s.io_calls, "seconds", s.seconds, "meta_reads",
-                         (unsigned long long)s.meta_reads);
+    return Py_BuildValue("{s:K,s:K,s:K,s:d,s:K,s:K,s:K,s:O}", "data_bytes",
+                         (unsigned long long)s.data_bytes, "bytes", (unsigned long long)s.bytes,
+                         "io_calls", (unsigned long long)s.io_calls, "seconds", s.seconds,
+                         "meta_reads", (unsigned long long)s.meta_reads, "crc_checked",
+                         (unsigned long long)s.crc_checked, "crc_bytes",
+                         (unsigned long long)s.crc_bytes, "crc_skipped",
+                         s.crc_skipped ? Py_True : Py_False);
 }
 
 /* A pattern list (None, one str, or an iterable of str) as a NULL-terminated array

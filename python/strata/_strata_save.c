@@ -287,7 +287,7 @@ static PyObject *Saver_save(SaverObject *self, PyObject *args, PyObject *kw)
     return stats_dict(&s, 0);
 }
 
-typedef struct {
+typedef struct HandleObject {
     PyObject_HEAD
     strata_handle *h;        /* NULL once closed */
     int collective;          /* the commit is wait_durable's collective (a communicator
@@ -299,7 +299,31 @@ typedef struct {
     int finished, final_rc;  /* the save's outcome, once wait_durable or close has run */
     PyObject *final_msg, *final_stats, *final_cause;
     PyObject *weakrefs;
+    struct HandleObject *prev, *next; /* in open_handles while h is set (GIL held) */
 } HandleObject;
+
+/* The handles not closed yet, newest first: the exit handler finishes them (GIL held). */
+static HandleObject *open_handles;
+
+static void handle_link(HandleObject *ho)
+{
+    ho->prev = NULL;
+    ho->next = open_handles;
+    if (open_handles)
+        open_handles->prev = ho;
+    open_handles = ho;
+}
+
+static void handle_unlink(HandleObject *ho)
+{
+    if (ho->prev)
+        ho->prev->next = ho->next;
+    else if (open_handles == ho)
+        open_handles = ho->next;
+    if (ho->next)
+        ho->next->prev = ho->prev;
+    ho->prev = ho->next = NULL;
+}
 
 static PyObject *Saver_start(SaverObject *self, PyObject *args, PyObject *kw)
 {
@@ -322,6 +346,7 @@ static PyObject *Saver_start(SaverObject *self, PyObject *args, PyObject *kw)
     ho->finished = ho->final_rc = 0;
     ho->final_msg = ho->final_stats = ho->final_cause = NULL;
     ho->weakrefs = NULL;
+    ho->prev = ho->next = NULL;
     ho->lock = PyThread_allocate_lock();
     if (!ho->lock || saver_enter(self) < 0) {
         if (!ho->lock)
@@ -353,6 +378,7 @@ static PyObject *Saver_start(SaverObject *self, PyObject *args, PyObject *kw)
     ho->states = l.tuple; /* the states stay marked in use until close */
     l.tuple = NULL;
     PyMem_Free(l.p);
+    handle_link(ho);
     return (PyObject *)ho;
 }
 
@@ -446,7 +472,7 @@ static int handle_finish(HandleObject *self)
     self->final_cause = comm_take_pending(comm);
     if (rc && !msg[0])
         snprintf(msg, sizeof msg, "%s", strata_error_str(rc));
-    self->final_msg = PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg), "replace");
+    self->final_msg = py_text(msg);
     if (!self->final_msg)
         return -1;
     if (!rc && !(self->final_stats = stats_dict(&s, 0)))
@@ -480,6 +506,7 @@ static void handle_close(HandleObject *self)
         }
         strata_handle *h = self->h;
         self->h = NULL;
+        handle_unlink(self);
         Py_BEGIN_ALLOW_THREADS
         strata_handle_free(h);
         Py_END_ALLOW_THREADS
@@ -492,15 +519,38 @@ static void handle_close(HandleObject *self)
     PyThread_release_lock(self->lock);
 }
 
+/* Is the interpreter finalizing (other threads can no longer take the GIL)? */
+static int finalizing(void)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing();
+#else
+    return _Py_IsFinalizing();
+#endif
+}
+
 static void Handle_dealloc(HandleObject *self)
 {
     if (self->weakrefs)
         PyObject_ClearWeakRefs((PyObject *)self);
+    if (self->h && self->lock && self->saver && self->saver->comm && finalizing()) {
+        /* past the exit handler (strata.finish_saves): the commit's collectives run on
+         * Python threads that can no longer run, so waiting would never end. The save is
+         * left as it is (no commit record: gc removes it), its memory to the exit. */
+        fprintf(stderr, "strata: an asynchronous save was still in flight when the "
+                        "interpreter finalized and is left uncommitted (call wait(), or let "
+                        "the exit handler finish it)\n");
+        handle_unlink(self);
+        self->h = NULL;
+        self->states = NULL;
+        self->saver = NULL;
+    }
     if (self->h && self->lock) { /* not closed: close (waits, collective included) */
         PyObject *saved = err_take();
         handle_close(self);
         err_give(saved);
     }
+    handle_unlink(self);
     Py_CLEAR(self->final_msg);
     Py_CLEAR(self->final_stats);
     Py_CLEAR(self->final_cause);
@@ -554,9 +604,7 @@ static PyObject *Handle_status(HandleObject *self, PyObject *unused)
                              self->final_msg ? self->final_msg : Py_None);
     const char *m = NULL;
     int rc = strata_handle_status(&m, self->h); /* does not block */
-    return Py_BuildValue("(iN)", rc,
-                         PyUnicode_DecodeUTF8(m ? m : "", (Py_ssize_t)strlen(m ? m : ""),
-                                              "replace"));
+    return Py_BuildValue("(iN)", rc, py_text(m ? m : ""));
 }
 
 static PyObject *Handle_done(HandleObject *self, PyObject *unused)
@@ -569,6 +617,28 @@ static PyObject *Handle_done(HandleObject *self, PyObject *unused)
     int d = (!self->collective && strata_handle_done(self->h)) ||
             strata_handle_status(NULL, self->h) != 0;
     return PyBool_FromLong(d);
+}
+
+PyObject *mod_finish_saves(PyObject *m, PyObject *unused)
+{
+    (void)m, (void)unused;
+    long n = 0;
+    while (open_handles) { /* newest first: each close waits for its save to end */
+        HandleObject *ho = open_handles;
+        Py_INCREF(ho);
+        handle_close(ho);
+        handle_unlink(ho);
+        if (ho->final_rc) {
+            const char *msg = ho->final_msg ? PyUnicode_AsUTF8(ho->final_msg) : NULL;
+            if (!msg)
+                PyErr_Clear();
+            PySys_WriteStderr("strata: an asynchronous save still in flight at exit failed: "
+                              "%s: %.900s\n", strata_error_name(ho->final_rc), msg ? msg : "");
+        }
+        Py_DECREF(ho);
+        n++;
+    }
+    return PyLong_FromLong(n);
 }
 
 static PyObject *Handle_close(HandleObject *self, PyObject *unused)

@@ -1,4 +1,4 @@
-"""strata.torch's tensors: the dtype map, strata errors raised from Python, and what a tensor
+"""strata.torch's tensors: the dtype map, a strata error naming its key, and what a tensor
 must be for strata to read or fill it (checks, contiguous copies, digests, CUDA syncs)."""
 
 import hashlib
@@ -27,49 +27,37 @@ def _sdtype(key, t):
     try:
         return _TO_STRATA[t.dtype]
     except KeyError:
-        raise _error("InvalidArgumentError",
-                     "%s: dtype %s has no strata dtype (strata holds %s)"
-                     % (key, t.dtype, ", ".join(str(d) for d in _TO_STRATA))) from None
+        raise _S.InvalidArgumentError(
+            "%s: dtype %s has no strata dtype (strata holds %s)"
+            % (key, t.dtype, ", ".join(str(d) for d in _TO_STRATA))) from None
 
 
 # ---- errors -----------------------------------------------------------------------------
-
-def _error(cls_name, msg):
-    """An instance of strata.<cls_name> (strata.Error if unknown) carrying msg."""
-    cls = getattr(_S, cls_name, None)
-    if not (isinstance(cls, type) and issubclass(cls, _S.Error)):
-        cls = _S.InvalidArgumentError
-    try:
-        return cls(msg)
-    except Exception:   # a binding whose classes take other arguments
-        e = _S.Error(msg)
-        return e
-
 
 def _with_key(e, key):
     """e (a strata.Error raised while registering key) again, its message naming key."""
     msg = str(e)
     if key in msg:
         return e
-    return _error(type(e).__name__, "%s: %s" % (key, msg))
+    return type(e)("%s: %s" % (key, msg))
 
 
 # ---- tensors ----------------------------------------------------------------------------
 
 def _check_tensor(key, t):
     if t.device.type == "meta":
-        raise _error("InvalidArgumentError",
-                     "%s: a tensor on the meta device has no data (materialise it first, "
-                     "e.g. to_empty() and init)" % key)
+        raise _S.InvalidArgumentError(
+            "%s: a tensor on the meta device has no data (materialise it first, "
+            "e.g. to_empty() and init)" % key)
     if t.layout != torch.strided:
-        raise _error("InvalidArgumentError",
-                     "%s: a %s tensor: strata saves dense (strided) tensors; convert it "
-                     "(to_dense()) or keep it in a value" % (key, t.layout))
+        raise _S.InvalidArgumentError(
+            "%s: a %s tensor: strata saves dense (strided) tensors; convert it "
+            "(to_dense()) or keep it in a value" % (key, t.layout))
     if t.device.type not in ("cpu", "cuda"):
-        raise _error("InvalidArgumentError",
-                     "%s: a tensor on device %s: strata reads CPU and CUDA memory" % (key, t.device))
+        raise _S.InvalidArgumentError(
+            "%s: a tensor on device %s: strata reads CPU and CUDA memory" % (key, t.device))
     if t.is_quantized:
-        raise _error("InvalidArgumentError", "%s: quantized tensors are not supported" % key)
+        raise _S.InvalidArgumentError("%s: quantized tensors are not supported" % key)
 
 
 def _readable(t):

@@ -18,7 +18,8 @@ import collections
 import torch
 
 import strata as _S
-from strata._tensor import _FROM_STRATA, _error
+from strata._keys import _items, _join
+from strata._tensor import _FROM_STRATA
 
 
 class TensorAt:
@@ -34,7 +35,7 @@ def _glob(module, name):
     v = getattr(torch, name, None) if module == "torch" else None
     if isinstance(v, torch.dtype):
         return v
-    raise _error("FormatError", "a value %s.%s, which strata does not convert" % (module, name))
+    raise _S.FormatError("a value %s.%s, which strata does not convert" % (module, name))
 
 
 def _tensor(name, dtype, shape, data):
@@ -67,7 +68,6 @@ def pickle_values(pkl, name="data.pkl"):
     """{key: value} of a torch.save source's pickle: every entry that holds no tensor, under
     its key as strata.torch flattens (keys joined with "."; tensors are the index's, but
     for the empty ones, which are values here)."""
-    from strata._statedict import _items, _join
     root = _S._strata.unpickle(pkl, tensor=TensorAt, glob=_glob, name=name)
     out = {}
 
@@ -96,7 +96,6 @@ def file_values(data, name):
     call it), read by strata's rules: Megatron's common.pt, the state every rank shares,
     read through the loader (a blob of its index). Tensors come back as new CPU tensors
     (values, not index entries)."""
-    from strata._statedict import _items, _join
     root = archive_values(data, name=name)
     out = {}
 

@@ -7,6 +7,10 @@
                                                # in the background
     engine.load_checkpoint(save_dir)           # the newest committed tag ("latest")
 
+    strata.deepspeed.convert(save_dir, out_dir)  # the way back: the tag as DeepSpeed's
+                                               # default engine writes it (_ds_convert.py;
+                                               # python -m strata.deepspeed convert ...)
+
 Every file that engine.save_checkpoint(save_dir, tag) writes, on every rank, becomes an
 entry of one strata checkpoint, save_dir/tag/strata, committed as a whole (one commit
 record); in save_dir/tag each file is a stub of a few bytes naming its entry (DeepSpeed's
@@ -33,218 +37,42 @@ fields, by an allow-list: nothing named in the file is imported). Any other obje
 object) needs enable(pickle=True), which pickles it and unpickles it at load (which can run
 code); without it the save fails naming the file, the place in it and the type.
 
+This module is the engine and enable(); beside it, _ds_tag.py (a tag directory: its stubs,
+strata/, latest), _ds_entry.py (a file's object as an entry, and load_entry), _ds_zero.py
+(ZeRO's flat partitions) and _ds_convert.py (convert).
+
 Threading: DeepSpeed's thread calls everything here; strata's threads copy, write and
 commit.
 """
 
-import collections
-import importlib
 import json
 import math
 import os
-import pickle as _pickle
 import re
+import signal
+import sys
 import threading
 import time
 
 import torch
 
 import strata as _S
-from strata import _ds_zero, _values
-from strata._tensor import (_FROM_STRATA, _check_tensor, _error, _nbytes, _readable,
-                            _sdtype)
+from strata import _ds_convert, _ds_zero, _values
+from strata._ds_convert import convert
+from strata._ds_entry import (_Tree, _blob, _flat_nodes,  # noqa: F401  (_flat_nodes:
+                              _tensor_name, load_entry)       # the tests use it)
+from strata._ds_tag import (STUB_MAGIC, SUBDIR, _read_stub, _stub_or_none,  # noqa: F401
+                            _tag_free, _write_atomic)
+from strata._group import _exchange, _group
+from strata._save import _save_saver
+from strata._tensor import _nbytes, _sdtype
 
-__all__ = ["enable", "disable", "StrataCheckpointEngine"]
+__all__ = ["enable", "disable", "convert", "StrataCheckpointEngine"]
 
-STUB_MAGIC = b"STRATA-DEEPSPEED 1\n"
-SUBDIR = "strata"        # the strata checkpoint of a tag: save_dir/tag/strata
-_S_MAX_NAME = 1024       # STRATA_MAX_NAME: the longest entry name a stub may hold
 _FILES_INLINE = 512      # a rank's file list (JSON) up to this many bytes goes with the
                          # save's one allgather (DeepSpeed's are 2 files, ~80 bytes)
 
-# DeepSpeed's objects in its checkpoints, rebuilt from their fields (as pickle would, by
-# __new__ and __dict__) or, for enums, from their value; nothing else is ever imported
-_OBJECTS = {"deepspeed.runtime.fp16.loss_scaler.LossScaler",
-            "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
-            "deepspeed.utils.tensor_fragment.fragment_address"}
-_ENUMS = {"deepspeed.runtime.zero.config.ZeroStageEnum"}
-
-
-def _qualname(t):
-    return "%s.%s" % (t.__module__, t.__qualname__)
-
-
-def _allowed(qn, table):
-    if qn not in table:
-        raise _error("FormatError", "a DeepSpeed entry names the class %r, which strata "
-                     "does not rebuild" % qn)
-    mod, _, name = qn.rpartition(".")
-    return getattr(importlib.import_module(mod), name)
-
-
-# ---- an object as plain values and tensors ----------------------------------------------
-
-class _Tree:
-    """One file's object as a tree of plain values (nodes [tag, ...]) and its tensors."""
-
-    def __init__(self, name, pickle, layout=None, named=None):
-        self.name, self.pickle = name, pickle
-        self.tensors, self._seen = [], {}
-        self.layout = layout or {}     # ZeRO flat partitions (_ds_zero.layout)
-        self.named = named if named is not None else {}  # {name: (shape, start, view)}
-
-    def node(self, v, path):
-        t = type(v)
-        if v is None or t in (bool, int, float, str, bytes):
-            return ["v", v]
-        if isinstance(v, torch.Tensor):
-            return self.tensor(v, path)
-        if t in (list, tuple):
-            return ["l" if t is list else "t",
-                    [self.node(x, "%s[%d]" % (path, i)) for i, x in enumerate(v)]]
-        if t in (dict, collections.OrderedDict):
-            return ["d" if t is dict else "o",
-                    [[self.node(k, "%s<key>" % path), self.node(x, "%s[%r]" % (path, k))]
-                     for k, x in v.items()]]
-        if t is torch.Size:
-            return ["S", list(v)]
-        if t is torch.dtype:
-            return ["y", str(v).replace("torch.", "")]
-        qn = _qualname(t)
-        if qn in _ENUMS:
-            return ["e", qn, self.node(v.value, path)]
-        if qn in _OBJECTS:
-            return ["x", qn, self.node(dict(vars(v)), path)]
-        if not self.pickle:
-            raise _error("InvalidArgumentError",
-                         "%s%s: a %s cannot be saved without pickle: pass pickle=True to "
-                         "strata.deepspeed.enable() (loading then unpickles it, which can run "
-                         "code), or keep plain values there" % (self.name, path, qn))
-        return ["p", _pickle.dumps(v)]
-
-    def tensor(self, v, path):
-        if id(v) in self._seen:      # one tensor twice in a file (tied weights): once
-            return self._seen[id(v)]
-        _check_tensor(self.name + path, v)
-        flags = (1 if isinstance(v, torch.nn.Parameter) else 0) | (2 if v.requires_grad else 0)
-        ps = _ds_zero.pieces(self.layout, v) if self.layout else None
-        if ps is not None and not any(p[2] in self.named for p in ps):
-            n = ["F", _sdtype(self.name + path, v), v.numel(), flags, []]
-            for off, cnt, name, start, shape in ps:
-                piece = _readable(v.detach().narrow(0, off, cnt))
-                if name is None:
-                    n[4].append(["T", len(self.tensors), 0])
-                    self.tensors.append(piece)
-                else:
-                    n[4].append(["n", name, start, cnt])
-                    self.named[name] = (shape, start, piece)
-        elif v.numel() == 0:
-            n = ["E", _sdtype(self.name + path, v), list(v.shape), flags]
-        else:
-            _sdtype(self.name + path, v)
-            n = ["T", len(self.tensors), flags]
-            self.tensors.append(_readable(v))
-        self._seen[id(v)] = n
-        return n
-
-
-def _tensor_name(entry, i):
-    return "%s#%d" % (entry, i)
-
-
-def _build(n, tensors, pickle, where):
-    """The object of node n (tensors: the entry's loaded tensors)."""
-    tag = n[0]
-    if tag == "v":
-        return n[1]
-    if tag in ("l", "t"):
-        xs = [_build(x, tensors, pickle, where) for x in n[1]]
-        return xs if tag == "l" else tuple(xs)
-    if tag in ("d", "o"):
-        d = {} if tag == "d" else collections.OrderedDict()
-        for k, x in n[1]:
-            d[_build(k, tensors, pickle, where)] = _build(x, tensors, pickle, where)
-        return d
-    if tag == "S":
-        return torch.Size(n[1])
-    if tag == "y":
-        dt = getattr(torch, n[1], None)
-        if not isinstance(dt, torch.dtype):
-            raise _error("FormatError", "%s: unknown dtype %r" % (where, n[1]))
-        return dt
-    if tag == "F":
-        if len(n) < 6:            # its named pieces not loaded (partitions=False)
-            return None
-        t, off = n[5], 0          # (_load_flat checked that its pieces cover it)
-        for x in n[4]:
-            if x[0] == "T":       # a gap (padding): a plain tensor of the entry
-                g = tensors[x[1]].reshape(-1)
-                t.narrow(0, off, g.numel()).copy_(g)
-                off += g.numel()
-            else:
-                off += x[3]
-        return (torch.nn.Parameter(t, requires_grad=bool(n[3] & 2)) if n[3] & 1
-                else t.requires_grad_(True) if n[3] & 2 else t)
-    if tag in ("T", "E"):
-        if tag == "T":
-            t = tensors[n[1]]
-        else:
-            t = torch.empty(n[2], dtype=_FROM_STRATA[n[1]])
-        flags = n[-1]
-        if flags & 1:
-            return torch.nn.Parameter(t, requires_grad=bool(flags & 2))
-        return t.requires_grad_(True) if flags & 2 else t
-    if tag == "e":
-        return _allowed(n[1], _ENUMS)(_build(n[2], tensors, pickle, where))
-    if tag == "x":
-        cls = _allowed(n[1], _OBJECTS)
-        o = cls.__new__(cls)
-        o.__dict__.update(_build(n[2], tensors, pickle, where))
-        return o
-    if tag == "p":
-        if not pickle:
-            raise _error("InvalidArgumentError", "%s: holds a pickled object; load it with "
-                         "strata.deepspeed.enable(pickle=True) (unpickling can run code)"
-                         % where)
-        return _pickle.loads(n[1])
-    raise _error("FormatError", "%s: a node of unknown kind %r" % (where, tag))
-
-
-# ---- the files of one tag ---------------------------------------------------------------
-
-def _write_atomic(path, data):
-    """path holds data or its old content, whatever stops this (temp, fsync, rename)."""
-    tmp = "%s.tmp-%d" % (path, os.getpid())
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _read_stub(path):
-    """(the strata checkpoint, the entry) a stub at path names; None if path is no stub."""
-    with open(path, "rb") as f:
-        head = f.read(len(STUB_MAGIC) + _S_MAX_NAME + 2)
-    if not head.startswith(STUB_MAGIC):
-        return None
-    entry = head[len(STUB_MAGIC):].rstrip(b"\n").decode("utf-8", "replace")
-    norm = os.path.normpath(path)
-    if (not entry or entry.startswith("/") or ".." in entry.split("/")
-            or not norm.endswith(os.sep + os.path.normpath(entry))):
-        raise _error("FormatError", "%s: a strata stub naming the entry %r, which is not this "
-                     "file's place in its tag directory" % (path, entry))
-    return os.path.join(norm[:-len(os.path.normpath(entry))], SUBDIR), entry
-
-
-def _stub_or_none(path):
-    return _read_stub(path) if os.path.isfile(path) else None
-
+# ---- the engine ------------------------------------------------------------------------
 
 class _TagSave:
     """One tag's strata save in flight: its handle, its info, what the snapshot reads, and
@@ -281,12 +109,14 @@ class StrataCheckpointEngine:
         self._files = []         # [(entry, state_dict)]
         self._inflight = None    # _TagSave
         self._layout = {}        # the ZeRO flat partitions when the save began (_ds_zero)
+        self._shared = {}        # the engine's shared_params then ({alias: name}: tied)
         self.snapshot_wait_s = 0.0   # how long the last step waited for a snapshot copy
 
     # -- DeepSpeed's interface
 
     def create(self, info):
         self._finish(wait=True)
+        _tag_free(info)
         self._info, self._files = info, []
 
     def makedirs(self, path, exist_ok=False):
@@ -294,31 +124,35 @@ class StrataCheckpointEngine:
 
     def save(self, state_dict, path):
         if self._info is None:
-            raise _error("InvalidArgumentError", "%s: strata's DeepSpeed engine saves files "
-                         "only inside engine.save_checkpoint()" % path)
+            raise _S.InvalidArgumentError(
+                "%s: strata's DeepSpeed engine saves files "
+                "only inside engine.save_checkpoint()" % path)
         tagdir = os.path.normpath(os.path.join(self._info.save_dir, self._info.tag))
         entry = os.path.relpath(os.path.normpath(path), tagdir)
         if entry.startswith("..") or os.path.isabs(entry) or entry.split(os.sep)[0] == SUBDIR:
-            raise _error("InvalidArgumentError", "%s: outside the tag directory %s (or in its "
-                         "%s/ subdirectory)" % (path, tagdir, SUBDIR))
+            raise _S.InvalidArgumentError(
+                "%s: outside the tag directory %s (or in its "
+                "%s/ subdirectory)" % (path, tagdir, SUBDIR))
         entry = entry.replace(os.sep, "/")
         if any(e == entry for e, _ in self._files):
-            raise _error("InvalidArgumentError", "%s: saved twice in one tag" % path)
+            raise _S.InvalidArgumentError("%s: saved twice in one tag" % path)
         self._files.append((entry, state_dict))
         with open(path, "wb") as f:
             f.write(STUB_MAGIC + entry.encode() + b"\n")
+        if os.environ.get("STRATA_DS_TEST_KILL_AT_STUB") == self._info.tag:
+            os.kill(os.getpid(), signal.SIGKILL)   # tests: a kill inside save_checkpoint
 
     def load(self, path, map_location=None):
         stub = _read_stub(path) if os.path.isfile(path) else None
         if stub is None:
             if os.path.isfile(path):
                 if not self.pickle:
-                    raise _error("InvalidArgumentError",
-                                 "%s: a torch.save file (not saved through strata): load it "
-                                 "with strata.deepspeed.enable(pickle=True), which loads it "
-                                 "with torch.load (unpickling can run code)" % path)
+                    raise _S.InvalidArgumentError(
+                        "%s: a torch.save file (not saved through strata): load it "
+                        "with strata.deepspeed.enable(pickle=True), which loads it "
+                        "with torch.load (unpickling can run code)" % path)
                 return torch.load(path, map_location=map_location, weights_only=False)
-            raise _error("MissingError", "%s: no such file" % path)
+            raise _S.MissingError("%s: no such file" % path)
         obj = load_entry(stub[0], stub[1], pickle=self.pickle)
         if isinstance(map_location, (str, torch.device)) and torch.device(map_location).type != "cpu":
             obj = _to_device(obj, torch.device(map_location))
@@ -375,14 +209,13 @@ class StrataCheckpointEngine:
         self._info, self._files = None, []
         if info is None:
             return
-        from strata.torch import _group, _save_saver
         group = _group(None)
         rank = group.rank if group is not None else 0
         state, keep, err = None, [], None
         try:
             state, named = _S.State(), {}
             for entry, sd in files:
-                tree = _Tree(entry, self.pickle, self._layout, named)
+                tree = _Tree(entry, self.pickle, self._layout, named, *_model_names(entry, sd))
                 blob = _values.encode(tree.node(sd, ""))
                 buf = bytearray(blob)
                 keep.append(buf)
@@ -392,11 +225,15 @@ class StrataCheckpointEngine:
                     state.add_shard(_tensor_name(entry, i), _sdtype(entry, t), tuple(t.shape),
                                     None, None, data_ptr=t.data_ptr(), nbytes=_nbytes(t),
                                     device=t.is_cuda, keep=t)
-            for name, (shape, start, t) in named.items():     # ZeRO flat pieces
+            for alias, name in self._shared.items():   # tied: zero_to_fp32 gives both
+                if name in named and alias not in named:
+                    named[alias] = named[name]
+            for name, (shape, start, t) in named.items():     # ZeRO flat pieces, wholes
                 keep.append(t)
                 state.add_shard(name, _sdtype(name, t), shape, None, None,
-                                flat=(start, start + t.numel()), data_ptr=t.data_ptr(),
-                                nbytes=_nbytes(t), device=t.is_cuda, keep=t)
+                                flat=None if start is None else (start, start + t.numel()),
+                                data_ptr=t.data_ptr(), nbytes=_nbytes(t), device=t.is_cuda,
+                                keep=t)
         except Exception as e:   # every rank must reach the agreement below
             err = e
         _agree_files(group, [e for e, _ in files], err)
@@ -428,132 +265,60 @@ class StrataCheckpointEngine:
             raise s.error
 
 
-def _blob(state, name, buf, **kw):
-    """Registers the bytearray buf (never empty: a value starts with its magic) as blob name."""
-    import ctypes
-    c = (ctypes.c_char * len(buf)).from_buffer(buf)
-    state.add_blob(name, data_ptr=ctypes.addressof(c), nbytes=len(buf), keep=c, **kw)
-
-
 def _agree_files(group, entries, err):
     """Every rank learns whether every rank's files were encoded (else all raise, naming
     the failing rank), and no file is saved by two ranks: one allgather when all is well
-    (strata.torch._exchange; a rank's file list fits in _FILES_INLINE bytes)."""
-    from strata.torch import _exchange
+    (_group._exchange; a rank's file list fits in _FILES_INLINE bytes)."""
     got = _exchange(group, "strata.deepspeed save", err, json.dumps(entries).encode(),
                     inline=_FILES_INLINE)
     owner = {}
     for r, g in enumerate(got):
         for e in json.loads(g):
             if e in owner:
-                raise _error("InvalidArgumentError", "%s: saved by ranks %d and %d in one tag"
-                             % (e, owner[e], r))
+                raise _S.InvalidArgumentError(
+                    "%s: saved by ranks %d and %d in one tag"
+                    % (e, owner[e], r))
             owner[e] = r
 
 
-def load_entry(ckpt, entry, pickle=False, partitions=True, loader=None):
-    """The object DeepSpeed saved as entry (a file's path in its tag directory) in the
-    strata checkpoint ckpt (save_dir/tag/strata); in this process only. partitions=False:
-    ZeRO flat partitions (stored as named ranges) come back as None, unread. loader: ckpt
-    open already (a strata.Loader of it, kept open), else it is opened here. Raises
-    strata.MissingError / IncompleteError for a checkpoint not there or not committed,
-    NotFoundError for an entry it lacks; a malformed tree is FormatError, a flat partition
-    whose pieces name a tensor the checkpoint lacks NotFoundError, one whose pieces fall
-    short of it UnfilledError (_load_flat)."""
-    if loader is None:
-        with _S.Loader([ckpt]) as ld:
-            return load_entry(ckpt, entry, pickle, partitions, ld)
-    ix = loader.index()
-    idx = _ds_zero.tensor_index(ix)
-    owners = [b for b in ix["b"] if b[0] == entry]
-    if not owners:
-        raise _error("NotFoundError", "%s: no entry %r" % (ckpt, entry))
-    if owners[0][2] == 0:
-        raise _error("FormatError", "%s: entry %r is empty" % (ckpt, entry))
-    state = _S.State()
-    blob = bytearray(owners[0][2])
-    _blob(state, entry, blob, owner=owners[0][1])
-    prefix = entry + "#"
-    tensors = {}
-    for name, (dtype, shape) in idx.items():
-        if name.startswith(prefix) and name[len(prefix):].isdigit():
-            x = torch.empty(shape, dtype=_FROM_STRATA[dtype])
-            tensors[int(name[len(prefix):])] = x
-            state.add_shard(name, dtype, shape, data_ptr=x.data_ptr(), nbytes=_nbytes(x), keep=x)
-    loader.load([state])
-    where = "%s: entry %r" % (ckpt, entry)
-    try:
-        kind, tree = _values.decode(bytes(blob))
-    except ValueError as e:
-        raise _error("FormatError", "%s: %s" % (where, e)) from None
-    if kind != "value":
-        raise _error("FormatError", "%s is not a tree" % where)
-    try:
-        if partitions:
-            _load_flat(loader, idx, where, entry, tree)
-        return _build(tree, tensors, pickle, where)
-    except (IndexError, KeyError, TypeError, ValueError, RuntimeError) as e:
-        raise _error("FormatError", "%s: a malformed tree (%s: %s)"
-                     % (where, type(e).__name__, e)) from None
+_MODEL12 = re.compile(r"mp_rank_00_model_states\.pt")
+_MODEL3 = re.compile(r"zero_pp_rank_(\d+)_mp_rank_00_model_states\.pt")
 
 
-def _flat_nodes(n):
-    """The "F" nodes (ZeRO flat partitions) of tree n."""
-    tag = n[0]
-    if tag == "F":
-        yield n
-    elif tag in ("l", "t"):
-        for x in n[1]:
-            yield from _flat_nodes(x)
-    elif tag in ("d", "o"):
-        for k, x in n[1]:
-            yield from _flat_nodes(k)
-            yield from _flat_nodes(x)
-    elif tag in ("e", "x"):
-        yield from _flat_nodes(n[2])
-
-
-def _count(x):
-    return type(x) is int and x >= 0
-
-
-def _load_flat(ld, idx, where, entry, tree):
-    """Reads the named ranges of every "F" node of tree into a new flat tensor, appended
-    to the node (its gaps are filled by _build from the entry's own tensors), through the
-    open loader ld (idx: its tensors). Each node's pieces must be well formed and cover
-    its numel exactly: fewer elements are UnfilledError, more FormatError; a gap tensor or
-    a named tensor the checkpoint lacks NotFoundError (read_ranges: another dtype
-    MismatchError, a range outside the named tensor FormatError)."""
-    wants = []
-    for n in _flat_nodes(tree):
-        if (len(n) != 5 or n[1] not in _FROM_STRATA or not _count(n[2]) or type(n[3]) is not int
-                or type(n[4]) is not list):
-            raise _error("FormatError", "%s: a malformed flat partition %.200r" % (where, n))
-        t = torch.empty(n[2], dtype=_FROM_STRATA[n[1]])
-        off = 0
-        for x in n[4]:
-            if type(x) is list and len(x) == 3 and x[0] == "T" and _count(x[1]):
-                gap = idx.get(_tensor_name(entry, x[1]))
-                if gap is None:
-                    raise _error("NotFoundError", "%s: a flat partition's gap, tensor %r, is not "
-                                 "in the checkpoint" % (where, _tensor_name(entry, x[1])))
-                cnt = math.prod(gap[1])
-            elif (type(x) is list and len(x) == 4 and x[0] == "n" and type(x[1]) is str
-                  and _count(x[2]) and _count(x[3])):
-                cnt = x[3]
-                if off + cnt <= n[2]:
-                    wants.append((x[1], None, x[2], cnt, t.narrow(0, off, cnt)))
-            else:
-                raise _error("FormatError", "%s: a malformed flat piece %.200r" % (where, x))
-            off += cnt
-            if off > n[2]:
-                raise _error("FormatError", "%s: flat pieces of more than the partition's %d "
-                             "elements" % (where, n[2]))
-        if off < n[2]:
-            raise _error("UnfilledError", "%s: flat pieces of %d elements for a partition of %d"
-                         % (where, off, n[2]))
-        n.append(t)
-    _ds_zero.read_ranges(ld, idx, where, wants)
+def _model_names(entry, sd):
+    """({id(tensor): name}, {id(tensor): pieces}) of a model-states file's tensors that
+    zero_to_fp32 gives and the ZeRO partitions do not hold, so that the tag names them as
+    it does (docs/FORMAT.md, "DeepSpeed tags"): of DP rank 0's file, the buffers (module
+    entries named in buffer_names) and, stage 1 and 2, each frozen parameter
+    (frozen_param_fragments, whole) as the tensor <name>; of stage 3's file of DP rank r,
+    each frozen parameter's fragment (ceil(numel / ranks) elements from r x that, the tail
+    padding) as a range of the tensor <name>. Nothing for any other file."""
+    m3 = _MODEL3.fullmatch(entry)
+    if not (m3 or _MODEL12.fullmatch(entry)) or type(sd) is not dict:
+        return {}, {}
+    whole, frags = {}, {}
+    module, frozen = sd.get("module"), sd.get("frozen_param_fragments") or {}
+    shapes = sd.get("frozen_param_shapes") or {}
+    if (m3 is None or m3.group(1) == "0") and isinstance(module, dict):
+        for k in sd.get("buffer_names") or ():
+            if isinstance(module.get(k), torch.Tensor):
+                whole[id(module[k])] = k
+    for k, v in frozen.items():
+        shape = shapes.get(k)
+        if not isinstance(v, torch.Tensor) or shape is None or v.numel() == 0:
+            continue
+        if m3 is None:
+            if tuple(v.shape) == tuple(shape):
+                whole[id(v)] = k
+            continue
+        if v.dim() != 1:
+            continue
+        pn, start = v.numel(), v.numel() * int(m3.group(1))
+        cnt = min(pn, math.prod(shape) - start)
+        if cnt > 0:
+            frags[id(v)] = [(0, cnt, k, start, tuple(shape))] + (
+                [(cnt, pn - cnt, None, 0, None)] if cnt < pn else [])
+    return whole, frags
 
 
 def _to_device(v, dev):
@@ -597,13 +362,14 @@ def enable(*, pickle=False, pool=None, **options):
         if isinstance(ce, StrataCheckpointEngine):
             ce._finish(wait=True)     # (create() would: the layout is of the new tag)
             ce._layout = _ds_zero.layout(self)
+            ce._shared = _ds_zero.shared_params(self)
         try:
             ok = orig_save(self, *args, **kwargs)
             if isinstance(ce, StrataCheckpointEngine):
                 ce.start()
         finally:
             if isinstance(ce, StrataCheckpointEngine):
-                ce._layout = {}
+                ce._layout, ce._shared = {}, {}
         return ok
 
     def _load_zero_checkpoint(self, load_dir, tag, load_optimizer_states=True):
@@ -643,3 +409,7 @@ def disable():
         ds_engine.DeepSpeedEngine.save_checkpoint = _ORIG.pop("save")
         ds_engine.DeepSpeedEngine._load_zero_checkpoint = _ORIG.pop("load_zero")
         ds_engine.DeepSpeedEngine._get_all_ckpt_names = _ORIG.pop("names")
+
+
+if __name__ == "__main__":
+    sys.exit(_ds_convert.main())

@@ -29,6 +29,23 @@ void cli_json_str(FILE *f, const char *str);
  * to four in one printf). Not thread-safe. */
 const char *cli_esc(const char *str);
 
+/* The progress line of a long command (export, copy), shown only when stderr is a terminal
+ * and not quiet: cli_progress_start (also makes SIGINT, SIGTERM and SIGHUP stop the
+ * operation at its next report: the callback fails it with STRATA_EABORTED, "interrupted by
+ * <signal>: <stopped>"), cli_progress_cb as the operation's progress callback (ctx: the
+ * cli_progress; one call at a time), cli_progress_end once it returned (ok: the final
+ * line). */
+typedef struct {
+    const char *what, *stopped;
+    double t0, last_print;
+    uint64_t done, total;
+    int show;  /* print a progress line */
+    int shown; /* a progress line is on the terminal */
+} cli_progress;
+void cli_progress_start(cli_progress *p, const char *what, const char *stopped, int quiet);
+int cli_progress_cb(void *ctx, uint64_t done, uint64_t total);
+void cli_progress_end(cli_progress *p, int ok);
+
 int cmd_demo(int argc, char **argv);
 /* `demo save` / `demo load` under MPI (demo_mpi.c); argv[1] is "save" or "load". */
 int cmd_demo_mpi(int argc, char **argv);
@@ -45,5 +62,6 @@ int cmd_ls(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
 int cmd_gc(int argc, char **argv);
 int cmd_export(int argc, char **argv);
+int cmd_copy(int argc, char **argv);
 
 #endif

@@ -1,25 +1,24 @@
 /* cmd_export.c - `strata export`: a checkpoint to Hugging Face safetensors files, with
  * bounded memory. A thin wrapper of strata_export_safetensors (src/engine/export.c): the
  * arguments, --help, the progress line on a terminal, and SIGINT / SIGTERM / SIGHUP, which
- * stop the export through its progress callback (OUT is left as it was). */
-#include <signal.h>
+ * stop the export through its progress callback (OUT is left as it was; progress.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cli.h"
 
 static const char EXPORT_HELP[] =
     "usage: strata export CKPT OUT [--format safetensors] [--prefix P] [--max-file-gb N]\n"
     "                     [--dtype bf16] [--include GLOB]... [--exclude GLOB]...\n"
-    "                     [--model-only[=P]] [--quiet]\n"
+    "                     [--model-only[=P]] [--skip-crc] [--quiet]\n"
     "\n"
     "Writes the checkpoint's tensors, merged to their full global shapes from whatever\n"
     "shards, flat pieces and replicas were saved, as Hugging Face safetensors into the\n"
     "directory OUT (made if missing): model-0000i-of-0000N.safetensors files and\n"
     "model.safetensors.index.json ({\"metadata\": {\"total_size\": N}, \"weight_map\":\n"
-    "{name: file}}). Blobs (non-tensor state) are not exported.\n"
+    "{name: file}}); when everything fits one file, model.safetensors alone (no index, as\n"
+    "Hugging Face writes it). Blobs (non-tensor state) are not exported.\n"
     "\n"
     "  --format F       only safetensors (the default)\n"
     "  --prefix P       strip P from the start of tensor names; names without P are\n"
@@ -42,12 +41,26 @@ static const char EXPORT_HELP[] =
     "                   (optim.*), the step and other entries are left out. Not with\n"
     "                   --prefix. With --include/--exclude, their patterns match the\n"
     "                   names in the checkpoint (model.layers.0.w)\n"
+    "                   On a DeepSpeed checkpoint (its default engine's, or saved through\n"
+    "                   strata.deepspeed): the model's tensors, as without options\n"
     "                   A selection that keeps no tensor is an error (exit 1), nothing written\n"
+    "  --skip-crc       leave the zip CRC-32s of a DCP, torch.save, DeepSpeed or Megatron\n"
+    "                   checkpoint unchecked (only the bytes exported are read; the last\n"
+    "                   line says so). strata's own checksums are always verified\n"
     "  --quiet          no progress line (it is shown only when stderr is a terminal)\n"
+    "\n"
+    "A DeepSpeed checkpoint (a tag, or the save_dir whose `latest` names one) exports what\n"
+    "zero_to_fp32 gives: its optimizer moments (optim.state.*) and, in a tag saved through\n"
+    "strata.deepspeed, DeepSpeed's files as saved (<file>#<i>) only when --include names\n"
+    "them.\n"
     "\n"
     "Memory stays bounded whatever the model size: tensors are loaded in windows of at\n"
     "most 64 MiB (flat element ranges of the tensor) into one reused buffer. Every\n"
-    "checksum is verified while reading: a corrupt or incomplete checkpoint exits 3.\n"
+    "checksum is verified while reading, before OUT is replaced: strata's own, and the\n"
+    "zip CRC-32 of every entry of a DCP, torch.save, DeepSpeed or Megatron checkpoint\n"
+    "that holds a byte exported (the rest of such an entry is read too). safetensors has\n"
+    "no checksum. A corrupt or incomplete checkpoint exits 3, naming the tensor, the zip\n"
+    "entry and the file.\n"
     "\n"
     "All or nothing: OUT is replaced as a whole. The files are written into a staging\n"
     "directory beside it (OUT.strata-export-<id>), and when all are complete and on disk\n"
@@ -59,61 +72,6 @@ static const char EXPORT_HELP[] =
     "1), nothing touched; put such files beside the export, or copy them in after it. A\n"
     "tensor named __metadata__ (the key safetensors keeps for the file's metadata) cannot\n"
     "be exported (exit 1).\n";
-
-typedef struct {
-    double t0, last_print;
-    uint64_t done, total;
-    int show;  /* print a progress line (stderr is a terminal, no --quiet) */
-    int shown; /* a progress line is on the terminal */
-} progress_state;
-
-static volatile sig_atomic_t stop_signal; /* the signal that asks the export to stop */
-
-static void on_stop_signal(int sig) { stop_signal = sig; }
-
-static void fmt_bytes(char *out, size_t n, double b)
-{
-    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int i = 0;
-    while (b >= 1024 && i < 4)
-        b /= 1024, i++;
-    snprintf(out, n, "%.1f %s", b, u[i]);
-}
-
-static void print_progress(progress_state *p, int final)
-{
-    double now = cli_now();
-    if (!final && now - p->last_print < 0.2)
-        return;
-    p->last_print = now;
-    double el = now - p->t0, rate = el > 0 ? (double)p->done / el : 0;
-    char d[32], t[32], r[32], eta[32] = "?";
-    fmt_bytes(d, sizeof d, (double)p->done);
-    fmt_bytes(t, sizeof t, (double)p->total);
-    fmt_bytes(r, sizeof r, rate);
-    if (rate > 0)
-        snprintf(eta, sizeof eta, "%.0f s", (double)(p->total - p->done) / rate);
-    fprintf(stderr, "\r\033[Kexport: %s / %s  %s/s  %s left", d, t, r, eta);
-    if (final)
-        fputc('\n', stderr);
-    p->shown = !final;
-    fflush(stderr);
-}
-
-static int on_progress(void *ctx, uint64_t done, uint64_t total)
-{
-    progress_state *p = ctx;
-    if (stop_signal) {
-        strata_error_set(STRATA_EABORTED, "interrupted by %s: the export stopped and its "
-                         "output directory is as it was", strsignal(stop_signal));
-        return 1;
-    }
-    p->done = done;
-    p->total = total;
-    if (done && p->show) /* not the call before the first write */
-        print_progress(p, 0);
-    return 0;
-}
 
 static int export_run(int argc, char **argv, const char **inc, const char **exc);
 
@@ -148,6 +106,8 @@ static int export_run(int argc, char **argv, const char **inc, const char **exc)
             return 0;
         } else if (strcmp(a, "--quiet") == 0 || strcmp(a, "-q") == 0) {
             quiet = 1;
+        } else if (strcmp(a, "--skip-crc") == 0) {
+            o.flags |= STRATA_EXPORT_SKIP_CRC;
         } else if (strcmp(a, "--format") == 0 && has_val) {
             if (strcmp(argv[++i], "safetensors") != 0) {
                 fprintf(stderr, "strata export: unknown --format '%s' (only safetensors)\n",
@@ -197,31 +157,31 @@ static int export_run(int argc, char **argv, const char **inc, const char **exc)
     o.max_file_bytes = (uint64_t)(max_gb * 1e9);
     if (o.max_file_bytes == 0)
         o.max_file_bytes = 1;
-    progress_state p = {0};
-    p.show = !quiet && isatty(2);
-    p.t0 = p.last_print = cli_now();
-    o.progress = on_progress;
+    cli_progress p;
+    cli_progress_start(&p, "export", "the export stopped and its output directory is as it was",
+                       quiet);
+    o.progress = cli_progress_cb;
     o.progress_ctx = &p;
-    /* the first signal stops the export at its next window; a second one kills */
-    struct sigaction sa = {0};
-    sa.sa_handler = on_stop_signal;
-    sa.sa_flags = SA_RESTART | SA_RESETHAND;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
-    strata_stats st = STRATA_STATS_INIT;
-    int rc = strata_export_safetensors(&st, ckpt, out, &o);
-    if (rc) {
-        if (p.shown)
-            fputc('\n', stderr);
-        return cli_fail("export", rc);
+    /* a DeepSpeed save_dir: the tag its `latest` names now is the one exported (by its
+     * path: a `latest` that moves meanwhile changes nothing) and said */
+    char tag[256] = "", *by_tag = NULL;
+    strata_ckpt *ck;
+    if (strata_ckpt_open(&ck, ckpt, 0) == 0) {
+        if (strata_ckpt_tag(ck) && asprintf(&by_tag, "%s/%s", ckpt, strata_ckpt_tag(ck)) > 0)
+            snprintf(tag, sizeof tag, " from tag %s (named by its latest)",
+                     cli_esc(strata_ckpt_tag(ck)));
+        strata_ckpt_free(ck);
     }
-    if (p.show)
-        print_progress(&p, 1);
+    strata_stats st = STRATA_STATS_INIT;
+    int rc = strata_export_safetensors(&st, by_tag ? by_tag : ckpt, out, &o);
+    free(by_tag);
+    cli_progress_end(&p, !rc);
+    if (rc)
+        return cli_fail("export", rc);
     if (!quiet)
-        printf("exported %llu tensor bytes (%llu read) to %s in %.2f s\n",
-               (unsigned long long)st.bytes, (unsigned long long)st.data_bytes, cli_esc(out),
-               st.seconds);
+        printf("exported %llu tensor bytes (%llu read)%s to %s in %.2f s%s\n",
+               (unsigned long long)st.bytes, (unsigned long long)st.data_bytes, tag,
+               cli_esc(out), st.seconds,
+               st.crc_skipped ? " (zip CRC-32s not checked: --skip-crc)" : "");
     return 0;
 }

@@ -2,6 +2,7 @@
  * and messages in text output go through cli_esc: a checkpoint cannot drive the terminal. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <limits.h>
 #include <string.h>
 
 #include "cli.h"
@@ -29,7 +30,9 @@ static const char INSPECT_HELP[] =
     "each file's pickle of values one blob; no strata checksums (verify checks the zip's\n"
     "CRC-32s). So may a DeepSpeed ZeRO checkpoint of its default engine (a tag directory, or\n"
     "the save_dir whose `latest` names one): the fp32 weights and each optimizer moment as\n"
-    "named full tensors, each made of the ranks' flat pieces.\n";
+    "named full tensors, each made of the ranks' flat pieces; and a DeepSpeed tag saved\n"
+    "through strata.deepspeed (or its save_dir): its strata checkpoint, tag/strata. Read\n"
+    "through a save_dir, the tag `latest` named is shown.\n";
 
 /* The bytes of the files an incremental checkpoint links from its base (ref-*.bin,
  * docs/FORMAT.md), from its metadata; 0 for a full one or unreadable metadata. */
@@ -48,6 +51,23 @@ static uint64_t linked_bytes(const char *path)
     }
     strata_ckpt_free(ck);
     return n;
+}
+
+/* For a DeepSpeed save_dir read through its `latest`, "tag T (named by latest), "; for a
+ * strata.deepspeed tag, where its data was read ("read from P/T/strata: "); else "". */
+static const char *ds_tag(const strata_ckpt *ck, const char *path)
+{
+    static char buf[2 * PATH_MAX];
+    const char *tag = strata_ckpt_tag(ck);
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/')
+        n--;
+    int k = tag ? snprintf(buf, sizeof buf, "tag %s (named by latest), ", cli_esc(tag)) : 0;
+    buf[k] = 0;
+    if (strata_ckpt_format(ck) == STRATA_FORMAT_STRATA_DEEPSPEED)
+        snprintf(buf + k, sizeof buf - k, "read from %.*s%s%s/strata: ", (int)n, cli_esc(path),
+                 tag ? "/" : "", tag ? cli_esc(tag) : "");
+    return buf;
 }
 
 int cmd_inspect(int argc, char **argv)
@@ -84,6 +104,11 @@ int cmd_inspect(int argc, char **argv)
         printf(",\"format\":\"%s\",\"checksums\":%s",
                strata_ckpt_format_name(ck),
                strata_ckpt_chunk_bytes(ck) ? "true" : "false");
+        printf(",\"tag\":");
+        if (strata_ckpt_tag(ck))
+            cli_json_str(stdout, strata_ckpt_tag(ck));
+        else
+            printf("null");
         printf(",\"committed\":%s,\"step\":%llu,\"data_bytes\":%llu,\"chunk_bytes\":%u",
                strata_ckpt_committed(ck) ? "true" : "false",
                (unsigned long long)strata_ckpt_step(ck),
@@ -157,19 +182,23 @@ int cmd_inspect(int argc, char **argv)
                                                            : "Megatron-Core torch_dist",
                cli_esc(path), nt, nb, (unsigned long long)strata_ckpt_data_bytes(ck), nf);
     else if (strata_ckpt_format(ck) == STRATA_FORMAT_DEEPSPEED)
-        printf("DeepSpeed ZeRO %s: step %llu, %zu tensors, %llu data bytes in %zu files; NO "
+        printf("DeepSpeed ZeRO %s: %sstep %llu, %zu tensors, %llu data bytes in %zu files; NO "
                "strata CHECKSUMS (verify checks the zip CRC-32 of each entry)\n",
-               cli_esc(path), (unsigned long long)strata_ckpt_step(ck), nt,
+               cli_esc(path), ds_tag(ck, path), (unsigned long long)strata_ckpt_step(ck), nt,
                (unsigned long long)strata_ckpt_data_bytes(ck), nf);
     else if (strata_ckpt_format(ck) == STRATA_FORMAT_TORCH_SAVE)
-        printf("torch.save %s: %zu tensors, %zu pickles of values, %llu data bytes in %zu "
+        printf("torch.save %s: %zu tensors, %zu pickle%s of values, %llu data bytes in %zu "
                "files; NO STRATA CHECKSUMS (only the zip's CRC-32 per entry, which verify "
                "checks)\n",
-               cli_esc(path), nt, nb, (unsigned long long)strata_ckpt_data_bytes(ck), nf);
+               cli_esc(path), nt, nb, nb == 1 ? "" : "s",
+               (unsigned long long)strata_ckpt_data_bytes(ck), nf);
     else
-    printf("checkpoint %s: %s, step %llu, %zu tensors, %zu blobs, %llu data bytes in %zu files, "
+    printf("%s %s: %s%s, step %llu, %zu tensors, %zu blobs, %llu data bytes in %zu files, "
            "checksum chunk %u bytes\n",
-           cli_esc(path),
+           strata_ckpt_format(ck) == STRATA_FORMAT_STRATA_DEEPSPEED
+               ? "DeepSpeed (strata.deepspeed)"
+               : "checkpoint",
+           cli_esc(path), ds_tag(ck, path),
            strata_ckpt_committed(ck) ? "committed" : "INCOMPLETE (no valid commit record)",
            (unsigned long long)strata_ckpt_step(ck), nt, nb,
            (unsigned long long)strata_ckpt_data_bytes(ck), nf, strata_ckpt_chunk_bytes(ck));
@@ -234,11 +263,14 @@ static const char LS_HELP[] =
     "metadata), incomplete (no commit record: an interrupted or failed save), CORRUPT (a\n"
     "commit record that does not match; never removed by gc). Hugging Face safetensors\n"
     "directories are listed too, as safetensors (they have no checksums, nor a step), and\n"
-    "torch.save files and directories (pytorch_model.bin), as torch.save.\n"
+    "torch.save files and directories (pytorch_model.bin), as torch.save; PyTorch DCP\n"
+    "directories as dcp, or incomplete when .metadata is missing (dcp.save did not finish);\n"
+    "DeepSpeed tags, a save_dir's tags with the one `latest` names marked (tags saved\n"
+    "through strata.deepspeed with their strata checkpoint's state, size and step).\n"
     "DIR is a path or a file:// or mem:// URI (then the checkpoints are shown as URIs).\n";
 
 /* Calls fn for DIR itself and each subdirectory that holds strata files; with `foreign`
- * set, for safetensors directories too (pi NULL). */
+ * set, for every other one too (pi->is_ckpt 0: fn tells what it is). */
 typedef void (*ckpt_fn)(void *ctx, const char *path, const strata_probe_info *pi);
 
 typedef struct {
@@ -249,14 +281,8 @@ typedef struct {
 
 static void visit(const char *path, const strata_probe_info *pi, const walk_ctx *w)
 {
-    strata_ckpt *ck;
-    if (pi->is_ckpt) {
+    if (pi->is_ckpt || w->foreign)
         w->fn(w->ctx, path, pi);
-    } else if (w->foreign && strata_ckpt_open(&ck, path, 0) == 0) {
-        if (strata_ckpt_format(ck) != STRATA_FORMAT_STRATA)
-            w->fn(w->ctx, path, NULL);
-        strata_ckpt_free(ck);
-    }
 }
 
 static int visit_child(void *ctx, const char *uri)
@@ -285,30 +311,26 @@ static int for_each_ckpt(const char *cmd, const char *dir, ckpt_fn fn, void *ctx
     return rc ? cli_fail(cmd, rc) : 0;
 }
 
-static void ls_one(void *ctx, const char *path, const strata_probe_info *pi)
+typedef struct {
+    const char *dir; /* DIR as given: visited first */
+    int count;
+    char latest[256]; /* DIR is a DeepSpeed save_dir: the tag its `latest` names */
+    int dir_is_tag;   /* DIR is a strata.deepspeed tag (listed: not its strata/ again) */
+} ls_ctx;
+
+static void ls_header(ls_ctx *c)
 {
-    int *count = ctx;
-    if ((*count)++ == 0)
+    if (c->count++ == 0)
         printf("%-11s %14s %14s %14s %10s  %s\n", "state", "bytes", "written", "linked", "step",
                "checkpoint");
+}
+
+/* One strata checkpoint's row (path: its directory), shown as `shown` with a note. */
+static void ls_row(ls_ctx *c, const char *path, const strata_probe_info *pi, const char *shown,
+                   const char *note)
+{
+    ls_header(c);
     char step[24] = "-";
-    if (!pi) { /* another format's directory: its files' bytes, no step, no checksums */
-        strata_ckpt *ck;
-        uint64_t bytes = 0;
-        char fmt[16] = "?";
-        if (strata_ckpt_open(&ck, path, 0) == 0) {
-            for (size_t i = 0; i < strata_ckpt_nfiles(ck); i++) {
-                strata_file_info fi;
-                strata_ckpt_file(&fi, ck, i);
-                bytes += fi.bytes;
-            }
-            snprintf(fmt, sizeof fmt, "%s", strata_ckpt_format_name(ck));
-            strata_ckpt_free(ck);
-        }
-        printf("%-11s %14llu %14llu %14d %10s  %s (no checksums)\n", fmt,
-               (unsigned long long)bytes, (unsigned long long)bytes, 0, step, cli_esc(path));
-        return;
-    }
     uint64_t linked = 0;
     if (pi->committed || pi->has_metadata) {
         snprintf(step, sizeof step, "%llu", (unsigned long long)pi->step);
@@ -316,10 +338,104 @@ static void ls_one(void *ctx, const char *path, const strata_probe_info *pi)
     }
     if (linked > pi->disk_bytes) /* a link's file gone since (a crash): not ours to count */
         linked = pi->disk_bytes;
-    printf("%-11s %14llu %14llu %14llu %10s  %s\n",
+    printf("%-11s %14llu %14llu %14llu %10s  %s%s\n",
            pi->committed ? "committed" : pi->has_commit ? "CORRUPT" : "incomplete",
            (unsigned long long)pi->disk_bytes, (unsigned long long)(pi->disk_bytes - linked),
-           (unsigned long long)linked, step, cli_esc(path));
+           (unsigned long long)linked, step, cli_esc(shown), note);
+}
+
+/* " (latest)" when path is the tag DIR's `latest` names. */
+static const char *latest_mark(const ls_ctx *c, const char *path)
+{
+    const char *name = strrchr(path, '/');
+    return c->latest[0] && name && strcmp(name + 1, c->latest) == 0 ? " (latest)" : "";
+}
+
+/* A strata.deepspeed tag at path (or the tag `latest` names there): its strata checkpoint's
+ * row, whatever its state. 0 if path/[tag/]strata holds no strata checkpoint. */
+static int ls_dstag(ls_ctx *c, const char *path, const char *tag)
+{
+    char sub[8192], note[512];
+    strata_probe_info si;
+    snprintf(sub, sizeof sub, "%s/%s%sstrata", path, tag ? tag : "", tag ? "/" : "");
+    if (strata_probe(&si, sub) != 0 || !si.is_ckpt)
+        return 0;
+    if (tag)
+        snprintf(note, sizeof note, " (DeepSpeed, strata.deepspeed: its latest, tag %s)",
+                 cli_esc(tag));
+    else
+        snprintf(note, sizeof note, " (DeepSpeed tag, strata.deepspeed)%s",
+                 latest_mark(c, path));
+    ls_row(c, sub, &si, path, note);
+    return 1;
+}
+
+/* What is at path, which holds no strata files: another format's checkpoint (its files'
+ * bytes, no step, no checksums), a strata.deepspeed tag, one that did not finish (a DCP
+ * directory without .metadata: incomplete, why said), or nothing listed. */
+static void ls_other(ls_ctx *c, const char *path)
+{
+    strata_ckpt *ck;
+    int rc = strata_ckpt_open(&ck, path, STRATA_OPEN_INCOMPLETE);
+    if (rc == STRATA_EINCOMPLETE) {
+        char why[1024], is[8192];
+        const char *msg = strata_error_last();
+        snprintf(is, sizeof is, "'%s' is ", path);
+        if (strncmp(msg, is, strlen(is)) == 0) /* "'P' is an incomplete ...": the rest */
+            msg += strlen(is);
+        snprintf(why, sizeof why, " (%s)", cli_esc(msg));
+        if (!ls_dstag(c, path, NULL)) {
+            ls_header(c);
+            printf("%-11s %14s %14s %14s %10s  %s%s\n", "incomplete", "-", "-", "-", "-",
+                   cli_esc(path), why);
+        }
+        return;
+    }
+    if (rc)
+        return;
+    int fmt = strata_ckpt_format(ck);
+    const char *tag = strata_ckpt_tag(ck);
+    if (fmt == STRATA_FORMAT_STRATA) {
+        strata_ckpt_free(ck);
+        return;
+    }
+    if (tag && strcmp(path, c->dir) == 0) { /* a save_dir: its tags are listed below */
+        snprintf(c->latest, sizeof c->latest, "%s", tag);
+        strata_ckpt_free(ck);
+        return;
+    }
+    if (fmt == STRATA_FORMAT_STRATA_DEEPSPEED) {
+        c->dir_is_tag |= !tag && strcmp(path, c->dir) == 0;
+        ls_dstag(c, path, tag);
+        strata_ckpt_free(ck);
+        return;
+    }
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < strata_ckpt_nfiles(ck); i++) {
+        strata_file_info fi;
+        strata_ckpt_file(&fi, ck, i);
+        bytes += fi.bytes;
+    }
+    char note[512] = "";
+    if (tag)
+        snprintf(note, sizeof note, ", its latest: tag %s", cli_esc(tag));
+    ls_header(c);
+    printf("%-11s %14llu %14llu %14d %10s  %s (no checksums%s)%s\n", strata_ckpt_format_name(ck),
+           (unsigned long long)bytes, (unsigned long long)bytes, 0, "-", cli_esc(path), note,
+           latest_mark(c, path));
+    strata_ckpt_free(ck);
+}
+
+static void ls_one(void *ctx, const char *path, const strata_probe_info *pi)
+{
+    ls_ctx *c = ctx;
+    const char *name = strrchr(path, '/');
+    if (c->dir_is_tag && name && strcmp(name + 1, "strata") == 0)
+        return; /* the tag's own strata checkpoint: the tag's row shows it */
+    if (pi->is_ckpt)
+        ls_row(c, path, pi, path, "");
+    else
+        ls_other(c, path);
 }
 
 /* For commands that take exactly one operand: -1 to go on, else the exit status. */
@@ -341,9 +457,9 @@ int cmd_ls(int argc, char **argv)
     int st = one_operand(argc, argv, LS_HELP);
     if (st >= 0)
         return st;
-    int count = 0;
-    int rc = for_each_ckpt("ls", argv[1], ls_one, &count, 1);
-    if (rc || count)
+    ls_ctx c = {.dir = argv[1]};
+    int rc = for_each_ckpt("ls", argv[1], ls_one, &c, 1);
+    if (rc || c.count)
         return rc;
     strata_ckpt *ck;
     int orc = strata_ckpt_open(&ck, argv[1], 0);

@@ -176,10 +176,13 @@ static int run(int save, int argc, char **argv, int rank, int world)
     strata_saver *sv = NULL;
     if (agree(parse(argc, argv, &a, world) ? EXIT_USAGE : 0))
         return EXIT_USAGE;
-    const char *why = layout_parse(&l, a.layout, err, sizeof err) ? err
-                      : layout_world(&l) != world
-                          ? "the layout's tp*pp*dp must equal the number of processes"
-                          : NULL;
+    const char *why = layout_parse(&l, a.layout, err, sizeof err) ? err : NULL;
+    if (!why && layout_world(&l) != world) {
+        snprintf(err, sizeof err, "%d process%s; the layout %s needs %d (tp*pp*dp: one rank "
+                 "each): run it with mpiexec -n %d", world, world == 1 ? "" : "es", a.layout,
+                 layout_world(&l), layout_world(&l));
+        why = err;
+    }
     if (why) {
         if (rank == 0)
             fprintf(stderr, "strata demo: %s\n", why);

@@ -76,6 +76,7 @@ static const struct {
     {"verify", cmd_verify, "read every byte of a checkpoint and check every checksum"},
     {"gc", cmd_gc, "remove incomplete checkpoints under a directory"},
     {"export", cmd_export, "write a checkpoint's tensors as Hugging Face safetensors files"},
+    {"copy", cmd_copy, "copy a committed checkpoint to a new place, any backend (s3://), verified"},
     {"bench", cmd_bench, "measure save and load bandwidth (cold page cache)"},
 };
 

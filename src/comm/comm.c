@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/checksum.h"
 #include "../core/error.h"
 
 /* ---- single process ---- */
@@ -314,4 +315,130 @@ out:
     free(sizes);
     free(buf);
     return rc;
+}
+
+/* ---- agreement ---- */
+
+/* A rank's record in the agreement's allgather: its code, the length and hash of its
+ * payload (its message where it failed), then inline bytes: the payload where it fits. */
+#define AGREE_HEAD 24
+
+typedef struct {
+    int64_t code;
+    uint64_t len, hash;
+} agree_head;
+
+static agree_head head_of(const unsigned char *rec)
+{
+    agree_head h;
+    memcpy(&h.code, rec, 8);
+    memcpy(&h.len, rec + 8, 8);
+    memcpy(&h.hash, rec + 16, 8);
+    return h;
+}
+
+void strata_free(void *p) { free(p); }
+
+/* Every rank's payload, in rank order, from the records (those that fit) and extra (the
+ * others, want[r] bytes of rank r's, packed in rank order) into *out. */
+static int join_payloads(unsigned char **out, const unsigned char *recs, size_t rec,
+                         const unsigned char *extra, const size_t *want, const size_t *lens,
+                         size_t P)
+{
+    size_t total = 0;
+    for (size_t r = 0; r < P; r++)
+        total += lens[r];
+    if (!total)
+        return 0;
+    unsigned char *all = malloc(total);
+    if (!all)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    for (size_t r = 0, at = 0, ex = 0; r < P; r++) {
+        if (lens[r])
+            memcpy(all + at, want[r] ? extra + ex : recs + r * rec + AGREE_HEAD, lens[r]);
+        at += lens[r];
+        ex += want[r];
+    }
+    *out = all;
+    return 0;
+}
+
+int strata_comm_agree(unsigned char **out, size_t *lens, strata_comm *c, const char *what,
+                      int rc, const void *payload, size_t n, size_t inline_bytes,
+                      unsigned flags)
+{
+    char msg[1024]; /* this rank's message where it failed: sent, and kept for its return */
+    snprintf(msg, sizeof msg, "%s", rc ? strata_error_last() : "");
+    if (out)
+        *out = NULL;
+    if (!out || !lens || !c || rc > 0 || (n && !payload && !rc) || (flags & ~STRATA_AGREE_SAME))
+        return st_fail(STRATA_EINVAL, "strata_comm_agree: out, lens and c are needed, rc is 0 "
+                       "or a STRATA_E* code, payload holds n bytes, flags are STRATA_AGREE_*");
+    size_t P = (size_t)c->size, rec = AGREE_HEAD + inline_bytes;
+    if (inline_bytes > ((size_t)1 << 30))
+        return st_fail(STRATA_EINVAL, "strata_comm_agree: inline_bytes %zu is too large",
+                       inline_bytes);
+    const unsigned char *mine = rc ? (const unsigned char *)msg : payload;
+    size_t mlen = rc ? strlen(msg) : n;
+    unsigned char *recs = calloc(P + 1, rec), *extra = NULL;
+    size_t *want = calloc(P, sizeof *want);
+    int first = -1, same = 1, any = 0, crc;
+    if (!recs || !want) {
+        crc = st_fail(STRATA_ENOMEM, "out of memory"); /* the others time out */
+        goto out;
+    }
+    /* 1. every rank's record (this rank's put after the P received) */
+    unsigned char *me = recs + P * rec;
+    agree_head h = {rc, mlen, st_hash(mine, mlen)};
+    memcpy(me, &h.code, 8);
+    memcpy(me + 8, &h.len, 8);
+    memcpy(me + 16, &h.hash, 8);
+    if (mlen && mlen <= inline_bytes)
+        memcpy(me + AGREE_HEAD, mine, mlen);
+    if ((crc = st_allgather(c, me, rec, recs)))
+        goto out;
+    agree_head h0 = head_of(recs);
+    for (size_t r = 0; r < P; r++) {
+        h = head_of(recs + r * rec);
+        if (h.len > ((size_t)1 << 40)) {
+            crc = st_fail(STRATA_EABORTED, "strata_comm_agree: rank %zu sent a length of %llu",
+                          r, (unsigned long long)h.len);
+            goto out;
+        }
+        if (h.code && first < 0)
+            first = (int)r;
+        lens[r] = (size_t)h.len;
+        same &= h.len == h0.len && h.hash == h0.hash;
+    }
+    int none = first < 0 && same && (flags & STRATA_AGREE_SAME); /* no payload wanted */
+    /* 2. the payloads that did not fit - where a rank failed, only the failing ranks'
+     * messages - in one alltoallv; every rank knows which from the records */
+    for (size_t r = 0; r < P; r++) {
+        int needed = first >= 0 ? head_of(recs + r * rec).code != 0 : !none;
+        want[r] = needed && lens[r] > inline_bytes ? lens[r] : 0;
+        any |= want[r] != 0;
+    }
+    if (any && (crc = exchange(c, mine, want[c->rank], -1, want, &extra)))
+        goto out;
+    if (first >= 0) {
+        if (rc) /* this rank's own error, below */
+            goto out;
+        size_t at = 0;
+        for (int r = 0; r < first; r++)
+            at += want[r];
+        const unsigned char *m = want[first] ? extra + at : recs + (size_t)first * rec + AGREE_HEAD;
+        int64_t code = head_of(recs + (size_t)first * rec).code;
+        int mn = lens[first] > 900 ? 900 : (int)lens[first];
+        crc = st_fail(code < 0 && code >= INT32_MIN ? (int)code : STRATA_EABORTED,
+                      "%s failed on rank %d: %.*s", what ? what : "a step", first, mn,
+                      (const char *)m);
+        goto out;
+    }
+    if (!none)
+        crc = join_payloads(out, recs, rec, extra, want, lens, P);
+out:
+    free(recs);
+    free(want);
+    free(extra);
+    return rc ? st_fail(rc, "%s", msg) : crc;
 }

@@ -49,6 +49,16 @@ int st_convert_ok(strata_dtype from, strata_dtype to)
     return int_fmt(to, &tb, &ts) && fb <= tb && (ts || !fs);
 }
 
+int st_convert_exact(strata_dtype from, strata_dtype to)
+{
+    ffmt ff, tf;
+    if (!st_convert_ok(from, to))
+        return 0;
+    if (float_fmt(from, &ff) && float_fmt(to, &tf))
+        return tf.e >= ff.e && tf.m >= ff.m;
+    return 1; /* integers: st_convert_ok converts only where exact */
+}
+
 /* ---- floats ---- */
 
 /* The bits of a float of format f as f64 bits (exact). A NaN is made quiet. */

@@ -22,6 +22,12 @@
  *    which has one obvious meaning). */
 int st_convert_ok(strata_dtype from, strata_dtype to);
 
+/* 1 if st_convert_ok(from, to) and every value of `from` is exact in `to` (a widening:
+ * nothing rounds): equal dtypes, every integer and bool conversion above, and floats to a
+ * float with at least as many exponent and mantissa bits (f16, bf16 to f32, f64; f32 to
+ * f64). Else 0 (f64 to f32, f32 to f16 or bf16, f16 and bf16 to one another: they round). */
+int st_convert_exact(strata_dtype from, strata_dtype to);
+
 /* Converts n elements of dtype `from` at src to dtype `to` at dst. Both may be unaligned.
  * st_convert_ok(from, to) must hold. dst == src is allowed when `to` is no wider than
  * `from` (elements are converted in order, each read before it is written). */

@@ -16,11 +16,35 @@
 #include "../io/pool.h"
 #include "../io/vfs.h"
 #include "engine.h"
-#include "source.h"
 
 #define COPY_THREADS 4
 
 uint64_t st_copy_block = 64u << 20; /* a whole number of S3 parts of the default size */
+
+/* The progress of a copy over all its files (opts->progress, called under mu). */
+typedef struct {
+    const strata_copy_opts *o;
+    pthread_mutex_t mu;
+    uint64_t done, total;
+} cprogress;
+
+/* Tells the caller's callback that n more bytes are written: nonzero from it stops the copy
+ * (STRATA_EABORTED, its message kept if it set one). */
+static int progress(cprogress *pr, uint64_t n)
+{
+    if (!pr->o->progress)
+        return 0;
+    pthread_mutex_lock(&pr->mu);
+    pr->done += n;
+    st_clear_error();
+    int stop = pr->o->progress(pr->o->progress_ctx, pr->done, pr->total);
+    pthread_mutex_unlock(&pr->mu);
+    if (!stop)
+        return 0;
+    if (!strata_error_last()[0])
+        st_fail(STRATA_EABORTED, "copy stopped by the progress callback");
+    return STRATA_EABORTED;
+}
 
 /* A checksummed chunk of a data file: [start, start + len) must hash to sum. */
 typedef struct {
@@ -37,6 +61,7 @@ typedef struct {
 typedef struct {
     const st_dir *src;
     const st_vfs *dv;
+    cprogress *pr;
     const char *sname, *dname; /* the file's full paths */
     st_file *in, *out;
     cchunk *ck;
@@ -165,7 +190,7 @@ static int copy_block(cfile *c, const cblock *b, char *buf)
     atomic_fetch_add(&c->calls, 1);
     if (e)
         return st_fail(st_from_errno(-e), "copying to '%s': %s", c->dname, strerror(-e));
-    return 0;
+    return progress(c->pr, b->len);
 }
 
 static void *copy_main(void *arg)
@@ -188,7 +213,7 @@ static void *copy_main(void *arg)
 
 /* Copies data file f of d into directory dst of dv (open, blocks, sync, close). */
 static int copy_file(const st_dir *d, uint32_t f, const st_vfs *dv, const char *dst,
-                     uint64_t *calls)
+                     cprogress *pr, uint64_t *calls)
 {
     const st_meta *m = d->meta;
     char sname[PATH_MAX], dname[PATH_MAX];
@@ -197,7 +222,7 @@ static int copy_file(const st_dir *d, uint32_t f, const st_vfs *dv, const char *
         rc = st_path_join(dname, dst, m->files[f].name);
     if (rc)
         return rc;
-    cfile c = {.src = d, .dv = dv, .sname = sname, .dname = dname};
+    cfile c = {.src = d, .dv = dv, .pr = pr, .sname = sname, .dname = dname};
     size_t n = 0;
     pthread_mutex_init(&c.mu, NULL);
     if ((rc = file_chunks(m, f, &c.ck, &n)) || (rc = file_blocks(&c, c.ck, n, m->files[f].bytes)))
@@ -242,21 +267,35 @@ done:
 
 int strata_copy(strata_stats *stats, const char *src_uri, const char *dst_uri, unsigned flags)
 {
+    strata_copy_opts o = STRATA_COPY_OPTS_INIT;
+    o.flags = flags;
+    return strata_copy_ext(stats, src_uri, dst_uri, &o);
+}
+
+int strata_copy_ext(strata_stats *stats, const char *src_uri, const char *dst_uri,
+                    const strata_copy_opts *opts)
+{
     st_clear_error();
     double t0 = st_now();
+    strata_copy_opts o = STRATA_COPY_OPTS_INIT;
     int rc = st_stats_check(stats);
     if (rc)
         return rc;
+    if (opts && opts->version != STRATA_COPY_OPTS_VERSION)
+        return st_fail(STRATA_EINVAL, "strata_copy_opts.version %d is not %d", opts->version,
+                       STRATA_COPY_OPTS_VERSION);
+    if (opts)
+        o = *opts;
     if (!src_uri || !dst_uri)
         return st_fail(STRATA_EINVAL, "strata_copy: %s is NULL", src_uri ? "dst_uri" : "src_uri");
-    if (flags)
-        return st_fail(STRATA_EINVAL, "strata_copy: unknown flags 0x%x", flags);
+    if (o.flags)
+        return st_fail(STRATA_EINVAL, "strata_copy: unknown flags 0x%x", o.flags);
     st_dir d;
     if ((rc = st_dir_open(&d, src_uri, 0)))
         return rc;
-    if (d.src || d.meta->foreign) {
+    if (d.src != &st_source_strata || d.meta->foreign) {
         rc = st_fail(STRATA_ENOTSUP, "strata_copy: '%s' is a %s checkpoint: only strata's own "
-                     "are copied (export or load it instead)", src_uri, d.src ? d.src->name : "foreign");
+                     "are copied (export or load it instead)", src_uri, d.src->name);
         st_dir_close(&d);
         return rc;
     }
@@ -268,9 +307,14 @@ int strata_copy(strata_stats *stats, const char *src_uri, const char *dst_uri, u
         st_dir_close(&d);
         return rc;
     }
+    cprogress pr = {.o = &o};
+    pthread_mutex_init(&pr.mu, NULL);
+    for (uint32_t f = 0; f < d.meta->nfiles; f++)
+        pr.total += d.meta->files[f].bytes;
     if (!(rc = st_prepare_dir(dv, dst, &lock))) {
+        rc = progress(&pr, 0);
         for (uint32_t f = 0; f < d.meta->nfiles && !rc; f++) {
-            rc = copy_file(&d, f, dv, dst, &calls);
+            rc = copy_file(&d, f, dv, dst, &pr, &calls);
             bytes += d.meta->files[f].bytes;
         }
         if (!rc)
@@ -291,6 +335,7 @@ int strata_copy(strata_stats *stats, const char *src_uri, const char *dst_uri, u
         full.seconds = st_now() - t0;
         st_stats_put(stats, &full);
     }
+    pthread_mutex_destroy(&pr.mu);
     st_dir_close(&d);
     st_vfs_release(dv);
     return rc;

@@ -71,7 +71,8 @@ typedef struct {
     uint64_t base_id;     /* the save every rank matched against (rank 0's base); 0: none */
     st_dir bd;            /* rank 0: the base (open while bd.vfs is set) */
     const st_mshard **cand; /* rank 0: per piece of the plan, its base shard, or NULL */
-    unsigned char *matched; /* per piece of this rank's part: 1 if referred to the base */
+    unsigned char *matched; /* per piece of this rank's part: 1 if referred to the base,
+                               2 if written for base bytes that failed their check */
     size_t nmine;
     int write2;           /* this rank's written shards carry second checksums */
     uint64_t matched_bytes; /* this rank's, referred to instead of written */

@@ -2,8 +2,9 @@
  * "Incremental saves", "Across ranks"). Rank 0 opens the base and finds, for every piece
  * of the save plan, the base's shard at its very place; one scatterv sends each rank its
  * candidates with the base's two checksums. Each rank hashes its candidates where they
- * lie, hard-links the base's files holding those that match into every destination, and
- * reads the base's commit record again; a rank that cannot use the base (a link refused:
+ * lie, checks the base's bytes of those that match (st_incr_check_base), hard-links the
+ * base's files holding those still matching into every destination, and reads the base's
+ * commit record again; a rank that cannot use the base (a link refused:
  * EXDEV, EPERM, ...; the base removed or replaced) writes its whole part instead, so no
  * rank's failure to link loses or fails anything. Each rank drops what matched from its
  * writes and reports which pieces those were with the checksums of the rest; rank 0
@@ -23,7 +24,7 @@
 
 /* Encodes each rank's block: rank 0's outcome (code, message), the base's id and name,
  * then per piece of the rank's part: 0, or 1 with the base file to link (its name there,
- * the link's name, its size) and the base shard's XXH3s and XXH64s. */
+ * the link's name, its size), the base shard's offset in it and its XXH3s and XXH64s. */
 static int encode_parts(st_dist_incr *x, const st_dests *d, const strata_save_opts *o,
                         const st_plan_cache *c, int P, unsigned char **out, size_t *counts)
 {
@@ -64,6 +65,7 @@ static int encode_parts(st_dist_incr *x, const st_dests *d, const strata_save_op
             st_buf_str(&b, bm->files[s->ext.file].name);
             st_buf_str(&b, to);
             st_buf_var(&b, bm->files[s->ext.file].bytes);
+            st_buf_var(&b, s->ext.offset);
             uint64_t nc = st_nchunks(s->ext.bytes, bm->chunk);
             for (uint64_t i = 0; i < 2 * nc; i++)
                 st_buf_u64(&b, s->ext.sums[i]);
@@ -82,8 +84,8 @@ static int encode_parts(st_dist_incr *x, const st_dests *d, const strata_save_op
 
 typedef struct {
     const char *from, *to; /* NULL: no candidate */
-    uint64_t file_bytes;
-    uint64_t *sums; /* 2 x nchunks */
+    uint64_t file_bytes, off; /* the base file's size, the base shard's offset in it */
+    uint64_t *sums;           /* 2 x nchunks */
 } cand;
 
 typedef struct {
@@ -113,6 +115,7 @@ static int decode_cands(st_rd *rd, st_arena *a, const st_save_plan *mine, cand *
         cs[k].from = st_rd_str(rd, a, ST_REF_FILE_BYTES - 1);
         cs[k].to = st_rd_str(rd, a, ST_REF_FILE_BYTES - 1);
         cs[k].file_bytes = st_rd_var(rd);
+        cs[k].off = st_rd_var(rd);
         uint64_t nc = st_nchunks(mine->pieces[k].bytes, mine->meta->chunk);
         if (rd->err || nc > st_rd_left(rd) / 16) {
             st_rd_fail(rd, "truncated checksums");
@@ -151,6 +154,43 @@ static uint64_t base_id_now(const st_vfs *v, const char *bdir)
     return id;
 }
 
+/* This rank's matched pieces whose base bytes fail their checksums in any destination's
+ * base are not referred to: it writes the caller's bytes instead (same[k] 2), with the
+ * base's second checksums, which it hashed them against (equal bytes: the next save
+ * matches them again). */
+static int check_base(const st_dist_incr *x, const st_dests *d, st_save_plan *mine,
+                      const cand *cs, unsigned char *same, int threads)
+{
+    size_t n = 0, *of = calloc(mine->npieces + 1, sizeof *of);
+    st_base_ext *e = calloc(mine->npieces + 1, sizeof *e);
+    int rc = e && of ? 0 : st_fail(STRATA_ENOMEM, "out of memory");
+    for (size_t k = 0; !rc && k < mine->npieces; k++)
+        if (same[k]) {
+            e[n] = (st_base_ext){.file = cs[k].from, .off = cs[k].off,
+                                 .bytes = mine->pieces[k].bytes, .sums = cs[k].sums};
+            of[n++] = k;
+        }
+    for (int t = 0; !rc && n && t < d->n; t++) {
+        char bdir[PATH_MAX];
+        if (!(rc = st_incr_base_path(bdir, d->final[t], x->base)))
+            rc = st_incr_check_base(d->vfs[t], bdir, e, n, mine->meta->chunk, threads);
+        for (size_t i = 0; !rc && i < n; i++) {
+            st_piece *pc = &mine->pieces[of[i]];
+            uint64_t nc = st_nchunks(pc->bytes, mine->meta->chunk);
+            if (!e[i].bad || same[of[i]] != 1)
+                continue;
+            same[of[i]] = 2;
+            if (!(pc->ext->sums = st_arena_alloc(&mine->meta->arena, (size_t)(2 * nc + 1) * 8)))
+                rc = st_fail(STRATA_ENOMEM, "out of memory");
+            else
+                memcpy(pc->ext->sums, cs[of[i]].sums, 2 * nc * 8);
+        }
+    }
+    free(e);
+    free(of);
+    return rc;
+}
+
 /* Links the base files holding this rank's matched pieces into every destination, then
  * checks that the base is still the save matched. 0, or why this rank cannot use it (the
  * caller writes in full; the links made stay listed in x->made: unused ones are cleared by
@@ -165,10 +205,10 @@ static int make_links(st_dist_incr *x, const st_dests *d, const cand *cs,
         char bdir[PATH_MAX], from[PATH_MAX], to[PATH_MAX];
         int rc = st_incr_base_path(bdir, d->final[t], x->base);
         for (size_t k = 0; !rc && k < n; k++) {
-            if (!same[k])
+            if (same[k] != 1)
                 continue;
             size_t j = 0; /* once per base file */
-            for (; j < k && !(same[j] && strcmp(cs[j].to, cs[k].to) == 0); j++)
+            for (; j < k && !(same[j] == 1 && strcmp(cs[j].to, cs[k].to) == 0); j++)
                 ;
             if (j < k)
                 continue;
@@ -215,7 +255,7 @@ static int strip(st_dist_incr *x, st_save_plan *mine)
     m->write2 = x->write2;
     for (size_t i = 0; i < mine->npieces; i++) {
         st_piece pc = mine->pieces[i];
-        if (x->matched[i]) {
+        if (x->matched[i] == 1) {
             m->data_bytes -= pc.bytes;
             x->matched_bytes += pc.bytes;
             continue;
@@ -278,6 +318,8 @@ int st_dist_incr_begin(st_dist_incr *x, strata_comm *comm, const st_dests *d,
         hash_ctx h = {mine, cs, x->matched};
         if (!(lrc = decode_cands(&rd, &a, mine, cs)) && x->nmine)
             lrc = st_parallel(st_io_threads(o->io_threads), x->nmine, run_hash, &h);
+        if (!lrc)
+            lrc = check_base(x, d, mine, cs, x->matched, o->io_threads);
         if (!lrc && make_links(x, d, cs, x->matched, x->nmine) == 0)
             x->write2 = 0; /* this rank matched against the base: it writes no second sums */
         else if (!lrc) /* a rank that cannot use the base writes its part in full */
@@ -301,10 +343,14 @@ void st_dist_incr_report(const st_dist_incr *x, st_buf *b, const st_save_plan *m
     st_buf_var(b, ok ? x->nmine : 0);
     for (size_t i = 0; ok && i < x->nmine; i++)
         st_buf_u8(b, x->matched ? x->matched[i] : 0);
-    for (size_t i = 0; ok && i < mine->npieces; i++) {
+    /* the pieces written, in order: those not matched (flag 2: with second checksums) */
+    for (size_t i = 0, j = 0; ok && i < mine->npieces; i++, j++) {
+        for (; x->matched && j < x->nmine && x->matched[j] == 1; j++)
+            ;
         const st_piece *pc = &mine->pieces[i];
         uint64_t nc = st_nchunks(pc->bytes, mine->meta->chunk);
-        for (uint64_t k = 0; k < (x->write2 ? 2 : 1) * nc; k++)
+        int two = x->write2 || (x->matched && j < x->nmine && x->matched[j] == 2);
+        for (uint64_t k = 0; k < (two ? 2 : 1) * nc; k++)
             st_buf_u64(b, pc->ext->sums[k]);
     }
 }
@@ -373,7 +419,10 @@ int st_incr_meta_take(st_incr_meta *im, const st_dist_incr *x, const st_plan_cac
         size_t q = c->by_rank[c->rank0[r] + k];
         st_extent *e = im->ext[q];
         uint64_t nc = st_nchunks(e->bytes, m->chunk);
-        if (flags[k]) {
+        if (flags[k] > 2)
+            return st_fail(STRATA_EINVAL, "rank %d's report is malformed: piece flag %u", r,
+                           flags[k]);
+        if (flags[k] == 1) {
             const st_mshard *bs = x->cand ? x->cand[q] : NULL;
             uint32_t f = 0;
             int rc = !bs ? st_fail(STRATA_EINVAL, "rank %d referred a piece of '%s' to a base "
@@ -392,12 +441,13 @@ int st_incr_meta_take(st_incr_meta *im, const st_dist_incr *x, const st_plan_cac
         }
         e->offset = fill;
         fill = ST_ALIGN_UP(fill + e->bytes, ST_ALIGN);
-        if (write2 && !(e->sums = st_arena_alloc(&m->arena, (size_t)(2 * nc + 1) * 8)))
+        int two = write2 || flags[k] == 2; /* 2: written for a base's bytes that rotted */
+        if (two && !(e->sums = st_arena_alloc(&m->arena, (size_t)(2 * nc + 1) * 8)))
             return st_fail(STRATA_ENOMEM, "out of memory");
-        for (uint64_t i = 0; i < (write2 ? 2 : 1) * nc; i++)
+        for (uint64_t i = 0; i < (two ? 2 : 1) * nc; i++)
             e->sums[i] = st_rd_u64(rd);
         if (im->sh[q])
-            im->sh[q]->has2 = write2;
+            im->sh[q]->has2 = two;
     }
     if (rd->err || rd->p != rd->end)
         return st_fail(STRATA_EINVAL, "rank %d's report is malformed: %s", r,

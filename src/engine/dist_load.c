@@ -5,7 +5,9 @@
  * it needs itself, those that ranks of its node share through the page cache, with no
  * collective (plan_rank.c) -> only where ranks of several nodes need a read: rounds of (its
  * reader reads it, [allgather status], alltoallv the bytes to the other nodes) -> one
- * allgather of every rank's status and bytes read. */
+ * allgather of every rank's status and bytes read. A format's check unit (a zip entry and
+ * its CRC-32) is read whole by every rank that reads any of it, and compared before its
+ * bytes reach the caller (st_io_unit_end). */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -13,13 +15,13 @@
 #include "../core/error.h"
 #include "../io/pool.h"
 #include "dist.h"
-#include "source.h"
 
 /* Rank 0's I/O settings, every rank's: they size the reads of the one global plan and the
  * rounds (reads per rank per round), so ranks that asked for others would go out of step.
  * Every rank's request starts with its own; rank 0's are used. */
 typedef struct {
     uint32_t io_threads, max_io;
+    uint32_t crc; /* 1: a format's CRC-32s checked (not STRATA_LOAD_SKIP_CRC): the reads differ */
 } io_settings;
 
 /* st_walk_read callbacks: the bytes of a read for each destination rank (ctx: uint64_t[P]);
@@ -105,29 +107,37 @@ static int cmp_size_desc(const void *a, const void *b, void *ctx)
 /* The reader of each read that ranks of more than one node need (reader[i] = -1 for the
  * others): one of its needers, balanced over the whole plan - every rank starts with the
  * bytes it reads for itself on its node, then these reads go largest first to their
- * least-loaded needer (the lowest rank on a tie). The same on every rank. */
+ * least-loaded needer (the lowest rank on a tie). The reads of one unit (st_io_unit_end: a
+ * check spread over several reads) go to one reader, which compares the check. The same on
+ * every rank. */
 static int assign_readers(const st_io_plan *p, int P, const int *node, int *reader)
 {
     uint64_t *load = calloc((size_t)P, sizeof *load), *size = malloc((p->nios + 1) * 8);
     size_t *cross = malloc((p->nios + 1) * sizeof *cross), ncross = 0;
+    size_t *end = malloc((p->nios + 1) * sizeof *end);
     needers c = {calloc((size_t)P, 1), malloc((size_t)P * sizeof *c.who), 0};
-    int rc = !load || !size || !cross || !c.need || !c.who
+    int rc = !load || !size || !cross || !end || !c.need || !c.who
                  ? st_fail(STRATA_ENOMEM, "out of memory")
                  : 0;
-    for (size_t i = 0; !rc && i < p->nios; i++) {
+    for (size_t i = 0; !rc && i < p->nios; i = end[i]) {
+        end[i] = st_io_unit_end(p, i);
         c.n = 0;
-        st_walk_read(p, i, mark_needer, &c);
+        size[i] = 0;
+        for (size_t k = i; k < end[i]; k++) {
+            st_walk_read(p, k, mark_needer, &c);
+            size[i] += read_payload(p, k);
+            reader[k] = -1;
+        }
         int many = 0;
         for (int k = 0; k < c.n; k++) {
             many |= node[c.who[k]] != node[c.who[0]];
             c.need[c.who[k]] = 0;
         }
-        reader[i] = -1;
-        size[i] = read_payload(p, i);
         if (many)
             cross[ncross++] = i;
         else
-            st_walk_read(p, i, count_per_rank, load);
+            for (size_t k = i; k < end[i]; k++)
+                st_walk_read(p, k, count_per_rank, load);
     }
     by_size bs = {size};
     if (!rc && ncross > 1)
@@ -135,7 +145,8 @@ static int assign_readers(const st_io_plan *p, int P, const int *node, int *read
     for (size_t k = 0; !rc && k < ncross; k++) {
         size_t i = cross[k];
         c.n = 0;
-        st_walk_read(p, i, mark_needer, &c);
+        for (size_t j = i; j < end[i]; j++)
+            st_walk_read(p, j, mark_needer, &c);
         int best = -1;
         for (int j = 0; j < c.n; j++) {
             int r = c.who[j];
@@ -143,12 +154,14 @@ static int assign_readers(const st_io_plan *p, int P, const int *node, int *read
                 best = r;
             c.need[r] = 0;
         }
-        reader[i] = best;
+        for (size_t j = i; j < end[i]; j++)
+            reader[j] = best;
         load[best] += size[i];
     }
     free(load);
     free(size);
     free(cross);
+    free(end);
     free(c.need);
     free(c.who);
     return rc;
@@ -191,7 +204,8 @@ static int first_failure(strata_comm *comm, const int32_t *sts, int P)
  * rank's failure so far (it still takes part, without reading). */
 static int cross_rounds(strata_comm *comm, const st_dir *d, const st_io_plan *p,
                         const st_io_plan *rp, st_file **files, const int *node,
-                        const int *reader, const strata_load_opts *o, int *local_rc)
+                        const int *reader, const strata_load_opts *o, st_crc_run *crc,
+                        int *local_rc)
 {
     const int P = comm->size, me = comm->rank;
     const size_t per_round = (size_t)o->io_threads;
@@ -225,7 +239,7 @@ static int cross_rounds(strata_comm *comm, const st_dir *d, const st_io_plan *p,
         size_t n = ST_MIN(per_round, nmine - first);
         if (!*local_rc && n)
             *local_rc = st_read_some(d, rp, files, mine + first, n, bufs, o->io_threads, me,
-                                     o->max_io_bytes);
+                                     o->max_io_bytes, crc);
         int32_t my_st = *local_rc;
         if ((rc = st_allgather(comm, &my_st, sizeof my_st, sts)) ||
             (rc = first_failure(comm, sts, P)))
@@ -301,14 +315,43 @@ out:
     return rc;
 }
 
+/* What a rank's reads count: the payload bytes it is counted as reading from storage (of
+ * chunks several ranks of a node read through the page cache, one rank's), every rank's
+ * sum, its reads, and of the format's checks in the reads it is counted for, the bytes read
+ * only for them and the checks compared (each check once over the ranks of a node). */
+typedef struct {
+    uint64_t bytes, all_bytes, reads, crc_bytes, checked;
+} read_counts;
+
+/* Is read i of rank plan rp counted for this rank (not a read of shared bytes another rank
+ * of its node is counted for)? */
+static int counted(const st_io_plan *rp, size_t i)
+{
+    return !(rp->ios[i].flags & ST_IO_SHARED) || (rp->ios[i].flags & ST_IO_FIRST);
+}
+
+static void count_reads(const st_io_plan *rp, read_counts *n)
+{
+    for (size_t i = 0; i < rp->nios; i++) {
+        if (!counted(rp, i))
+            continue;
+        n->bytes += read_payload(rp, i);
+        if (!rp->ncparts)
+            continue;
+        n->crc_bytes += st_io_crc_bytes(rp, i);
+        for (size_t j = rp->ios[i].cp0; j < rp->ios[i].cp1; j++) /* a check's last part */
+            n->checked += j + 1 == rp->ncparts || rp->cparts[j + 1].check != rp->cparts[j].check;
+    }
+    n->reads = rp->nios;
+}
+
 /* This rank's reads of the plan (o: the settings every rank agreed on). The ranks' nodes
  * first (an allgather); then the reads this rank does for itself, with no collective; then
  * the rounds of reads for other nodes, if any; then one allgather of every rank's status and
- * of the bytes it counts as read from storage (*all_bytes: their sum), so that a failure on
- * any rank fails every rank with its message. */
+ * of the bytes it counts as read from storage, so that a failure on any rank fails every
+ * rank with its message. */
 static int load_reads(strata_comm *comm, const st_dir *d, const st_io_plan *p,
-                      const strata_load_opts *o, uint64_t *my_bytes, uint64_t *all_bytes,
-                      uint64_t *my_reads)
+                      const strata_load_opts *o, read_counts *n)
 {
     const int P = comm->size, me = comm->rank;
     int *node = malloc(((size_t)P + 1) * sizeof *node);
@@ -319,6 +362,7 @@ static int load_reads(strata_comm *comm, const st_dir *d, const st_io_plan *p,
     } mine = {0, 0, 0}, *every = malloc((size_t)P * sizeof *every);
     st_io_plan rp = {0};
     st_file **files = NULL;
+    st_crc_run *crc = NULL; /* the CRC-32s of the checks my reads hold */
     int rc = 0, local_rc = 0, cross = 0;
     if (!node || !reader || !every) {
         rc = st_fail(STRATA_ENOMEM, "out of memory"); /* the others time out */
@@ -331,7 +375,7 @@ static int load_reads(strata_comm *comm, const st_dir *d, const st_io_plan *p,
     /* the same on every rank: the plan and the nodes are */
     if ((local_rc = assign_readers(p, P, node, reader)) == 0 &&
         (local_rc = st_plan_rank_reads(&rp, p, me, node, reader, o->max_io_bytes)) == 0 &&
-        rp.nios)
+        (local_rc = st_crc_run_new(&crc, &rp, NULL)) == 0 && rp.nios)
         local_rc = st_open_data_files(d, &rp, o->flags & STRATA_LOAD_NO_DIRECT, &files);
     for (size_t i = 0; i < p->nios; i++)
         cross |= reader[i] >= 0;
@@ -340,24 +384,23 @@ static int load_reads(strata_comm *comm, const st_dir *d, const st_io_plan *p,
         nlocal++;
     if (!local_rc && nlocal)
         local_rc = st_read_some(d, &rp, files, NULL, nlocal, NULL, o->io_threads, me,
-                                o->max_io_bytes);
-    if (cross && (rc = cross_rounds(comm, d, p, &rp, files, node, reader, o, &local_rc)))
+                                o->max_io_bytes, crc);
+    if (cross &&
+        (rc = cross_rounds(comm, d, p, &rp, files, node, reader, o, crc, &local_rc)))
         goto out;
-    for (size_t i = 0; i < rp.nios; i++)
-        if (!(rp.ios[i].flags & ST_IO_SHARED) || (rp.ios[i].flags & ST_IO_FIRST))
-            mine.bytes += read_payload(&rp, i);
+    count_reads(&rp, n);
+    mine.bytes = n->bytes;
     mine.rc = local_rc;
     if ((rc = st_allgather(comm, &mine, sizeof mine, every)))
         goto out;
     int32_t *sts = (int32_t *)node; /* every rank's status: the nodes are no longer needed */
     for (int r = 0; r < P; r++) {
         sts[r] = every[r].rc;
-        *all_bytes += every[r].bytes;
+        n->all_bytes += every[r].bytes;
     }
     rc = first_failure(comm, sts, P);
-    *my_bytes = mine.bytes;
-    *my_reads = rp.nios;
 out:
+    st_crc_run_free(crc);
     if (files)
         st_close_data_files(d, &rp, files);
     st_rank_reads_free(&rp);
@@ -373,10 +416,11 @@ static int exchange_requests(strata_comm *comm, strata_state *local, const strat
                              st_rank_view *my, io_settings *set, unsigned char **all,
                              size_t *counts)
 {
-    io_settings mine = {(uint32_t)st_io_threads(o->io_threads), o->max_io_bytes};
+    io_settings mine = {(uint32_t)st_io_threads(o->io_threads), o->max_io_bytes,
+                        !(o->flags & STRATA_LOAD_SKIP_CRC)};
     st_buf req = {0};
     *my = st_state_view(local);
-    my->cast = (o->flags & STRATA_LOAD_CAST) != 0; /* each rank's own: it travels in its request */
+    my->cast = st_cast_level(o->flags); /* each rank's own: it travels in its request */
     st_buf_put(&req, &mine, sizeof mine);
     st_encode_state(&req, my);
     if (req.oom)
@@ -458,19 +502,26 @@ int st_load_dist(strata_comm *comm, const st_dir *d, st_load_cache *c, strata_st
             st_load_cache_clear(c);
             goto out;
         }
-        c->have = 1;
+        c->have = 1; /* the plan is the cache's to free from here on */
+        if (set.crc && (rc = st_plan_checks(&c->plan, eff.max_io_bytes, 1))) {
+            st_load_cache_clear(c);
+            goto out;
+        }
         c->key = key.p;
         c->keylen = key.n;
         key.p = NULL;
     }
-    uint64_t got = 0, all_got = 0, reads = 0;
-    if ((rc = load_reads(comm, d, &c->plan, &eff, &got, &all_got, &reads)))
+    read_counts n = {0};
+    if ((rc = load_reads(comm, d, &c->plan, &eff, &n)))
         goto out;
     /* payload bytes read from storage, not alignment padding, as the in-process load counts
      * (of chunks several ranks of a node read through the page cache, one rank's) */
-    *stats = (strata_stats){.data_bytes = d->meta->data_bytes, .bytes = got,
-                            .io_calls = reads, .all_bytes = all_got, .plan_cached = cached,
-                            .io_threads = eff.io_threads, .max_io_bytes = eff.max_io_bytes};
+    *stats = (strata_stats){.data_bytes = d->meta->data_bytes, .bytes = n.bytes,
+                            .io_calls = n.reads, .all_bytes = n.all_bytes,
+                            .plan_cached = cached, .io_threads = eff.io_threads,
+                            .max_io_bytes = eff.max_io_bytes, .crc_checked = n.checked,
+                            .crc_bytes = n.crc_bytes,
+                            .crc_skipped = !set.crc && d->meta->nchecks};
     stats->seconds = st_now() - t0;
 out:
     free(key.p);

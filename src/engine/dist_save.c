@@ -94,7 +94,7 @@ static int dist_begin(st_async_dist *d, const char *const *uris, strata_state *l
     if (!lrc)
         lrc = st_dests_resolve(&d->dst, uris, d->ntiers, o->flags);
     if (!lrc && o->base) /* before rank 0 makes anything */
-        lrc = st_incr_check_name(o->base);
+        lrc = st_incr_check_name(o->base, &d->dst);
     snprintf(local_msg, ST_MSG_BYTES, "%s", lrc ? strata_error_last() : "");
     uint64_t h = st_plan_hash(lp.p, lp.n, P, chunk);
     st_plan_cache *cache = *d->slot;

@@ -65,7 +65,7 @@ void st_encode_state(st_buf *b, const st_rank_view *v)
         st_buf_var(b, (uint64_t)(v->bl[i].owner + 1));
         st_buf_var(b, v->bl[i].size);
     }
-    st_buf_u8(b, (uint8_t)(v->cast != 0));
+    st_buf_u8(b, (uint8_t)v->cast);
 }
 
 /* Decodes a peer's state (data pointers NULL) into arena memory. */
@@ -106,7 +106,7 @@ static int decode_state(st_arena *a, const unsigned char *p, size_t n, st_rank_v
     int cast = st_rd_u8(&r);
     if (!sh || !bl)
         return st_fail(STRATA_ENOMEM, "out of memory");
-    if (!r.err && cast > 1)
+    if (!r.err && cast > ST_CAST_ANY)
         st_rd_fail(&r, "bad cast flag");
     if (r.err || r.p != r.end)
         return st_fail(STRATA_EINVAL, "a peer's plan is malformed: %s", r.what);

@@ -8,6 +8,7 @@
 #include "../io/vfs.h"
 #include "../meta/meta.h"
 #include "../plan/plan.h"
+#include "../source/source.h"
 #include "strata.h"
 
 struct strata_state {
@@ -35,6 +36,9 @@ static inline st_rank_view st_state_view(const strata_state *s)
  * st_default_read_bytes) and checks them. */
 int st_save_opts_get(strata_save_opts *out, const strata_save_opts *in);
 int st_load_opts_get(strata_load_opts *out, const strata_load_opts *in);
+/* The cast level (ST_CAST_*, plan.h) of a load's flags: STRATA_LOAD_CAST, else
+ * STRATA_LOAD_WIDEN, else none. */
+int st_cast_level(unsigned flags);
 /* A caller's stats struct (may be NULL) must carry a known version. */
 int st_stats_check(const strata_stats *s);
 /* The bytes strata_copy reads and writes at once (copy.c; 64 MiB; tests make it small, so
@@ -92,7 +96,10 @@ void st_committer_drain(st_committer *q);
 int st_save_dist_start(strata_handle **out, strata_comm *comm, st_plan_cache **cache,
                        const char *const *uris, int ntiers, strata_state *local,
                        const strata_save_opts *o, strata_pool **pool, st_committer *q, int bg);
-typedef struct st_dir st_dir; /* an opened checkpoint directory, below */
+/* An opened checkpoint: the index its source read (src/source/source.h). */
+typedef st_index st_dir;
+typedef struct st_crc_run st_crc_run;       /* a load's CRC-32 checks, below */
+typedef struct st_crc_ledger st_crc_ledger; /* a loader's checks across its loads, below */
 
 /* The last load plan of a loader (loader.c) and the request it was made for: a load whose
  * request encodes to the same key reuses it with the new data addresses. */
@@ -112,7 +119,7 @@ int st_load_cache_hit(const st_load_cache *c, const unsigned char *key, size_t n
 /* Loads from an opened source (load.c): in-process ranks; or one rank of a distributed
  * load (dist_load.c, a collective). *cached: whether the plan in c was reused. */
 int st_load_local(const st_dir *d, st_load_cache *c, strata_state *const *ranks, int nranks,
-                  const strata_load_opts *o, strata_stats *stats);
+                  const strata_load_opts *o, st_crc_ledger *later, strata_stats *stats);
 int st_load_dist(strata_comm *comm, const st_dir *d, st_load_cache *c, strata_state *local,
                  const strata_load_opts *o, strata_stats *stats);
 /* The arguments every save and load checks (saver.c): 1..ST_MAX_TIERS URIs, and the
@@ -157,8 +164,24 @@ int st_incr_plan(st_incr **out, st_save_plan *sp, const st_dests *d, const strat
  * that the base is still the save matched. STRATA_ECHANGED if the base was removed or
  * replaced meanwhile (nothing of another checkpoint is ever referred to). */
 int st_incr_link(const st_incr *x, const st_meta *m, const st_dests *d, int t);
-/* STRATA_EINVAL unless base is a plain name (no '/', not "." or "..") of a checkpoint. */
-int st_incr_check_name(const char *base);
+/* A base extent an incremental save is about to refer to (incr_check.c). */
+typedef struct st_base_ext {
+    const char *file;     /* its file's name in the base directory */
+    uint64_t off, bytes;  /* its place there */
+    const uint64_t *sums; /* its chunks' XXH3s, as the base recorded them */
+    int bad;              /* out: its bytes do not match them, or cannot be read */
+} st_base_ext;
+/* Reads each of e[0, n) from the base at bdir (on threads I/O threads) and sets its bad
+ * unless every chunk's XXH3 is the one recorded; an extent found intact is remembered for
+ * the life of the process by its file's version (device, inode, size, modification time;
+ * the ETag on S3) and its place, and not read again. 0, or STRATA_ENOMEM. */
+int st_incr_check_base(const st_vfs *v, const char *bdir, st_base_ext *e, size_t n,
+                       uint32_t chunk, int threads);
+/* Tests: bytes of bases read by st_incr_check_base since the process started. */
+extern _Atomic uint64_t st_incr_base_read;
+/* STRATA_EINVAL unless base is a plain name (no '/', not "." or "..") of a checkpoint,
+ * and not a symlink beside any destination of d. */
+int st_incr_check_name(const char *base, const st_dests *d);
 /* The base beside every destination of d, opened (tier 0's into *bd, closed by the
  * caller with st_dir_close where bd->vfs is set): *id is its save id where it is usable
  * as a base (committed, metadata version 2 of the same chunk size, the same save in every
@@ -287,9 +310,11 @@ typedef struct st_dests {
 int st_dests_resolve(st_dests *d, const char *const *uris, int n, unsigned flags);
 void st_dests_close(st_dests *d);
 /* Owns destination t before anything is written there: st_prepare_dir (prepare) or
- * st_own (ST_OWN_NEW) of dir[t]; with replace, first the target (made if missing) and
- * the directory beside it cleared of what a dead replace left, and a check that the file
- * system can exchange directories (STRATA_ENOTSUP). *lock: dir[t]'s lock. */
+ * st_own (ST_OWN_NEW) of dir[t]; with replace, first the target (made if missing; a
+ * committed checkpoint or what a plain save takes, else STRATA_ENOTCKPT) and the directory
+ * beside it cleared of what a dead replace left (anything but a directory there, a planted
+ * link: STRATA_EINVAL, never followed), and a check that the file system can exchange
+ * directories (STRATA_ENOTSUP). *lock: dir[t]'s lock. */
 int st_dest_own(st_dests *d, int t, int prepare, st_file **lock);
 /* Commits destination t (st_commit_dir) and lets go of it (*lock = NULL); with replace,
  * exchanges dir[t] with the target, then removes the previous checkpoint. On failure
@@ -351,72 +376,82 @@ int st_async_start(strata_handle **out, st_save_plan *sp, const strata_save_opts
                    strata_pool **pool, const st_commit_ops *ops, void *ctx, int failed,
                    st_committer *q, int bg);
 
-typedef struct st_source st_source; /* source.h */
-
-/* An opened checkpoint directory. */
-struct st_dir {
-    const st_vfs *vfs;
-    const st_source *src; /* another format's reader (source.h); NULL: strata's own */
-    char path[PATH_MAX];
-    st_meta *meta;
-    int committed;
-    st_commit commit;
-};
-
 /* The public read-only view of an opened directory (ckpt.c; a loader holds one). */
 struct strata_ckpt {
     st_dir d;
 };
 
-/* Joins dir and a plain name into out (PATH_MAX). STRATA_EINVAL if too long. */
-int st_path_join(char *out, const char *dir, const char *name);
-/* Opens uri: reads and validates the commit record and metadata. allow_incomplete lets
- * a checkpoint without a (valid) commit record through if its metadata decodes. */
+/* Opens uri: finds the source that reads what is there (strata's own included) and opens
+ * it; when none claims it, fails saying what it is (st_survey). allow_incomplete lets a
+ * strata checkpoint without a (valid) commit record through if its metadata decodes. */
 int st_dir_open(st_dir *d, const char *uri, int allow_incomplete);
 void st_dir_close(st_dir *d);
-/* st_dir_open that also returns the raw metadata bytes (malloc'd) for broadcasting. */
+/* st_dir_open that also returns the source's description (malloc'd) for broadcasting. */
 int st_dir_open_raw(st_dir *d, const char *uri, int allow_incomplete, unsigned char **raw,
                     size_t *rawlen);
-/* A committed checkpoint opened elsewhere: decodes and checks metadata received from the
- * rank that read it; source: st_source_id of the source that read it (0: strata's own,
- * with commit record c; else meta is that source's description). */
-int st_dir_adopt(st_dir *d, const char *uri, const st_commit *c, const unsigned char *meta,
-                 size_t mlen, uint32_t source);
-/* What is at path (stat kind `kind`), which has no commit record (survey.c): 0 when it is a
- * directory holding strata's files (an incomplete strata checkpoint); else fails saying
- * what it is instead: STRATA_EFORMAT naming a format strata cannot read yet (PyTorch DCP,
- * Megatron torch_dist, DeepSpeed, torch.save), STRATA_ENOENT for a directory of checkpoints
- * (naming one), an empty or unrelated directory, or a file that is none of these. */
-int st_survey(const st_vfs *v, const char *path, int kind);
+/* A committed checkpoint opened elsewhere: builds the index from the description the rank
+ * that opened it made, without I/O (but a source's own: a safetensors or torch.save path
+ * is looked at to tell a file from a directory); source: st_source_id of its source. */
+int st_dir_adopt(st_dir *d, const char *uri, const unsigned char *desc, size_t len,
+                 uint32_t source);
 /* The directory behind a public handle. */
 const st_dir *st_ckpt_dir(const strata_ckpt *ck);
-/* Is name a file strata writes into a checkpoint directory? (files.c, with st_path_join
- * and st_scan_dir) */
-int st_is_strata_file(const char *name);
-/* Counts (and with unlink = 1 removes) strata's regular files in dir; anything else
- * (other names, symlinks, directories) counts as foreign and is never touched. */
+/* Counts (and with unlink = 1 removes) strata's regular files in dir (own.c); anything
+ * else (other names, symlinks, directories) counts as foreign and is never touched. */
 int st_scan_dir(const st_vfs *v, const char *dir, int unlink, int *strata, int *foreign,
                 uint64_t *bytes);
 /* Removes strata's regular files in dir but its LOCK and the data files of keep. */
 int st_scan_dir_keep(const st_vfs *v, const char *dir, const st_save_plan *keep);
 
-/* Executes the reads of a load plan: reads, verifies every chunk, scatters runs (dst NULL:
- * verify only). With report set, a bad chunk is reported and the walk goes on (the
- * result is then STRATA_ECHECKSUM); without, the first bad chunk fails the call. */
+/* The CRC-32 checks of one load's reads (crc_check.c): a plan with checks (st_plan_checks)
+ * gets a run (st_crc_run_new: *out NULL for a plan without; later: the loader's ledger,
+ * for a plan that was not widened, or NULL); each read takes its parts' CRC-32s
+ * (st_crc_take, on the I/O thread, after the read and before its scatter: buf holds the
+ * read's bytes from its offset, got of them) and the read that completes a check compares
+ * it (STRATA_ECHECKSUM naming the tensor, the entry and the file); st_crc_run_end, after
+ * every read, gives the ledger the parts of checks the plan read only in part. */
+int st_crc_run_new(st_crc_run **out, const st_io_plan *p, st_crc_ledger *later);
+int st_crc_take(st_crc_run *r, const st_dir *d, size_t io, const char *buf, uint64_t got);
+int st_crc_run_end(st_crc_run *r, const st_dir *d);
+uint64_t st_crc_run_checked(const st_crc_run *r); /* checks compared so far */
+void st_crc_run_free(st_crc_run *r);
+/* A loader's checks of entries its loads read in part (export's windows): each run of
+ * bytes read is kept with its CRC-32 until the loads together read the whole entry, which
+ * is then compared; st_crc_ledger_finish reads what no load read of every entry begun and
+ * compares the rest. counts: entries compared, bytes read by finish. */
+int st_crc_ledger_new(st_crc_ledger **out, const st_meta *m);
+int st_crc_ledger_finish(st_crc_ledger *l, const st_dir *d);
+void st_crc_ledger_counts(const st_crc_ledger *l, uint64_t *checked, uint64_t *bytes);
+void st_crc_ledger_free(st_crc_ledger *l);
+
+/* A loader (in this process) whose loads each read a part of what its caller wants (export's
+ * windows): its loads of a source with CRC-32 checks read only the bytes they need and keep
+ * the CRC-32 of each run of them (the ledger) instead of reading every entry whole in each
+ * load; an entry is compared when the loads together have read all of it (the load that
+ * completes it fails on a mismatch), and st_loader_crc_finish reads what they did not of
+ * every entry begun and compares the rest (*checked: entries compared over the loads and the
+ * finish; *bytes: bytes the finish read). Bytes reach the states before their entry is
+ * compared: for a caller that publishes nothing until finish has succeeded. loader.c. */
+int st_loader_crc_later(strata_loader *ld);
+int st_loader_crc_finish(strata_loader *ld, uint64_t *checked, uint64_t *bytes);
+
+/* Executes the reads of a load plan: reads, verifies every chunk (and with crc, the plan's
+ * CRC-32 checks), scatters runs (dst NULL: verify only). With report set, a bad chunk is
+ * reported and the walk goes on (the result is then STRATA_ECHECKSUM); without, the first
+ * bad chunk fails the call. */
 int st_exec_reads(const st_dir *d, const st_io_plan *p, int threads, int no_direct,
-                  uint64_t max_io, strata_verify_cb report, void *ctx, uint64_t *bytes_read);
+                  uint64_t max_io, strata_verify_cb report, void *ctx, st_crc_run *crc,
+                  uint64_t *bytes_read);
 
 /* The pieces of st_exec_reads, for the distributed load: open the data files the plan
  * reads; do the reads list[0..n) into bufs[i] (each st_read_buf_bytes; bufs NULL: into a
  * scratch buffer per I/O thread, for reads of max_io), verifying every chunk and
  * scattering the runs of only_rank (-1: all ranks). */
 int st_open_data_files(const st_dir *d, const st_io_plan *p, int no_direct, st_file ***out);
-/* A foreign file f (file mf of d, whose identity was `was` when its header was read) is
- * still that file, unchanged: STRATA_ECHANGED naming it otherwise. */
-int st_check_same_file(const st_dir *d, const st_mfile *mf, const st_mident *was, st_file *f);
 void st_close_data_files(const st_dir *d, const st_io_plan *p, st_file **files);
 int st_read_some(const st_dir *d, const st_io_plan *p, st_file **files, const size_t *list,
-                 size_t n, char **bufs, int threads, int only_rank, uint64_t max_io);
+                 size_t n, char **bufs, int threads, int only_rank, uint64_t max_io,
+                 st_crc_run *crc);
 /* Walks the runs of read i that fall in its chunks, in a fixed order (segments, then runs
  * by source offset): fn(ctx, run, x0, x1, at) for the overlap [x0, x1) of each run with
  * the read, `at` its offset in the read's buffer. */

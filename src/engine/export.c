@@ -32,7 +32,7 @@
 #include "../core/utf8.h"
 #include "../io/pool.h"
 #include "../io/vfs.h"
-#include "../meta/safetensors.h"
+#include "../source/safetensors.h"
 #include "engine.h"
 #include "export_dir.h"
 
@@ -92,6 +92,8 @@ typedef struct {
     uint64_t data_start;  /* where the data section begins in the current file */
     uint64_t total_bytes, done_bytes, io_calls;
     uint64_t meta_reads; /* the loader's index reads so far (its last window's stats) */
+    uint64_t crc_checked, crc_bytes; /* the zip CRC-32s (st_loader_crc_finish) */
+    int crc_skipped;
 } ex_ctx;
 
 /* ---- writing --------------------------------------------------------------------------- */
@@ -201,6 +203,8 @@ static int load_window(ex_ctx *c, ex_win *w, strata_stats *ls)
         lo.max_io_bytes = EXPORT_MAX_IO;
         if (c->o->flags & STRATA_EXPORT_NO_DIRECT)
             lo.flags |= STRATA_LOAD_NO_DIRECT;
+        if (c->o->flags & STRATA_EXPORT_SKIP_CRC)
+            lo.flags |= STRATA_LOAD_SKIP_CRC;
         rc = strata_loader_load(ls, c->ld, &st, 1, &lo);
     }
     strata_state_free(st);
@@ -269,6 +273,7 @@ static int flush(ex_ctx *c)
         load_main(&l);
     c->io_calls += l.ls.io_calls;
     c->meta_reads = l.ls.meta_reads; /* the loader's, as of its last window */
+    c->crc_skipped |= l.ls.crc_skipped;
     if (!rc && l.rc)
         rc = st_fail(l.rc, "%s", l.msg);
     if (rc) {
@@ -471,7 +476,8 @@ static int export_opts_get(strata_export_opts *out, const strata_export_opts *in
         memcpy(out, in, size[in->version]);
         out->version = STRATA_EXPORT_OPTS_VERSION;
     }
-    if (out->flags & ~(unsigned)(STRATA_EXPORT_BF16 | STRATA_EXPORT_NO_DIRECT))
+    if (out->flags & ~(unsigned)(STRATA_EXPORT_BF16 | STRATA_EXPORT_NO_DIRECT |
+                                 STRATA_EXPORT_SKIP_CRC))
         return st_fail(STRATA_EINVAL, "strata_export_opts.flags 0x%x has unknown bits", out->flags);
     if (out->io_threads < 0)
         return st_fail(STRATA_EINVAL, "strata_export_opts.io_threads %d is negative",
@@ -497,9 +503,31 @@ static int export_opts_get(strata_export_opts *out, const strata_export_opts *in
     return rc;
 }
 
+/* Is `name` a DeepSpeed checkpoint's tensor that is not the model's (zero_to_fp32's):
+ * an optimizer state (optim.state.<fqn>.<key>), or in a strata.deepspeed tag a tensor of
+ * one of DeepSpeed's files as saved (<file>#<i>, <file> a blob of the tag)? */
+static int ds_not_model(const strata_ckpt *ck, const char *name)
+{
+    if (strncmp(name, "optim.state.", 12) == 0)
+        return 1;
+    const char *h = strrchr(name, '#');
+    if (strata_ckpt_format(ck) != STRATA_FORMAT_STRATA_DEEPSPEED || !h || !h[1] ||
+        strspn(h + 1, "0123456789") != strlen(h + 1))
+        return 0;
+    for (size_t i = 0; i < strata_ckpt_nblobs(ck); i++) {
+        strata_blob_info b;
+        strata_ckpt_blob(&b, ck, i);
+        if (strlen(b.name) == (size_t)(h - name) && memcmp(b.name, name, h - name) == 0)
+            return 1;
+    }
+    return 0;
+}
+
 /* Is the tensor `name` selected (include, exclude, model_only)? *out_name gets the name
- * it is written under (model_only strips "P."). */
-static int selected(const strata_export_opts *o, const char *name, const char **out_name)
+ * it is written under (model_only strips "P."). A DeepSpeed checkpoint's (ds): without
+ * include, or with model_only, the model's tensors, named as they are. */
+static int selected(const strata_export_opts *o, const strata_ckpt *ck, int ds, const char *name,
+                    const char **out_name)
 {
     *out_name = name;
     int in = !o->include;
@@ -507,6 +535,8 @@ static int selected(const strata_export_opts *o, const char *name, const char **
         in = fnmatch(o->include[i], name, 0) == 0;
     for (int i = 0; in && o->exclude && o->exclude[i]; i++)
         in = fnmatch(o->exclude[i], name, 0) != 0;
+    if (in && ds && (!o->include || o->model_only))
+        return !ds_not_model(ck, name);
     if (!in || !o->model_only)
         return in;
     size_t plen = strlen(o->model_only), n = strlen(name);
@@ -523,7 +553,7 @@ static int selected(const strata_export_opts *o, const char *name, const char **
 }
 
 /* What the selection was, for the message when it keeps nothing. */
-static void describe_selection(const strata_export_opts *o, char *buf, size_t n)
+static void describe_selection(const strata_export_opts *o, int ds, char *buf, size_t n)
 {
     FILE *m = fmemopen(buf, n, "w");
     if (!m) {
@@ -536,7 +566,9 @@ static void describe_selection(const strata_export_opts *o, char *buf, size_t n)
         for (int i = 0; l && l[i]; i++, sep = ", ")
             fprintf(m, "%s%s \"%s\"", sep, k ? "exclude" : "include", l[i]);
     }
-    if (o->model_only)
+    if (o->model_only && ds)
+        fprintf(m, "%smodel_only (a DeepSpeed checkpoint's model: zero_to_fp32's tensors)", sep);
+    else if (o->model_only)
         fprintf(m, "%smodel_only \"%s\" (tensors named %s.<name>, not per-rank)", sep,
                 o->model_only, o->model_only);
     fclose(m);
@@ -551,11 +583,13 @@ static int layout(ex_ctx *c, const strata_ckpt *ck)
     uint64_t file_used = 0;
     int file = 0;
     size_t nsel = 0, nall = c->nts;
+    int ds = strata_ckpt_format(ck) == STRATA_FORMAT_DEEPSPEED ||
+             strata_ckpt_format(ck) == STRATA_FORMAT_STRATA_DEEPSPEED;
     for (size_t i = 0; i < nall; i++) {
         strata_tensor_info ti;
         strata_ckpt_tensor(&ti, ck, i);
         ex_tensor *t = &c->ts[nsel];
-        if (!selected(o, ti.name, &t->out_name))
+        if (!selected(o, ck, ds, ti.name, &t->out_name))
             continue;
         nsel++;
         size_t nlen = strlen(ti.name), bad = st_utf8_invalid_at(ti.name, nlen);
@@ -607,7 +641,7 @@ static int layout(ex_ctx *c, const strata_ckpt *ck)
     c->nts = nsel;
     if (!nsel && (o->include || o->exclude || o->model_only)) {
         char sel[512];
-        describe_selection(o, sel, sizeof sel);
+        describe_selection(o, ds, sel, sizeof sel);
         return st_fail(STRATA_ENOTFOUND, "no tensor of the checkpoint's %zu is selected by %s: "
                        "nothing to export", nall, sel);
     }
@@ -634,14 +668,16 @@ static int layout(ex_ctx *c, const strata_ckpt *ck)
     return rc;
 }
 
-/* The files' names: model-0000i-of-0000N.safetensors, then the index. */
+/* The files' names: model-0000i-of-0000N.safetensors, then the index; one file is
+ * model.safetensors, without an index (as Hugging Face writes them). */
 static int out_names(ex_ctx *c)
 {
     c->names = calloc((size_t)c->nfiles + 1, sizeof *c->names);
     if (!c->names)
         return st_fail(STRATA_ENOMEM, "out of memory");
     for (int f = 0; f <= c->nfiles; f++) {
-        int ok = f < c->nfiles
+        int ok = c->nfiles == 1 && f == 0 ? asprintf(&c->names[f], "%s", EXPORT_SINGLE)
+                 : f < c->nfiles
                      ? asprintf(&c->names[f], "model-%05d-of-%05d.safetensors", f + 1, c->nfiles)
                      : asprintf(&c->names[f], "%s", EXPORT_INDEX);
         if (ok < 0) {
@@ -664,8 +700,16 @@ static int write_all(ex_ctx *c)
         rc = write_file(c, f, lo, hi);
         lo = hi;
     }
-    if (!rc)
+    if (!rc && c->nfiles > 1)
         rc = write_index(c);
+    /* the zip CRC-32s of the entries the windows read in part: their rest read and each
+     * compared before anything is published */
+    if (!rc && !(c->o->flags & STRATA_EXPORT_SKIP_CRC)) {
+        uint64_t checked = 0, bytes = 0;
+        rc = st_loader_crc_finish(c->ld, &checked, &bytes);
+        c->crc_checked += checked;
+        c->crc_bytes += bytes;
+    }
     return rc ? rc : st_exdir_commit(&c->dir);
 }
 
@@ -697,6 +741,11 @@ int strata_export_safetensors(strata_stats *stats, const char *ckpt_uri, const c
     c->ld = ld;
     c->o = &o;
     c->nts = nt;
+    /* each window needs part of a zip entry: the loader keeps the CRC-32 of what each read
+     * and the export compares every entry once (write_all), rather than every window
+     * reading its entries whole */
+    if (!(o.flags & STRATA_EXPORT_SKIP_CRC) && (rc = st_loader_crc_later(ld)))
+        goto done;
     if ((rc = layout(c, ck)) || (rc = out_names(c)))
         goto done;
     if (!(c->win[0].buf = st_io_alloc(EXPORT_BUF)) || !(c->win[1].buf = st_io_alloc(EXPORT_BUF)) ||
@@ -723,6 +772,9 @@ done:
         full.all_bytes = c->total_bytes;
         full.io_calls = c->io_calls;
         full.meta_reads = c->meta_reads;
+        full.crc_checked = c->crc_checked;
+        full.crc_bytes = c->crc_bytes;
+        full.crc_skipped = c->crc_skipped;
         full.seconds = st_now() - t0;
         st_stats_put(stats, &full);
     }

@@ -44,7 +44,8 @@ int st_exdir_is_export_file(const char *name)
     size_t n = strlen(name);
     if (n > 8 && strcmp(name + n - 8, ".partial") == 0)
         n -= 8;
-    if (n == strlen(EXPORT_INDEX) && strncmp(name, EXPORT_INDEX, n) == 0)
+    if ((n == strlen(EXPORT_INDEX) && strncmp(name, EXPORT_INDEX, n) == 0) ||
+        (n == strlen(EXPORT_SINGLE) && strncmp(name, EXPORT_SINGLE, n) == 0))
         return 1;
     /* model-NNNNN-of-NNNNN.safetensors */
     if (n != 32 || strncmp(name, "model-", 6) != 0 || strncmp(name + 11, "-of-", 4) != 0 ||

@@ -8,6 +8,7 @@
 /* The staging directory beside OUT is OUT + EXDIR_MARK + "<pid>-<random hex>". */
 #define EXDIR_MARK ".strata-export-"
 #define EXPORT_INDEX "model.safetensors.index.json"
+#define EXPORT_SINGLE "model.safetensors" /* a one-file export: no index (as Hugging Face) */
 /* export.c's window: each of its two window buffers holds this many bytes (the load of one
  * overlaps the write of the other); tests size their tensors by it */
 #ifndef EXPORT_BUF
@@ -40,8 +41,9 @@ int st_exdir_commit(st_exdir *d);
 /* Removes the staging directory (after a commit it holds OUT's previous files) and releases
  * it. Failures leave it behind, locked by no one, for the next export to OUT to remove. */
 void st_exdir_end(st_exdir *d);
-/* Is name a file an export writes (the index, model-NNNNN-of-NNNNN.safetensors, or one of
- * those + ".partial", which exports of strata 0.2 wrote into OUT itself)? */
+/* Is name a file an export writes (the index, model-NNNNN-of-NNNNN.safetensors,
+ * model.safetensors, or one of those + ".partial", which exports of strata 0.2 wrote into
+ * OUT itself)? */
 int st_exdir_is_export_file(const char *name);
 
 #endif

@@ -18,7 +18,7 @@
 #include "../core/checksum.h"
 #include "../core/error.h"
 #include "../io/pool.h"
-#include "source.h"
+#include "engine.h"
 
 /* One base data file linked into the new checkpoint. */
 typedef struct {
@@ -271,9 +271,50 @@ int st_incr_candidates(const st_save_plan *sp, const st_meta *bm, int have_data,
     return rc;
 }
 
-/* Refers every shard piece of sp that equals its base shard to the base, drops it from
- * the writes and lays each writer's file out again without it. */
-static int match(st_incr *x, st_save_plan *sp, const st_meta *bm, int threads)
+/* The candidates found equal (cc->same[0, nc)) whose base bytes fail their checksums in
+ * any destination's base are not referred to: the caller's bytes are written instead,
+ * with the base's second checksums where they were hashed against them (equal bytes:
+ * the next save matches them again). */
+static int check_matched(cand_ctx *cc, size_t nc, const st_dests *d, const char *base,
+                         int threads)
+{
+    st_base_ext *e = calloc(nc + 1, sizeof *e);
+    size_t *of = calloc(nc + 1, sizeof *of), n = 0;
+    int rc = e && of ? 0 : st_fail(STRATA_ENOMEM, "out of memory");
+    for (size_t k = 0; !rc && k < nc; k++)
+        if (cc->same[k]) {
+            const st_extent *b = &cc->bs[k]->ext;
+            e[n] = (st_base_ext){.file = cc->bm->files[b->file].name, .off = b->offset,
+                                 .bytes = b->bytes, .sums = b->sums};
+            of[n++] = k;
+        }
+    for (int t = 0; !rc && n && t < d->n; t++) {
+        char bdir[PATH_MAX];
+        if (!(rc = st_incr_base_path(bdir, d->final[t], base)))
+            rc = st_incr_check_base(d->vfs[t], bdir, e, n, cc->sp->meta->chunk, threads);
+        for (size_t i = 0; !rc && i < n; i++) {
+            size_t k = of[i];
+            const st_piece *pc = &cc->sp->pieces[cc->piece[k]];
+            if (!e[i].bad || !cc->same[k])
+                continue;
+            cc->same[k] = 0;
+            if (pc->unchanged || !cc->bs[k]->has2)
+                continue; /* a mark is a promise, not a hash: no second checksums */
+            uint64_t nsum = st_nchunks(pc->bytes, cc->sp->meta->chunk);
+            memcpy(pc->ext->sums + nsum, st_sums2(cc->bm, cc->bs[k]), nsum * 8);
+            cc->sp->meta->tensors[cc->tensor[k]].shards[cc->shard[k]].has2 = 1;
+        }
+    }
+    free(e);
+    free(of);
+    return rc;
+}
+
+/* Refers every shard piece of sp that equals its base shard, and whose base bytes are
+ * intact, to the base, drops it from the writes and lays each writer's file out again
+ * without it. */
+static int match(st_incr *x, st_save_plan *sp, const st_meta *bm, const st_dests *d,
+                 int threads)
 {
     st_meta *m = sp->meta;
     uint64_t *fill = calloc(m->nfiles + 1, sizeof *fill);
@@ -303,6 +344,8 @@ static int match(st_incr *x, st_save_plan *sp, const st_meta *bm, int threads)
     free(all);
     if (!rc && nhash) /* (no threads started for marked pieces alone) */
         rc = st_parallel(threads, nhash, run_same, &cc);
+    if (!rc)
+        rc = check_matched(&cc, nc, d, x->base, threads);
     size_t k = 0;
     for (pi = 0; !rc && pi < sp->npieces; pi++) {
         st_piece *pc = &sp->pieces[pi];
@@ -357,11 +400,23 @@ int st_incr_base_path(char *out, const char *dir, const char *base)
     return st_path_join(out, parent, base);
 }
 
-int st_incr_check_name(const char *base)
+int st_incr_check_name(const char *base, const st_dests *d)
 {
     if (!st_plain_name(base, strlen(base)) || strlen(base) > STRATA_MAX_NAME)
         return st_fail(STRATA_EINVAL, "strata_save_opts.base '%s' is not the name of a "
                        "checkpoint beside the destination (a plain name, no '/')", base);
+    /* named by its own directory's name: a symlink there (which a load reads through)
+     * could lead anywhere, and its files would be linked through it */
+    for (int t = 0; t < d->n; t++) {
+        char p[PATH_MAX];
+        int kind, rc = st_incr_base_path(p, d->final[t], base);
+        if (rc)
+            return rc;
+        if (d->vfs[t]->stat(d->vfs[t], p, NULL, &kind) == 0 && kind == 2)
+            return st_fail(STRATA_EINVAL, "strata_save_opts.base '%s' is a symlink: a base "
+                           "is named by the name of a checkpoint directory beside the "
+                           "destination, never through a link", p);
+    }
     return 0;
 }
 
@@ -370,7 +425,7 @@ int st_incr_open_base(st_dir *bd, uint64_t *id, const st_dests *d, const char *b
 {
     memset(bd, 0, sizeof *bd);
     *id = 0;
-    int rc = st_incr_check_name(base), usable = 1;
+    int rc = st_incr_check_name(base, d), usable = 1;
     if (rc)
         return rc;
     for (int t = 0; t < d->n && !rc; t++) {
@@ -387,7 +442,7 @@ int st_incr_open_base(st_dir *bd, uint64_t *id, const st_dests *d, const char *b
                 break;
             continue;
         }
-        if (b->src) /* safetensors, DCP, ...: a strata checkpoint's base is strata's */
+        if (b->src != &st_source_strata) /* safetensors, DCP, ...: a base is strata's own */
             rc = st_fail(STRATA_EINVAL, "base '%s' is a %s checkpoint: an incremental save's "
                          "base must be a strata checkpoint", p, b->src->name);
         else if (t > 0 && o.commit.save_id != bd->commit.save_id)
@@ -464,7 +519,7 @@ int st_incr_plan(st_incr **out, st_save_plan *sp, const st_dests *d, const strat
         for (size_t t = 0; t < m->ntensors; t++)
             for (size_t s = 0; s < m->tensors[t].nshards; s++)
                 m->tensors[t].shards[s].has2 = 0;
-        rc = match(x, sp, bd.meta, st_io_threads(o->io_threads));
+        rc = match(x, sp, bd.meta, d, st_io_threads(o->io_threads));
         if (!rc && x->nlinks) {
             sp->meta->base = st_arena_strndup(&sp->meta->arena, x->base, strlen(x->base));
             sp->meta->base_id = x->base_id;

@@ -11,7 +11,6 @@
 #include "../core/error.h"
 #include "../io/pool.h"
 #include "dist.h"
-#include "source.h"
 
 struct strata_loader {
     strata_comm *comm; /* borrowed; NULL: ranks in this process */
@@ -19,19 +18,20 @@ struct strata_loader {
     char uri[ST_MAX_TIERS][PATH_MAX];
     strata_ckpt ck;    /* tier's index: what strata_loader_index hands out */
     st_load_cache cache;
+    int crc_later;          /* st_loader_crc_later: loads keep the CRC-32s of parts */
+    st_crc_ledger *ledger;  /* of the tier open now */
     uint64_t meta_reads, meta_bcasts;
     char why[2048]; /* the tiers passed over, "uri: reason; ..." */
     size_t nwhy;
 };
 
 /* What rank 0 sends when it has opened (or failed to open) a tier: the outcome, and the
- * index (a strata checkpoint's commit record and metadata, or a source's description),
- * inline when it fits, else in a second broadcast. */
+ * index (its source's description: for a strata checkpoint its metadata and commit
+ * record), inline when it fits, else in a second broadcast. */
 typedef struct {
-    int32_t tier; /* the tier opened; -1: none (st: the last failure, why: every one's) */
-    uint32_t source; /* st_source_id: 0 strata's own, else meta is a source's description */
+    int32_t tier;    /* the tier opened; -1: none (st: the last failure, why: every one's) */
+    uint32_t source; /* st_source_id of the source that opened it */
     uint64_t meta_len;
-    st_commit commit;
     st_status st;
     char why[1024];
     unsigned char meta[STRATA_LOADER_INLINE_BYTES];
@@ -58,6 +58,8 @@ static int no_tier_left(strata_loader *ld, int rc)
 static void close_tier(strata_loader *ld)
 {
     st_load_cache_clear(&ld->cache); /* a plan of another index */
+    st_crc_ledger_free(ld->ledger);   /* checks of another index */
+    ld->ledger = NULL;
     if (ld->tier >= 0)
         st_dir_close(&ld->ck.d);
     ld->tier = -1;
@@ -91,7 +93,6 @@ static void open_root(strata_loader *ld, int from, open_block *ob, unsigned char
         if (!rc) {
             ob->tier = t;
             ob->source = st_source_id(ld->ck.d.src);
-            ob->commit = ld->ck.d.commit;
             ob->meta_len = mlen;
             memcpy(ob->meta, *meta, ST_MIN(mlen, sizeof ob->meta));
             ld->tier = t;
@@ -144,8 +145,7 @@ static int open_dist(strata_loader *ld, int from)
     int local = 0;
     if (me != ST_ROOT) {
         const unsigned char *m = meta ? meta : ob->meta;
-        local = st_dir_adopt(&ld->ck.d, ld->uri[ob->tier], &ob->commit, m, ob->meta_len,
-                             ob->source);
+        local = st_dir_adopt(&ld->ck.d, ld->uri[ob->tier], m, ob->meta_len, ob->source);
         if (!local)
             ld->tier = ob->tier;
     }
@@ -233,8 +233,15 @@ static int load_here(strata_loader *ld, strata_state *const *states, int nstates
     strata_load_opts eff = *o;
     if (!eff.max_io_bytes)
         eff.max_io_bytes = st_default_read_bytes(&ld->ck.d);
-    if (!ld->comm)
-        return st_load_local(&ld->ck.d, &ld->cache, states, nstates, &eff, full);
+    if (!ld->comm) {
+        const st_meta *m = ld->ck.d.meta;
+        int rc = ld->crc_later && m->nchecks && !ld->ledger &&
+                         !(o->flags & STRATA_LOAD_SKIP_CRC)
+                     ? st_crc_ledger_new(&ld->ledger, m) : 0;
+        return rc ? rc : st_load_local(&ld->ck.d, &ld->cache, states, nstates, &eff,
+                                       o->flags & STRATA_LOAD_SKIP_CRC ? NULL : ld->ledger,
+                                       full);
+    }
     return st_load_dist(ld->comm, &ld->ck.d, &ld->cache, states[0], &eff, full);
 }
 
@@ -267,6 +274,22 @@ static int loader_load(strata_loader *ld, strata_state *const *states, int nstat
         if ((rc = open_from(ld, ld->tier + 1)))
             return rc;
     }
+}
+
+int st_loader_crc_later(strata_loader *ld)
+{
+    if (ld->comm)
+        return st_fail(STRATA_EINVAL, "a loader with a communicator checks each load's "
+                       "entries whole");
+    ld->crc_later = 1;
+    return 0;
+}
+
+int st_loader_crc_finish(strata_loader *ld, uint64_t *checked, uint64_t *bytes)
+{
+    int rc = ld->ledger && ld->tier >= 0 ? st_crc_ledger_finish(ld->ledger, &ld->ck.d) : 0;
+    st_crc_ledger_counts(ld->ledger, checked, bytes);
+    return rc;
 }
 
 int strata_loader_load(strata_stats *stats, strata_loader *ld, strata_state *const *states,

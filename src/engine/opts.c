@@ -13,7 +13,8 @@ static const size_t save_opts_size[] = {0, offsetof(strata_save_opts, bg_nice),
                                         sizeof(strata_save_opts)};
 static const size_t load_opts_size[] = {0, sizeof(strata_load_opts)};
 static const size_t stats_size[] = {0, offsetof(strata_stats, io_threads),
-                                     offsetof(strata_stats, meta_reads), sizeof(strata_stats)};
+                                     offsetof(strata_stats, meta_reads),
+                                     offsetof(strata_stats, crc_checked), sizeof(strata_stats)};
 
 static int check_version(int v, int current, const char *what)
 {
@@ -51,9 +52,22 @@ int st_load_opts_get(strata_load_opts *out, const strata_load_opts *in)
         memcpy(out, in, load_opts_size[in->version]);
         out->version = STRATA_LOAD_OPTS_VERSION;
     }
-    if (out->flags & ~(unsigned)(STRATA_LOAD_NO_DIRECT | STRATA_LOAD_CAST))
+    if (out->flags & ~(unsigned)(STRATA_LOAD_NO_DIRECT | STRATA_LOAD_CAST | STRATA_LOAD_WIDEN |
+                                 STRATA_LOAD_SKIP_CRC))
         return st_fail(STRATA_EINVAL, "strata_load_opts.flags 0x%x has unknown bits", out->flags);
     return 0; /* max_io_bytes 0: the loader's st_default_read_bytes, for the tier it loads */
+}
+
+int st_cast_level(unsigned flags)
+{
+    return flags & STRATA_LOAD_CAST    ? ST_CAST_ANY
+           : flags & STRATA_LOAD_WIDEN ? ST_CAST_EXACT
+                                       : ST_CAST_NONE;
+}
+
+int strata_load_converts(strata_dtype saved, strata_dtype requested, unsigned flags)
+{
+    return st_cast_allows(st_cast_level(flags), saved, requested);
 }
 
 int st_stats_check(const strata_stats *s)

@@ -1,7 +1,9 @@
 /* own.c - one owner per checkpoint directory (docs/FORMAT.md, Ownership): making it, its
  * LOCK, its commit (metadata.bin and the commit record), letting go after a commit or a
- * failure (never removing a commit record another save wrote), and the atomic replace of a committed checkpoint (STRATA_SAVE_REPLACE: the
- * new one is written beside it, then the two directories are exchanged). Threading: called
+ * failure (never removing a commit record another save wrote), and the atomic replace of a
+ * committed checkpoint (STRATA_SAVE_REPLACE: the new one is written beside it, then the two
+ * directories are exchanged); and strata's files in a directory, counted or removed, which
+ * the collector (retain.c) counts too. Threading: called
  * on a save's or collector's own thread; no state is shared but the file system's. */
 #include <errno.h>
 #include <stdio.h>
@@ -13,6 +15,69 @@
 #include "../core/checksum.h"
 #include "../core/error.h"
 #include "engine.h"
+
+/* ---- strata's files in a directory (st_is_strata_file, meta.h), counted or removed ---- */
+
+typedef struct {
+    int strata, foreign, unlink;
+    uint64_t bytes;
+    const st_save_plan *keep; /* with unlink: the data files of this plan stay */
+} scan_ctx;
+
+/* Is name a data file of sp (data-<writer rank>.bin) or a base's file it links? */
+static int in_plan(const st_save_plan *sp, const char *name)
+{
+    for (uint32_t f = 0; st_is_ref_file(name) && f < sp->meta->nfiles; f++)
+        if (st_file_linked(sp->meta, f) && strcmp(sp->meta->files[f].name, name) == 0)
+            return 1;
+    long r = st_data_file_rank(name);
+    if (r < 0 || r >= sp->nranks || sp->writer_file[r] < 0)
+        return 0;
+    return strcmp(sp->meta->files[sp->writer_file[r]].name, name) == 0;
+}
+
+static int scan_one(void *p, const char *name, uint64_t size, int kind)
+{
+    scan_ctx *c = p;
+    if (!st_is_strata_file(name) || kind != 0) {
+        c->foreign++; /* symlinks and directories with our names are not ours */
+        return ST_LIST_NEXT;
+    }
+    c->strata++;
+    c->bytes += size;
+    /* the lock file is the owner's: removed only by st_remove_failed and the collector,
+     * after everything else */
+    int keep = strcmp(name, ST_LOCK_FILE) == 0 || (c->keep && in_plan(c->keep, name));
+    return c->unlink && !keep ? ST_LIST_REMOVE : ST_LIST_NEXT;
+}
+
+int st_scan_dir(const st_vfs *v, const char *dir, int unlink, int *strata, int *foreign,
+                uint64_t *bytes)
+{
+    scan_ctx c = {.unlink = unlink};
+    int e = v->list(v, dir, scan_one, &c);
+    if (e)
+        return st_fail(st_from_errno(-e), "cannot %s '%s': %s",
+                       unlink ? "remove the files in" : "list", dir, strerror(-e));
+    if (strata)
+        *strata = c.strata;
+    if (foreign)
+        *foreign = c.foreign;
+    if (bytes)
+        *bytes = c.bytes;
+    return 0;
+}
+
+int st_scan_dir_keep(const st_vfs *v, const char *dir, const st_save_plan *keep)
+{
+    scan_ctx c = {.unlink = 1, .keep = keep};
+    int e = v->list(v, dir, scan_one, &c);
+    return e ? st_fail(st_from_errno(-e), "cannot clear stale files in '%s': %s", dir,
+                       strerror(-e))
+             : 0;
+}
+
+/* ---- the owner ---- */
 
 uint64_t st_save_id_new(void)
 {
@@ -179,11 +244,15 @@ int st_prepare_dir(const st_vfs *v, const char *dir, st_file **lock)
     if (rc)
         return rc;
     int foreign = 0, ours = 0;
-    if (!(rc = st_scan_dir(v, dir, 0, &ours, &foreign, NULL)) && foreign)
+    char p[PATH_MAX];
+    if (!(rc = st_scan_dir(v, dir, 0, &ours, &foreign, NULL)) && foreign) {
         rc = st_fail(STRATA_EEXIST,
                      "'%s' is not empty and holds files that are not strata's; refusing to "
                      "save there",
                      dir);
+        if (st_path_join(p, dir, ST_LOCK_FILE) == 0)
+            v->unlink(v, p); /* held by us: a user's directory keeps nothing of this save */
+    }
     if (!rc) /* an incomplete save: replace it (the lock file stays) */
         rc = st_scan_dir(v, dir, 1, NULL, NULL, NULL);
     if (rc) {
@@ -302,6 +371,99 @@ static void release_final(const st_vfs *v, const char *final, st_file *lock)
     st_own_release(v, lock);
 }
 
+typedef struct {
+    int strata, foreign, kind;
+    char name[256]; /* the first entry that is not strata's */
+} target_scan;
+
+static int scan_target(void *p, const char *name, uint64_t size, int kind)
+{
+    (void)size;
+    target_scan *c = p;
+    if (st_is_strata_file(name) && kind == 0) {
+        c->strata++;
+    } else if (!c->foreign++) {
+        snprintf(c->name, sizeof c->name, "%s", name);
+        c->kind = kind;
+    }
+    return ST_LIST_NEXT;
+}
+
+static const char *kind_name(int kind)
+{
+    return kind == 0 ? "a file" : kind == 1 ? "a directory" : kind == 2 ? "a symlink"
+                                                                      : "a special file";
+}
+
+/* May a replace take path? What a plain save takes (nothing, an empty directory, an
+ * incomplete checkpoint) and what it refuses only for being a committed checkpoint; never
+ * a file, a symlink, or a directory holding anything strata does not write there (a
+ * user's files, a run directory of checkpoints, another format's checkpoint), which the
+ * exchange would hide beside the path: STRATA_ENOTCKPT naming what is there. */
+static int check_replaceable(const st_vfs *v, const char *path)
+{
+    static const char tail[] = "; a replacing save (STRATA_SAVE_REPLACE, replace=True) "
+                               "replaces only a strata checkpoint: nothing was touched";
+    int kind, e = v->stat(v, path, NULL, &kind);
+    if (e == -ENOENT)
+        return 0;
+    if (e)
+        return st_fail(st_from_errno(-e), "'%s': %s", path, strerror(-e));
+    if (kind != 1)
+        return st_fail(STRATA_ENOTCKPT, "'%s' is %s, not a directory%s", path,
+                       kind == 2 ? "a symlink (never followed)" : kind_name(kind), tail);
+    target_scan c = {0};
+    if ((e = v->list(v, path, scan_target, &c)) != 0)
+        return st_fail(st_from_errno(-e), "cannot list '%s': %s", path, strerror(-e));
+    if (!c.foreign)
+        return 0;
+    if (c.strata)
+        return st_fail(STRATA_ENOTCKPT, "'%s' holds a checkpoint's files and %d entr%s strata "
+                       "does not write there (such as '%s', %s)%s", path, c.foreign,
+                       c.foreign == 1 ? "y" : "ies", c.name, kind_name(c.kind), tail);
+    char what[1024];
+    st_survey(v, path, 1); /* says what the directory is */
+    snprintf(what, sizeof what, "%s", strata_error_last());
+    return st_fail(STRATA_ENOTCKPT, "refusing to replace: %s%s", what, tail);
+}
+
+/* The name a replace writes beside its target is strata's: anything there but a
+ * directory (a link planted to another checkpoint) is refused, never followed. */
+static int check_sibling(const st_vfs *v, const char *sib)
+{
+    int kind, e = v->stat(v, sib, NULL, &kind);
+    if (e == -ENOENT || (e == 0 && kind == 1))
+        return 0;
+    if (e)
+        return st_fail(st_from_errno(-e), "'%s': %s", sib, strerror(-e));
+    return st_fail(STRATA_EINVAL, "'%s' is %s, not the directory a replacing save writes "
+                   "there: it is never followed, and nothing was touched; remove it by hand",
+                   sib, kind_name(kind));
+}
+
+/* Owns the directory beside a replace's target (made if missing), cleared of what a dead
+ * replace of the same target left there; looked at before each of its locks is taken and
+ * after, so that a link swapped in between is never acted through. */
+static int own_sibling(const st_vfs *v, const char *sib, int prepare, st_file **lock)
+{
+    int rc = check_sibling(v, sib);
+    if (!rc && has_commit(v, sib)) {
+        st_file *old;
+        if (!(rc = st_own(v, sib, 0, &old))) {
+            if (!(rc = check_sibling(v, sib)))
+                rc = st_remove_owned(v, sib, 1);
+            st_own_release(v, old);
+        }
+    }
+    if (!rc)
+        rc = prepare ? st_prepare_dir(v, sib, lock) : st_own(v, sib, ST_OWN_NEW, lock);
+    if (!rc && (rc = check_sibling(v, sib))) {
+        st_own_release(v, *lock);
+        *lock = NULL;
+    }
+    return rc;
+}
+
 int st_dest_own(st_dests *d, int t, int prepare, st_file **lock)
 {
     const st_vfs *v = d->vfs[t];
@@ -309,20 +471,16 @@ int st_dest_own(st_dests *d, int t, int prepare, st_file **lock)
     if (!d->replace)
         return prepare ? st_prepare_dir(v, d->dir[t], lock)
                        : st_own(v, d->dir[t], ST_OWN_NEW, lock);
-    /* the target first (made if missing, committed or not), then the directory beside it,
-     * cleared of what a replace of the same target that died left there */
-    int rc = st_own(v, d->final[t], ST_OWN_REPLACE, &d->final_lock[t]);
+    /* the target first (made if missing; a checkpoint, committed or not, and nothing
+     * else: looked at before its lock is taken, so that nothing else gets a LOCK, and
+     * again under it), then the directory beside it */
+    int rc = check_replaceable(v, d->final[t]);
     if (rc)
         return rc;
-    if (has_commit(v, d->dir[t])) {
-        st_file *old;
-        if (!(rc = st_own(v, d->dir[t], 0, &old))) {
-            rc = st_remove_owned(v, d->dir[t], 1);
-            st_own_release(v, old);
-        }
-    }
-    if (!rc)
-        rc = prepare ? st_prepare_dir(v, d->dir[t], lock) : st_own(v, d->dir[t], ST_OWN_NEW, lock);
+    if ((rc = st_own(v, d->final[t], ST_OWN_REPLACE, &d->final_lock[t])))
+        return rc;
+    if (!(rc = check_replaceable(v, d->final[t])))
+        rc = own_sibling(v, d->dir[t], prepare, lock);
     if (!rc && (rc = check_exchange(v, d->dir[t]))) {
         st_remove_failed(v, d->dir[t], 1, 0);
         st_own_release(v, *lock);

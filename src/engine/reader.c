@@ -16,7 +16,6 @@
 #include "../io/cuda.h"
 #include "../io/pool.h"
 #include "engine.h"
-#include "source.h"
 
 typedef struct {
     const st_dir *d;
@@ -27,6 +26,7 @@ typedef struct {
     int only_rank;      /* scatter only this rank's runs (-1: all) */
     strata_verify_cb report;
     void *ctx;
+    st_crc_run *crc;    /* the format's CRC-32 checks (NULL: none) */
     pthread_mutex_t mu; /* serialises report calls */
     int bad;
 } exec_ctx;
@@ -214,6 +214,13 @@ static int check_stage(void *arg, size_t task, void *raw, int64_t *pgot)
             }
         }
     }
+    /* a zip entry's CRC-32: taken here, compared before the scatter where this read
+     * completes it */
+    if (x->crc) {
+        int rc = st_crc_take(x->crc, x->d, (size_t)(rd - p->ios), buf, (uint64_t)got);
+        if (rc)
+            return rc;
+    }
     /* verify-only plans have no destinations */
     if (p->ranks) {
         scatter_ctx sc = {p, buf, x->only_rank, 0};
@@ -232,28 +239,6 @@ static int run_read(void *arg, size_t task, int worker)
     int64_t got = 0;
     int rc = read_stage(x, task, x->bufs[task], &got);
     return rc ? rc : check_stage(x, task, x->bufs[task], &got);
-}
-
-/* A foreign file opened for its data must be the one its header was read from, unchanged
- * (nothing else could tell: foreign data has no checksums). The device is not compared: a
- * network file has another on each node. */
-int st_check_same_file(const st_dir *d, const st_mfile *mf, const st_mident *was, st_file *f)
-{
-    st_file_id id;
-    const char *kind = d->src ? d->src->name : "foreign";
-    int e = d->vfs->ident(f, &id);
-    if (e)
-        return st_fail(st_from_errno(-e), "%s file '%s' of '%s': %s", kind, mf->name, d->path,
-                       strerror(-e));
-    if (id.ino == was->ino && id.size == mf->bytes && id.mtime_ns == was->mtime_ns &&
-        id.ctime_ns == was->ctime_ns)
-        return 0;
-    return st_fail(STRATA_ECHANGED,
-                   "%s file '%s' of '%s' changed after its header was read (%s): load it again",
-                   kind, mf->name, d->path,
-                   id.ino != was->ino     ? "another file is in its place"
-                   : id.size != mf->bytes ? "its size differs"
-                                          : "it was modified");
 }
 
 /* Opens file f of d for reading into *out (how: ST_O_DIRECT where the filesystem takes it,
@@ -311,20 +296,22 @@ void st_close_data_files(const st_dir *d, const st_io_plan *p, st_file **files)
 }
 
 int st_read_some(const st_dir *d, const st_io_plan *p, st_file **files, const size_t *list,
-                 size_t n, char **bufs, int threads, int only_rank, uint64_t max_io)
+                 size_t n, char **bufs, int threads, int only_rank, uint64_t max_io,
+                 st_crc_run *crc)
 {
     int nt = st_io_threads(threads);
     exec_ctx x = {.d = d, .p = p, .files = files, .list = list, .bufs = bufs,
-                  .only_rank = only_rank};
+                  .only_rank = only_rank, .crc = crc};
     if (bufs) /* the bytes stay in the caller's buffers after the call */
         return st_parallel(nt, n, run_read, &x);
     return st_pipeline(nt, n, st_read_buf_bytes(p->meta, max_io), read_stage, check_stage, &x);
 }
 
 int st_exec_reads(const st_dir *d, const st_io_plan *p, int threads, int no_direct,
-                  uint64_t max_io, strata_verify_cb report, void *ctx, uint64_t *bytes_read)
+                  uint64_t max_io, strata_verify_cb report, void *ctx, st_crc_run *crc,
+                  uint64_t *bytes_read)
 {
-    exec_ctx x = {.d = d, .p = p, .report = report, .ctx = ctx, .only_rank = -1};
+    exec_ctx x = {.d = d, .p = p, .report = report, .ctx = ctx, .only_rank = -1, .crc = crc};
     int rc = st_open_data_files(d, p, no_direct, &x.files);
     if (rc)
         return rc;

@@ -1,5 +1,6 @@
-/* retain.c - what is at a path (strata_probe), and collecting checkpoints: removing an
- * incomplete one, retention in a directory of checkpoints. Each removal owns the
+/* retain.c - what is at a path (strata_probe), the subdirectories of a directory
+ * (strata_list_dirs), and collecting checkpoints: removing an incomplete one, retention in
+ * a directory of checkpoints. Each removal owns the
  * checkpoint (own.c) while it runs. */
 #include <errno.h>
 #include <stdio.h>
@@ -148,6 +149,43 @@ static int remove_ckpt(const st_vfs *v, const char *path, int how, const st_comm
     if (!rc)
         rc = st_remove_owned(v, path, how == RM_INCOMPLETE ? 0 : committed);
     st_own_release(v, lock);
+    return rc;
+}
+
+/* ---- the subdirectories of a directory (ls, gc) ---- */
+
+int strata_list_dirs(const char *dir_uri, strata_dir_cb fn, void *ctx)
+{
+    st_clear_error();
+    if (!dir_uri || !fn)
+        return st_fail(STRATA_EINVAL, "strata_list_dirs: %s is NULL", dir_uri ? "fn" : "dir_uri");
+    const st_vfs *v;
+    char path[PATH_MAX];
+    int rc = st_vfs_resolve(dir_uri, &v, path, sizeof path);
+    if (rc)
+        return rc;
+    st_dirlist l;
+    int e = st_dirlist_read(v, path, &l);
+    st_vfs_release(v);
+    if (e == -ENOMEM)
+        return st_fail(STRATA_ENOMEM, "out of memory listing '%s'", path);
+    if (e)
+        return st_fail(st_from_errno(-e), "cannot list '%s': %s", path, strerror(-e));
+    size_t n = strlen(dir_uri);
+    while (n > 1 && dir_uri[n - 1] == '/')
+        n--;
+    for (size_t i = 0; i < l.n && !rc; i++) {
+        if (l.e[i].kind != 1)
+            continue;
+        char *child;
+        if (asprintf(&child, "%.*s/%s", (int)n, dir_uri, l.e[i].name) < 0)
+            rc = st_fail(STRATA_ENOMEM, "out of memory");
+        else if (fn(ctx, child) != 0)
+            rc = st_fail(STRATA_EABORTED, "strata_list_dirs: stopped by its callback");
+        if (rc != STRATA_ENOMEM)
+            free(child);
+    }
+    st_dirlist_free(&l);
     return rc;
 }
 

@@ -193,12 +193,26 @@ int s3_uri_encode(char *out, size_t cap, const char *s, int keep_slash)
     return 0;
 }
 
+int s3_key_ok(const char *key, size_t n)
+{
+    for (size_t i = 0; i < n;) { /* each segment */
+        size_t j = i;
+        while (j < n && key[j] != '/')
+            j++;
+        if (j == i || (j - i == 1 && key[i] == '.') ||
+            (j - i == 2 && key[i] == '.' && key[i + 1] == '.') || (j == n - 1 && key[j] == '/'))
+            return 0;
+        i = j + 1;
+    }
+    return 1;
+}
+
 static int make_url(const s3_cfg *cfg, const s3_req *r, char *url, size_t cap)
 {
     const char *hostpart = strstr(cfg->endpoint, "://");
     int n;
-    if (!hostpart)
-        return -EINVAL;
+    if (!hostpart || !s3_key_ok(r->key, strlen(r->key)))
+        return -EINVAL; /* a dot segment would be removed by a client or proxy on the way */
     if (cfg->virtual_host)
         n = snprintf(url, cap, "%.*s://%s.%s/", (int)(hostpart - cfg->endpoint), cfg->endpoint,
                      cfg->bucket, hostpart + 3);
@@ -320,6 +334,7 @@ static CURLcode attempt(s3_conn *c, CURL *h, const s3_req *r, const char *url, s
     for (int i = 0; i < 4 && r->hdr[i]; i++)
         hl = curl_slist_append(hl, r->hdr[i]);
     curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_PATH_AS_IS, 1L); /* the key as it is: no dot segments removed */
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, hl);
     curl_easy_setopt(h, CURLOPT_AWS_SIGV4, c->sigv4);
     curl_easy_setopt(h, CURLOPT_USERNAME, cfg->key_id);

@@ -57,8 +57,13 @@ void s3_conn_checked(s3_conn *c);
 void s3_conn_put(s3_conn *c, int keep);
 const s3_cfg *s3_conn_cfg(const s3_conn *c);
 
-/* Runs r (retried as above). Returns 0 when an answer came (any status: see resp->status),
- * or -EIO / -ETIMEDOUT / -ENOMEM when none did. */
+/* Is key[0, n) a key strata sends: "" (the bucket) or segments joined by '/', none empty,
+ * "." or ".."? (S3 keeps such segments as they are, so "a/x/.." is another key than "a",
+ * while HTTP clients and proxies remove them from a URL's path.) */
+int s3_key_ok(const char *key, size_t n);
+/* Runs r (retried as above; sent exactly as given: CURLOPT_PATH_AS_IS). Returns 0 when an
+ * answer came (any status: see resp->status), -EINVAL for a key s3_key_ok refuses (not
+ * sent), or -EIO / -ETIMEDOUT / -ENOMEM when none did. */
 int s3_do(s3_conn *c, const s3_req *r, s3_resp *resp);
 void s3_resp_free(s3_resp *r);
 

@@ -257,3 +257,61 @@ int64_t st_vfs_read_full(const st_vfs *v, st_file *f, void *buf, size_t n, uint6
     }
     return (int64_t)got;
 }
+
+int st_path_join(char *out, const char *dir, const char *name)
+{
+    int n = snprintf(out, PATH_MAX, "%s/%s", dir, name);
+    if (n < 0 || n >= PATH_MAX)
+        return st_fail(STRATA_EINVAL, "path too long: %s/%s", dir, name);
+    return 0;
+}
+
+static int dirlist_add(void *ctx, const char *name, uint64_t size, int kind)
+{
+    (void)size;
+    st_dirlist *l = ctx;
+    if (l->n == ST_DIRLIST_MAX)
+        return ST_LIST_STOP;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 32;
+        st_dirent *more = realloc(l->e, cap * sizeof *more);
+        if (!more) {
+            l->oom = 1;
+            return ST_LIST_STOP;
+        }
+        l->e = more, l->cap = cap;
+    }
+    if (!(l->e[l->n].name = strdup(name))) {
+        l->oom = 1;
+        return ST_LIST_STOP;
+    }
+    l->e[l->n++].kind = kind;
+    return ST_LIST_NEXT;
+}
+
+static int cmp_dirent(const void *a, const void *b)
+{
+    return strcmp(((const st_dirent *)a)->name, ((const st_dirent *)b)->name);
+}
+
+void st_dirlist_free(st_dirlist *l)
+{
+    for (size_t i = 0; i < l->n; i++)
+        free(l->e[i].name);
+    free(l->e);
+    memset(l, 0, sizeof *l);
+}
+
+int st_dirlist_read(const st_vfs *v, const char *dir, st_dirlist *l)
+{
+    memset(l, 0, sizeof *l);
+    int e = v->list(v, dir, dirlist_add, l);
+    if (l->oom || e) {
+        e = l->oom ? -ENOMEM : e;
+        st_dirlist_free(l);
+        return e;
+    }
+    if (l->n)
+        qsort(l->e, l->n, sizeof *l->e, cmp_dirent);
+    return 0;
+}

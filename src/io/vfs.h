@@ -145,4 +145,24 @@ int st_vfs_write_full(const st_vfs *v, st_file *f, const void *buf, size_t n, ui
 /* Reads n bytes at off; returns the count read (short only at end of file) or -errno. */
 int64_t st_vfs_read_full(const st_vfs *v, st_file *f, void *buf, size_t n, uint64_t off);
 
+/* Joins dir and a plain name into out (PATH_MAX). STRATA_EINVAL (with a message) if too
+ * long. */
+int st_path_join(char *out, const char *dir, const char *name);
+
+/* The entries of a directory (st_vfs.list: never following a symlink), sorted by name. */
+typedef struct st_dirent {
+    char *name;
+    int kind; /* st_vfs kinds: 0 file, 1 directory, 2 symlink, 3 other */
+} st_dirent;
+typedef struct st_dirlist {
+    st_dirent *e;
+    size_t n, cap;
+    int oom;
+} st_dirlist;
+#define ST_DIRLIST_MAX 65536 /* entries looked at in one directory (a file per rank) */
+/* Lists dir into *l (the first ST_DIRLIST_MAX entries), sorted by name: 0, or the listing's
+ * -errno (-ENOMEM), l then empty. Free with st_dirlist_free. */
+int st_dirlist_read(const st_vfs *v, const char *dir, st_dirlist *l);
+void st_dirlist_free(st_dirlist *l);
+
 #endif

@@ -930,6 +930,8 @@ static int s3_list(const st_vfs *v, const char *dir, st_list_fn fn, void *ctx)
                 s3_xml_next(r.body, &p2, "Size", size, sizeof size))
                 continue;
             const char *base = name + strlen(pre);
+            if (!s3_key_ok(name, strlen(name)))
+                continue; /* never a name of strata's (see make_url) */
             int what = fn(ctx, base, strtoull(size, NULL, 10), 0);
             if (what == ST_LIST_STOP)
                 stop = 1;
@@ -950,6 +952,8 @@ static int s3_list(const st_vfs *v, const char *dir, st_list_fn fn, void *ctx)
             size_t n = strlen(name);
             if (n && name[n - 1] == '/')
                 name[n - 1] = 0;
+            if (!s3_key_ok(name, strlen(name)))
+                continue;
             if (fn(ctx, name + strlen(pre), 0, 1) == ST_LIST_STOP)
                 stop = 1;
         }
@@ -1000,9 +1004,10 @@ int st_vfs_s3_resolve(const char *uri, const st_vfs **vfs, char *path_out, size_
     size_t plen = strlen(prefix);
     while (plen && prefix[plen - 1] == '/')
         plen--;
-    if (strstr(prefix, "//") || strstr(prefix, "/../") || strncmp(prefix, "../", 3) == 0)
-        return st_fail(STRATA_EINVAL, "'%s': an S3 prefix has no empty or '..' segments",
-                       uri);
+    if (!s3_key_ok(prefix, plen))
+        return st_fail(STRATA_EINVAL, "'%s': an S3 key has no empty, '.' or '..' segments: S3 "
+                       "keeps them as they are ('run/x/..' is another key than 'run'), while "
+                       "HTTP clients remove them; name the prefix itself", uri);
     long lease = env_num("STRATA_S3_LEASE_S", 60, 1, 86400);
     long part = env_num("STRATA_S3_PART_MB", 8, 5, 5120);
     long retries = env_num("STRATA_S3_RETRIES", 6, 0, 100);

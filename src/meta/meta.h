@@ -38,6 +38,9 @@ long st_data_file_rank(const char *name);
 void st_ref_file_name(char out[ST_REF_FILE_BYTES], uint64_t save_id, long rank);
 /* Is name one of those? */
 int st_is_ref_file(const char *name);
+/* Is name one of the files strata writes into a checkpoint directory (commit record,
+ * metadata, their temporary names, the lock file, data and ref files)? */
+int st_is_strata_file(const char *name);
 
 /* Bytes of a data file holding [offset, offset + bytes), checksummed per chunk: chunk i
  * covers [i*chunk, min((i+1)*chunk, bytes)) and sums[i] is its XXH3-64. */
@@ -83,6 +86,16 @@ typedef struct st_mident {
     uint64_t ino, mtime_ns, ctime_ns;
 } st_mident;
 
+/* A byte range of a foreign file that its format checks as a whole: a stored zip entry's
+ * bytes and their CRC-32 (DCP items, torch.save, DeepSpeed, Megatron's common.pt). A load
+ * that delivers any byte of it reads and checks all of it (DESIGN.md, "Load"). */
+typedef struct st_mcheck {
+    uint32_t file;
+    uint32_t crc;         /* CRC-32 (zlib's) of the bytes */
+    uint64_t offset, bytes; /* bytes > 0 */
+    const char *name;     /* the entry's name, for messages */
+} st_mcheck;
+
 typedef struct st_meta {
     st_arena arena; /* owns everything below */
     uint64_t step;
@@ -93,6 +106,10 @@ typedef struct st_meta {
     uint32_t nfiles;
     st_mfile *files;
     st_mident *idents; /* foreign: per file; NULL otherwise */
+    /* foreign: the ranges its format checks (checks.h), sorted by (file, offset), disjoint;
+     * none for a format without checksums (safetensors) and for strata's own */
+    size_t nchecks;
+    st_mcheck *checks;
     size_t ntensors;
     st_mtensor *tensors;
     size_t nblobs;
@@ -136,7 +153,7 @@ static inline int st_file_linked(const st_meta *m, uint32_t f)
 
 /* Encodes m into a new malloc'd buffer (*out, *len). STRATA_ENOMEM on failure. A foreign
  * m (m->foreign) is encoded with the ST_META_FOREIGN header flag, its files' identities (if
- * any), extents at byte offsets and no checksums: the form in which a source of another
+ * any), its check ranges, extents at byte offsets and no checksums: the form in which a source of another
  * format hands its index to the other ranks and to itself (st_meta_decode_foreign). */
 int st_meta_encode(const st_meta *m, unsigned char **out, size_t *len);
 /* Decodes and fully validates (bounds, names, geometry, overlap, extents within files).
@@ -153,11 +170,9 @@ int st_meta_decode_foreign(st_meta **out, const unsigned char *buf, size_t len);
 int st_meta_decode_unchecked(st_meta **out, const unsigned char *buf, size_t len);
 void st_meta_free(st_meta *m);
 /* Checks the shards of one tensor for overlap; STRATA_EOVERLAP naming the pair. Exact,
- * and near-linear in the number of shards on every input (DESIGN.md, Save). */
+ * and near-linear in the number of shards on every input: the search is core's
+ * (st_overlap_find, core/overlap.h; its work counter st_overlap_work). */
 int st_meta_check_overlap(const st_mtensor *t);
-/* Work units (boxes visited) of this thread's last st_meta_check_overlap: for tests and
- * fuzzing, which hold it to a near-linear bound. */
-uint64_t st_meta_overlap_work(void);
 /* Is `name` a plain file name (no '/', not "." or "..", no control characters)? */
 int st_plain_name(const char *name, size_t len);
 

@@ -5,6 +5,7 @@
 #define STRATA_PLAN_H
 #include <stdint.h>
 
+#include "../core/convert.h"
 #include "../meta/meta.h"
 #include "strata_types.h"
 
@@ -34,8 +35,23 @@ typedef struct st_rank_view {
     size_t nsh;
     const st_blobent *bl;
     size_t nbl;
-    int cast; /* load: a shard of another dtype than saved is converted (STRATA_LOAD_CAST) */
+    int cast; /* load: which shards of another dtype than saved are converted (ST_CAST_*) */
 } st_rank_view;
+
+/* A load's conversions of dtypes: none (equal dtypes only), the exact ones
+ * (STRATA_LOAD_WIDEN: st_convert_exact), or every one st_convert_ok allows
+ * (STRATA_LOAD_CAST). */
+enum { ST_CAST_NONE = 0, ST_CAST_EXACT = 1, ST_CAST_ANY = 2 };
+
+/* 1 if a load at cast level `cast` fills a shard of dtype `to` from one saved as `from`. */
+static inline int st_cast_allows(int cast, strata_dtype from, strata_dtype to)
+{
+    if (from == to)
+        return strata_dtype_size(from) != 0;
+    return cast == ST_CAST_ANY     ? st_convert_ok(from, to)
+           : cast == ST_CAST_EXACT ? st_convert_exact(from, to)
+                                   : 0;
+}
 
 /* ---- save ---- */
 
@@ -127,11 +143,14 @@ typedef struct st_seg {
     uint64_t c0, c1;
 } st_seg;
 
-/* One coalesced read or write: [off, off+len) of file, covering segments [seg0, seg1). */
+/* One coalesced read or write: [off, off+len) of file, covering segments [seg0, seg1);
+ * a read of a source with checks (st_plan_checks) checks the parts [cp0, cp1) of its
+ * plan's cparts. */
 typedef struct st_io {
     uint32_t file;
     uint64_t off, len;
     size_t seg0, seg1;
+    size_t cp0, cp1;
     uint32_t flags; /* ST_IO_*: a rank's reads of a load over several ranks (st_plan_rank_reads) */
 } st_io;
 
@@ -140,6 +159,13 @@ enum {
     ST_IO_FIRST = 2,  /* ... and this rank is the one counted as reading them from storage */
     ST_IO_SEND = 4,   /* a whole read of the global plan whose bytes go to other nodes too */
 };
+
+/* Bytes [lo, hi) of check `check` (st_mcheck of the plan's metadata, counted from its
+ * start) that one read holds and takes into the check's CRC-32. */
+typedef struct st_cpart {
+    uint32_t check;
+    uint64_t lo, hi;
+} st_cpart;
 
 typedef struct st_io_plan {
     const st_meta *meta;
@@ -160,6 +186,13 @@ typedef struct st_io_plan {
     size_t nios;
     uint64_t payload_bytes;  /* bytes of chunks to read (not counting alignment padding) */
     uint64_t request_bytes;  /* bytes requested over all ranks */
+    /* st_plan_checks: the parts of the checks the reads hold, read by read (a check's parts
+     * lie in consecutive reads, in order); the bytes read only for them (no run needs
+     * them); whether every check touched is read whole by this plan */
+    st_cpart *cparts;
+    size_t ncparts;
+    uint64_t crc_bytes;
+    int crc_whole;
 } st_io_plan;
 
 /* The largest read of a plan for max_io: whole chunks, at least one; with chunks under 8
@@ -179,9 +212,19 @@ static inline uint64_t st_plan_max_io(const st_meta *m, uint64_t max_io)
     return max_io;
 }
 
+/* Is read i (with parts) a continuation of the check whose parts the reads before it hold
+ * (its first part is of the check of the last part before it)? Such reads form a group
+ * that one reader must do, so that it sees the whole check. */
+static inline int st_io_joined(const st_io_plan *p, size_t i)
+{
+    const st_io *r = &p->ios[i];
+    return r->cp0 < r->cp1 && r->cp0 > 0 &&
+           p->cparts[r->cp0 - 1].check == p->cparts[r->cp0].check;
+}
+
 /* Plans a load of the requests of nranks ranks from meta. max_io bounds one read (as
  * st_plan_max_io makes it). A request of another dtype than saved is
- * STRATA_EMISMATCH unless its rank's view has `cast` and st_convert_ok allows the pair.
+ * STRATA_EMISMATCH unless its rank's view's `cast` level allows the pair (st_cast_allows).
  * Errors: STRATA_ENOTFOUND, STRATA_EMISMATCH, STRATA_EUNFILLED (messages name tensor and
  * rank), STRATA_ENOMEM. */
 int st_plan_load(st_io_plan *out, const st_meta *meta, const st_rank_view *ranks,
@@ -192,6 +235,18 @@ int st_plan_verify_all(st_io_plan *out, const st_meta *meta, uint64_t max_io);
  * segments and coalesces them into reads. Used by both planners above. */
 int st_plan_reads(st_io_plan *out, uint64_t max_io);
 void st_io_plan_free(st_io_plan *p);
+
+/* The checks of a plan whose metadata has check ranges (a zip entry's CRC-32 covers the whole
+ * entry): with widen, every read that touches a check is widened, and reads of the bytes no
+ * run needs are added, so that each check touched is read whole (merged into neighbouring
+ * reads up to max_io, as st_plan_reads rounds it; overlapping reads, tied tensors, merged
+ * where they fit); without, the reads stay as planned. Then each byte of a check is given to
+ * one read (the first that reads it), which holds it as a part (cparts). Fills cparts,
+ * ncparts, crc_bytes (the added bytes) and crc_whole. Nothing to do for metadata without
+ * checks. Pure. Errors: STRATA_ENOMEM (the plan is then unchanged). */
+int st_plan_checks(st_io_plan *p, uint64_t max_io, int widen);
+/* Bytes of read i that none of its segments holds (read only for a check). */
+uint64_t st_io_crc_bytes(const st_io_plan *p, size_t i);
 
 /* Rank me's reads in a load by several ranks, from the global plan g (st_plan_load of every
  * rank's request) that every rank made the same (plan_rank.c). node[r]: rank r's node (equal
@@ -207,5 +262,10 @@ void st_io_plan_free(st_io_plan *p);
 int st_plan_rank_reads(st_io_plan *out, const st_io_plan *g, int me, const int *node,
                        const int *reader, uint64_t max_io);
 void st_rank_reads_free(st_io_plan *p);
+/* The end of the unit of reads of g that starts at read i: reads [i, end) that a rank reads
+ * all of where it reads any, so that it sees each check they touch whole (a check spread
+ * over several reads, st_io_joined; reads overlapping those before them). i + 1 for a plan
+ * without checks. */
+size_t st_io_unit_end(const st_io_plan *g, size_t i);
 
 #endif

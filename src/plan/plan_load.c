@@ -89,6 +89,25 @@ static void describe(char *out, size_t cap, strata_dtype dt, int ndim, const uin
         snprintf(out + n, cap - (size_t)n, "]");
 }
 
+/* Why a request of dtype `to` cannot be filled from a tensor saved as `from` at cast level
+ * `cast` (the hint after a dtype mismatch; cast -1: the shapes differ, no hint). */
+static void mismatch_why(char *out, size_t cap, int cast, strata_dtype from, strata_dtype to)
+{
+    const char *f = strata_dtype_name(from), *t = strata_dtype_name(to);
+    out[0] = 0;
+    if (cast < 0 || from == to)
+        return;
+    if (!st_convert_ok(from, to))
+        snprintf(out, cap, " (strata converts floats to floats and integers only where "
+                 "exact, not %s to %s)", f ? f : "?", t ? t : "?");
+    else if (st_convert_exact(from, to))
+        snprintf(out, cap, " (STRATA_LOAD_WIDEN would convert it, exactly)");
+    else
+        snprintf(out, cap, " (a narrowing conversion%s: STRATA_LOAD_CAST would convert it, "
+                 "rounding to nearest even)", cast == ST_CAST_EXACT ? ", which STRATA_LOAD_WIDEN "
+                 "does not make" : "");
+}
+
 static int cmp_runs(const void *pa, const void *pb)
 {
     const st_run *a = pa, *b = pb;
@@ -124,6 +143,7 @@ void st_io_plan_free(st_io_plan *p)
     free(p->runs);
     free(p->segs);
     free(p->ios);
+    free(p->cparts);
     memset(p, 0, sizeof *p);
 }
 
@@ -185,7 +205,7 @@ int st_plan_reads(st_io_plan *out, uint64_t max_io)
     const uint64_t C = m->chunk;
     size_t np = out->npieces;
     int rc = 0;
-    max_io = st_plan_max_io(m, max_io);
+    max_io = st_plan_max_io(m, max_io); /* a foreign chunk is a byte: no element split */
     /* runs by piece; the chunks they need, as segments (runs and segs are NULL when
      * empty, which qsort must not be given) */
     if (out->nruns > 1)
@@ -255,7 +275,7 @@ int st_plan_reads(st_io_plan *out, uint64_t max_io)
             rc = st_fail(STRATA_ENOMEM, "out of memory planning the load");
             return rc;
         }
-        out->ios[out->nios++] = (st_io){ext->file, off, end - off, i, j, 0};
+        out->ios[out->nios++] = (st_io){ext->file, off, end - off, i, j, 0, 0, 0};
         i = j;
     }
 
@@ -330,18 +350,11 @@ int st_plan_load(st_io_plan *out, const st_meta *m, const st_rank_view *ranks, i
             int same = mt->ndim == e->ndim;
             for (int d = 0; same && d < e->ndim; d++)
                 same = mt->shape[d] == e->shape[d];
-            int cast = mt->dtype != e->dtype && ranks[r].cast;
-            if (!same || (mt->dtype != e->dtype && (!cast || !st_convert_ok(mt->dtype, e->dtype)))) {
-                char a[256], b[256], why[160] = "";
+            if (!same || !st_cast_allows(ranks[r].cast, mt->dtype, e->dtype)) {
+                char a[256], b[256], why[192] = "";
                 describe(a, sizeof a, e->dtype, e->ndim, e->shape);
                 describe(b, sizeof b, mt->dtype, mt->ndim, mt->shape);
-                if (same && cast)
-                    snprintf(why, sizeof why,
-                             " (STRATA_LOAD_CAST converts floats to floats and integers only "
-                             "where exact, not %s to %s)",
-                             strata_dtype_name(mt->dtype), strata_dtype_name(e->dtype));
-                else if (same && st_convert_ok(mt->dtype, e->dtype))
-                    snprintf(why, sizeof why, " (STRATA_LOAD_CAST would convert it)");
+                mismatch_why(why, sizeof why, same ? ranks[r].cast : -1, mt->dtype, e->dtype);
                 rc = st_fail(STRATA_EMISMATCH, "tensor '%s': rank %d requests %s but %s was saved%s",
                              e->name, r, a, b, why);
                 break;

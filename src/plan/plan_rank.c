@@ -6,8 +6,12 @@
  * it before its other reads. Only a read that ranks of other
  * nodes need too has a reader (chosen by the caller), which reads it whole (ST_IO_SEND) and
  * sends their bytes; its node's other ranks still read their own parts, counted as the
- * reader's. Pure; single-threaded. */
+ * reader's. A plan with checks (a zip entry's CRC-32, st_plan_checks) is read in units
+ * (st_io_unit_end): a rank that needs any byte of a unit reads all of it, as the global plan
+ * has it, so that it compares each check before its bytes reach the caller; the unit is
+ * shared and counted for one rank the same way. Pure; single-threaded. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "../core/error.h"
 #include "../core/util.h"
@@ -167,11 +171,85 @@ static int coalesce(rank_ctx *c, size_t s0, size_t s1, const uint32_t *seg_flags
         }
         if (st_grow(&o->ios, &c->icap, o->nios + 1, sizeof *o->ios))
             return -1;
-        o->ios[o->nios++] = (st_io){e->file, off, end - off, i, j, seg_flags[i]};
+        o->ios[o->nios++] = (st_io){e->file, off, end - off, i, j, 0, 0, seg_flags[i]};
         for (size_t k = i; k < j; k++)
             o->payload_bytes += seg_payload(o, &o->segs[k]);
         i = j;
     }
+    return 0;
+}
+
+size_t st_io_unit_end(const st_io_plan *g, size_t i)
+{
+    size_t j = i + 1;
+    if (!g->ncparts)
+        return j;
+    uint64_t hw = g->ios[i].off + g->ios[i].len;
+    for (; j < g->nios; j++) {
+        const st_io *r = &g->ios[j];
+        if (!st_io_joined(g, j) && (r->file != g->ios[i].file || r->off >= hw))
+            break;
+        hw = ST_MAX(hw, r->off + r->len);
+    }
+    return j;
+}
+
+/* Appends read i of g as it is (its segments copied) with flags. */
+static int add_whole(rank_ctx *c, const st_io_plan *g, size_t i, uint32_t flags)
+{
+    st_io_plan *o = c->out;
+    size_t s0 = o->nsegs;
+    for (size_t si = g->ios[i].seg0; si < g->ios[i].seg1; si++) {
+        if (st_grow(&o->segs, &c->scap, o->nsegs + 1, sizeof *o->segs))
+            return -1;
+        o->segs[o->nsegs++] = g->segs[si];
+        o->payload_bytes += seg_payload(o, &g->segs[si]);
+    }
+    if (st_grow(&o->ios, &c->icap, o->nios + 1, sizeof *o->ios))
+        return -1;
+    o->ios[o->nios] = g->ios[i];
+    o->ios[o->nios].seg0 = s0;
+    o->ios[o->nios].seg1 = o->nsegs;
+    o->ios[o->nios++].flags = flags;
+    return 0;
+}
+
+/* Marks need[loc[r]] for each rank r of this node with a run in read k of g. */
+static void mark_local(const st_io_plan *g, size_t k, const int *loc, unsigned char *need)
+{
+    const uint64_t C = g->meta->chunk;
+    for (size_t si = g->ios[k].seg0; si < g->ios[k].seg1; si++) {
+        const st_seg *s = &g->segs[si];
+        uint64_t lo = s->c0 * C, hi = ST_MIN(s->c1 * C, g->ext[s->piece]->bytes);
+        size_t a, b;
+        runs_in(g, s->piece, lo, &a, &b);
+        for (size_t r = a; r < b && g->runs[r].src < hi; r++)
+            if (g->runs[r].src + g->runs[r].n > lo && g->runs[r].rank >= 0 &&
+                loc[g->runs[r].rank] >= 0)
+                need[loc[g->runs[r].rank]] = 1;
+    }
+}
+
+/* The checked unit [i, j) of g, read whole where this rank needs any of it (rd: its reader
+ * for other nodes, -1 if none; one of this node: it is counted for the unit). */
+static int add_unit(rank_ctx *c, const st_io_plan *g, size_t i, size_t j, int rd,
+                    unsigned char *need)
+{
+    memset(need, 0, (size_t)c->nloc);
+    for (size_t k = i; k < j; k++)
+        mark_local(g, k, c->loc, need);
+    if (!need[c->me_loc])
+        return 0;
+    int n = 0, pick = 0;
+    for (int l = 0; l < c->nloc; l++)
+        if (need[l])
+            c->sel[n++] = l;
+    if (rd < 0) /* in turns, by unit */
+        pick = c->sel[st_mix64(i) % (uint64_t)n] == c->me_loc;
+    uint32_t flags = n > 1 ? ST_IO_SHARED | (pick ? ST_IO_FIRST : 0) : rd < 0 ? 0 : ST_IO_SHARED;
+    for (size_t k = i; k < j; k++)
+        if (add_whole(c, g, k, flags))
+            return -1;
     return 0;
 }
 
@@ -199,6 +277,7 @@ int st_plan_rank_reads(st_io_plan *out, const st_io_plan *g, int me, const int *
     uint32_t *seg_flags = NULL;
     size_t sfcap = 0, ns = 0;
     st_io *sorted = NULL;
+    unsigned char *unit_need_buf = NULL, *unit = NULL;
     int nloc = 0, rc = 0;
     if (!loc)
         goto oom;
@@ -209,13 +288,20 @@ int st_plan_rank_reads(st_io_plan *out, const st_io_plan *g, int me, const int *
     c.nloc = nloc;
     c.block = c.max_io / C;
     if (!(c.cnt = calloc((size_t)nloc, sizeof *c.cnt)) ||
-        !(c.sel = calloc((size_t)nloc, sizeof *c.sel)))
+        !(c.sel = calloc((size_t)nloc, sizeof *c.sel)) ||
+        !(unit_need_buf = calloc((size_t)nloc, 1)) || !(unit = calloc(g->nios + 1, 1)))
         goto oom;
-    /* reads this node does: the chunks this rank needs, split by who else needs them */
+    /* reads this node does: the chunks this rank needs, split by who else needs them; the
+     * checked units after, whole */
+    for (size_t i = 0, j; g->ncparts && i < g->nios; i = j) { /* unit[k]: k's is checked */
+        j = st_io_unit_end(g, i);
+        unsigned char chk = j > i + 1 || g->ios[i].cp0 < g->ios[i].cp1;
+        memset(unit + i, chk, j - i);
+    }
     for (size_t i = 0; i < g->nios; i++) {
         int rd = reader[i];
-        if (rd >= 0 && (rd == me || node[rd] != node[me]))
-            continue; /* sent whole, below; or another node's reader sends what I need */
+        if ((rd >= 0 && (rd == me || node[rd] != node[me])) || unit[i])
+            continue; /* sent whole, below; another node's reader sends what I need; checked */
         for (size_t si = g->ios[i].seg0; si < g->ios[i].seg1; si++)
             if (split_seg(&c, g, &g->segs[si], rd >= 0, &seg_flags, &sfcap))
                 goto oom;
@@ -223,32 +309,24 @@ int st_plan_rank_reads(st_io_plan *out, const st_io_plan *g, int me, const int *
     ns = out->nsegs;
     if (coalesce(&c, 0, ns, seg_flags))
         goto oom;
+    for (size_t i = 0, j; g->ncparts && i < g->nios; i = j) {
+        int rd = reader[i];
+        j = st_io_unit_end(g, i);
+        if (unit[i] && !(rd >= 0 && (rd == me || node[rd] != node[me])) &&
+            add_unit(&c, g, i, j, rd, unit_need_buf))
+            goto oom;
+    }
     /* the reads this rank sends to other nodes: whole, shared where node-mates need some */
     for (size_t i = 0; i < g->nios; i++) {
         if (reader[i] != me)
             continue;
-        uint32_t flags = ST_IO_SEND | ST_IO_FIRST;
-        size_t s0 = out->nsegs;
-        for (size_t si = g->ios[i].seg0; si < g->ios[i].seg1; si++) {
-            const st_seg *s = &g->segs[si];
-            uint64_t lo = s->c0 * C, hi = ST_MIN(s->c1 * C, g->ext[s->piece]->bytes);
-            size_t a, b;
-            runs_in(g, s->piece, lo, &a, &b);
-            for (size_t r = a; r < b && g->runs[r].src < hi; r++)
-                if (g->runs[r].src + g->runs[r].n > lo && g->runs[r].rank >= 0 &&
-                    g->runs[r].rank != me && loc[g->runs[r].rank] >= 0)
-                    flags |= ST_IO_SHARED;
-            if (st_grow(&out->segs, &c.scap, out->nsegs + 1, sizeof *out->segs))
-                goto oom;
-            out->segs[out->nsegs++] = *s;
-            out->payload_bytes += seg_payload(out, s);
-        }
-        if (st_grow(&out->ios, &c.icap, out->nios + 1, sizeof *out->ios))
+        int mates = 0;
+        memset(unit_need_buf, 0, (size_t)nloc);
+        mark_local(g, i, loc, unit_need_buf);
+        for (int l = 0; l < nloc; l++)
+            mates |= l != c.me_loc && unit_need_buf[l];
+        if (add_whole(&c, g, i, ST_IO_SEND | ST_IO_FIRST | (mates ? ST_IO_SHARED : 0)))
             goto oom;
-        out->ios[out->nios] = g->ios[i];
-        out->ios[out->nios].seg0 = s0;
-        out->ios[out->nios].seg1 = out->nsegs;
-        out->ios[out->nios++].flags = flags;
     }
     /* the local reads in the order above (stable), the sent ones last in plan order */
     if (!(sorted = malloc((out->nios + 1) * sizeof *sorted)))
@@ -270,6 +348,8 @@ done:
     free(c.sel);
     free(c.ev);
     free(seg_flags);
+    free(unit_need_buf);
+    free(unit);
     return rc;
 }
 

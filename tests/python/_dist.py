@@ -119,10 +119,7 @@ class _Forked:
         return self.returncode
 
     def kill(self):
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _killpg(self.pid)
         self.returncode = "killed"
 
     def wait(self):
@@ -135,7 +132,7 @@ class _Spawned:
         self.p = subprocess.Popen(
             [sys.executable, "-c", "import _dist; _dist._child(*__import__('sys').argv[1:])",
              tmp, str(rank), str(nprocs), str(timeout)],
-            stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=tmp)
+            stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=tmp, start_new_session=True)
 
     def poll(self):
         return self.p.poll()
@@ -145,7 +142,7 @@ class _Spawned:
         return self.p.returncode
 
     def kill(self):
-        self.p.kill()
+        _killpg(self.p.pid)
 
     def wait(self):
         self.p.wait()
@@ -184,6 +181,9 @@ def _serve():
             pid = os.fork()
             if pid == 0:
                 try:
+                    # a session of its own: run() kills the rank's whole group at its end,
+                    # with whatever the rank started (a library's worker processes)
+                    os.setsid()
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                     fd = os.open(os.path.join(tmp, "rank%d.log" % r), os.O_WRONLY | os.O_CREAT, 0o644)
                     os.dup2(fd, 1)
@@ -239,6 +239,9 @@ def run(fn, nprocs, *args, timeout=120, echo=False, env=None, **kwargs):
                     p.kill()
             for p in procs:
                 p.wait()
+            # what a rank started and left behind (an orphan holds ~200 MB and never ends)
+            for p in procs:
+                _killpg(p.pid if isinstance(p, _Forked) else p.p.pid)
         elapsed = time.monotonic() - start
         outputs = []
         for path in logs:
@@ -280,6 +283,14 @@ def run(fn, nprocs, *args, timeout=120, echo=False, env=None, **kwargs):
         if echo and out:
             print(out)
         return results
+
+
+def _killpg(pid):
+    """SIGKILL to the process group of rank process pid (its own session: setsid)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _failed(tmp, r, proc):

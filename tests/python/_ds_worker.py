@@ -10,6 +10,15 @@
                 (DeepSpeed's `latest`) through strata's engine; its state must equal the dump
                 of that step bitwise, and training on must give the uninterrupted run's
                 losses and final state bitwise. Writes OUT/resume-<rank>.json.
+    reuse1 OUT  ZeRO 2: saves tag "a" (committed, latest "a"), saves "a" again (refused with
+                ExistsError before anything is written), then saves tag "b" with
+                STRATA_DS_TEST_KILL_AT_STUB=b: each rank SIGKILLs itself right after its
+                first file of "b" is handed over (a kill inside save_checkpoint)
+    reuse2 OUT  a new engine: loads latest ("a", the state reuse1 saved), tag "b" by name
+                (not saved: its error), saves "b" again (the interrupted tag: saved,
+                latest "b"), then rank 0 makes a copy "c" of "b" without its commit
+                record and points latest at it: load_checkpoint raises its error.
+                Writes OUT/reuse-<rank>.json.
     reshard OUT on another world size (1 or 3 ranks), each stage of RESHARD: a new engine
                 loads tag step<SAVE_AT> (saved by ref on 2 ranks); its fp32 master weights
                 and AdamW moments, gathered whole, must equal ref's bitwise, its step, lr
@@ -255,8 +264,76 @@ def resume(out):
         json.dump(report, f, indent=1)
 
 
+def _error_of(call):
+    import strata
+    try:
+        call()
+        return "ok"
+    except strata.Error as e:
+        return "%s: %s" % (type(e).__name__, e)
+
+
+def reuse1(out):
+    import strata.deepspeed
+    strata.deepspeed.enable()
+    rank = dist.get_rank()
+    ck = os.path.join(out, "reuse")
+    engine = make_engine(2, seed=0)
+    train_step(engine, 0)
+    engine.save_checkpoint(ck, tag="a")
+    engine.checkpoint_engine.wait()
+    torch.save(flat_state(engine), os.path.join(out, "reuse-a-r%d.pt" % rank))
+    dist.barrier()
+    stubs = {n: os.stat(os.path.join(ck, "a", n)).st_mtime_ns
+             for n in os.listdir(os.path.join(ck, "a")) if n != "strata"}
+    again = _error_of(lambda: engine.save_checkpoint(ck, tag="a"))
+    same = stubs == {n: os.stat(os.path.join(ck, "a", n)).st_mtime_ns
+                     for n in os.listdir(os.path.join(ck, "a")) if n != "strata"}
+    with open(os.path.join(out, "reuse1-%d.json" % rank), "w") as f:
+        json.dump({"again": again, "stubs_untouched": same}, f)
+    dist.barrier()
+    train_step(engine, 1)
+    os.environ["STRATA_DS_TEST_KILL_AT_STUB"] = "b"
+    engine.save_checkpoint(ck, tag="b")     # never returns: SIGKILL after the first stub
+
+
+def reuse2(out):
+    import shutil
+    import strata.deepspeed
+    strata.deepspeed.enable()
+    rank = dist.get_rank()
+    ck = os.path.join(out, "reuse")
+    r = {"b_files": sorted(os.listdir(os.path.join(ck, "b")))}
+    engine = make_engine(2, seed=1)
+    path, _ = engine.load_checkpoint(ck)
+    r["latest"] = os.path.basename(os.path.dirname(path))
+    r["a_diff"] = diff(flat_state(engine), torch.load(os.path.join(out, "reuse-a-r%d.pt" % rank),
+                                                      weights_only=False))
+    r["b_by_tag"] = _error_of(lambda: engine.load_checkpoint(ck, tag="b"))
+    train_step(engine, 1)
+    engine.save_checkpoint(ck, tag="b")
+    engine.checkpoint_engine.wait()
+    want = flat_state(engine)
+    dist.barrier()
+    with open(os.path.join(ck, "latest")) as f:
+        r["latest_after"] = f.read()
+    if rank == 0:
+        shutil.copytree(os.path.join(ck, "b"), os.path.join(ck, "c"))
+        os.remove(os.path.join(ck, "c", "strata", "COMMIT"))
+        with open(os.path.join(ck, "latest"), "w") as f:
+            f.write("c")
+    dist.barrier()
+    other = make_engine(2, seed=2)
+    r["latest_uncommitted"] = _error_of(lambda: other.load_checkpoint(ck))
+    path, _ = other.load_checkpoint(ck, tag="b")
+    r["b_diff"] = diff(flat_state(other), want)
+    with open(os.path.join(out, "reuse-%d.json" % rank), "w") as f:
+        json.dump(r, f, indent=1)
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    {"ref": ref, "resume": resume, "reshard": reshard}[sys.argv[1]](sys.argv[2])
+    {"ref": ref, "resume": resume, "reshard": reshard, "reuse1": reuse1,
+     "reuse2": reuse2}[sys.argv[1]](sys.argv[2])
     dist.destroy_process_group()

@@ -8,6 +8,7 @@ test_zero_source.py and bench/bench_deepspeed.py, bench_zero_export.py.
 """
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -28,7 +29,7 @@ def launch(args, world, log, env=None):
                  PYTHONWARNINGS="ignore", **(env or {}))
         with open(log(r), "w") as f:
             procs.append(subprocess.Popen([sys.executable] + list(args), env=e, stdout=f,
-                                          stderr=subprocess.STDOUT))
+                                          stderr=subprocess.STDOUT, start_new_session=True))
     return procs
 
 
@@ -46,4 +47,15 @@ def wait(procs, timeout=600):
             p.kill()
             p.wait()
             rcs.append("timeout")
+    reap(procs)
     return rcs
+
+
+def reap(procs):
+    """Kills what the processes started and left behind (each is its own session's leader:
+    its group outlives it while a child of it runs)."""
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass

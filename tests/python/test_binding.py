@@ -89,6 +89,7 @@ def test_module_surface():
         -8: "MismatchError", -9: "NotFoundError", -10: "UnfilledError", -11: "ExistsError",
         -12: "SchemeError", -13: "MissingError", -14: "OverlapError", -15: "AbortedError",
         -16: "DeviceError", -17: "BusyError", -18: "ChangedError", -19: "UnsupportedError",
+        -20: "NotCheckpointError",
     }
     assert {c: k.__name__ for c, k in strata.ERRORS.items()} == names
     for code, cls in strata.ERRORS.items():
@@ -107,11 +108,14 @@ def test_round_trip_two_ranks_reshard(tmp_path):
     # whole, then as a column half plus a flat piece of the other half (2 logical ranks)
     out, stats = load_matrix(uri(tmp_path))
     assert torch.equal(out, m) and stats["tier"] == 0
-    # a load's stats add how often it read and broadcast the index (one read, no Comm)
-    assert set(stats) == {"data_bytes", "bytes", "io_calls", "seconds", "max_writer_bytes",
-                          "writers", "balance_bound", "all_bytes", "plan_cached", "tier",
-                          "meta_reads", "meta_bcasts"}
+    # a load's stats add how often it read and broadcast the index (one read, no Comm), and
+    # the zip CRC-32s checked (none: strata's own checksums are verified chunk by chunk), and
+    # have none of a save's writers' fields
+    assert set(stats) == {"data_bytes", "bytes", "io_calls", "seconds", "all_bytes",
+                          "plan_cached", "tier", "meta_reads", "meta_bcasts", "crc_checked",
+                          "crc_bytes", "crc_skipped"}
     assert stats["meta_reads"] == 1 and stats["meta_bcasts"] == 0
+    assert stats["crc_checked"] == stats["crc_bytes"] == 0 and not stats["crc_skipped"]
     left = torch.zeros(6, 2)
     right = torch.zeros(7)
     a, b = strata.State(), strata.State()
@@ -636,6 +640,45 @@ def test_host_comm_callback_raises_everywhere(tmp_path, failing_call):
     assert isinstance(errors[1].__cause__, RuntimeError)
     assert isinstance(errors[0].__cause__, threading.BrokenBarrierError)
     assert not os.path.exists(uri(tmp_path)) or not strata.probe(uri(tmp_path))["committed"]
+
+
+def test_host_comm_agree():
+    """Comm.agree (strata_comm_agree): every rank's payload on every rank, in one
+    collective when all fit inline or are the same; a failing rank's error on every rank,
+    its code and text, naming it; a callback that raises is AbortedError with its cause."""
+    def agree(size, fn, fail=None):
+        group = ThreadGroup(size, fail=fail)
+        results, errors = on_threads(size, lambda r: fn(r, group.comm(r)))
+        return results, errors, group.calls
+
+    pay = [b"a", b"bb", b"ccc"]
+    res, err, calls = agree(3, lambda r, c: c.agree(pay[r], what="the step", inline=8))
+    assert err == [None] * 3 and res == [pay] * 3 and calls == [1, 1, 1]
+    res, err, calls = agree(3, lambda r, c: c.agree(pay[r], inline=2))
+    assert err == [None] * 3 and res == [pay] * 3 and calls == [2, 2, 2]
+    res, err, calls = agree(3, lambda r, c: c.agree(b"x" * 5000, same=True))
+    assert err == [None] * 3 and res == [None] * 3 and calls == [1, 1, 1]
+    res, err, calls = agree(3, lambda r, c: c.agree(pay[r], same=True))
+    assert err == [None] * 3 and res == [pay] * 3 and calls == [2, 2, 2]
+    res, err, calls = agree(2, lambda r, c: c.agree())
+    assert err == [None] * 2 and res == [[b"", b""]] * 2
+
+    mine = [None, strata.MismatchError("boom"), ValueError("not a strata error")]
+    for inline in (0, 64):
+        res, err, calls = agree(3, lambda r, c: c.agree(pay[r], what="the step", error=mine[r],
+                                                        inline=inline, same=True))
+        assert calls == [1 if inline else 2] * 3
+        assert type(err[0]) is strata.MismatchError
+        assert str(err[0]) == "the step failed on rank 1: boom"
+        assert type(err[1]) is strata.MismatchError and str(err[1]) == "boom"
+        assert type(err[2]) is strata.InvalidArgumentError
+        assert str(err[2]) == "not a strata error"
+    res, err, _ = agree(3, lambda r, c: c.agree(b"x"), fail=(2, 1))
+    assert all(isinstance(e, strata.AbortedError) for e in err), err
+    assert isinstance(err[2].__cause__, RuntimeError)
+    with pytest.raises(TypeError, match="exception"):
+        strata.Comm.self().agree(error="no")
+    assert strata.Comm.self().agree(b"solo") == [b"solo"]
 
 
 def test_host_comm_rejects_bad_arguments():

@@ -155,6 +155,32 @@ def test_load_on_one(written):
     assert not res[0][0], "\n".join(res[0][0])
 
 
+LOAD_STATS = {"data_bytes", "bytes", "io_calls", "seconds", "all_bytes", "plan_cached", "tier",
+              "meta_reads", "meta_bcasts", "crc_checked", "crc_bytes", "crc_skipped"}
+
+
+def dcp_load_stats(path):
+    """The stats of strata.torch.load of two whole tensors of a DCP checkpoint."""
+    sd = {"model": {"emb.weight": torch.zeros(37, 11), "fc2.weight": torch.zeros(5, 7)}}
+    return st.load(sd, path)
+
+
+def test_load_stats(written):
+    """A DCP load's stats are a load's (issue 30): on 2 processes each rank's io_calls are
+    the reads it made (not 0 where it read bytes), all_bytes their bytes summed; in one
+    process the same; no save's fields (max_writer_bytes, writers, balance_bound)."""
+    path = dict(written)["fsdp-2"]
+    want = (37 * 11 + 5 * 7) * 4
+    res = _dist.run(dcp_load_stats, 2, path, timeout=180)
+    for r in res:
+        assert set(r) == LOAD_STATS, sorted(r)
+        assert (r["io_calls"] > 0) == (r["bytes"] > 0), r
+        assert r["all_bytes"] == sum(x["bytes"] for x in res) >= want, r
+    assert sum(r["io_calls"] for r in res) >= 2, res     # the two ranks' files
+    one = dcp_load_stats(path)
+    assert set(one) == LOAD_STATS and one["bytes"] >= want and one["io_calls"] >= 2, one
+
+
 def test_load_plain_tensors_in_process(written):
     """No process group: into plain tensors of the pytest process."""
     for name, path in written:
@@ -309,6 +335,12 @@ def test_hostile_metadata(tmp_path):
         rewrite(path, md)
         refused(path, strata.FormatError, "item 'a': relative_path '%s' %s" % (rel, words))
 
+    # a NUL byte: the name must not be cut there (it would name __0_0.distcp)
+    path, md = case(tmp_path, "nul")
+    md.storage_data[key_of(md, "a")].relative_path = "__0_0.distcp\x00.evil"
+    rewrite(path, md)
+    refused(path, strata.FormatError, "item 'a': its relative_path holds a NUL byte")
+
     path, md = case(tmp_path, "transform")
     md.storage_data[key_of(md, "a")].transform_descriptors = ["zstd"]
     rewrite(path, md)
@@ -353,6 +385,15 @@ def archive_of(path, md, fqn):
 
 
 def test_hostile_distcp(tmp_path):
+    # a .distcp that is a symlink to a file outside the checkpoint (the same bytes): refused,
+    # never followed, as strata's own format refuses links
+    path, md = case(tmp_path, "symlink")
+    f = os.path.join(path, "__0_0.distcp")
+    outside = str(tmp_path / "outside.distcp")
+    os.rename(f, outside)
+    os.symlink(outside, f)
+    refused(path, strata.FormatError, "__0_0.distcp' is a symlink: not followed")
+
     path, md = case(tmp_path, "truncated")
     f = os.path.join(path, "__0_0.distcp")
     os.truncate(f, os.path.getsize(f) - 100)

@@ -32,6 +32,9 @@ def trained(path):
 
 
 def read_all(out):
+    if not os.path.exists(os.path.join(out, "model.safetensors.index.json")):   # one file
+        assert os.listdir(out) == ["model.safetensors"], os.listdir(out)
+        return safetensors_torch.load_file(os.path.join(out, "model.safetensors"))
     idx = json.load(open(os.path.join(out, "model.safetensors.index.json")))
     got = {}
     for f in sorted(set(idx["weight_map"].values())):

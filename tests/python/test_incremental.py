@@ -361,15 +361,28 @@ def _mgr_twice(tmp_path, change, trust=True, other=None):
     return got, sd, strata.Checkpoint(mgr.path(2))
 
 
-def test_version_rule_skips_unmoved(tmp_path):
+def _through_data(sd):
+    sd["w"].data[5] = -1.0
+
+
+def _through_storage(sd):
+    src = sd["w"].clone()
+    src[5] = -1.0
+    sd["w"].untyped_storage().copy_(src.untyped_storage())   # a storage has no counter
+
+
+@pytest.mark.parametrize("write", [_through_data, _through_storage])
+def test_version_rule_skips_unmoved(tmp_path, write):
     """trust_version: a tensor whose _version has not moved since the manager's last save is
-    referred to without being read - so a write its counter does not see (through .data)
-    is saved as the base's bytes: that is the rule's documented blind spot, and why it is
-    opt-in. Without the opt-in the same write is hashed, found changed and written."""
-    def through_data(sd):
-        sd["w"].data[5] = -1.0
+    referred to without being read - so a write its counter does not see (through .data,
+    through untyped_storage().copy_()) is saved as the base's bytes: those are the rule's
+    documented blind spots (the manager's docstring names each), and why it is opt-in.
+    Without the opt-in the same write is hashed, found changed and written."""
+    assert {"untyped_storage()", ".data"} <= set(
+        w for w in (st.CheckpointManager.__doc__ or "").replace(",", " ").split()
+        if w in ("untyped_storage()", ".data"))
     for trust in (True, False):
-        got, sd, ck = _mgr_twice(tmp_path / str(trust), through_data, trust)
+        got, sd, ck = _mgr_twice(tmp_path / str(trust), write, trust)
         assert torch.equal(got["ad"], sd["ad"])
         if trust:
             assert got["w"][5] == 5.0 and ck.written_bytes == 16 * 4

@@ -34,6 +34,7 @@ import _dist
 import strata
 import strata.torch as st
 from _tensors import load_dtensors, same
+from _zipflip import entries, entry_of, flip, raw
 
 mcore = pytest.importorskip("megatron.core.dist_checkpointing",
                             reason="megatron-core 0.16.1 is not installed (make venv installs it)")
@@ -55,6 +56,7 @@ MODEL = {"decoder.layers.0.mlp.linear_fc1.weight": ((22, 7), torch.float32, 0),
          "decoder.layers.0.mlp.linear_fc1.bias": ((22,), torch.bfloat16, 0),
          "decoder.final_layernorm.weight": ((7,), torch.bfloat16, None),
          "embedding.position_ids": ((9,), torch.int64, None)}
+COMMON_TENSOR = torch.arange(96, dtype=torch.float32) / 7
 FLAT = "optimizer.state.exp_avg.decoder.layers.0.self_attention.linear_qkv.weight"
 FLAT_SHAPE = (6, 4)   # cut into 2 x 1 boxes of 3 x 4 (12 elements): reformulated (2, 1, 12)
 
@@ -124,6 +126,7 @@ def mg_write(path, legacy_flat):
                                     replica_id=0)
     sd["iteration"] = 12
     sd["args"] = {"lr": 0.5, "tp": world}
+    sd["loss_scale"] = COMMON_TENSOR.clone()     # a tensor of the common state: common.pt
     save(sd, path)
     dist.barrier()
     if legacy_flat and rank == 0:
@@ -339,13 +342,108 @@ def test_hostile_common_pt(written, tmp_path):
     sd = {name: torch.zeros(MODEL[name][0], dtype=MODEL[name][1])}
     st.load(sd, path)
     assert same(sd[name], ref(name, *MODEL[name][:2]))
-    with pytest.raises(strata.NotFoundError, match="CRC-32"):
+    with pytest.raises(strata.ChecksumError, match="CRC-32"):
         st.load({"iteration": 0}, path)
     if os.access(STRATA, os.X_OK):
         r = subprocess.run([STRATA, "verify", path], capture_output=True, text=True)
         assert r.returncode == 3 and "STRATA_ECHECKSUM" in r.stderr and \
             "common.pt: item 'common.pt' at 0: zip CRC-32 of" in r.stderr, \
             (r.returncode, r.stdout, r.stderr)
+
+
+# ---- a byte of a tensor flipped: every read checks the zip CRC-32 (issue 28) -------------------
+
+FLIPPED = "decoder.layers.0.mlp.linear_fc1.weight"
+
+
+def flip_distcp(src, dst):
+    """A copy of the checkpoint at src with one byte of FLIPPED's first saved chunk flipped:
+    its item's archive at the offset .metadata gives in its .distcp file, the byte inside the
+    entry holding the chunk's storage (from its local header). (copy, entry, file)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    path = copy_of(src, dst)
+    md = FileSystemReader(path).read_metadata()
+    info = min((v for k, v in md.storage_data.items() if k.fqn == FLIPPED),
+               key=lambda v: (v.relative_path, v.offset))
+    f = os.path.join(path, info.relative_path)
+    with open(f, "rb") as h:
+        h.seek(info.offset)
+        item = h.read(info.length)
+    (entry, at, size), = [e for e in entries(item) if "/data/" in e[0] and
+                          not e[0].endswith("data.pkl")]
+    flip(f, info.offset + at + size // 2)
+    return path, entry, info.relative_path
+
+
+def test_flipped_tensor(written, tmp_path):
+    """strata.torch.load raises ChecksumError naming the tensor, the entry and the .distcp
+    file; a tensor of another item loads; skip_crc loads and says so."""
+    refs = references()
+    path, entry, fname = flip_distcp(written[2], str(tmp_path / "flip"))
+    with pytest.raises(strata.ChecksumError) as ei:
+        st.load({k: torch.zeros_like(v) for k, v in refs.items()}, path)
+    msg = str(ei.value)
+    assert "tensor '%s'" % FLIPPED in msg and "zip entry '%s'" % entry in msg and fname in msg, msg
+    other = "decoder.final_layernorm.weight"
+    sd = {other: torch.zeros_like(refs[other])}
+    st.load(sd, path)
+    assert same(sd[other], refs[other])
+    sd = {FLIPPED: torch.zeros_like(refs[FLIPPED])}
+    s = st.load(sd, path, skip_crc=True)
+    assert s["crc_skipped"] and not same(sd[FLIPPED], refs[FLIPPED]), s
+
+
+@needs_cli
+def test_flipped_tensor_export_exits_3(written, tmp_path):
+    path, entry, fname = flip_distcp(written[2], str(tmp_path / "flip"))
+    out = str(tmp_path / "out")
+    r = subprocess.run([STRATA, "export", path, out, "--quiet"], capture_output=True, text=True)
+    assert r.returncode == 3, (r.returncode, r.stderr)
+    assert "zip entry '%s'" % entry in r.stderr and fname in r.stderr, r.stderr
+    assert not os.path.exists(out)
+
+
+def mg_load_flipped(path):
+    """On this run's ranks: the model tensors into DTensors Shard(0) (load_dtensors); the
+    exception class name each rank got (or "ok")."""
+    refs = {k: v for k, v in references().items() if k in MODEL}
+    try:
+        load_dtensors(refs, path)
+    except strata.Error as e:
+        return type(e).__name__, str(e)
+    return "ok", ""
+
+
+@pytest.mark.slow
+def test_flipped_tensor_fails_every_rank(written, tmp_path):
+    """Loaded into DTensors on 2 and 3 gloo processes: every rank raises ChecksumError."""
+    path, entry, _ = flip_distcp(written[2], str(tmp_path / "flip"))
+    for world in (2, 3):
+        res = _dist.run(mg_load_flipped, world, path, timeout=240)
+        assert [r[0] for r in res] == ["ChecksumError"] * world, res
+        assert all(entry in r[1] for r in res), res
+
+
+def test_flipped_common_tensor(written, tmp_path):
+    """A byte of the common state's tensor flipped in common.pt (a blob read whole): loading
+    that key raises ChecksumError naming common.pt's entry, never its corrupt values; the
+    sharded tensors still load (common.pt is not needed for them)."""
+    for world, src in written.items():
+        sd = {"loss_scale": torch.zeros(96)}
+        st.load(sd, src)
+        assert same(sd["loss_scale"], COMMON_TENSOR)
+        path = copy_of(src, str(tmp_path / ("c%d" % world)))
+        common = os.path.join(path, "common.pt")
+        entry, at = entry_of(open(common, "rb").read(), raw(COMMON_TENSOR))
+        flip(common, at + 40)
+        with pytest.raises(strata.ChecksumError) as ei:
+            st.load({"loss_scale": torch.zeros(96)}, path)
+        assert "zip entry '%s'" % entry in str(ei.value) and "common.pt" in str(ei.value), \
+            str(ei.value)
+        name = sorted(MODEL)[0]
+        sd = {name: torch.zeros(MODEL[name][0], dtype=MODEL[name][1])}
+        st.load(sd, path)
+        assert same(sd[name], ref(name, *MODEL[name][:2]))
 
 
 # ---- hostile inputs ---------------------------------------------------------------------------
@@ -377,8 +475,9 @@ def refused(path, exc, words, code):
     ('{"sharded_backend": "torch_dist", "common_backend": "zarr"}', strata.UnsupportedError,
      "common_backend 'zarr' is not one strata reads", 1),
     ('{"sharded_backend": "torch_dist", "sharded_backend_ver', strata.FormatError,
-     "metadata.json: truncated inside a string", 3),
-    ('{"sharded_backend": "torch_dist",', strata.FormatError, "metadata.json: truncated", 3),
+     "metadata.json at byte 54 of its JSON: unterminated string", 3),
+    ('{"sharded_backend": "torch_dist",', strata.FormatError,
+     "metadata.json at byte 33 of its JSON: the JSON ends early", 3),
     ('{"sharded_backend": "torch_dist", "sharded_backend": "torch_dist"}', strata.FormatError,
      'key "sharded_backend" is there twice', 3),
     ('{"sharded_backend": 1, "x": "\\"sharded_backend\\""}', strata.FormatError,
@@ -387,6 +486,13 @@ def refused(path, exc, words, code):
      'no "sharded_backend"', 3),
     ('{"sharded_backend": "torch_dist"} x', strata.FormatError,
      "something follows the JSON object", 3),
+    # lone surrogate escapes name no character (json.loads takes them; strata does not)
+    ('{"sharded_backend": "torch_dist", "x\\ud800": 1}', strata.FormatError,
+     "a high surrogate", 3),
+    ('{"sharded_backend": "torch_dist", "x": "\\udc00"}', strata.FormatError,
+     "a lone low surrogate", 3),
+    ('{"sharded_backend": "torch_dist", "x": "\\ud800\\u0041"}', strata.FormatError,
+     "a high surrogate", 3),
 ])
 def test_hostile_metadata_json(written, tmp_path, text, exc, words, code):
     path = copy_of(written[1], str(tmp_path / "bad"))

@@ -1,4 +1,4 @@
-"""The restricted pickle reader and the zip reader (src/meta/pickle.c, src/meta/zip.c) over
+"""The restricted pickle reader and the zip reader (src/source/pickle.c, src/source/zip.c) over
 real files written here by torch.save and torch.distributed.checkpoint.
 
 build/tests/pickle_dump (the internal API; built by `make`) prints a canonical JSON

@@ -1,6 +1,8 @@
-"""strata.torch.load(..., cast=True): a tensor saved in one floating dtype loads into a target
-of another, converted as it is read (PyTorch DCP's test_dtype_mismatch_casting: an f32
-model's checkpoint into a bf16 model).
+"""strata.torch.load: a tensor saved in one dtype loads into a target of another, converted
+as it is read: by default where every value is exact (a widening: bf16 / f16 to f32 / f64,
+f32 to f64, integers to wider ones - DCP widens silently), with cast=True any float pair
+too (PyTorch DCP's test_dtype_mismatch_casting: an f32 model's checkpoint into a bf16
+model); a narrowing without cast=True is MismatchError saying cast=True would convert it.
 
 The reference is torch's own cast, Tensor.to, for every pair from a 16- or 32-bit float
 (round to nearest even, once). From f64 to f16 / bf16 torch rounds twice (through f32: f64
@@ -16,6 +18,10 @@ import torch.nn as nn
 import _dist
 
 FLOATS = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
+# the floats each float widens to: every value exact (loaded without cast=True)
+WIDER = {torch.float64: (), torch.float32: (torch.float64,),
+         torch.float16: (torch.float32, torch.float64),
+         torch.bfloat16: (torch.float32, torch.float64)}
 INT_OF = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
           torch.bfloat16: torch.int16}
 
@@ -100,9 +106,12 @@ def test_every_float_pair(tmp_path, src):
             continue
         target = {"x": torch.empty((x.reshape(-1, 7) if x.numel() % 7 == 0 else x).shape,
                                    dtype=dst)}
-        with pytest.raises(strata.MismatchError):
+        if dst in WIDER[src]:   # every value exact: loaded by default, as DCP does
             st.load(target, path)
-        st.load(target, path, cast=True)
+        else:                   # it rounds: only with cast=True, and the error says so
+            with pytest.raises(strata.MismatchError, match="cast=True"):
+                st.load(target, path)
+            st.load(target, path, cast=True)
         got = target["x"].reshape(-1)
         bad = same(got, reference(x, dst))
         assert bad.numel() == 0, "%s -> %s: %d differ, first at %d: saved %r got %r want %r" % (
@@ -139,6 +148,61 @@ def test_f32_model_into_bf16_model(tmp_path):
                            v.to(w.dtype).view(INT_OF.get(w.dtype, w.dtype))), k
 
 
+def test_widening_by_default_dcp_call(tmp_path):
+    """A bf16 model's checkpoint (and i32 / f16 / bool entries) into an f32 / f64 / i64 model,
+    through DCP's call (checkpoint_id=): no cast=True, every value exact; the narrowing
+    way back is refused in Python terms (cast=True), and converts with it."""
+    import strata
+    import strata.torch as st
+    torch.manual_seed(3)
+    src = Net().to(torch.bfloat16)
+    extra = {"ids": torch.randint(-2 ** 31, 2 ** 31 - 1, (17,), dtype=torch.int32),
+             "h": torch.randn(5, 3).to(torch.float16), "mask": torch.rand(9) > 0.5}
+    path = str(tmp_path / "ck")
+    st.save({"model": src, "extra": extra}, checkpoint_id=path)
+    dst = Net()                                   # f32, steps i64
+    wide = {"ids": torch.zeros(17, dtype=torch.int64), "h": torch.zeros(5, 3, dtype=torch.float64),
+            "mask": torch.zeros(9, dtype=torch.int32)}
+    st.load({"model": dst, "extra": wide}, checkpoint_id=path)
+    for k, v in src.state_dict().items():
+        w = dst.state_dict()[k]
+        assert w.dtype == (torch.int64 if k == "steps" else torch.float32)
+        assert torch.equal(w, v.to(w.dtype)) and torch.equal(w.to(v.dtype), v), k
+    for k, v in extra.items():
+        assert torch.equal(wide[k], v.to(wide[k].dtype)), k
+    # back: f32 into bf16 rounds - refused, in Python's words, until cast=True
+    path2 = str(tmp_path / "f32")
+    st.save({"model": dst}, checkpoint_id=path2)
+    back = Net().to(torch.bfloat16)
+    with pytest.raises(strata.MismatchError) as e:
+        st.load({"model": back}, checkpoint_id=path2)
+    assert "cast=True" in str(e.value) and "STRATA_" not in str(e.value), str(e.value)
+    assert "narrowing" in str(e.value)
+    st.load({"model": back}, checkpoint_id=path2, cast=True)
+    for k, v in src.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k
+
+
+def test_widening_from_dcp_checkpoint(tmp_path):
+    """A checkpoint DCP itself wrote in bf16 (dcp.save), loaded into an f32 model by
+    strata.torch.load as DCP's load is called: widened bitwise, as dcp.load does."""
+    import torch.distributed.checkpoint as dcp
+    import strata.torch as st
+    torch.manual_seed(4)
+    src = Net().to(torch.bfloat16)
+    path = str(tmp_path / "dcp")
+    with pytest.warns(UserWarning):   # DCP: "torch.distributed is ... uninitialized"
+        dcp.save({"model": src.state_dict()}, checkpoint_id=path)
+    want = {"model": Net().state_dict()}
+    with pytest.warns(UserWarning):
+        dcp.load(want, checkpoint_id=path)
+    got = {"model": Net().state_dict()}
+    st.load(got, checkpoint_id=path)
+    for k, v in want["model"].items():
+        assert got["model"][k].dtype == v.dtype and torch.equal(got["model"][k], v), k
+        assert torch.equal(v.to(src.state_dict()[k].dtype), src.state_dict()[k]), k
+
+
 def test_refused_pair(tmp_path):
     import strata
     import strata.torch as st
@@ -146,7 +210,7 @@ def test_refused_pair(tmp_path):
     st.save({"w": torch.ones(4, 3)}, path)
     with pytest.raises(strata.MismatchError) as e:
         st.load({"w": torch.empty(4, 3, dtype=torch.int32)}, path, cast=True)
-    assert "'w'" in str(e.value) and "not f32 to i32" in str(e.value)
+    assert str(e.value).startswith("w: ") and "not f32 to i32" in str(e.value)
     with pytest.raises(strata.MismatchError):  # shapes must still agree
         st.load({"w": torch.empty(3, 4, dtype=torch.bfloat16)}, path, cast=True)
 

@@ -1,4 +1,4 @@
-"""torch.save files as a load source (src/meta/torchsave.c, src/engine/src_torchsave.c) and
+"""torch.save files as a load source (src/source/torchsave.c, src/source/torchsave_src.c) and
 their values in strata.torch (python/strata/_strata_pickle.c, _torchsave.py).
 
 Every fixture is written here by torch.save (torch 2.13): every dtype strata has, views at
@@ -354,6 +354,26 @@ def test_entry_lying_about_its_storage_size_is_refused(tmp_path):
     with pytest.raises(strata.FormatError, match="entry 's/data/0' holds 44 bytes, its "
                        "storage 40"):
         strata.Checkpoint(str(tmp_path / "l.pt"))
+
+
+def test_shape_of_2_80_elements_is_refused_saying_so(tmp_path):
+    """A shape whose element count overflows 64 bits ([2^40, 2^40], written over a real
+    [300, 400] one): refused naming the shape, never as a wrapped count ("its 0 elements")."""
+    torch.save({"w": torch.zeros(300, 400)}, str(tmp_path / "s.pt"))
+    size = b"M\x2c\x01M\x90\x01\x86"                    # BININT2 300, BININT2 400, TUPLE2
+    huge = b"\x8a\x06\x00\x00\x00\x00\x00\x01" * 2 + b"\x86"  # LONG1 2^40, twice, TUPLE2
+
+    def change(n, d):
+        if n.endswith("data.pkl"):
+            assert d.count(size) == 1
+            return d.replace(size, huge)
+        return d
+    rezip(str(tmp_path / "s.pt"), str(tmp_path / "h.pt"), change=change)
+    with pytest.raises(strata.FormatError) as ei:
+        strata.Checkpoint(str(tmp_path / "h.pt"))
+    msg = str(ei.value)
+    assert "tensor 'w': its shape (1099511627776, 1099511627776) holds 2^64 elements or more" \
+        in msg and "its 0 elements" not in msg, msg
 
 
 def test_truncated_archive_is_refused(tmp_path):

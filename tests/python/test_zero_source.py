@@ -23,6 +23,7 @@ import _launch  # noqa: E402
 import strata  # noqa: E402
 import strata.torch as st  # noqa: E402
 from _tensors import load_dtensors, same  # noqa: E402
+from _zipflip import entries, entry_of, flip, raw  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -162,23 +163,37 @@ def test_load_dtensors(written, world):
         assert res[0][1] == len(refs[s]) + sum(v.dim() >= 2 for v in refs[s].values())
 
 
+def _exported(out):
+    from safetensors import safe_open
+    got = {}
+    for name in os.listdir(out):
+        if name.endswith(".safetensors"):
+            with safe_open(os.path.join(out, name), "pt") as f:
+                got.update({k: f.get_tensor(k) for k in f.keys()})
+    return got
+
+
 @needs_cli
 def test_export_to_safetensors(written, tmp_path):
-    """`strata export` of each stage: the safetensors package reads back zero_to_fp32's
-    tensors bitwise (and the moments beside them)."""
-    from safetensors import safe_open
+    """`strata export` of each stage gives what zero_to_fp32 gives (issue 30): exactly its
+    names, bitwise, read back by the safetensors package; so does --model-only; the
+    moments only when asked for (--include 'optim.state.*')."""
     dirs, refs = written
     for s, d in dirs.items():
-        out = str(tmp_path / ("out%d" % s))
-        subprocess.run([STRATA, "export", d, out, "--quiet"], check=True)
-        got = {}
-        for name in os.listdir(out):
-            if name.endswith(".safetensors"):
-                with safe_open(os.path.join(out, name), "pt") as f:
-                    got.update({k: f.get_tensor(k) for k in f.keys()})
-        assert {k for k in got if not k.startswith("optim.state.")} == set(refs[s])
-        for k, v in refs[s].items():
-            assert same(got[k], v), (s, k)
+        for how in ([], ["--model-only"]):
+            out = str(tmp_path / ("out%d%s" % (s, "".join(how))))
+            subprocess.run([STRATA, "export", d, out, "--quiet"] + how, check=True)
+            got = _exported(out)
+            assert set(got) == set(refs[s]), (s, how, sorted(set(got) ^ set(refs[s])))
+            for k, v in refs[s].items():
+                assert same(got[k], v), (s, how, k)
+        out = str(tmp_path / ("moments%d" % s))
+        subprocess.run([STRATA, "export", d, out, "--quiet", "--include", "optim.state.*"],
+                       check=True)
+        got = _exported(out)
+        assert set(got) == {"optim.state.%s.%s" % (k, m) for k in refs[s] for m in MOMENTS
+                            if "optim.state.%s.%s" % (k, m) in got} and got, (s, sorted(got))
+        assert {k.rsplit(".", 1)[1] for k in got} == set(MOMENTS), s
 
 
 @needs_cli
@@ -189,7 +204,11 @@ def test_inspect_and_verify(written, tmp_path):
     d = dirs[2]
     r = subprocess.run([STRATA, "inspect", d], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("DeepSpeed ZeRO %s: step 3, " % d), r.stdout
+    assert r.stdout.startswith("DeepSpeed ZeRO %s: tag step3 (named by latest), step 3, " % d), \
+        r.stdout                      # the tag `latest` named, which was read (issue 30)
+    r = subprocess.run([STRATA, "inspect", os.path.join(d, TAG)], capture_output=True,
+                       text=True)
+    assert r.stdout.startswith("DeepSpeed ZeRO %s: step 3, " % os.path.join(d, TAG)), r.stdout
     assert "optim.state.layer.linear1.weight.exp_avg_sq" in r.stdout
     r = subprocess.run([STRATA, "verify", d], capture_output=True, text=True)
     assert r.returncode == 0 and "every zip entry's CRC-32 matched" in r.stdout, r
@@ -207,6 +226,94 @@ def test_inspect_and_verify(written, tmp_path):
     assert r.returncode == 3, (r.returncode, r.stdout, r.stderr)
     assert "CORRUPT: zip entry" in r.stderr and "zero_pp_rank_1_mp_rank_00_optim_states.pt" \
         in r.stderr, r.stderr
+
+
+# ---- a byte of a partition flipped: every read checks the zip CRC-32 (issue 28) ----
+
+RANK1_OPTIM = "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+
+
+def _flip_partition(save_dir, dst):
+    """A copy of the stage-2 checkpoint with one byte of rank 1's fp32 partition of group 0
+    flipped, near its end (found from the zip entry's local header). Returns (copy, entry
+    name, the flipped byte's file offset, a tensor of the index with a piece in that entry
+    not holding the byte, one with no byte in the file)."""
+    d = _copy(save_dir, dst)
+    f = os.path.join(d, TAG, RANK1_OPTIM)
+    part = torch.load(f, weights_only=False)["optimizer_state_dict"][
+        "single_partition_of_fp32_groups"][0]
+    data = open(f, "rb").read()
+    entry, at = entry_of(data, raw(part))
+    at += part.numel() * 4 - 8
+    (start, end), = [(a, a + n) for name, a, n in entries(data) if name == entry]
+    flip(f, at)
+    inside = outside = None
+    for t in strata.Checkpoint(d).tensors:
+        in_file = [x for x in t["shards"] if x["file"] == RANK1_OPTIM]
+        if not in_file and not t["name"].startswith("optim.") and outside is None:
+            outside = t["name"]
+        for x in in_file:
+            lo, hi = x["file_offset"], x["file_offset"] + x["bytes"]
+            if start <= lo and hi <= end and not lo <= at < hi and \
+                    inside is None and not t["name"].startswith("optim."):
+                inside = t["name"]
+    assert inside and outside, (inside, outside)
+    return d, entry, at, inside, outside
+
+
+def test_flipped_partition(written, tmp_path):
+    """strata.torch.load raises ChecksumError naming the tensor, the entry and the file - a
+    load of one parameter whose piece lies in that entry but not on the flipped byte too (the
+    whole entry is read for the check); a tensor with no byte in the file loads; skip_crc
+    loads and says so."""
+    dirs, refs = written
+    d, entry, _, inside, outside = _flip_partition(dirs[2], tmp_path / "flip")
+    for names in (list(refs[2]), [inside]):
+        sd = {k: torch.zeros_like(refs[2][k]) for k in names}
+        with pytest.raises(strata.ChecksumError) as ei:
+            st.load(sd, d)
+        msg = str(ei.value)
+        assert "zip entry '%s'" % entry in msg and RANK1_OPTIM in msg, msg
+    sd = {inside: torch.zeros_like(refs[2][inside]), outside: torch.zeros_like(refs[2][outside])}
+    s = st.load({outside: sd[outside]}, d)
+    assert same(sd[outside], refs[2][outside]) and s["crc_checked"] >= 1, s
+    s = st.load(sd, d, skip_crc=True)
+    assert s["crc_skipped"] and same(sd[inside], refs[2][inside]), s
+
+
+@needs_cli
+def test_flipped_partition_export_exits_3(written, tmp_path):
+    dirs, _ = written
+    d, entry, _, _, _ = _flip_partition(dirs[2], tmp_path / "flip")
+    out = str(tmp_path / "out")
+    r = subprocess.run([STRATA, "export", d, out, "--quiet"], capture_output=True, text=True)
+    assert r.returncode == 3, (r.returncode, r.stderr)
+    assert "zip entry '%s'" % entry in r.stderr and RANK1_OPTIM in r.stderr, r.stderr
+    assert not os.path.exists(out)
+
+
+def zero_load_flipped(path, ref_file):
+    """On this run's ranks: zero_to_fp32's tensors into DTensors Shard(0) from path; the
+    exception class name each rank got (or "ok")."""
+    refs = torch.load(ref_file)
+    try:
+        load_dtensors(refs, path)
+    except strata.Error as e:
+        return type(e).__name__, str(e)
+    return "ok", ""
+
+
+@pytest.mark.slow
+def test_flipped_partition_fails_every_rank(written, tmp_path):
+    """Loaded into DTensors on 2 and 3 gloo processes, each needing part of every partition:
+    every rank raises ChecksumError (one rank reads the entry whole and checks it)."""
+    dirs, _ = written
+    d, entry, _, _, _ = _flip_partition(dirs[2], tmp_path / "flip")
+    ref = os.path.join(os.path.dirname(dirs[2]), "ref2.pt")
+    for world in (2, 3):
+        res = _dist.run(zero_load_flipped, world, d, ref, timeout=240)
+        assert [r[0] for r in res] == ["ChecksumError"] * world, res
+        assert all(entry in r[1] for r in res), res
 
 
 # ---- hostile inputs ----
