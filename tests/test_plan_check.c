@@ -3,7 +3,8 @@
  * check touched is read whole, each checked byte given to one read as a part; pure, on
  * indexes built here (chunk 1, extents at byte offsets). Cases by hand (a row block of an
  * entry, an entry longer than a read, tied tensors on one entry, a request outside any
- * check, no widening) and random layouts held to the invariants. */
+ * check, no widening), random layouts held to the invariants, and a load by two ranks cut
+ * into each rank's reads in whole entries (st_plan_rank_reads). */
 #include "meta/checks.h"
 #include "plan/plan.h"
 #include "testutil.h"
@@ -300,6 +301,83 @@ static void test_random_layouts(void **state)
     }
 }
 
+/* A load by two ranks cut into each rank's reads (st_plan_rank_reads) in units: a rank that
+ * needs any byte of an entry reads all of the global plan's reads of it, as they are (parts
+ * and all), so that it compares the entry itself; an entry both need is shared and counted
+ * for one of them; a read outside every entry is cut by chunk as before. On two nodes the
+ * entry's reader sends it and the other rank reads none of it. */
+static int has_read(const st_io_plan *rp, const st_io *r, uint32_t *flags)
+{
+    for (size_t i = 0; i < rp->nios; i++)
+        if (rp->ios[i].off == r->off && rp->ios[i].len == r->len &&
+            rp->ios[i].cp0 == r->cp0 && rp->ios[i].cp1 == r->cp1) {
+            *flags = rp->ios[i].flags;
+            return 1;
+        }
+    return 0;
+}
+
+static void test_rank_units(void **state)
+{
+    (void)state;
+    st_meta *m = index_of(T, 4, C, 3, 4000);
+    /* rank 0: a's first rows and c's; rank 1: a's last rows and b's */
+    st_entry e0[2] = {rows_of(&T[0], 0, 30), rows_of(&T[3], 0, 10)};
+    st_entry e1[2] = {rows_of(&T[0], 60, 100), rows_of(&T[1], 10, 20)};
+    st_rank_view v[2] = {{e0, 2, NULL, 0, 0}, {e1, 2, NULL, 0, 0}};
+    st_io_plan g;
+    assert_int_equal(st_plan_load(&g, m, v, 2, 1024), 0);
+    assert_int_equal(st_plan_checks(&g, 1024, 1), 0);
+    /* units: a's entry [50, 1750) in reads of at most 1024, b's, c's read */
+    size_t ua = st_io_unit_end(&g, 0), ub = st_io_unit_end(&g, ua);
+    assert_true(ua >= 2);
+    assert_int_equal(g.ios[ua].off, 2000);
+    assert_int_equal(ub, ua + 1);
+    assert_int_equal(st_io_unit_end(&g, ub), ub + 1);
+    assert_int_equal(ub + 1, g.nios);
+    int node[2] = {0, 0}, reader[16];
+    assert_true(g.nios <= 16);
+    for (size_t i = 0; i < g.nios; i++)
+        reader[i] = -1;
+    st_io_plan rp[2];
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(st_plan_rank_reads(&rp[r], &g, r, node, reader, 1024), 0);
+    int first = 0;
+    for (size_t i = 0; i < ua; i++) { /* a: both read every read of it, one counted */
+        uint32_t f0 = 0, f1 = 0;
+        assert_true(has_read(&rp[0], &g.ios[i], &f0) && has_read(&rp[1], &g.ios[i], &f1));
+        assert_true((f0 & ST_IO_SHARED) && (f1 & ST_IO_SHARED));
+        assert_int_equal(((f0 & ST_IO_FIRST) != 0) + ((f1 & ST_IO_FIRST) != 0), 1);
+        first |= (f0 & ST_IO_FIRST) ? 1 : 2; /* the same rank for the whole unit */
+    }
+    assert_true(first == 1 || first == 2);
+    uint32_t f = 9;
+    assert_false(has_read(&rp[0], &g.ios[ua], &f)); /* b: rank 1's alone, private */
+    assert_true(has_read(&rp[1], &g.ios[ua], &f));
+    assert_int_equal(f, 0);
+    /* c (no entry): rank 0's 80 bytes, by chunk */
+    assert_int_equal(rp[0].ios[rp[0].nios - 1].off, 3000);
+    assert_int_equal(rp[0].ios[rp[0].nios - 1].len, 80);
+    assert_int_equal(rp[0].ios[rp[0].nios - 1].cp0, rp[0].ios[rp[0].nios - 1].cp1);
+    for (int r = 0; r < 2; r++)
+        st_rank_reads_free(&rp[r]);
+    /* two nodes: a's unit read and sent by rank 0; rank 1 reads none of it */
+    node[1] = 1;
+    for (size_t i = 0; i < ua; i++)
+        reader[i] = 0;
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(st_plan_rank_reads(&rp[r], &g, r, node, reader, 1024), 0);
+    for (size_t i = 0; i < ua; i++) {
+        assert_true(has_read(&rp[0], &g.ios[i], &f));
+        assert_int_equal(f, ST_IO_SEND | ST_IO_FIRST);
+        assert_false(has_read(&rp[1], &g.ios[i], &f));
+    }
+    for (int r = 0; r < 2; r++)
+        st_rank_reads_free(&rp[r]);
+    st_io_plan_free(&g);
+    st_meta_free(m);
+}
+
 /* The table's encoding: decoded as written, and a table out of order refused. */
 static void test_encoding(void **state)
 {
@@ -338,6 +416,7 @@ int main(void)
         cmocka_unit_test(test_tied_tensors_share_reads),
         cmocka_unit_test(test_random_layouts),
         cmocka_unit_test(test_encoding),
+        cmocka_unit_test(test_rank_units),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
