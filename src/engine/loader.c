@@ -32,7 +32,7 @@ typedef struct {
     uint32_t source; /* st_source_id of the source that opened it */
     uint64_t meta_len;
     st_status st;
-    char why[1024];
+    char why[ST_ERR_BYTES];
     unsigned char meta[STRATA_LOADER_INLINE_BYTES];
 } open_block;
 
@@ -148,12 +148,12 @@ static int open_dist(strata_loader *ld, int from)
         if (!local)
             ld->tier = ob->tier;
     }
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", local ? strata_error_last() : "");
+    char msg[ST_ERR_BYTES];
+    st_err_keep(msg, local);
     if ((rc = st_all_true(comm, local == 0, &all)))
         goto out;
     if (local)
-        rc = st_fail(local, "%s", msg);
+        rc = st_err_restore(local, msg);
     else if (!all)
         rc = st_fail(STRATA_EABORTED, "another rank could not take the index of '%s'",
                      ld->uri[ob->tier]);
@@ -234,13 +234,13 @@ static int load_here(strata_loader *ld, strata_state *const *states, int nstates
     }
     strata_comm *comm = ld->comm;
     int rc = st_load_dist(comm, &ld->ck.d, &ld->cache, states[0], o, full), all = 0;
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", strata_error_last());
+    char msg[ST_ERR_BYTES];
+    st_err_keep(msg, rc);
     int crc = st_all_true(comm, rc == 0, &all);
     if (crc)
-        return rc ? st_fail(rc, "%s", msg) : crc;
+        return rc ? st_err_restore(rc, msg) : crc;
     if (rc)
-        return st_fail(rc, "%s", msg);
+        return st_err_restore(rc, msg);
     return all ? 0 : st_fail(STRATA_EABORTED, "another rank failed to load it");
 }
 

@@ -19,7 +19,7 @@ struct strata_saver {
     st_plan_cache *cache; /* with a communicator: the last plan */
     st_committer *bg;     /* saves in flight; the commit thread */
     int background;       /* strata_saver_background: 1, 0, or -1 before it is known */
-    char why[512];        /* why not in the background */
+    char why[ST_ERR_BYTES];      /* why not in the background */
 };
 
 int strata_saver_new(strata_saver **out, strata_comm *comm, strata_pool *pool)
@@ -68,7 +68,7 @@ static int choose_background(strata_saver *sv)
     if (!rc)
         rc = st_committer_start(sv->bg, dup); /* takes dup */
     if (rc)
-        snprintf(sv->why, sizeof sv->why, "%s", strata_error_last());
+        st_err_keep(sv->why, rc);
     int all = 0, crc = st_all_true(sv->comm, rc == 0, &all);
     if (crc || !all)
         st_committer_stop(sv->bg);
@@ -181,11 +181,11 @@ int strata_save(strata_stats *stats, strata_saver *sv, const char *const *uris, 
         strata_handle *h;
         if (!(rc = strata_save_start(&h, sv, uris, nuris, states, nstates, &o))) {
             rc = strata_wait_durable(&full, h);
-            char msg[1024]; /* the free may run strata calls: the save's message stays */
-            snprintf(msg, sizeof msg, "%s", rc ? strata_error_last() : "");
+            char msg[ST_ERR_BYTES]; /* the free may run strata calls: the message stays */
+            st_err_keep(msg, rc);
             strata_handle_free(h);
             if (rc)
-                rc = st_fail(rc, "%s", msg);
+                rc = st_err_restore(rc, msg);
         }
     }
     if (!rc)
