@@ -76,7 +76,7 @@ static const char *incr_what(int mode)
  * outcome; without, rank 0 takes ownership of every destination (st_own) and a cached
  * plan needs no more than the one collective that finds it cached and owned. A local
  * failure is returned in *local_rc (message in local_msg): the rank must still take part
- * in st_dist_finish. */
+ * in dist_finish. */
 static int dist_begin(st_async_dist *d, const char *const *uris, strata_state *local,
                       int prepare_root, st_save_plan *mine, int *local_rc, char *local_msg)
 {
@@ -515,7 +515,7 @@ int st_save_dist_start(strata_handle **out, strata_comm *comm, st_plan_cache **c
     int rc = dist_start(&d, comm, cache, uris, ntiers, local, o, 0, &mine, &local_rc, local_msg);
     if (rc)
         return rc;
-    if (local_rc) { /* a local failure: the handle carries it into st_dist_finish */
+    if (local_rc) { /* a local failure: the handle carries it into dist_finish */
         st_save_plan_free(&mine);
         st_err_restore(local_rc, local_msg);
     }

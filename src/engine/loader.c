@@ -181,12 +181,8 @@ int strata_loader_open(strata_loader **out, strata_comm *comm, const char *const
     int rc = st_check_where("load", comm, uris, nuris, NULL, -1);
     if (rc)
         return rc;
-    if (opts && (opts->version < 1 || opts->version > STRATA_LOADER_OPTS_VERSION))
-        return st_fail(STRATA_EINVAL, "strata_loader_opts.version %d is not one of 1..%d",
-                       opts->version, STRATA_LOADER_OPTS_VERSION);
-    if (opts && opts->flags)
-        return st_fail(STRATA_EINVAL, "strata_loader_opts.flags 0x%x has unknown bits",
-                       opts->flags);
+    if ((rc = st_loader_opts_check(opts)))
+        return rc;
     strata_loader *ld = calloc(1, sizeof *ld);
     if (!ld)
         return st_fail(STRATA_ENOMEM, "out of memory");

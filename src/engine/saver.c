@@ -82,34 +82,6 @@ static int choose_background(strata_saver *sv)
     return 0;
 }
 
-/* The checks every save and load shares: destinations, and ranks (states NULL with
- * nstates -1: not checked, for an open). */
-int st_check_where(const char *what, strata_comm *comm, const char *const *uris, int nuris,
-                   strata_state *const *states, int nstates)
-{
-    if (!uris || nuris < 1 || nuris > ST_MAX_TIERS)
-        return st_fail(STRATA_EINVAL, "a %s needs 1 to %d URIs (got %d)", what, ST_MAX_TIERS,
-                       uris ? nuris : 0);
-    for (int t = 0; t < nuris; t++)
-        if (!uris[t] || !uris[t][0] || strlen(uris[t]) >= PATH_MAX)
-            return st_fail(STRATA_EINVAL, "%s: URI %d is missing, empty or too long", what, t);
-    return nstates == -1 && !states ? 0 : st_check_states(what, comm, states, nstates);
-}
-
-int st_check_states(const char *what, strata_comm *comm, strata_state *const *states,
-                    int nstates)
-{
-    if (!states || nstates < 1)
-        return st_fail(STRATA_EINVAL, "a %s needs at least one rank state", what);
-    if (comm && nstates != 1)
-        return st_fail(STRATA_EINVAL, "with a communicator a %s takes this rank's one state, "
-                       "not %d", what, nstates);
-    for (int r = 0; r < nstates; r++)
-        if (!states[r])
-            return st_fail(STRATA_EINVAL, "state of rank %d is NULL", r);
-    return 0;
-}
-
 int strata_save_start(strata_handle **out, strata_saver *sv, const char *const *uris, int nuris,
                       strata_state *const *states, int nstates, const strata_save_opts *opts)
 {
