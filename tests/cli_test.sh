@@ -12,6 +12,15 @@ check() { # name, then a command that must succeed
     if "$@" >"$T/out" 2>&1; then pass=$((pass + 1)); echo "ok   $name"
     else fail=$((fail + 1)); echo "FAIL $name"; sed 's/^/     /' "$T/out" | tail -n 15; fi
 }
+says() { # expected status (or "nonzero"), a grep pattern its output must match, command...
+    local want=$1 pat=$2 out got; shift 2
+    out=$("$@" 2>&1); got=$?
+    printf '%s\n' "$out"
+    if [ "$want" = nonzero ]; then [ "$got" != 0 ]; else [ "$got" = "$want" ]; fi ||
+        { echo "exit status $got, want $want"; return 1; }
+    grep -q -- "$pat" <<<"$out" || { echo "the output lacks: $pat"; return 1; }
+}
+export -f says
 status_is() { # expected status, command...
     local want=$1; shift
     "$@"; local got=$?
@@ -44,8 +53,8 @@ import sys
 p = sys.argv[1]
 b = bytearray(open(p, 'rb').read()); b[12345] ^= 0x10; open(p, 'wb').write(bytes(b))
 PY
-check "verify reports a bit flip (exit 3, tensor and file named)" bash -c "'$S' verify '$T/flip' 2>&1 | tee /dev/stderr | grep -q \"CORRUPT: tensor '.*' in file 'data-000000.bin'\"; test \${PIPESTATUS[0]} = 3"
-check "garbled metadata is STRATA_EFORMAT (exit 3)" bash -c "cp -r '$T/ck1' '$T/garb' && printf 'xx' | dd of='$T/garb/metadata.bin' bs=1 seek=40 conv=notrunc 2>/dev/null; '$S' inspect '$T/garb' 2>&1 | grep -q STRATA_EFORMAT; test \${PIPESTATUS[0]} = 3"
+check "verify reports a bit flip (exit 3, tensor and file named)" bash -c "says 3 \"CORRUPT: tensor '.*' in file 'data-000000.bin'\" '$S' verify '$T/flip'"
+check "garbled metadata is STRATA_EFORMAT (exit 3)" bash -c "cp -r '$T/ck1' '$T/garb' && printf 'xx' | dd of='$T/garb/metadata.bin' bs=1 seek=40 conv=notrunc 2>/dev/null; says 3 STRATA_EFORMAT '$S' inspect '$T/garb'"
 
 check "ls marks a commit record that does not match as CORRUPT" bash -c "'$S' ls '$T' | grep -q '^CORRUPT .*$T/garb\$'"
 check "gc --dry-run removes nothing" bash -c "'$S' gc '$T' --dry-run | grep -q 'would remove $T/ck2' && test -d '$T/ck2'"
@@ -208,7 +217,7 @@ check "bad layout: exit 2" status_is 2 "$S" demo --from tp=x
 for l in tp=+2 tp=2, tp=2,tp=3 "tp= 2" tp=2,zero=2 tp=99999999999; do
     check "layout '$l' refused: exit 2" status_is 2 "$S" demo --from "$l" --size-mb 1
 done
-check "unknown URI scheme: exit 2 with STRATA_ESCHEME" bash -c "'$S' verify gs://bucket/ck 2>&1 | grep -q STRATA_ESCHEME; test \${PIPESTATUS[0]} = 2"
+check "unknown URI scheme: exit 2 with STRATA_ESCHEME" bash -c "says 2 STRATA_ESCHEME '$S' verify gs://bucket/ck"
 check "missing checkpoint: exit 1" status_is 1 "$S" verify "$T/nope"
 
 # hostile files (issue 10): a FIFO in place of COMMIT, metadata.bin or a data file blocks
@@ -219,10 +228,10 @@ mkdir -p "$T/fifo"
 for f in COMMIT metadata.bin data-000000.bin; do
     cp -r "$T/ck1" "$T/fifo/$f" && rm "$T/fifo/$f/$f" && mkfifo "$T/fifo/$f/$f"
 done
-check "FIFO as COMMIT: verify is STRATA_EINCOMPLETE, not a hang" bash -c "timeout 20 '$S' verify '$T/fifo/COMMIT' 2>&1 | grep -q 'COMMIT is not a regular file.*STRATA_EINCOMPLETE'; test \${PIPESTATUS[0]} = 3"
+check "FIFO as COMMIT: verify is STRATA_EINCOMPLETE, not a hang" bash -c "says 3 'COMMIT is not a regular file.*STRATA_EINCOMPLETE' timeout 20 '$S' verify '$T/fifo/COMMIT'"
 check "FIFO as COMMIT: inspect shows it as incomplete" bash -c "timeout 20 '$S' inspect '$T/fifo/COMMIT' | grep -q INCOMPLETE"
-check "FIFO as metadata.bin: verify and inspect are STRATA_EFORMAT" bash -c "for c in verify inspect; do timeout 20 '$S' \$c '$T/fifo/metadata.bin' 2>&1 | grep -q 'metadata.bin is not a regular file.*STRATA_EFORMAT'; test \${PIPESTATUS[0]} = 3 || exit 1; done"
-check "FIFO as a data file: verify is STRATA_EIO naming the file" bash -c "timeout 20 '$S' verify '$T/fifo/data-000000.bin' 2>&1 | grep -q \"data file 'data-000000.bin'.*STRATA_EIO\"; test \${PIPESTATUS[0]} = 1"
+check "FIFO as metadata.bin: verify and inspect are STRATA_EFORMAT" bash -c "for c in verify inspect; do says 3 'metadata.bin is not a regular file.*STRATA_EFORMAT' timeout 20 '$S' \$c '$T/fifo/metadata.bin' || exit 1; done"
+check "FIFO as a data file: verify is STRATA_EIO naming the file" bash -c "says 1 \"data file 'data-000000.bin'.*STRATA_EIO\" timeout 20 '$S' verify '$T/fifo/data-000000.bin'"
 check "FIFOs: ls of the parent does not block, marks CORRUPT" bash -c "out=\$(timeout 20 '$S' ls '$T/fifo') || exit 1; echo \"\$out\"; echo \"\$out\" | grep -q '^CORRUPT .*$T/fifo/COMMIT\$' && echo \"\$out\" | grep -q '^CORRUPT .*$T/fifo/metadata.bin\$' && echo \"\$out\" | grep -q '^committed .*$T/fifo/data-000000.bin\$'"
 check "FIFOs: gc and gc --keep do not block and keep all three" bash -c "timeout 20 '$S' gc '$T/fifo' && timeout 20 '$S' gc '$T/fifo' --keep 1 && test -p '$T/fifo/COMMIT/COMMIT' && test -p '$T/fifo/metadata.bin/metadata.bin' && test -p '$T/fifo/data-000000.bin/data-000000.bin'"
 
@@ -312,7 +321,7 @@ PY
 check "inspect --json escapes names that are not UTF-8 (strict JSON, U+FFFD)" bad_json
 # names that are not UTF-8 cannot be loaded (strata_load refuses them), so cannot be exported:
 # a clear error naming the byte, and no output
-check "export of names that are not UTF-8 fails clearly, leaves nothing" bash -c "'$S' export '$T/badname' '$T/stbad' --quiet 2>&1 | grep -q 'is not valid UTF-8'; test \${PIPESTATUS[0]} != 0 && test ! -e '$T/stbad'"
+check "export of names that are not UTF-8 fails clearly, leaves nothing" bash -c "says nonzero 'is not valid UTF-8' '$S' export '$T/badname' '$T/stbad' --quiet && test ! -e '$T/stbad'"
 
 # names, paths and messages that hold terminal control sequences (a checkpoint can carry
 # them: they are valid UTF-8) reach the terminal escaped in inspect, ls, verify, gc and error
@@ -375,7 +384,7 @@ check "gc leaves a safetensors directory alone" bash -c "before=\$(ls '$T/st1' |
 cp -r "$T/st1" "$T/st9"
 last=$(ls "$T/st9"/*.safetensors | tail -n 1)
 truncate -s -1 "$last"
-check "a truncated safetensors file: exit 3, the file named" bash -c "'$S' inspect '$T/st9' 2>&1 | grep -q \"$(basename "$last")\"; test \${PIPESTATUS[0]} = 3"
+check "a truncated safetensors file: exit 3, the file named" bash -c "says 3 \"$(basename "$last")\" '$S' inspect '$T/st9'"
 
 # mem:// and file:// URIs (issue 18): ls printed the listing, then "No such file or
 # directory", and exited 1; ls, inspect, verify and gc take any URI like a path
@@ -404,8 +413,8 @@ check "gc removes a killed export's staging directory beside its OUT, OUT kept" 
 # checkpoints names one, an empty directory says so (STRATA_ENOENT, exit 1); a real PyTorch
 # DCP checkpoint and a torch.save file (written by the venv's torch) are read (torch.save's
 # legacy format is STRATA_ENOTSUP)
-check "verify of a directory of checkpoints: names one under it, exit 1" bash -c "'$S' verify '$T' 2>&1 | grep -q \"is a directory of checkpoints, not one (.* committed under it); did you mean $T/.*? (strata ls $T lists them) (STRATA_ENOENT)\"; test \${PIPESTATUS[0]} = 1"
-check "inspect of an empty directory: says so, exit 1" bash -c "mkdir '$T/void' && '$S' inspect '$T/void' 2>&1 | grep -q \"'$T/void' is an empty directory, not a checkpoint (STRATA_ENOENT)\"; test \${PIPESTATUS[0]} = 1"
+check "verify of a directory of checkpoints: names one under it, exit 1" bash -c "says 1 \"is a directory of checkpoints, not one (.* committed under it); did you mean $T/.*? (strata ls $T lists them) (STRATA_ENOENT)\" '$S' verify '$T'"
+check "inspect of an empty directory: says so, exit 1" bash -c "mkdir '$T/void' && says 1 \"'$T/void' is an empty directory, not a checkpoint (STRATA_ENOENT)\" '$S' inspect '$T/void'"
 PY=${VENV:-.venv}/bin/python
 if [ -x "$PY" ] && "$PY" -c 'import torch.distributed.checkpoint' 2>/dev/null; then
     "$PY" -W ignore -c "import sys, torch, torch.distributed.checkpoint as d; d.save({'w': torch.arange(6.)}, checkpoint_id=sys.argv[1]); torch.save({'w': torch.ones(2)}, sys.argv[2])" "$T/dcp" "$T/model.pt"
@@ -425,7 +434,7 @@ if [ -x "$PY" ] && "$PY" -c 'import torch.distributed.checkpoint' 2>/dev/null; t
     check "verify of a torch.save file: its zip CRC-32s checked, no strata checksums said, exit 0" bash -c "'$S' verify '$T/model.pt' | grep -q \"^ok: $T/model.pt: 1 tensors in 1 files; every zip entry's CRC-32 matched (torch.save has no strata checksums\""
     check "inspect of a torch.save file: its tensor, no strata checksums" bash -c "'$S' inspect '$T/model.pt' | grep -q \"^torch.save $T/model.pt: 1 tensors, 1 pickle of values, .*NO STRATA CHECKSUMS\" && '$S' inspect --json '$T/model.pt' | grep -q '\"format\":\"torch.save\",\"checksums\":false'"
     "$PY" -W ignore -c "import sys, torch; torch.save({'w': torch.ones(2)}, sys.argv[1], _use_new_zipfile_serialization=False)" "$T/legacy.pt"
-    check "inspect of a legacy torch.save file: refused as unsupported, exit 1" bash -c "'$S' inspect '$T/legacy.pt' 2>&1 | grep -q \"is in torch.save's legacy format .*(STRATA_ENOTSUP)\"; test \${PIPESTATUS[0]} = 1"
+    check "inspect of a legacy torch.save file: refused as unsupported, exit 1" bash -c "says 1 \"is in torch.save's legacy format .*(STRATA_ENOTSUP)\" '$S' inspect '$T/legacy.pt'"
 else
     echo "skip DCP and torch.save checks: no torch at $PY (make venv)"
 fi

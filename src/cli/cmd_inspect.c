@@ -70,6 +70,179 @@ static const char *ds_tag(const strata_ckpt *ck, const char *path)
     return buf;
 }
 
+/* --json: everything, shards included, as one JSON object. */
+static void inspect_json(const strata_ckpt *ck, const char *path)
+{
+    size_t nt = strata_ckpt_ntensors(ck), nb = strata_ckpt_nblobs(ck), nf = strata_ckpt_nfiles(ck);
+    printf("{\"path\":");
+    cli_json_str(stdout, path);
+    printf(",\"format\":\"%s\",\"checksums\":%s",
+           strata_ckpt_format_name(ck),
+           strata_ckpt_chunk_bytes(ck) ? "true" : "false");
+    printf(",\"tag\":");
+    if (strata_ckpt_tag(ck))
+        cli_json_str(stdout, strata_ckpt_tag(ck));
+    else
+        printf("null");
+    printf(",\"committed\":%s,\"step\":%llu,\"data_bytes\":%llu,\"chunk_bytes\":%u",
+           strata_ckpt_committed(ck) ? "true" : "false",
+           (unsigned long long)strata_ckpt_step(ck),
+           (unsigned long long)strata_ckpt_data_bytes(ck), strata_ckpt_chunk_bytes(ck));
+    uint64_t own;
+    const char *base = strata_ckpt_base(ck, &own);
+    printf(",\"base\":");
+    if (base)
+        cli_json_str(stdout, base);
+    else
+        printf("null");
+    printf(",\"written_bytes\":%llu,\"linked_file_bytes\":%llu,\"files\":[",
+           (unsigned long long)own, (unsigned long long)linked_bytes(path));
+    for (size_t i = 0; i < nf; i++) {
+        strata_file_info fi;
+        strata_ckpt_file(&fi, ck, i);
+        printf("%s{\"name\":", i ? "," : "");
+        cli_json_str(stdout, fi.name);
+        printf(",\"bytes\":%llu}", (unsigned long long)fi.bytes);
+    }
+    printf("],\"tensors\":[");
+    for (size_t i = 0; i < nt; i++) {
+        strata_tensor_info t;
+        strata_ckpt_tensor(&t, ck, i);
+        printf("%s{\"name\":", i ? "," : "");
+        cli_json_str(stdout, t.name);
+        printf(",\"dtype\":\"%s\",\"shape\":", strata_dtype_name(t.dtype));
+        print_shape(stdout, t.ndim, t.shape);
+        printf(",\"bytes\":%llu,\"shards\":[", (unsigned long long)t.bytes);
+        for (size_t s = 0; s < t.nshards; s++) {
+            strata_shard_info si;
+            strata_ckpt_shard(&si, ck, i, s);
+            printf("%s{\"offsets\":", s ? "," : "");
+            print_shape(stdout, t.ndim, si.offsets);
+            printf(",\"lengths\":");
+            print_shape(stdout, t.ndim, si.lengths);
+            if (si.flat)
+                printf(",\"flat\":[%llu,%llu]", (unsigned long long)si.flat_start,
+                       (unsigned long long)si.flat_end);
+            printf(",\"file\":");
+            cli_json_str(stdout, si.file);
+            printf(",\"offset\":%llu,\"bytes\":%llu}", (unsigned long long)si.file_offset,
+                   (unsigned long long)si.bytes);
+        }
+        printf("]}");
+    }
+    printf("],\"blobs\":[");
+    for (size_t i = 0; i < nb; i++) {
+        strata_blob_info b;
+        strata_ckpt_blob(&b, ck, i);
+        printf("%s{\"name\":", i ? "," : "");
+        cli_json_str(stdout, b.name);
+        printf(",\"owner\":%d,\"file\":", b.owner);
+        cli_json_str(stdout, b.file);
+        printf(",\"offset\":%llu,\"bytes\":%llu}", (unsigned long long)b.file_offset,
+               (unsigned long long)b.bytes);
+    }
+    printf("]}\n");
+}
+
+/* The text form's first line: what the checkpoint is, and whether it carries checksums. */
+static void inspect_head(const strata_ckpt *ck, const char *path)
+{
+    size_t nt = strata_ckpt_ntensors(ck), nb = strata_ckpt_nblobs(ck), nf = strata_ckpt_nfiles(ck);
+    if (strata_ckpt_format(ck) == STRATA_FORMAT_SAFETENSORS)
+        printf("safetensors %s: %zu tensors, %llu data bytes in %zu files; NO CHECKSUMS "
+               "(safetensors has none: corrupted bytes cannot be detected)\n",
+               cli_esc(path), nt, (unsigned long long)strata_ckpt_data_bytes(ck), nf);
+    else if (strata_ckpt_format(ck) == STRATA_FORMAT_DCP ||
+             strata_ckpt_format(ck) == STRATA_FORMAT_MEGATRON)
+        printf("%s %s: %zu tensors, %zu blobs, %llu data bytes in %zu files; NO "
+               "strata CHECKSUMS (verify checks the zip CRC-32 of each item)\n",
+               strata_ckpt_format(ck) == STRATA_FORMAT_DCP ? "PyTorch DCP"
+                                                           : "Megatron-Core torch_dist",
+               cli_esc(path), nt, nb, (unsigned long long)strata_ckpt_data_bytes(ck), nf);
+    else if (strata_ckpt_format(ck) == STRATA_FORMAT_DEEPSPEED)
+        printf("DeepSpeed ZeRO %s: %sstep %llu, %zu tensors, %llu data bytes in %zu files; NO "
+               "strata CHECKSUMS (verify checks the zip CRC-32 of each entry)\n",
+               cli_esc(path), ds_tag(ck, path), (unsigned long long)strata_ckpt_step(ck), nt,
+               (unsigned long long)strata_ckpt_data_bytes(ck), nf);
+    else if (strata_ckpt_format(ck) == STRATA_FORMAT_TORCH_SAVE)
+        printf("torch.save %s: %zu tensors, %zu pickle%s of values, %llu data bytes in %zu "
+               "files; NO STRATA CHECKSUMS (only the zip's CRC-32 per entry, which verify "
+               "checks)\n",
+               cli_esc(path), nt, nb, nb == 1 ? "" : "s",
+               (unsigned long long)strata_ckpt_data_bytes(ck), nf);
+    else
+        printf("%s %s: %s%s, step %llu, %zu tensors, %zu blobs, %llu data bytes in %zu files, "
+               "checksum chunk %u bytes\n",
+               strata_ckpt_format(ck) == STRATA_FORMAT_STRATA_DEEPSPEED
+                   ? "DeepSpeed (strata.deepspeed)"
+                   : "checkpoint",
+               cli_esc(path), ds_tag(ck, path),
+               strata_ckpt_committed(ck) ? "committed" : "INCOMPLETE (no valid commit record)",
+               (unsigned long long)strata_ckpt_step(ck), nt, nb,
+               (unsigned long long)strata_ckpt_data_bytes(ck), nf, strata_ckpt_chunk_bytes(ck));
+}
+
+/* The text form's shards of tensor i (--shards). */
+static void inspect_shards(const strata_ckpt *ck, size_t i, const strata_tensor_info *t)
+{
+    for (size_t s = 0; s < t->nshards; s++) {
+        strata_shard_info si;
+        strata_ckpt_shard(&si, ck, i, s);
+        printf("      offsets ");
+        print_shape(stdout, t->ndim, si.offsets);
+        printf(" lengths ");
+        print_shape(stdout, t->ndim, si.lengths);
+        if (si.flat)
+            printf(" flat [%llu,%llu)", (unsigned long long)si.flat_start,
+                   (unsigned long long)si.flat_end);
+        printf(" -> %s @%llu (%llu bytes)\n", cli_esc(si.file), (unsigned long long)si.file_offset,
+               (unsigned long long)si.bytes);
+    }
+}
+
+/* The text form: the head, the files, a row per tensor (and its shards), a row per blob. */
+static void inspect_text(const strata_ckpt *ck, const char *path, int shards)
+{
+    size_t nt = strata_ckpt_ntensors(ck), nb = strata_ckpt_nblobs(ck), nf = strata_ckpt_nfiles(ck);
+    inspect_head(ck, path);
+    uint64_t own, all = strata_ckpt_data_bytes(ck);
+    const char *base = strata_ckpt_base(ck, &own);
+    if (base)
+        printf("  incremental: base %s; %llu of %llu data bytes written by this save (%.2f%%), "
+               "the rest in files linked from the base (%llu bytes of files, stored once)\n",
+               cli_esc(base), (unsigned long long)own, (unsigned long long)all,
+               all ? 100.0 * own / all : 0.0, (unsigned long long)linked_bytes(path));
+    for (size_t i = 0; i < nf; i++) {
+        strata_file_info fi;
+        strata_ckpt_file(&fi, ck, i);
+        printf("  file %-20s %14llu bytes%s\n", cli_esc(fi.name), (unsigned long long)fi.bytes,
+               base && strncmp(fi.name, "ref-", 4) == 0 ? " (linked)" : "");
+    }
+    printf("\n  %-48s %-9s %-18s %7s %14s\n", "tensor", "dtype", "shape", "shards", "bytes");
+    for (size_t i = 0; i < nt; i++) {
+        strata_tensor_info t;
+        strata_ckpt_tensor(&t, ck, i);
+        char shape[64];
+        FILE *m = fmemopen(shape, sizeof shape, "w");
+        print_shape(m, t.ndim, t.shape);
+        fclose(m);
+        printf("  %-48s %-9s %-18s %7zu %14llu\n", cli_esc(t.name), strata_dtype_name(t.dtype), shape,
+               t.nshards, (unsigned long long)t.bytes);
+        if (shards)
+            inspect_shards(ck, i, &t);
+    }
+    if (nb)
+        printf("\n  %-48s %-9s %-18s %7s %14s\n", "blob", "owner", "file", "", "bytes");
+    for (size_t i = 0; i < nb; i++) {
+        strata_blob_info b;
+        strata_ckpt_blob(&b, ck, i);
+        char owner[16];
+        snprintf(owner, sizeof owner, b.owner < 0 ? "global" : "rank %d", b.owner);
+        printf("  %-48s %-9s %-18s %7s %14llu\n", cli_esc(b.name), owner, cli_esc(b.file), "",
+               (unsigned long long)b.bytes);
+    }
+}
+
 int cmd_inspect(int argc, char **argv)
 {
     const char *path = NULL;
@@ -97,158 +270,10 @@ int cmd_inspect(int argc, char **argv)
     int rc = strata_ckpt_open(&ck, path, STRATA_OPEN_INCOMPLETE);
     if (rc)
         return cli_fail("inspect", rc);
-    size_t nt = strata_ckpt_ntensors(ck), nb = strata_ckpt_nblobs(ck), nf = strata_ckpt_nfiles(ck);
-    if (json) {
-        printf("{\"path\":");
-        cli_json_str(stdout, path);
-        printf(",\"format\":\"%s\",\"checksums\":%s",
-               strata_ckpt_format_name(ck),
-               strata_ckpt_chunk_bytes(ck) ? "true" : "false");
-        printf(",\"tag\":");
-        if (strata_ckpt_tag(ck))
-            cli_json_str(stdout, strata_ckpt_tag(ck));
-        else
-            printf("null");
-        printf(",\"committed\":%s,\"step\":%llu,\"data_bytes\":%llu,\"chunk_bytes\":%u",
-               strata_ckpt_committed(ck) ? "true" : "false",
-               (unsigned long long)strata_ckpt_step(ck),
-               (unsigned long long)strata_ckpt_data_bytes(ck), strata_ckpt_chunk_bytes(ck));
-        uint64_t own;
-        const char *base = strata_ckpt_base(ck, &own);
-        printf(",\"base\":");
-        if (base)
-            cli_json_str(stdout, base);
-        else
-            printf("null");
-        printf(",\"written_bytes\":%llu,\"linked_file_bytes\":%llu,\"files\":[",
-               (unsigned long long)own, (unsigned long long)linked_bytes(path));
-        for (size_t i = 0; i < nf; i++) {
-            strata_file_info fi;
-            strata_ckpt_file(&fi, ck, i);
-            printf("%s{\"name\":", i ? "," : "");
-            cli_json_str(stdout, fi.name);
-            printf(",\"bytes\":%llu}", (unsigned long long)fi.bytes);
-        }
-        printf("],\"tensors\":[");
-        for (size_t i = 0; i < nt; i++) {
-            strata_tensor_info t;
-            strata_ckpt_tensor(&t, ck, i);
-            printf("%s{\"name\":", i ? "," : "");
-            cli_json_str(stdout, t.name);
-            printf(",\"dtype\":\"%s\",\"shape\":", strata_dtype_name(t.dtype));
-            print_shape(stdout, t.ndim, t.shape);
-            printf(",\"bytes\":%llu,\"shards\":[", (unsigned long long)t.bytes);
-            for (size_t s = 0; s < t.nshards; s++) {
-                strata_shard_info si;
-                strata_ckpt_shard(&si, ck, i, s);
-                printf("%s{\"offsets\":", s ? "," : "");
-                print_shape(stdout, t.ndim, si.offsets);
-                printf(",\"lengths\":");
-                print_shape(stdout, t.ndim, si.lengths);
-                if (si.flat)
-                    printf(",\"flat\":[%llu,%llu]", (unsigned long long)si.flat_start,
-                           (unsigned long long)si.flat_end);
-                printf(",\"file\":");
-                cli_json_str(stdout, si.file);
-                printf(",\"offset\":%llu,\"bytes\":%llu}", (unsigned long long)si.file_offset,
-                       (unsigned long long)si.bytes);
-            }
-            printf("]}");
-        }
-        printf("],\"blobs\":[");
-        for (size_t i = 0; i < nb; i++) {
-            strata_blob_info b;
-            strata_ckpt_blob(&b, ck, i);
-            printf("%s{\"name\":", i ? "," : "");
-            cli_json_str(stdout, b.name);
-            printf(",\"owner\":%d,\"file\":", b.owner);
-            cli_json_str(stdout, b.file);
-            printf(",\"offset\":%llu,\"bytes\":%llu}", (unsigned long long)b.file_offset,
-                   (unsigned long long)b.bytes);
-        }
-        printf("]}\n");
-        strata_ckpt_free(ck);
-        return 0;
-    }
-    if (strata_ckpt_format(ck) == STRATA_FORMAT_SAFETENSORS)
-        printf("safetensors %s: %zu tensors, %llu data bytes in %zu files; NO CHECKSUMS "
-               "(safetensors has none: corrupted bytes cannot be detected)\n",
-               cli_esc(path), nt, (unsigned long long)strata_ckpt_data_bytes(ck), nf);
-    else if (strata_ckpt_format(ck) == STRATA_FORMAT_DCP ||
-             strata_ckpt_format(ck) == STRATA_FORMAT_MEGATRON)
-        printf("%s %s: %zu tensors, %zu blobs, %llu data bytes in %zu files; NO "
-               "strata CHECKSUMS (verify checks the zip CRC-32 of each item)\n",
-               strata_ckpt_format(ck) == STRATA_FORMAT_DCP ? "PyTorch DCP"
-                                                           : "Megatron-Core torch_dist",
-               cli_esc(path), nt, nb, (unsigned long long)strata_ckpt_data_bytes(ck), nf);
-    else if (strata_ckpt_format(ck) == STRATA_FORMAT_DEEPSPEED)
-        printf("DeepSpeed ZeRO %s: %sstep %llu, %zu tensors, %llu data bytes in %zu files; NO "
-               "strata CHECKSUMS (verify checks the zip CRC-32 of each entry)\n",
-               cli_esc(path), ds_tag(ck, path), (unsigned long long)strata_ckpt_step(ck), nt,
-               (unsigned long long)strata_ckpt_data_bytes(ck), nf);
-    else if (strata_ckpt_format(ck) == STRATA_FORMAT_TORCH_SAVE)
-        printf("torch.save %s: %zu tensors, %zu pickle%s of values, %llu data bytes in %zu "
-               "files; NO STRATA CHECKSUMS (only the zip's CRC-32 per entry, which verify "
-               "checks)\n",
-               cli_esc(path), nt, nb, nb == 1 ? "" : "s",
-               (unsigned long long)strata_ckpt_data_bytes(ck), nf);
+    if (json)
+        inspect_json(ck, path);
     else
-    printf("%s %s: %s%s, step %llu, %zu tensors, %zu blobs, %llu data bytes in %zu files, "
-           "checksum chunk %u bytes\n",
-           strata_ckpt_format(ck) == STRATA_FORMAT_STRATA_DEEPSPEED
-               ? "DeepSpeed (strata.deepspeed)"
-               : "checkpoint",
-           cli_esc(path), ds_tag(ck, path),
-           strata_ckpt_committed(ck) ? "committed" : "INCOMPLETE (no valid commit record)",
-           (unsigned long long)strata_ckpt_step(ck), nt, nb,
-           (unsigned long long)strata_ckpt_data_bytes(ck), nf, strata_ckpt_chunk_bytes(ck));
-    uint64_t own, all = strata_ckpt_data_bytes(ck);
-    const char *base = strata_ckpt_base(ck, &own);
-    if (base)
-        printf("  incremental: base %s; %llu of %llu data bytes written by this save (%.2f%%), "
-               "the rest in files linked from the base (%llu bytes of files, stored once)\n",
-               cli_esc(base), (unsigned long long)own, (unsigned long long)all,
-               all ? 100.0 * own / all : 0.0, (unsigned long long)linked_bytes(path));
-    for (size_t i = 0; i < nf; i++) {
-        strata_file_info fi;
-        strata_ckpt_file(&fi, ck, i);
-        printf("  file %-20s %14llu bytes%s\n", cli_esc(fi.name), (unsigned long long)fi.bytes,
-               base && strncmp(fi.name, "ref-", 4) == 0 ? " (linked)" : "");
-    }
-    printf("\n  %-48s %-9s %-18s %7s %14s\n", "tensor", "dtype", "shape", "shards", "bytes");
-    for (size_t i = 0; i < nt; i++) {
-        strata_tensor_info t;
-        strata_ckpt_tensor(&t, ck, i);
-        char shape[64];
-        FILE *m = fmemopen(shape, sizeof shape, "w");
-        print_shape(m, t.ndim, t.shape);
-        fclose(m);
-        printf("  %-48s %-9s %-18s %7zu %14llu\n", cli_esc(t.name), strata_dtype_name(t.dtype), shape,
-               t.nshards, (unsigned long long)t.bytes);
-        for (size_t s = 0; shards && s < t.nshards; s++) {
-            strata_shard_info si;
-            strata_ckpt_shard(&si, ck, i, s);
-            printf("      offsets ");
-            print_shape(stdout, t.ndim, si.offsets);
-            printf(" lengths ");
-            print_shape(stdout, t.ndim, si.lengths);
-            if (si.flat)
-                printf(" flat [%llu,%llu)", (unsigned long long)si.flat_start,
-                       (unsigned long long)si.flat_end);
-            printf(" -> %s @%llu (%llu bytes)\n", cli_esc(si.file), (unsigned long long)si.file_offset,
-                   (unsigned long long)si.bytes);
-        }
-    }
-    if (nb)
-        printf("\n  %-48s %-9s %-18s %7s %14s\n", "blob", "owner", "file", "", "bytes");
-    for (size_t i = 0; i < nb; i++) {
-        strata_blob_info b;
-        strata_ckpt_blob(&b, ck, i);
-        char owner[16];
-        snprintf(owner, sizeof owner, b.owner < 0 ? "global" : "rank %d", b.owner);
-        printf("  %-48s %-9s %-18s %7s %14llu\n", cli_esc(b.name), owner, cli_esc(b.file), "",
-               (unsigned long long)b.bytes);
-    }
+        inspect_text(ck, path, shards);
     strata_ckpt_free(ck);
     return 0;
 }

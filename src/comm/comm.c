@@ -97,7 +97,7 @@ int strata_comm_timeout(const strata_comm *c) { return c->timeout_ms; }
 static int check(strata_comm *c, int rc, const char *what, const char *saved)
 {
     if (rc == 0) {
-        st_fail(0, "%s", saved);
+        st_err_restore(0, saved);
         return 0;
     }
     c->broken = 1;
@@ -108,10 +108,10 @@ static int check(strata_comm *c, int rc, const char *what, const char *saved)
                    strata_error_name(rc));
 }
 
-/* Keeps this thread's message in `saved` (1 KiB) and clears it, for check(). */
-static void stash(char saved[1024])
+/* Keeps this thread's message in `saved` and clears it, for check(). */
+static void stash(char saved[ST_ERR_BYTES])
 {
-    snprintf(saved, 1024, "%s", strata_error_last());
+    st_err_keep(saved, ST_ERR_ALWAYS);
     st_clear_error();
 }
 
@@ -127,7 +127,7 @@ int st_allgather(strata_comm *c, const void *send, size_t n, void *recv)
     int rc = usable(c);
     if (rc)
         return rc;
-    char saved[1024];
+    char saved[ST_ERR_BYTES];
     stash(saved);
     return check(c, c->ops.allgather(c->ctx, send, n, recv), "allgather", saved);
 }
@@ -138,7 +138,7 @@ int st_alltoallv(strata_comm *c, const void *send, const size_t *scounts, void *
     int rc = usable(c);
     if (rc)
         return rc;
-    char saved[1024];
+    char saved[ST_ERR_BYTES];
     stash(saved);
     return check(c, c->ops.alltoallv(c->ctx, send, scounts, recv, rcounts), "alltoallv", saved);
 }
@@ -148,7 +148,7 @@ int st_bcast(strata_comm *c, void *buf, size_t n, int root)
     int rc = usable(c);
     if (rc)
         return rc;
-    char saved[1024];
+    char saved[ST_ERR_BYTES];
     stash(saved);
     return check(c, c->ops.bcast(c->ctx, buf, n, root), "bcast", saved);
 }
@@ -367,8 +367,8 @@ int strata_comm_agree(unsigned char **out, size_t *lens, strata_comm *c, const c
                       int rc, const void *payload, size_t n, size_t inline_bytes,
                       unsigned flags)
 {
-    char msg[1024]; /* this rank's message where it failed: sent, and kept for its return */
-    snprintf(msg, sizeof msg, "%s", rc ? strata_error_last() : "");
+    char msg[ST_ERR_BYTES]; /* this rank's message where it failed: sent, kept for its return */
+    st_err_keep(msg, rc);
     if (out)
         *out = NULL;
     if (!out || !lens || !c || rc > 0 || (n && !payload && !rc) || (flags & ~STRATA_AGREE_SAME))
@@ -440,5 +440,5 @@ out:
     free(recs);
     free(want);
     free(extra);
-    return rc ? st_fail(rc, "%s", msg) : crc;
+    return rc ? st_err_restore(rc, msg) : crc;
 }

@@ -6,11 +6,24 @@
 #include <stdio.h>
 #include <string.h>
 
-static _Thread_local char last_msg[1024];
+static _Thread_local char last_msg[ST_ERR_BYTES];
 
 const char *strata_error_last(void) { return last_msg; }
 
 void st_clear_error(void) { last_msg[0] = 0; }
+
+int st_err_keep(char *msg, int rc)
+{
+    snprintf(msg, ST_ERR_BYTES, "%s", rc ? last_msg : "");
+    return rc;
+}
+
+int st_err_restore(int rc, const char *msg)
+{
+    if (msg != last_msg)
+        snprintf(last_msg, sizeof last_msg, "%s", msg);
+    return rc;
+}
 
 int st_fail(int code, const char *fmt, ...)
 {

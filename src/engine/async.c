@@ -227,7 +227,7 @@ struct strata_handle {
     void *ctx;
     st_file **files[ST_MAX_TIERS];
     int tier_rc[ST_MAX_TIERS]; /* guarded by mu, as is tier_msg */
-    char tier_msg[ST_MAX_TIERS][768];
+    char tier_msg[ST_MAX_TIERS][ST_ERR_BYTES];
     strata_save_opts o;
     strata_pool *pool;
     int own_pool;  /* made for this save alone: freed with the handle */
@@ -240,7 +240,7 @@ struct strata_handle {
     pthread_cond_t cv;
     int snap_done, durable_done;
     int rc;
-    char msg[1024];
+    char msg[ST_ERR_BYTES];
     atomic_size_t next_task;               /* the snapshot's next write task to copy */
     size_t *q_task, *q_buf, q_head, q_len; /* ring of full buffers to write */
     int q_closed;
@@ -260,12 +260,12 @@ static void fail(strata_handle *h, int rc, int tier)
     pthread_mutex_lock(&h->mu);
     if (!h->rc) {
         h->rc = rc;
-        snprintf(h->msg, sizeof h->msg, "%s", strata_error_last());
+        st_err_keep(h->msg, rc);
     }
     for (int t = 0; t < h->ntiers; t++)
         if ((tier < 0 || t == tier) && !h->tier_rc[t]) {
             h->tier_rc[t] = rc;
-            snprintf(h->tier_msg[t], sizeof h->tier_msg[t], "%s", strata_error_last());
+            st_err_keep(h->tier_msg[t], rc);
         }
     pthread_mutex_unlock(&h->mu);
 }
@@ -600,7 +600,7 @@ static int wait_flag(strata_handle *h, int *flag)
         pthread_cond_wait(&h->cv, &h->mu);
     int rc = h->rc;
     if (rc)
-        st_fail(rc, "%s", h->msg);
+        st_err_restore(rc, h->msg);
     pthread_mutex_unlock(&h->mu);
     return rc;
 }
@@ -630,14 +630,14 @@ static void finish_once(strata_handle *h)
             t++;
         st_fail(rc, "destination %d (%s): %s", t, h->dst->uri[t], tmsg[t]);
         pthread_mutex_lock(&h->mu);
-        snprintf(h->msg, sizeof h->msg, "%s", strata_error_last());
+        st_err_keep(h->msg, rc);
         pthread_mutex_unlock(&h->mu);
     }
     st_committer *q = h->bg ? h->q : NULL; /* h may be freed once finished is set */
     pthread_mutex_lock(&h->mu);
     if (rc && h->ops->finish) { /* the save's outcome (on every rank) */
         h->rc = rc;
-        snprintf(h->msg, sizeof h->msg, "%s", strata_error_last());
+        st_err_keep(h->msg, rc);
     }
     h->final_rc = rc;
     h->stats = full;
@@ -668,7 +668,7 @@ int strata_wait_durable(strata_stats *stats, strata_handle *h)
     pthread_mutex_lock(&h->mu);
     int rc = h->final_rc;
     if (rc)
-        st_fail(rc, "%s", h->msg);
+        st_err_restore(rc, h->msg);
     else
         st_stats_put(stats, &h->stats);
     pthread_mutex_unlock(&h->mu);

@@ -72,7 +72,7 @@ typedef struct {
     atomic_uint_fast64_t calls;
     pthread_mutex_t mu;
     atomic_int rc;  /* the first failure (the others stop at their next block) */
-    char msg[1024]; /* its message (thread-local where it happened), under mu */
+    char msg[ST_ERR_BYTES]; /* its message (thread-local where it happened), under mu */
 } cfile;
 
 static int cmp_chunk(const void *a, const void *b)
@@ -157,7 +157,7 @@ static void set_rc(cfile *c, int rc)
 {
     pthread_mutex_lock(&c->mu);
     if (!atomic_load(&c->rc)) {
-        snprintf(c->msg, sizeof c->msg, "%s", strata_error_last());
+        st_err_keep(c->msg, rc);
         atomic_store(&c->rc, rc);
     }
     pthread_mutex_unlock(&c->mu);

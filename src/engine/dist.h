@@ -9,12 +9,11 @@
 #include "engine.h"
 
 #define ST_ROOT 0 /* the coordinator */
-#define ST_MSG_BYTES 768
 
 /* A status every rank learns: the code and message of the first failure. */
 typedef struct {
     int32_t rc, rank;
-    char msg[ST_MSG_BYTES];
+    char msg[ST_ERR_BYTES];
 } st_status;
 
 /* Records rc of rank (with this thread's message) unless a failure is already there. */

@@ -43,9 +43,9 @@ static int encode_parts(st_dist_incr *x, const st_dests *d, const strata_save_op
     }
     if (rc)
         x->base_id = 0;
-    char msg[ST_MSG_BYTES] = "-"; /* 1..ST_MSG_BYTES - 1 bytes, as every rank reads it */
-    if (rc && strata_error_last()[0])
-        snprintf(msg, sizeof msg, "%s", strata_error_last());
+    char msg[ST_ERR_BYTES]; /* 1..ST_ERR_BYTES - 1 bytes, as every rank reads it */
+    if (!st_err_keep(msg, rc) || !msg[0])
+        snprintf(msg, sizeof msg, "-");
     st_buf b = {0};
     const st_meta *bm = x->bd.meta;
     for (int r = 0; r < P; r++) {
@@ -302,7 +302,7 @@ int st_dist_incr_begin(st_dist_incr *x, strata_comm *comm, const st_dests *d,
     uint64_t id = 0;
     if (o->base) {
         prc = (int32_t)st_rd_u32(&rd);
-        pmsg = st_rd_str(&rd, &a, ST_MSG_BYTES);
+        pmsg = st_rd_str(&rd, &a, ST_ERR_BYTES);
         id = st_rd_u64(&rd);
         name = st_rd_str(&rd, &a, STRATA_MAX_NAME);
     }
@@ -329,7 +329,7 @@ int st_dist_incr_begin(st_dist_incr *x, strata_comm *comm, const st_dests *d,
         lrc = strip(x, mine);
     if (lrc && !*local_rc) {
         *local_rc = lrc;
-        snprintf(local_msg, ST_MSG_BYTES, "%s", strata_error_last());
+        st_err_keep(local_msg, lrc);
     }
     free(cs);
     st_arena_free(&a);

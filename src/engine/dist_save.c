@@ -76,7 +76,7 @@ static const char *incr_what(int mode)
  * outcome; without, rank 0 takes ownership of every destination (st_own) and a cached
  * plan needs no more than the one collective that finds it cached and owned. A local
  * failure is returned in *local_rc (message in local_msg): the rank must still take part
- * in st_dist_finish. */
+ * in dist_finish. */
 static int dist_begin(st_async_dist *d, const char *const *uris, strata_state *local,
                       int prepare_root, st_save_plan *mine, int *local_rc, char *local_msg)
 {
@@ -95,7 +95,7 @@ static int dist_begin(st_async_dist *d, const char *const *uris, strata_state *l
         lrc = st_dests_resolve(&d->dst, uris, d->ntiers, o->flags);
     if (!lrc && o->base) /* before rank 0 makes anything */
         lrc = st_incr_check_name(o->base, &d->dst);
-    snprintf(local_msg, ST_MSG_BYTES, "%s", lrc ? strata_error_last() : "");
+    st_err_keep(local_msg, lrc);
     uint64_t h = st_plan_hash(lp.p, lp.n, P, chunk);
     st_plan_cache *cache = *d->slot;
     unsigned char *all = NULL, *parts = NULL, *mypart = NULL;
@@ -163,7 +163,7 @@ static int dist_begin(st_async_dist *d, const char *const *uris, strata_state *l
     }
     /* 3. the coordinator prepares the directory; everyone learns the outcome */
     if (me == ST_ROOT && !st.rc && prepare_root) {
-        int prc = lrc ? (st_fail(lrc, "%s", local_msg), lrc)
+        int prc = lrc ? st_err_restore(lrc, local_msg)
                       : st_dest_own(&d->dst, 0, 1, &d->lock[0]);
         if (prc)
             st_status_set(&st, prc, ST_ROOT);
@@ -190,14 +190,14 @@ static int dist_begin(st_async_dist *d, const char *const *uris, strata_state *l
         set_cached(d, NULL); /* the old plan is stale whatever happens now */
         cache = NULL;
         if ((lrc = st_cache_decode(fresh, mypart, mylen))) {
-            snprintf(local_msg, ST_MSG_BYTES, "%s", strata_error_last());
+            st_err_keep(local_msg, lrc);
         } else {
             set_cached(d, cache = fresh);
             fresh = NULL;
         }
     }
     if (!lrc && cache && (lrc = st_cache_mine(cache, &view, me, mine)))
-        snprintf(local_msg, ST_MSG_BYTES, "%s", strata_error_last());
+        st_err_keep(local_msg, lrc);
     if (cache) { /* this save's reference: the plan stays while it is in flight */
         atomic_fetch_add(&cache->refs, 1);
         d->cache = cache;
@@ -266,7 +266,7 @@ static void take_reports(st_async_dist *d, const unsigned char *reports, const s
         for (int t = 0; t < T; t++) {
             int32_t prc = (int32_t)st_rd_u32(&rd);
             st_arena tmp = {0};
-            char *msg = st_rd_str(&rd, &tmp, ST_MSG_BYTES);
+            char *msg = st_rd_str(&rd, &tmp, ST_ERR_BYTES);
             if (prc && !st[t].rc) {
                 st[t].rc = prc;
                 st[t].rank = r;
@@ -486,7 +486,7 @@ int st_save_dist(strata_comm *comm, st_plan_cache **cache, const char *uri,
     st_async_dist *d;
     st_save_plan mine;
     int local_rc;
-    char local_msg[ST_MSG_BYTES];
+    char local_msg[ST_ERR_BYTES];
     uint64_t io_calls = 0;
     int rc = dist_start(&d, comm, cache, &uri, 1, local, o, 1, &mine, &local_rc, local_msg);
     if (rc)
@@ -495,7 +495,7 @@ int st_save_dist(strata_comm *comm, st_plan_cache **cache, const char *uri,
     d->wrote[0] = 1;
     if (!local_rc &&
         (local_rc = st_write_data(d->dst.vfs[0], d->dst.dir[0], &mine, &d->o, &io_calls)))
-        snprintf(local_msg, sizeof local_msg, "%s", strata_error_last());
+        st_err_keep(local_msg, local_rc);
     const char *msg = local_msg;
     rc = dist_finish(d, &local_rc, &msg, &mine, io_calls, stats);
     st_save_plan_free(&mine);
@@ -511,13 +511,13 @@ int st_save_dist_start(strata_handle **out, strata_comm *comm, st_plan_cache **c
     st_async_dist *d;
     st_save_plan mine;
     int local_rc;
-    char local_msg[ST_MSG_BYTES];
+    char local_msg[ST_ERR_BYTES];
     int rc = dist_start(&d, comm, cache, uris, ntiers, local, o, 0, &mine, &local_rc, local_msg);
     if (rc)
         return rc;
-    if (local_rc) { /* a local failure: the handle carries it into st_dist_finish */
+    if (local_rc) { /* a local failure: the handle carries it into dist_finish */
         st_save_plan_free(&mine);
-        st_fail(local_rc, "%s", local_msg);
+        st_err_restore(local_rc, local_msg);
     }
     d->slot = NULL; /* the commit leaves the saver's plan alone */
     if (bg && st_committer_comm(q)) {

@@ -12,14 +12,14 @@ void st_status_set(st_status *s, int rc, int rank)
 {
     s->rc = rc;
     s->rank = rank;
-    snprintf(s->msg, sizeof s->msg, "%s", rc ? strata_error_last() : "");
+    st_err_keep(s->msg, rc);
 }
 
 /* Makes a status received from another rank this thread's error. */
 int st_status_raise(const st_status *s, int me)
 {
     if (s->rank == me)
-        return st_fail(s->rc, "%s", s->msg);
+        return st_err_restore(s->rc, s->msg);
     return st_fail(s->rc, "rank %d: %s", s->rank, s->msg);
 }
 

@@ -36,6 +36,17 @@ static inline st_rank_view st_state_view(const strata_state *s)
  * st_default_read_bytes) and checks them. */
 int st_save_opts_get(strata_save_opts *out, const strata_save_opts *in);
 int st_load_opts_get(strata_load_opts *out, const strata_load_opts *in);
+/* The arguments every save and load checks: 1..ST_MAX_TIERS URIs, and the
+ * states (st_check_states; skipped for states NULL, nstates -1): at least one, none NULL,
+ * one with a communicator. */
+int st_check_where(const char *what, strata_comm *comm, const char *const *uris, int nuris,
+                   strata_state *const *states, int nstates);
+int st_check_states(const char *what, strata_comm *comm, strata_state *const *states,
+                    int nstates);
+/* chunk_bytes: a power of two in 4 KiB..64 MiB. */
+int st_check_chunk(uint32_t chunk);
+/* A loader's options (NULL: the defaults): a known version, no flags. */
+int st_loader_opts_check(const strata_loader_opts *o);
 /* The cast level (ST_CAST_*, plan.h) of a load's flags: STRATA_LOAD_CAST, else
  * STRATA_LOAD_WIDEN, else none. */
 int st_cast_level(unsigned flags);
@@ -50,7 +61,7 @@ void st_stats_put(strata_stats *out, const strata_stats *full);
 /* ---- the ways a save or load runs; strata_save* and strata_load (saver.c) choose one.
  * Options are full (st_*_opts_get), stats full and never NULL. ---- */
 
-/* The last save plan of a saver with a communicator (dist.c); referenced by the saver and
+/* The last save plan of a saver with a communicator (dist_cache.c); referenced by the saver and
  * by each save in flight. */
 typedef struct st_plan_cache st_plan_cache;
 void st_plan_cache_release(st_plan_cache *c);
@@ -58,7 +69,7 @@ void st_plan_cache_release(st_plan_cache *c);
 /* In-process ranks, one destination, on the caller's thread (save.c). */
 int st_save_local(const char *uri, strata_state *const *ranks, int nranks,
                   const strata_save_opts *o, strata_stats *stats);
-/* One rank of a distributed save, one destination, on the caller's thread (dist.c). */
+/* One rank of a distributed save, one destination, on the caller's thread (dist_save.c). */
 int st_save_dist(strata_comm *comm, st_plan_cache **cache, const char *uri,
                  strata_state *local, const strata_save_opts *o, strata_stats *stats);
 /* A saver's background work (committer.c): the count of its saves in flight, and the
@@ -90,7 +101,7 @@ void st_committer_end(st_committer *q);
 void st_committer_drain(st_committer *q);
 
 /* One rank of a distributed save to 1..ST_MAX_TIERS destinations, through the pool in the
- * background (dist.c). With bg the commit collective runs on q's thread and communicator,
+ * background (dist_save.c). With bg the commit collective runs on q's thread and communicator,
  * in start order; without, it is strata_wait_durable's, on the caller's thread. q (may be
  * NULL) counts the save in flight. */
 int st_save_dist_start(strata_handle **out, strata_comm *comm, st_plan_cache **cache,
@@ -122,17 +133,9 @@ int st_load_local(const st_dir *d, st_load_cache *c, strata_state *const *ranks,
                   const strata_load_opts *o, st_crc_ledger *later, strata_stats *stats);
 int st_load_dist(strata_comm *comm, const st_dir *d, st_load_cache *c, strata_state *local,
                  const strata_load_opts *o, strata_stats *stats);
-/* The arguments every save and load checks (saver.c): 1..ST_MAX_TIERS URIs, and the
- * states (st_check_states; skipped for states NULL, nstates -1): at least one, none NULL,
- * one with a communicator. */
-int st_check_where(const char *what, strata_comm *comm, const char *const *uris, int nuris,
-                   strata_state *const *states, int nstates);
-int st_check_states(const char *what, strata_comm *comm, strata_state *const *states,
-                    int nstates);
 
 /* ---- save steps (save.c), shared by the local and the distributed save ---- */
 
-int st_check_chunk(uint32_t chunk);
 /* Checks the options and the rank states and makes the global save plan of them. */
 int st_plan_states(st_save_plan *sp, strata_state *const *ranks, int nranks,
                    const strata_save_opts *o);
@@ -330,7 +333,7 @@ void st_dests_release_final(st_dests *d);
 /* How an asynchronous save's destinations are made ready and committed: async.c takes the
  * snapshot and writes, these hooks own the directories and the commit record. A save in
  * this process commits each destination on the save's thread (save.c); one rank of a
- * distributed save prepares a shared directory and commits in a collective (dist.c). */
+ * distributed save prepares a shared directory and commits in a collective (dist_save.c). */
 typedef struct st_commit_ops {
     /* 1: finish is a collective every rank must reach, so a failure before the save's
      * threads start travels on the handle instead of failing the start */

@@ -217,7 +217,7 @@ typedef struct {
     ex_win *w;
     strata_stats ls;
     int rc;
-    char msg[1024];
+    char msg[ST_ERR_BYTES];
 } ex_load;
 
 static void *load_main(void *p)
@@ -225,7 +225,7 @@ static void *load_main(void *p)
     ex_load *l = p;
     l->rc = load_window(l->c, l->w, &l->ls);
     if (l->rc)
-        snprintf(l->msg, sizeof l->msg, "%s", strata_error_last());
+        st_err_keep(l->msg, l->rc);
     return NULL;
 }
 

@@ -33,7 +33,7 @@ typedef struct {
     uint32_t source; /* st_source_id of the source that opened it */
     uint64_t meta_len;
     st_status st;
-    char why[1024];
+    char why[ST_ERR_BYTES];
     unsigned char meta[STRATA_LOADER_INLINE_BYTES];
 } open_block;
 
@@ -149,12 +149,12 @@ static int open_dist(strata_loader *ld, int from)
         if (!local)
             ld->tier = ob->tier;
     }
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", local ? strata_error_last() : "");
+    char msg[ST_ERR_BYTES];
+    st_err_keep(msg, local);
     if ((rc = st_all_true(comm, local == 0, &all)))
         goto out;
     if (local)
-        rc = st_fail(local, "%s", msg);
+        rc = st_err_restore(local, msg);
     else if (!all)
         rc = st_fail(STRATA_EABORTED, "another rank could not take the index of '%s'",
                      ld->uri[ob->tier]);
@@ -182,12 +182,8 @@ int strata_loader_open(strata_loader **out, strata_comm *comm, const char *const
     int rc = st_check_where("load", comm, uris, nuris, NULL, -1);
     if (rc)
         return rc;
-    if (opts && (opts->version < 1 || opts->version > STRATA_LOADER_OPTS_VERSION))
-        return st_fail(STRATA_EINVAL, "strata_loader_opts.version %d is not one of 1..%d",
-                       opts->version, STRATA_LOADER_OPTS_VERSION);
-    if (opts && opts->flags)
-        return st_fail(STRATA_EINVAL, "strata_loader_opts.flags 0x%x has unknown bits",
-                       opts->flags);
+    if ((rc = st_loader_opts_check(opts)))
+        return rc;
     strata_loader *ld = calloc(1, sizeof *ld);
     if (!ld)
         return st_fail(STRATA_ENOMEM, "out of memory");

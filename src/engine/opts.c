@@ -1,6 +1,7 @@
 /* opts.c - the one place for option defaults and version checks: every public entry
  * copies its options into a full, current-version struct with defaults filled in, and
  * writes its results back through the version the caller gave. */
+#include <limits.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -40,6 +41,52 @@ int st_save_opts_get(strata_save_opts *out, const strata_save_opts *in)
     if (!out->chunk_bytes)
         out->chunk_bytes = STRATA_DEFAULT_CHUNK;
     return st_check_chunk(out->chunk_bytes);
+}
+
+int st_check_chunk(uint32_t chunk)
+{
+    if (chunk < 4096 || chunk > (64u << 20) || (chunk & (chunk - 1)))
+        return st_fail(STRATA_EINVAL, "chunk_bytes %u is not a power of two in 4 KiB..64 MiB",
+                       chunk);
+    return 0;
+}
+
+int st_loader_opts_check(const strata_loader_opts *o)
+{
+    if (!o)
+        return 0;
+    int rc = check_version(o->version, STRATA_LOADER_OPTS_VERSION, "strata_loader_opts");
+    if (!rc && o->flags)
+        rc = st_fail(STRATA_EINVAL, "strata_loader_opts.flags 0x%x has unknown bits", o->flags);
+    return rc;
+}
+
+/* The checks every save and load shares: destinations, and ranks (states NULL with
+ * nstates -1: not checked, for an open). */
+int st_check_where(const char *what, strata_comm *comm, const char *const *uris, int nuris,
+                   strata_state *const *states, int nstates)
+{
+    if (!uris || nuris < 1 || nuris > ST_MAX_TIERS)
+        return st_fail(STRATA_EINVAL, "a %s needs 1 to %d URIs (got %d)", what, ST_MAX_TIERS,
+                       uris ? nuris : 0);
+    for (int t = 0; t < nuris; t++)
+        if (!uris[t] || !uris[t][0] || strlen(uris[t]) >= PATH_MAX)
+            return st_fail(STRATA_EINVAL, "%s: URI %d is missing, empty or too long", what, t);
+    return nstates == -1 && !states ? 0 : st_check_states(what, comm, states, nstates);
+}
+
+int st_check_states(const char *what, strata_comm *comm, strata_state *const *states,
+                    int nstates)
+{
+    if (!states || nstates < 1)
+        return st_fail(STRATA_EINVAL, "a %s needs at least one rank state", what);
+    if (comm && nstates != 1)
+        return st_fail(STRATA_EINVAL, "with a communicator a %s takes this rank's one state, "
+                       "not %d", what, nstates);
+    for (int r = 0; r < nstates; r++)
+        if (!states[r])
+            return st_fail(STRATA_EINVAL, "state of rank %d is NULL", r);
+    return 0;
 }
 
 int st_load_opts_get(strata_load_opts *out, const strata_load_opts *in)

@@ -286,8 +286,8 @@ int st_uncommit(const st_vfs *v, const char *dir, uint64_t save_id)
 void st_remove_failed(const st_vfs *v, const char *dir, int rmdir, uint64_t save_id)
 {
     /* the error message is kept: cleanup failures are not the story */
-    char msg[1024], p[PATH_MAX];
-    snprintf(msg, sizeof msg, "%s", strata_error_last());
+    char msg[ST_ERR_BYTES], p[PATH_MAX];
+    st_err_keep(msg, ST_ERR_ALWAYS);
     if (st_uncommit(v, dir, save_id) == 0) { /* else another save's: nothing is touched */
         st_scan_dir(v, dir, 1, NULL, NULL, NULL);
         if (rmdir && st_path_join(p, dir, ST_LOCK_FILE) == 0) {
@@ -295,7 +295,7 @@ void st_remove_failed(const st_vfs *v, const char *dir, int rmdir, uint64_t save
             v->rmdir(v, dir);
         }
     }
-    st_fail(0, "%s", msg);
+    st_err_restore(0, msg);
 }
 
 /* ---- atomic replace (STRATA_SAVE_REPLACE) ---- */
@@ -421,9 +421,9 @@ static int check_replaceable(const st_vfs *v, const char *path)
         return st_fail(STRATA_ENOTCKPT, "'%s' holds a checkpoint's files and %d entr%s strata "
                        "does not write there (such as '%s', %s)%s", path, c.foreign,
                        c.foreign == 1 ? "y" : "ies", c.name, kind_name(c.kind), tail);
-    char what[1024];
+    char what[ST_ERR_BYTES];
     st_survey(v, path, 1); /* says what the directory is */
-    snprintf(what, sizeof what, "%s", strata_error_last());
+    st_err_keep(what, ST_ERR_ALWAYS);
     return st_fail(STRATA_ENOTCKPT, "refusing to replace: %s%s", what, tail);
 }
 

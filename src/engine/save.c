@@ -249,14 +249,6 @@ int st_write_data(const st_vfs *v, const char *dir, const st_save_plan *sp,
     return rc;
 }
 
-int st_check_chunk(uint32_t chunk)
-{
-    if (chunk < 4096 || chunk > (64u << 20) || (chunk & (chunk - 1)))
-        return st_fail(STRATA_EINVAL, "chunk_bytes %u is not a power of two in 4 KiB..64 MiB",
-                       chunk);
-    return 0;
-}
-
 int st_plan_states(st_save_plan *sp, strata_state *const *ranks, int nranks,
                    const strata_save_opts *o)
 {

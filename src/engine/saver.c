@@ -19,7 +19,7 @@ struct strata_saver {
     st_plan_cache *cache; /* with a communicator: the last plan */
     st_committer *bg;     /* saves in flight; the commit thread */
     int background;       /* strata_saver_background: 1, 0, or -1 before it is known */
-    char why[512];        /* why not in the background */
+    char why[ST_ERR_BYTES];      /* why not in the background */
 };
 
 int strata_saver_new(strata_saver **out, strata_comm *comm, strata_pool *pool)
@@ -68,7 +68,7 @@ static int choose_background(strata_saver *sv)
     if (!rc)
         rc = st_committer_start(sv->bg, dup); /* takes dup */
     if (rc)
-        snprintf(sv->why, sizeof sv->why, "%s", strata_error_last());
+        st_err_keep(sv->why, rc);
     int all = 0, crc = st_all_true(sv->comm, rc == 0, &all);
     if (crc || !all)
         st_committer_stop(sv->bg);
@@ -79,34 +79,6 @@ static int choose_background(strata_saver *sv)
                  "duplicated (its message says why)");
     sv->background = all;
     st_clear_error();
-    return 0;
-}
-
-/* The checks every save and load shares: destinations, and ranks (states NULL with
- * nstates -1: not checked, for an open). */
-int st_check_where(const char *what, strata_comm *comm, const char *const *uris, int nuris,
-                   strata_state *const *states, int nstates)
-{
-    if (!uris || nuris < 1 || nuris > ST_MAX_TIERS)
-        return st_fail(STRATA_EINVAL, "a %s needs 1 to %d URIs (got %d)", what, ST_MAX_TIERS,
-                       uris ? nuris : 0);
-    for (int t = 0; t < nuris; t++)
-        if (!uris[t] || !uris[t][0] || strlen(uris[t]) >= PATH_MAX)
-            return st_fail(STRATA_EINVAL, "%s: URI %d is missing, empty or too long", what, t);
-    return nstates == -1 && !states ? 0 : st_check_states(what, comm, states, nstates);
-}
-
-int st_check_states(const char *what, strata_comm *comm, strata_state *const *states,
-                    int nstates)
-{
-    if (!states || nstates < 1)
-        return st_fail(STRATA_EINVAL, "a %s needs at least one rank state", what);
-    if (comm && nstates != 1)
-        return st_fail(STRATA_EINVAL, "with a communicator a %s takes this rank's one state, "
-                       "not %d", what, nstates);
-    for (int r = 0; r < nstates; r++)
-        if (!states[r])
-            return st_fail(STRATA_EINVAL, "state of rank %d is NULL", r);
     return 0;
 }
 
@@ -181,11 +153,11 @@ int strata_save(strata_stats *stats, strata_saver *sv, const char *const *uris, 
         strata_handle *h;
         if (!(rc = strata_save_start(&h, sv, uris, nuris, states, nstates, &o))) {
             rc = strata_wait_durable(&full, h);
-            char msg[1024]; /* the free may run strata calls: the save's message stays */
-            snprintf(msg, sizeof msg, "%s", rc ? strata_error_last() : "");
+            char msg[ST_ERR_BYTES]; /* the free may run strata calls: the message stays */
+            st_err_keep(msg, rc);
             strata_handle_free(h);
             if (rc)
-                rc = st_fail(rc, "%s", msg);
+                rc = st_err_restore(rc, msg);
         }
     }
     if (!rc)

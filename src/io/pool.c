@@ -23,7 +23,7 @@ typedef struct {
     atomic_int failed;
     pthread_mutex_t mu;
     int rc;
-    char msg[1024];
+    char msg[ST_ERR_BYTES];
 } pool_run;
 
 typedef struct {
@@ -44,7 +44,7 @@ static void *worker_main(void *p)
             pthread_mutex_lock(&r->mu);
             if (!r->rc) {
                 r->rc = rc;
-                snprintf(r->msg, sizeof r->msg, "%s", strata_error_last());
+                st_err_keep(r->msg, rc);
             }
             pthread_mutex_unlock(&r->mu);
             atomic_store(&r->failed, 1);

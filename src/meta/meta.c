@@ -177,28 +177,32 @@ static void rd_extent(st_rd *r, st_meta *m, st_extent *e, uint64_t bytes, int wi
         e->sums[n + i] = st_rd_u64(r);
 }
 
-static int decode_body(st_rd *r, st_meta *m)
+/* The body's head: the checksum chunk and (an incremental save's) base. */
+static int rd_head(st_rd *r, st_meta *m)
 {
     uint64_t chunk = st_rd_var(r);
     if (r->err || (m->foreign ? chunk != 1
                               : chunk < 4096 || chunk > (64u << 20) || (chunk & (chunk - 1))))
         return st_rd_fail(r, "bad checksum chunk size"), -1;
     m->chunk = (uint32_t)chunk;
-    const int v2 = m->version == ST_META_VERSION_INCR;
-    if (v2) {
-        uint8_t has = st_rd_u8(r);
-        if (!r->err && has > 1)
-            return st_rd_fail(r, "bad base flag"), -1;
-        if (has) {
-            m->base = rd_str(r, &m->arena, 1);
-            m->base_id = st_rd_u64(r);
-            if (!r->err && !m->base_id)
-                return st_rd_fail(r, "base save id is 0"), -1;
-        }
-        if (r->err)
-            return -1;
+    if (m->version != ST_META_VERSION_INCR)
+        return 0;
+    uint8_t has = st_rd_u8(r);
+    if (!r->err && has > 1)
+        return st_rd_fail(r, "bad base flag"), -1;
+    if (has) {
+        m->base = rd_str(r, &m->arena, 1);
+        m->base_id = st_rd_u64(r);
+        if (!r->err && !m->base_id)
+            return st_rd_fail(r, "base save id is 0"), -1;
     }
+    return r->err ? -1 : 0;
+}
 
+/* The file table; a foreign index's file identities and check units after it. */
+static int rd_files(st_rd *r, st_meta *m)
+{
+    const int v2 = m->version == ST_META_VERSION_INCR;
     uint64_t nf = st_rd_count(r, 2, "file count exceeds the metadata size");
     if (r->err || nf > UINT32_MAX)
         return st_rd_fail(r, "bad file count"), -1;
@@ -218,107 +222,94 @@ static int decode_body(st_rd *r, st_meta *m)
             m->linked[i] = l;
         }
     }
-    if (m->foreign && !r->err) {
-        uint8_t has = st_rd_u8(r);
-        if (has > 1)
-            return st_rd_fail(r, "bad file identity flag"), -1;
-        if (has && !(m->idents = st_arena_alloc(&m->arena, (nf ? nf : 1) * sizeof *m->idents)))
-            return st_rd_fail(r, "out of memory"), -1;
-        for (uint64_t i = 0; has && i < nf && !r->err; i++) {
-            m->idents[i].ino = st_rd_var(r);
-            m->idents[i].mtime_ns = st_rd_var(r);
-            m->idents[i].ctime_ns = st_rd_var(r);
-        }
-        if (!r->err && st_checks_read(r, m))
-            return -1;
+    if (!m->foreign || r->err)
+        return r->err ? -1 : 0;
+    uint8_t has = st_rd_u8(r);
+    if (has > 1)
+        return st_rd_fail(r, "bad file identity flag"), -1;
+    if (has && !(m->idents = st_arena_alloc(&m->arena, (nf ? nf : 1) * sizeof *m->idents)))
+        return st_rd_fail(r, "out of memory"), -1;
+    for (uint64_t i = 0; has && i < nf && !r->err; i++) {
+        m->idents[i].ino = st_rd_var(r);
+        m->idents[i].mtime_ns = st_rd_var(r);
+        m->idents[i].ctime_ns = st_rd_var(r);
     }
+    return r->err || st_checks_read(r, m) ? -1 : 0;
+}
 
-    uint64_t nt = st_rd_count(r, 4, "tensor count exceeds the metadata size");
+/* Shard sh of tensor t: flags, box, flat range, extent. */
+static int rd_shard(st_rd *r, st_meta *m, st_mtensor *t, st_mshard *sh)
+{
+    uint8_t fl = st_rd_u8(r);
+    if (fl > (m->version == ST_META_VERSION_INCR ? 3 : 1))
+        return st_rd_fail(r, "unknown shard flags"), -1;
+    sh->flat = fl & 1;
+    sh->has2 = fl >> 1;
+    for (int d = 0; d < t->ndim; d++)
+        sh->off[d] = st_rd_var(r);
+    for (int d = 0; d < t->ndim; d++)
+        sh->len[d] = st_rd_var(r);
     if (r->err)
         return -1;
-    m->ntensors = nt;
-    m->tensors = st_arena_alloc(&m->arena, (nt ? nt : 1) * sizeof *m->tensors);
-    if (!m->tensors)
-        return st_rd_fail(r, "out of memory"), -1;
-    for (uint64_t i = 0; i < nt && !r->err; i++) {
-        st_mtensor *t = &m->tensors[i];
-        memset(t, 0, sizeof *t);
-        t->name = rd_str(r, &m->arena, 0);
-        t->dtype = (strata_dtype)st_rd_u8(r);
-        t->ndim = st_rd_u8(r);
-        if (r->err)
-            break;
-        if ((unsigned)t->dtype >= STRATA_DTYPE_COUNT) {
-            st_rd_fail(r, "unknown dtype");
-            break;
-        }
-        if (t->ndim > STRATA_MAX_DIMS) {
-            st_rd_fail(r, "too many dims");
-            break;
-        }
-        int of = 0;
-        for (int d = 0; d < t->ndim; d++)
-            t->shape[d] = st_rd_var(r);
-        uint64_t numel = st_box_numel(t->ndim, t->shape, &of), tb;
-        if (!r->err && (of || !st_mul_ok(numel, strata_dtype_size(t->dtype), &tb) ||
-                        tb > (UINT64_MAX >> 2))) {
-            st_rd_fail(r, "tensor size overflows");
-            break;
-        }
-        size_t min_shard = 1 + 2 * (size_t)t->ndim + 2 + (m->foreign ? 0 : 8); /* sums */
-        t->nshards = st_rd_count(r, min_shard, "shard count exceeds the metadata size");
-        if (r->err)
-            break;
-        t->shards = st_arena_alloc(&m->arena, (t->nshards ? t->nshards : 1) * sizeof *t->shards);
-        uint64_t *dims = st_arena_alloc(&m->arena, (t->nshards * 2 * (size_t)t->ndim + 1) * 8);
-        if (!t->shards || !dims) {
-            st_rd_fail(r, "out of memory");
-            break;
-        }
-        size_t esz = strata_dtype_size(t->dtype);
-        for (size_t s = 0; s < t->nshards && !r->err; s++) {
-            st_mshard *sh = &t->shards[s];
-            sh->off = dims + s * 2 * (size_t)t->ndim;
-            sh->len = sh->off + t->ndim;
-            uint8_t fl = st_rd_u8(r);
-            if (fl > (v2 ? 3 : 1)) {
-                st_rd_fail(r, "unknown shard flags");
-                break;
-            }
-            sh->flat = fl & 1;
-            sh->has2 = fl >> 1;
-            for (int d = 0; d < t->ndim; d++)
-                sh->off[d] = st_rd_var(r);
-            for (int d = 0; d < t->ndim; d++)
-                sh->len[d] = st_rd_var(r);
-            if (r->err)
-                break;
-            for (int d = 0; d < t->ndim; d++)
-                if (sh->len[d] == 0 || sh->off[d] > t->shape[d] ||
-                    sh->len[d] > t->shape[d] - sh->off[d]) {
-                    st_rd_fail(r, "shard box outside the tensor");
-                    break;
-                }
-            if (r->err)
-                break;
-            uint64_t bn = st_box_numel(t->ndim, sh->len, NULL);
-            sh->fs = 0;
-            sh->fe = bn;
-            if (sh->flat) {
-                uint64_t fs = st_rd_var(r), n = st_rd_var(r);
-                if (r->err || n == 0 || fs > bn || n > bn - fs) {
-                    st_rd_fail(r, "flat range outside the shard box");
-                    break;
-                }
-                sh->fs = fs;
-                sh->fe = fs + n;
-            }
-            rd_extent(r, m, &sh->ext, (sh->fe - sh->fs) * esz, 0, sh->has2);
-            t->bytes += sh->ext.bytes;
-        }
-        m->data_bytes += t->bytes;
+    for (int d = 0; d < t->ndim; d++)
+        if (sh->len[d] == 0 || sh->off[d] > t->shape[d] || sh->len[d] > t->shape[d] - sh->off[d])
+            return st_rd_fail(r, "shard box outside the tensor"), -1;
+    uint64_t bn = st_box_numel(t->ndim, sh->len, NULL);
+    sh->fs = 0;
+    sh->fe = bn;
+    if (sh->flat) {
+        uint64_t fs = st_rd_var(r), n = st_rd_var(r);
+        if (r->err || n == 0 || fs > bn || n > bn - fs)
+            return st_rd_fail(r, "flat range outside the shard box"), -1;
+        sh->fs = fs;
+        sh->fe = fs + n;
     }
+    rd_extent(r, m, &sh->ext, (sh->fe - sh->fs) * strata_dtype_size(t->dtype), 0, sh->has2);
+    t->bytes += sh->ext.bytes;
+    return r->err ? -1 : 0;
+}
 
+/* Tensor t: name, dtype, shape, then its shards. */
+static int rd_tensor(st_rd *r, st_meta *m, st_mtensor *t)
+{
+    memset(t, 0, sizeof *t);
+    t->name = rd_str(r, &m->arena, 0);
+    t->dtype = (strata_dtype)st_rd_u8(r);
+    t->ndim = st_rd_u8(r);
+    if (r->err)
+        return -1;
+    if ((unsigned)t->dtype >= STRATA_DTYPE_COUNT)
+        return st_rd_fail(r, "unknown dtype"), -1;
+    if (t->ndim > STRATA_MAX_DIMS)
+        return st_rd_fail(r, "too many dims"), -1;
+    int of = 0;
+    for (int d = 0; d < t->ndim; d++)
+        t->shape[d] = st_rd_var(r);
+    uint64_t numel = st_box_numel(t->ndim, t->shape, &of), tb;
+    if (!r->err && (of || !st_mul_ok(numel, strata_dtype_size(t->dtype), &tb) ||
+                    tb > (UINT64_MAX >> 2)))
+        return st_rd_fail(r, "tensor size overflows"), -1;
+    size_t min_shard = 1 + 2 * (size_t)t->ndim + 2 + (m->foreign ? 0 : 8); /* sums */
+    t->nshards = st_rd_count(r, min_shard, "shard count exceeds the metadata size");
+    if (r->err)
+        return -1;
+    t->shards = st_arena_alloc(&m->arena, (t->nshards ? t->nshards : 1) * sizeof *t->shards);
+    uint64_t *dims = st_arena_alloc(&m->arena, (t->nshards * 2 * (size_t)t->ndim + 1) * 8);
+    if (!t->shards || !dims)
+        return st_rd_fail(r, "out of memory"), -1;
+    for (size_t s = 0; s < t->nshards; s++) {
+        st_mshard *sh = &t->shards[s];
+        sh->off = dims + s * 2 * (size_t)t->ndim;
+        sh->len = sh->off + t->ndim;
+        if (rd_shard(r, m, t, sh))
+            return -1;
+    }
+    m->data_bytes += t->bytes;
+    return 0;
+}
+
+static int rd_blobs(st_rd *r, st_meta *m)
+{
     uint64_t nb = st_rd_count(r, 4, "blob count exceeds the metadata size");
     if (r->err)
         return -1;
@@ -336,7 +327,27 @@ static int decode_body(st_rd *r, st_meta *m)
         rd_extent(r, m, &b->ext, 0, 1, 0);
         m->data_bytes += b->ext.bytes;
     }
-    if (!r->err && r->p != r->end)
+    return r->err ? -1 : 0;
+}
+
+/* The body after the header: head, files, tensors, blobs, nothing after. */
+static int decode_body(st_rd *r, st_meta *m)
+{
+    if (rd_head(r, m) || rd_files(r, m))
+        return -1;
+    uint64_t nt = st_rd_count(r, 4, "tensor count exceeds the metadata size");
+    if (r->err)
+        return -1;
+    m->ntensors = nt;
+    m->tensors = st_arena_alloc(&m->arena, (nt ? nt : 1) * sizeof *m->tensors);
+    if (!m->tensors)
+        return st_rd_fail(r, "out of memory"), -1;
+    for (uint64_t i = 0; i < nt; i++)
+        if (rd_tensor(r, m, &m->tensors[i]))
+            return -1;
+    if (rd_blobs(r, m))
+        return -1;
+    if (r->p != r->end)
         st_rd_fail(r, "trailing bytes after the blob table");
     return r->err ? -1 : 0;
 }

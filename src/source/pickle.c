@@ -461,27 +461,60 @@ static const char *refused_op(unsigned op)
     }
 }
 
+/* PROTO: the protocol, 2 to 5. */
+static int op_proto(pk_m *m)
+{
+    int rc = need_bytes(m, 1, "PROTO");
+    if (rc)
+        return rc;
+    m->doc->proto = *m->p++;
+    if (m->doc->proto < 2 || m->doc->proto > 5)
+        return pk_fail(m, "protocol %d (protocols 2 to 5 are read)", m->doc->proto);
+    return 0;
+}
+
+/* BININT (J, signed 4 bytes), BININT1 (K) and BININT2 (M) (unsigned 1 and 2). */
+static int op_int(pk_m *m, unsigned op)
+{
+    int n = op == 'J' ? 4 : op == 'K' ? 1 : 2, rc = need_bytes(m, (uint64_t)n, "an int");
+    if (rc)
+        return rc;
+    uint64_t u = rd_le(m, n);
+    pk_val *v = node(m, PK_INT);
+    if (v)
+        v->i = op == 'J' ? (int64_t)(int32_t)(uint32_t)u : (int64_t)u;
+    return push(m, v);
+}
+
+/* BINFLOAT: 8 bytes, big-endian. */
+static int op_float(pk_m *m)
+{
+    int rc = need_bytes(m, 8, "a float");
+    if (rc)
+        return rc;
+    uint64_t u = 0;
+    for (int i = 0; i < 8; i++)
+        u = u << 8 | m->p[i];
+    m->p += 8;
+    pk_val *v = node(m, PK_FLOAT);
+    if (v)
+        memcpy(&v->f, &u, sizeof v->f);
+    return push(m, v);
+}
+
 /* One opcode at m->p; *stop set by STOP. */
 static int step(pk_m *m, int *stop)
 {
     m->op_at = (size_t)(m->p - m->b);
     unsigned op = *m->p++;
     int rc;
-    uint64_t u;
     pk_val *v = NULL;
     switch (op) {
-    case 0x80: /* PROTO */
-        if ((rc = need_bytes(m, 1, "PROTO")) != 0)
-            return rc;
-        m->doc->proto = *m->p++;
-        if (m->doc->proto < 2 || m->doc->proto > 5)
-            return pk_fail(m, "protocol %d (protocols 2 to 5 are read)", m->doc->proto);
-        return 0;
+    case 0x80: return op_proto(m);
     case 0x95: /* FRAME: a length only; the frame's opcodes follow inline */
         if ((rc = need_bytes(m, 8, "FRAME")) != 0)
             return rc;
-        u = rd_le(m, 8);
-        return need_bytes(m, u, "a frame");
+        return need_bytes(m, rd_le(m, 8), "a frame");
     case '.':
         if (m->nmarks || m->sp != 1)
             return pk_fail(m, "STOP with %zu values on the stack and %d marks open (want one "
@@ -515,28 +548,10 @@ static int step(pk_m *m, int *stop)
         if ((v = node(m, PK_BOOL)) != NULL)
             v->i = op == 0x88;
         return push(m, v);
-    case 'J': case 'K': case 'M': {
-        int n = op == 'J' ? 4 : op == 'K' ? 1 : 2;
-        if ((rc = need_bytes(m, (uint64_t)n, "an int")) != 0)
-            return rc;
-        u = rd_le(m, n);
-        if ((v = node(m, PK_INT)) != NULL)
-            v->i = op == 'J' ? (int64_t)(int32_t)(uint32_t)u : (int64_t)u;
-        return push(m, v);
-    }
+    case 'J': case 'K': case 'M': return op_int(m, op);
     case 0x8a: return op_long(m, 1);
     case 0x8b: return op_long(m, 4);
-    case 'G': {
-        if ((rc = need_bytes(m, 8, "a float")) != 0)
-            return rc;
-        u = 0;
-        for (int i = 0; i < 8; i++)
-            u = u << 8 | m->p[i];
-        m->p += 8;
-        if ((v = node(m, PK_FLOAT)) != NULL)
-            memcpy(&v->f, &u, sizeof v->f);
-        return push(m, v);
-    }
+    case 'G': return op_float(m);
     case 'X': return op_str(m, 4);
     case 0x8c: return op_str(m, 1);
     case 0x8d: return op_str(m, 8);

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _ds_worker import diff, flat_state, train_step  # noqa: E402
+from _ds_worker import diff, flat_state, run_rank, train_step  # noqa: E402
 from _ds_zero_worker import make_engine  # noqa: E402
 
 STAGES = (1, 2, 3)
@@ -46,7 +46,6 @@ def save(out):
             with open(os.path.join(out, "losses%d.json" % stage), "w") as f:
                 json.dump(losses, f)
         engine.destroy()          # waits for the last tag's commit
-    dist.barrier()
 
 
 def back(out):
@@ -69,7 +68,4 @@ def back(out):
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    {"save": save, "back": back}[sys.argv[1]](sys.argv[2])
-    dist.destroy_process_group()
+    run_rank({"save": save, "back": back}[sys.argv[1]], sys.argv[2])

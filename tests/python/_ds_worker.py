@@ -331,9 +331,18 @@ def reuse2(out):
         json.dump(r, f, indent=1)
 
 
-if __name__ == "__main__":
+def run_rank(main, *args):
+    """A rank's life: gloo up, main(*args), then every rank at a barrier before the group
+    goes: a rank that tears its group down while another still uses it (rank 0 holds the
+    store) aborts the other in gloo's teardown ("terminate called without an active
+    exception")."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    {"ref": ref, "resume": resume, "reshard": reshard, "reuse1": reuse1,
-     "reuse2": reuse2}[sys.argv[1]](sys.argv[2])
+    main(*args)
+    dist.barrier()
     dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    run_rank({"ref": ref, "resume": resume, "reshard": reshard, "reuse1": reuse1,
+              "reuse2": reuse2}[sys.argv[1]], sys.argv[2])

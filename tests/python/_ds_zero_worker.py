@@ -12,11 +12,10 @@ import os
 import sys
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _ds_worker import BATCH, VOCAB, Model, train_step  # noqa: E402
+from _ds_worker import BATCH, VOCAB, Model, run_rank, train_step  # noqa: E402
 
 STAGES = (1, 2, 3)
 STEPS = 3
@@ -55,11 +54,7 @@ def main(out):
             train_step(engine, step)
         engine.save_checkpoint(os.path.join(out, "z%d" % stage), tag="step%d" % STEPS)
         engine.destroy()
-    dist.barrier()
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    main(sys.argv[1])
-    dist.destroy_process_group()
+    run_rank(main, sys.argv[1])
