@@ -275,8 +275,10 @@ typedef struct strata_stats {
     /* version 4, load and export: the zip CRC-32s of a DCP, torch.save, DeepSpeed ZeRO or
      * Megatron checkpoint (STRATA_LOAD_SKIP_CRC). crc_checked: the entries this rank checked,
      * each read whole; crc_bytes: the bytes it read only to check them (parts of entries no
-     * request needed); crc_skipped: 1 when STRATA_LOAD_SKIP_CRC (STRATA_EXPORT_SKIP_CRC) left
-     * them unchecked. 0, 0, 0 for strata's own checkpoints and safetensors. */
+     * request needed); with a communicator, of the entries that several ranks of a node read
+     * and check, one rank's count (as bytes); crc_skipped: 1 when STRATA_LOAD_SKIP_CRC
+     * (STRATA_EXPORT_SKIP_CRC) left them unchecked. 0, 0, 0 for strata's own checkpoints and
+     * safetensors. */
     uint64_t crc_checked, crc_bytes;
     int crc_skipped;
 } strata_stats;
