@@ -254,17 +254,33 @@ class StrataSaveShardedStrategy(AsyncSaveShardedStrategy):
         step = it if type(it) is int and it >= 0 else 0
         return group, prep, step
 
+    def _replace(self, checkpoint_dir):
+        """replace=, or True where checkpoint_dir/strata is committed but Megatron never
+        finalized the checkpoint (no metadata.json: a save killed between strata's commit
+        and Megatron's finalize): Megatron saves there again, and the orphan is replaced
+        atomically. A finalized checkpoint is never overwritten unless replace=True."""
+        if self.replace:
+            return True
+        d = os.fspath(checkpoint_dir)
+        if os.path.lexists(os.path.join(d, "metadata.json")):
+            return False
+        try:
+            return bool(_S.probe(_ckpt(d))["committed"])
+        except _S.Error:     # none there (or not a checkpoint: the save refuses it)
+            return False
+
     def save(self, sharded_state_dict, checkpoint_dir):
         group, prep, step = self._prepare(sharded_state_dict, checkpoint_dir,
                                           "strata.megatron save")
         _save_saver(group).save([_ckpt(checkpoint_dir)], [prep.state], step=step,
-                                replace=self.replace, **self.options)
+                                replace=self._replace(checkpoint_dir), **self.options)
 
     def async_save(self, sharded_state_dict, checkpoint_dir):
         group, prep, step = self._prepare(sharded_state_dict, checkpoint_dir,
                                           "strata.megatron async_save")
         h = _save_saver(group, self.pool).start([_ckpt(checkpoint_dir)], [prep.state],
-                                                step=step, replace=self.replace, **self.options)
+                                                step=step, replace=self._replace(checkpoint_dir),
+                                                **self.options)
         s = _InFlight(h, prep)
         return _mg_async.AsyncRequest(_serve, (s.id, os.getpid()), [s.finalize])
 

@@ -42,6 +42,7 @@ STRATA = os.environ.get("STRATA") or os.path.join(ROOT, os.environ.get("BUILD", 
 needs_cli = pytest.mark.skipif(not os.access(STRATA, os.X_OK),
                                reason="no strata command built (" + STRATA + ")")
 TIMEOUT = 420
+SMALL = 150
 
 
 def _mg():
@@ -296,3 +297,258 @@ def test_plain_tensors_and_export(saved, tmp_path):
             % (d, d)), r.stdout
         r = subprocess.run([STRATA, "verify", d], capture_output=True, text=True)
         assert r.returncode == 0 and r.stdout.startswith("ok: "), (r.stdout, r.stderr)
+
+
+# ---- kill -9 during an asynchronous save ------------------------------------------------------
+
+def _arm_kill(point):
+    """A deterministic SIGKILL of this process inside the asynchronous save: "write" when
+    strata's commit thread starts the save's commit collective (this rank's data is written
+    and synced; no rank can commit without it), "finalize" when Megatron's finalize writes
+    metadata.json (strata's commit done). Armed by _ARMED, so that only the save after it
+    dies. (Test-only patches of strata.torch's background collectives and of Megatron's
+    save_config; each is the first call of its kind in that save.)"""
+    import strata.torch as stt
+    from megatron.core.dist_checkpointing import serialization
+
+    def die(*a, **k):
+        if _ARMED:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    if point == "write":
+        for name in ("allgather", "alltoallv", "bcast"):
+            orig = getattr(stt._BgOps, name)
+            setattr(stt._BgOps, name, lambda self, *a, _o=orig: (die(), _o(self, *a))[1])
+    else:
+        orig = serialization.save_config
+        serialization.save_config = lambda *a, _o=orig: (die(), _o(*a))[1]
+
+
+_ARMED = False
+
+
+def mg_killed(base, point):
+    """On 2 ranks (TP=2): checkpoint A saved through strata and torch_dist, then B through
+    strata's asynchronous save, an optimizer step while it is in flight, and a SIGKILL of
+    every rank at `point` (never returns)."""
+    global _ARMED
+    import _mg_gpt
+    m = _mg_gpt.Model(2, 1, seed=1)
+    smg, dc = _mg()
+    from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+    _arm_kill(point)
+    for d in ("A", "A_td", "B"):
+        _mkdir(os.path.join(base, d))
+    dc.save(m.sharded_state_dict(), os.path.join(base, "A"), sharded_strategy=("strata", 1))
+    dc.save(m.sharded_state_dict(), os.path.join(base, "A_td"))
+    m.step(5)
+    q = AsyncCallsQueue()
+    _ARMED = True
+    q.schedule_async_request(dc.save(m.sharded_state_dict(), os.path.join(base, "B"),
+                                     sharded_strategy=("strata", 1), async_sharded_save=True))
+    m.step(6)
+    q.maybe_finalize_async_calls(blocking=True)
+    return "not killed"
+
+
+def mg_resume(base):
+    """On 2 ranks: B refused by Megatron's load; A through strata bitwise what Megatron
+    loads of A_td; B saved again through strata (over what the kill left) and loaded."""
+    import _mg_gpt
+    from megatron.core.dist_checkpointing.core import CheckpointingException
+    m = _mg_gpt.Model(2, 1, seed=2)
+    smg, dc = _mg()
+    out = {}
+    try:
+        dc.load(m.sharded_state_dict(is_loading=True), os.path.join(base, "B"))
+        out["B"] = "loaded"
+    except CheckpointingException as e:
+        out["B"] = str(e)
+    got = {}
+    for d in ("A_td", "A"):
+        sd = m.sharded_state_dict(is_loading=True)
+        m.load(dc.load(sd, os.path.join(base, d)))
+        got[d] = m.snapshot()
+    out["A"] = _diff(got["A_td"], got["A"])
+    m.step(9)
+    want = m.snapshot()
+    dc.save(m.sharded_state_dict(), os.path.join(base, "B"), sharded_strategy=("strata", 1))
+    m.step(10)
+    m.load(dc.load(m.sharded_state_dict(is_loading=True), os.path.join(base, "B")))
+    out["B_again"] = _diff(want, m.snapshot())
+    return out
+
+
+@pytest.mark.parametrize("point", ["write", "finalize"])
+def test_kill_during_async_save(tmp_path, point):
+    """kill -9 of every rank while an asynchronous save is in flight - after its data is
+    written, before any commit ("write"), or after strata's commit, before Megatron's
+    metadata.json ("finalize"): the previous checkpoint loads bitwise; the killed one is no
+    Megatron checkpoint (no metadata.json: Megatron's load refuses it), its strata/ without
+    a commit record ("write") or committed but never finalized; saving it again works."""
+    base = str(tmp_path)
+    with pytest.raises(_dist.RankFailure) as ei:
+        _dist.run(mg_killed, 2, base, point, timeout=TIMEOUT)
+    assert "ended without a result" in str(ei.value), str(ei.value)[-2000:]
+    b = os.path.join(base, "B")
+    assert "metadata.json" not in os.listdir(b), os.listdir(b)
+    info = strata.probe(os.path.join(b, "strata"))
+    assert info["committed"] == (point == "finalize"), info
+    if point == "write":
+        assert any(f.startswith("data-") for f in os.listdir(os.path.join(b, "strata")))
+    res = _dist.run(mg_resume, 2, base, timeout=TIMEOUT)
+    for out in res:
+        assert "is not a distributed checkpoint" in out["B"], out
+        assert out["A"] == [] and out["B_again"] == [], out
+
+
+# ---- Megatron's own checks: StrictHandling, validate_sharding_integrity, pickle ----------------
+
+def _small(rank, extra=None, bad_sharding=False):
+    """A small sharded state dict: "a" cut along dim 0 over the 2 ranks, "b" replicated, a
+    ShardedObject per rank, and common values."""
+    from megatron.core.dist_checkpointing import ShardedTensor
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+    full = torch.arange(24, dtype=torch.float32).reshape(6, 4)
+    a = full[3 * rank:3 * rank + 3].clone()
+    sd = {"a": ShardedTensor.from_rank_offsets("a", a, (0, 0 if bad_sharding else rank, 2)),
+          "b": ShardedTensor.from_rank_offsets("b", torch.ones(5) * 3, replica_id=rank),
+          "o": ShardedObject("o", {"r": rank, "dt": (torch.bfloat16, 2)}, (2,), (rank,)),
+          "iteration": 3}
+    sd.update(extra or {})
+    return sd
+
+
+def mg_strict(base):
+    import torch.distributed as dist
+    from megatron.core.dist_checkpointing import ShardedTensor
+    from megatron.core.dist_checkpointing.core import CheckpointingException
+    from megatron.core.dist_checkpointing.validation import StrictHandling
+    smg, dc = _mg()
+    rank = dist.get_rank()
+    out = {}
+    for be in ("strata", "torch_dist"):
+        _mkdir(os.path.join(base, be))
+        dc.save(_small(rank), os.path.join(base, be), sharded_strategy=(be, 1))
+    # a sharding whose main replicas overlap: refused by Megatron (on rank 0, which checks
+    # the gathered metadata; the others would go on into the save and wait there for rank
+    # 0, as they do with torch_dist) before anything is written
+    _mkdir(os.path.join(base, "bad"))
+    out["bad"] = "not checked here"
+    if rank == 0:
+        try:
+            dc.save(_small(rank, bad_sharding=True), os.path.join(base, "bad"),
+                    sharded_strategy=("strata", 1))
+            out["bad"] = "saved"
+        except CheckpointingException as e:
+            out["bad"] = str(e)
+    else:     # the collectives of rank 0's check (Megatron's save_preprocess), no more
+        from megatron.core.dist_checkpointing.state_dict_utils import save_preprocess
+        save_preprocess(_small(rank, bad_sharding=True))
+    dist.barrier()
+    out["bad_files"] = sorted(os.listdir(os.path.join(base, "bad")))
+
+    def request():         # "c" unexpected, "b" missing
+        sd = _small(rank, {"c": ShardedTensor.from_rank_offsets("c", torch.zeros(2),
+                                                                replica_id=rank)})
+        sd["a"].data.zero_()
+        del sd["b"], sd["iteration"]
+        return sd
+    strategies = {"strata": ("strata", 1), "torch_dist": None}
+    for mode in (StrictHandling.RAISE_ALL, StrictHandling.RETURN_ALL,
+                 StrictHandling.ASSUME_OK_UNEXPECTED):
+        for be in ("strata", "torch_dist"):
+            try:
+                r = dc.load(request(), os.path.join(base, be), strict=mode,
+                            sharded_strategy=strategies[be])
+                if mode == StrictHandling.RETURN_ALL:
+                    sd, missing, unexpected = r
+                    r = (sorted(missing), sorted(unexpected), sd["a"].tolist(), sd["o"],
+                         sd["iteration"])
+                out[(mode.value, be)] = ("ok", r)
+            except BaseException as e:    # (DCP's CheckpointException is a BaseException)
+                out[(mode.value, be)] = (type(e).__name__, str(e))
+    return out
+
+
+def test_strict_handling_and_integrity(tmp_path):
+    """Megatron's checks around strata's strategy: a sharding whose main replicas overlap is
+    refused by validate_sharding_integrity before anything is written; StrictHandling
+    RAISE_ALL and RETURN_ALL report the missing and unexpected keys exactly as with
+    torch_dist (found by strata's load_sharded_metadata), RETURN_ALL loading the rest
+    (ShardedObjects, dtype keys included); the default ASSUME_OK_UNEXPECTED leaves an
+    unexpected key to the strategy: CheckpointingException naming it."""
+    res = _dist.run(mg_strict, 2, str(tmp_path), timeout=SMALL)
+    for rank, out in enumerate(res):
+        if rank == 0:
+            assert "Invalid access pattern" in out["bad"], out["bad"]
+        assert out["bad_files"] == [], out["bad_files"]
+        s, t = out[("raise_all", "strata")], out[("raise_all", "torch_dist")]
+        assert s == t and s[0] == "CheckpointingException", (s, t)
+        assert "Missing keys (for all ranks): {'b'}" in s[1] and "{'c'}" in s[1], s
+        s, t = out[("return_all", "strata")], out[("return_all", "torch_dist")]
+        assert s[0] == "ok" and s[1][:2] == (["b"], ["c"]), s
+        assert s[1][2] == torch.arange(24.).reshape(6, 4)[3 * rank:3 * rank + 3].tolist(), s
+        assert s[1][3] == {"r": rank, "dt": (torch.bfloat16, 2)} and s[1][4] == 3, s
+        assert t == s, (t, s)
+        s = out[("assume_ok_unexpected", "strata")]
+        assert s[0] == "CheckpointingException" and "ShardedTensor c " in s[1], s
+
+
+class Opaque:
+    """Not a value strata's format holds (an object of a class of this module)."""
+
+    def __init__(self, x):
+        self.x = x
+
+    def __eq__(self, o):
+        return isinstance(o, Opaque) and o.x == self.x
+
+
+def mg_pickle(base):
+    import torch.distributed as dist
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+    smg, dc = _mg()
+    rank = dist.get_rank()
+    out = {}
+
+    def attempt(name, sd, **kw):
+        _mkdir(os.path.join(base, name))
+        try:
+            dc.save(sd, os.path.join(base, name), sharded_strategy=("strata", 1), **kw)
+            out[name] = "saved"
+        except strata.Error as e:
+            out[name] = "%s: %s" % (type(e).__name__, e)
+        out[name + "_files"] = sorted(os.listdir(os.path.join(base, name)))
+    obj = ShardedObject("o", Opaque(rank), (2,), (rank,))
+    attempt("object", _small(rank, {"o": obj}))
+    attempt("common", _small(rank, {"args": Opaque(1)}))
+    smg.enable(pickle=True)
+    attempt("pickled", _small(rank, {"o": obj}))
+    sd = _small(rank)
+    out["loaded"] = dc.load(sd, os.path.join(base, "pickled"))["o"] == Opaque(rank)
+    smg.enable()
+    try:
+        dc.load(_small(rank), os.path.join(base, "pickled"))
+        out["unpickled"] = "loaded"
+    except strata.Error as e:
+        out["unpickled"] = "%s: %s" % (type(e).__name__, e)
+    return out
+
+
+def test_values_need_pickle_to_be_pickled(tmp_path):
+    """A ShardedObject or common value strata's value format lacks fails the save on every
+    rank, naming it, before strata writes anything (no strata/, no metadata.json);
+    enable(pickle=True) saves and loads it; a checkpoint holding a pickle loads only with
+    pickle=True."""
+    res = _dist.run(mg_pickle, 2, str(tmp_path), timeout=SMALL)
+    for rank, out in enumerate(res):
+        assert out["object"].startswith("InvalidArgumentError: ") and \
+            "test_megatron_strata.Opaque cannot be saved without pickle" in out["object"], out
+        assert ("o/shard_%d_2" % rank) in out["object"] or "failed on rank" in out["object"], out
+        assert out["common"].startswith("InvalidArgumentError: ") and "args" in out["common"], out
+        for name in ("object", "common"):
+            assert out[name + "_files"] == ["common.pt"], out    # Megatron's, written first
+        assert out["pickled"] == "saved" and out["loaded"] is True, out
+        assert out["unpickled"].startswith("InvalidArgumentError: ") and \
+            "holds a pickled object" in out["unpickled"], out
