@@ -113,12 +113,20 @@ def mg_save(base):
     req = dc.save(m.sharded_state_dict("fully_reshardable"), os.path.join(d, "strata"),
                   sharded_strategy=("strata", 1), async_sharded_save=True)
     q.schedule_async_request(req)
+    caller = type(q.async_calls[0].async_caller).__name__
     meta_early = os.path.exists(os.path.join(d, "strata", "metadata.json"))
-    m.step(5)               # the optimizer step pre-hook waits for the snapshot first
+    # the optimizer step pre-hook waits for the snapshot before the step changes anything:
+    # the first wait for this save's snapshot is made inside the step
+    waits, orig = [], smg._InFlight.wait_snapshot
+    smg._InFlight.wait_snapshot = lambda self: (waits.append(in_step[0]), orig(self))[1]
+    in_step = [True]
+    m.step(5)
+    in_step[0] = False
     moved = sum(not torch.equal(v, m.snapshot()[k]) for k, v in before.items())
     q.maybe_finalize_async_calls(blocking=True)
-    return {"meta_early": meta_early, "moved": moved, "n": len(before),
-            "padding": _padding(m.sharded_state_dict("dp_reshardable"))}
+    smg._InFlight.wait_snapshot = orig
+    return {"meta_early": meta_early, "moved": moved, "n": len(before), "caller": caller,
+            "waits": waits, "padding": _padding(m.sharded_state_dict("dp_reshardable"))}
 
 
 def _padding(sd):
@@ -150,11 +158,15 @@ def saved(tmp_path_factory):
 
 
 def test_async_save_is_lazy_and_commits_before_metadata(saved):
-    """Megatron's async entry point: metadata.json is not there while the save is in
-    flight; the step taken meanwhile changed the state (and the checkpoint, compared below
-    with torch_dist's taken before the step, holds the old one)."""
+    """Megatron's async entry point: the AsyncCallsQueue serves strata's request from
+    strata's handle (its caller strata's, no process forked); metadata.json is not there
+    while the save is in flight; the optimizer step taken meanwhile first waited for the
+    snapshot (its pre-hook), then changed the state (and the checkpoint, compared below with
+    torch_dist's taken before the step, holds the old one)."""
     base, res = saved
     for r in res:
+        assert r["caller"] == "_StrataCaller", r["caller"]
+        assert r["waits"][:1] == [True], r["waits"]
         assert not r["meta_early"] and r["moved"] > r["n"] // 2, r
     assert os.path.exists(os.path.join(base, "fully_reshardable", "strata", "metadata.json"))
 
