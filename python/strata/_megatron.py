@@ -22,9 +22,9 @@ import torch
 import strata as _S
 from strata import _torchsave, _values
 from strata._statedict import _SavePrep, _flatten
-from strata._tensor import (_FROM_STRATA, _check_tensor, _error, _nbytes, _readable, _sdtype,
+from strata._tensor import (_FROM_STRATA, _check_tensor, _nbytes, _readable, _sdtype,
                             _writable)
-from strata.deepspeed import _Tree, _build
+from strata._ds_entry import _Tree, _build
 
 from megatron.core.dist_checkpointing.core import CheckpointingException
 from megatron.core.dist_checkpointing.dict_utils import nested_values
@@ -63,11 +63,11 @@ class _ObjTree(_Tree):
             return ["v", v]       # (a value of the tagged format)
         if not self.pickle and not (isinstance(v, torch.Tensor) or type(v) in _PLAIN):
             t = type(v)
-            raise _error("InvalidArgumentError",
-                         "%s%s: a %s.%s cannot be saved without pickle: pass pickle=True to "
-                         "strata.megatron.enable() (loading then unpickles it, which can run "
-                         "code), or keep plain values, tensors, torch.dtype there"
-                         % (self.name, path, t.__module__, t.__qualname__))
+            raise _S.InvalidArgumentError(
+                "%s%s: a %s.%s cannot be saved without pickle: pass pickle=True to "
+                "strata.megatron.enable() (loading then unpickles it, which can run code), or "
+                "keep plain values, tensors, torch.dtype there"
+                % (self.name, path, t.__module__, t.__qualname__))
         return super().node(v, path)
 
 
@@ -118,8 +118,8 @@ class _SaveState:
         if sh.data is None:
             raise CheckpointingException("`data` attr is None for %s" % (sh,))
         if sh.key in self.common:
-            raise _error("InvalidArgumentError", "%s: both a ShardedTensor's key and an entry "
-                         "of the common state" % sh.key)
+            raise _S.InvalidArgumentError("%s: both a ShardedTensor's key and an entry "
+                                          "of the common state" % sh.key)
         _check_tensor(sh.key, sh.data)
         offs, lens, flat = _box(sh)
         where = (sh.key, offs, lens, flat)
@@ -134,8 +134,8 @@ class _SaveState:
             raise CheckpointingException("strata.megatron: two main replicas of the "
                                          "ShardedObject %s on one rank" % name)
         if name in self.common:
-            raise _error("InvalidArgumentError", "%s: both a ShardedObject and an entry of the "
-                         "common state" % name)
+            raise _S.InvalidArgumentError("%s: both a ShardedObject and an entry of the "
+                                          "common state" % name)
         objs.add(name)
         tree = _ObjTree(name, pickle)
         root = tree.node(sh.data, "")
@@ -312,17 +312,18 @@ class _LoadState:
         try:
             kind, tree = _values.decode(data)
         except ValueError as e:
-            raise _error("FormatError", "%s: %s" % (where, e)) from None
+            raise _S.FormatError("%s: %s" % (where, e)) from None
         if kind != "value":
-            raise _error("FormatError", "%s is not a tree of values" % where)
+            raise _S.FormatError("%s is not a tree of values" % where)
         if not self.pickle and _has_pickle(tree):
-            raise _error("InvalidArgumentError", "%s holds a pickled object: load it with "
-                         "strata.megatron.enable(pickle=True) (unpickling can run code)" % where)
+            raise _S.InvalidArgumentError("%s holds a pickled object: load it with "
+                                          "strata.megatron.enable(pickle=True) (unpickling "
+                                          "can run code)" % where)
         try:
             return [_build(tree, tensors, self.pickle, where)]
         except (IndexError, KeyError, TypeError, ValueError, RuntimeError) as e:
-            raise _error("FormatError", "%s: a malformed tree (%s: %s)"
-                         % (where, type(e).__name__, e)) from None
+            raise _S.FormatError("%s: a malformed tree (%s: %s)"
+                                 % (where, type(e).__name__, e)) from None
 
     def finish(self):
         """After the load: copies into non-contiguous targets, objects decoded; returns
@@ -337,8 +338,8 @@ class _LoadState:
                 name, i = v
                 objs = decoded[name]
                 if not isinstance(objs, list) or not objs:
-                    raise _error("FormatError", "%s: ShardedObject %s: not a list of objects"
-                                 % (self.ix.uri, name))
+                    raise _S.FormatError("%s: ShardedObject %s: not a list of objects"
+                                         % (self.ix.uri, name))
                 v = objs[min(i, len(objs) - 1)]
             out[k] = v
         return out

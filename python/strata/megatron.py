@@ -61,8 +61,9 @@ except ImportError as _e:   # pragma: no cover - the package needs megatron-core
 
 import strata as _S
 from strata import _megatron
-# strata.torch's process-group adapter and its agreement step (internal helpers)
-from strata.torch import _agree, _group, _save_saver
+# strata.torch's process-group adapter, its agreement step and its saver (internal helpers)
+from strata._group import _agree, _group
+from strata._save import _save_saver
 from strata._tensor import _sync_cuda, _sync_loaded
 
 __all__ = ["enable", "disable", "enabled", "wait_snapshot", "BACKEND", "VERSION", "SUBDIR",
