@@ -318,9 +318,9 @@ def _arm_kill(point):
     strata's commit thread starts the save's commit collective (this rank's data is written
     and synced; no rank can commit without it), "finalize" when Megatron's finalize writes
     metadata.json (strata's commit done). Armed by _ARMED, so that only the save after it
-    dies. (Test-only patches of strata.torch's background collectives and of Megatron's
-    save_config; each is the first call of its kind in that save.)"""
-    import strata.torch as stt
+    dies. (Test-only patches of strata's background collectives, strata._group._BgOps, and
+    of Megatron's save_config; each is the first call of its kind in that save.)"""
+    from strata import _group
     from megatron.core.dist_checkpointing import serialization
 
     def die(*a, **k):
@@ -329,8 +329,8 @@ def _arm_kill(point):
 
     if point == "write":
         for name in ("allgather", "alltoallv", "bcast"):
-            orig = getattr(stt._BgOps, name)
-            setattr(stt._BgOps, name, lambda self, *a, _o=orig: (die(), _o(self, *a))[1])
+            orig = getattr(_group._BgOps, name)
+            setattr(_group._BgOps, name, lambda self, *a, _o=orig: (die(), _o(self, *a))[1])
     else:
         orig = serialization.save_config
         serialization.save_config = lambda *a, _o=orig: (die(), _o(*a))[1]
