@@ -43,7 +43,6 @@ import itertools
 import os
 import threading
 
-import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 try:
