@@ -23,6 +23,7 @@ _set_main_param_and_optimizer_states), so that format is compared as loaded."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import warnings
@@ -309,6 +310,38 @@ def test_plain_tensors_and_export(saved, tmp_path):
             % (d, d)), r.stdout
         r = subprocess.run([STRATA, "verify", d], capture_output=True, text=True)
         assert r.returncode == 0 and r.stdout.startswith("ok: "), (r.stdout, r.stderr)
+
+
+def test_broken_directory_errors(saved, tmp_path):
+    """A copy of a checkpoint Megatron saved through strata, broken three ways, read by
+    strata.Checkpoint: its strata/ gone (MissingError naming it), its strata/ without a
+    commit record (IncompleteError; it opens with incomplete=True), metadata.json naming
+    strata version 2 (UnsupportedError naming the version); the intact copy opens."""
+    import shutil
+    base, _ = saved
+    src = os.path.join(base, "dp_reshardable", "strata")
+
+    def copy(name):
+        d = str(tmp_path / name)
+        shutil.copytree(src, d)
+        return d
+    ok = copy("ok")
+    assert strata.Checkpoint(ok).format == "strata.megatron"
+    gone = copy("gone")
+    shutil.rmtree(os.path.join(gone, "strata"))
+    with pytest.raises(strata.MissingError, match=re.escape(os.path.join(gone, "strata"))):
+        strata.Checkpoint(gone)
+    half = copy("half")
+    os.unlink(os.path.join(half, "strata", "COMMIT"))
+    with pytest.raises(strata.IncompleteError):
+        strata.Checkpoint(half)
+    ck = strata.Checkpoint(half, incomplete=True)
+    assert ck.format == "strata.megatron" and not ck.committed
+    v2 = copy("v2")
+    with open(os.path.join(v2, "metadata.json"), "w") as f:
+        json.dump({"sharded_backend": "strata", "sharded_backend_version": 2}, f)
+    with pytest.raises(strata.UnsupportedError, match="strata version 2"):
+        strata.Checkpoint(v2)
 
 
 # ---- kill -9 during an asynchronous save ------------------------------------------------------
