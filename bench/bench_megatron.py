@@ -15,6 +15,8 @@ Each round runs both strategies in the same processes, the order alternating, an
               the wait for its snapshot copy before the optimizer step (the step pre-hook's
               wait, timed); torch_dist's async path copies nothing on CPU before its forked
               writer starts (that fork is in the call)
+    sd        Megatron's sharded_state_dict before each save (the same for both; timed
+              apart: the clocks of blocked, durable and sync start after it)
     durable   an asynchronous save until Megatron's finalize returned on every rank and
               every file of the checkpoint is fsync'd (torch_dist fsyncs its data files;
               common.pt and metadata.json are Megatron's, synced here for both)
@@ -27,6 +29,7 @@ Mechanism: bytes written per rank (each rank's data files), bytes read from stor
 during the load (/proc/self/io read_bytes) and through read calls (rchar), the device's
 requests during the sync save and the load (/proc/diskstats of the device under BENCH_DIR:
 bytes per write / read request; device-wide, so other processes' requests count too), the
+collectives rank 0 calls during the load (torch.distributed's and strata's group's), the
 load average at each round.
 
 Environment: BENCH_MG_GB (state on disk, GiB, default 1), BENCH_MG_ROUNDS (default 5),
@@ -137,7 +140,14 @@ def save_main(out):
             x.mm(x)
 
     def sd():
-        return m.sharded_state_dict("fully_reshardable")
+        """Megatron's sharded state dict (the DistributedOptimizer's fully_reshardable
+        state built from its buffers: the same for both strategies), and the seconds it
+        took on the slowest rank; the clocks below start after it."""
+        t = time.perf_counter()
+        state = m.sharded_state_dict("fully_reshardable")
+        took = torch.tensor([time.perf_counter() - t], dtype=torch.float64)
+        dist.all_reduce(took, op=dist.ReduceOp.MAX)
+        return state, float(took)
 
     res = []
     for r in range(-1, ROUNDS):            # round -1: a warm-up of each, not counted
@@ -147,7 +157,7 @@ def save_main(out):
             # blocked: the call, the stand-in step, the wait for the snapshot
             path = os.path.join(base, "blocked")
             _fresh(dist, path)
-            state = sd()                 # (Megatron-LM builds it for either strategy)
+            state, sd_s = sd()           # (Megatron-LM builds it for either strategy)
             dist.barrier()
             t0 = time.perf_counter()
             q.schedule_async_request(dc.save(state, path, sharded_strategy=strategy[sys_],
@@ -166,11 +176,13 @@ def save_main(out):
             # durable, asynchronous
             path = os.path.join(base, "durable")
             _fresh(dist, path)
+            state, _ = sd()
             dist.barrier()
             t0 = time.perf_counter()
-            q.schedule_async_request(dc.save(sd(), path, sharded_strategy=strategy[sys_],
+            q.schedule_async_request(dc.save(state, path, sharded_strategy=strategy[sys_],
                                              async_sharded_save=True,
                                              validate_access_integrity=r < 0))
+            del state
             q.maybe_finalize_async_calls(blocking=True)
             _fsync_tree(path)
             dist.barrier()
@@ -179,10 +191,12 @@ def save_main(out):
             path = os.path.join(base, "sync")
             _fresh(dist, path)
             dev = device(path)
+            state, _ = sd()
             dist.barrier()
             d0 = counters(dev)
             t0 = time.perf_counter()
-            dc.save(sd(), path, sharded_strategy=strategy[sys_], validate_access_integrity=r < 0)
+            dc.save(state, path, sharded_strategy=strategy[sys_], validate_access_integrity=r < 0)
+            del state
             _fsync_tree(path)
             dist.barrier()
             sync = time.perf_counter() - t0
@@ -195,7 +209,7 @@ def save_main(out):
             allw = [torch.zeros_like(written) for _ in range(dist.get_world_size())]
             dist.all_gather(allw, written)
             row[sys_] = {"blocked": float(w[0]), "call": float(w[1]), "wait": float(w[2]),
-                         "durable": durable, "sync": sync,
+                         "durable": durable, "sync": sync, "sd": sd_s,
                          "written": [int(v) for v in allw],
                          "wreq": d1[2] - d0[2], "wbytes": (d1[3] - d0[3]) * 512}
         if r >= 0:
@@ -212,12 +226,36 @@ def save_main(out):
     dist.destroy_process_group()
 
 
+_COLL = [0]
+
+
+def _count_collectives():
+    """Counts (in _COLL) the collective calls this process makes through torch.distributed
+    (DCP's and Megatron's, by their module attribute) and strata's group (its all-gather
+    alias)."""
+    import torch.distributed as dist
+    from strata import _group
+
+    def counted(f):
+        def g(*a, **k):
+            _COLL[0] += 1
+            return f(*a, **k)
+        return g
+    for name in ("all_gather", "all_gather_object", "all_gather_into_tensor", "all_reduce",
+                 "all_to_all_single", "broadcast", "broadcast_object_list", "gather_object",
+                 "scatter_object_list", "reduce_scatter_tensor", "barrier", "gather",
+                 "scatter"):
+        setattr(dist, name, counted(getattr(dist, name)))
+    _group._all_gather_single = counted(_group._all_gather_single)
+
+
 def load_main(out):
     """Layout TP=1 x DP=2 (2 ranks): per round, each strategy's cold load of its checkpoint
     saved at TP=2."""
     import torch
     dist, m, dc = _setup(1)
     rank = dist.get_rank()
+    _count_collectives()
     res = []
     for r in range(-1, ROUNDS):
         row = {"load": os.getloadavg()[0]}
@@ -228,9 +266,10 @@ def load_main(out):
                 _evict(path)
             dev = device(path)
             dist.barrier()
-            io0, d0 = _io(), counters(dev)
+            io0, d0, c0 = _io(), counters(dev), _COLL[0]
             t0 = time.perf_counter()
             dc.load(sd, path)          # metadata.json picks the strategy
+            coll = _COLL[0] - c0
             dist.barrier()
             t = time.perf_counter() - t0
             io1, d1 = _io(), counters(dev)
@@ -240,7 +279,8 @@ def load_main(out):
             dist.all_gather(allv, v)
             row[sys_] = {"load_s": t, "read_bytes": [int(x[0]) for x in allv],
                          "rchar": [int(x[1]) for x in allv],
-                         "rreq": d1[0] - d0[0], "rbytes": (d1[1] - d0[1]) * 512}
+                         "rreq": d1[0] - d0[0], "rbytes": (d1[1] - d0[1]) * 512,
+                         "coll": coll}
             del sd
         if r >= 0:
             res.append(row)
@@ -273,7 +313,7 @@ def main():
     loaded = run("load", os.path.join(BENCH_DIR, "load.json"))
     sr, lr = saved["rounds"], loaded["rounds"]
     m = {s: {k: med([row[s][k] for row in sr]) for k in ("blocked", "call", "wait", "durable",
-                                                         "sync")} for s in SYSTEMS}
+                                                         "sync", "sd")} for s in SYSTEMS}
     for s in SYSTEMS:
         m[s]["load_s"] = med([row[s]["load_s"] for row in lr])
     cmd = ("BENCH_MG_GB=%g BENCH_MG_ROUNDS=%d BENCH_MG_STEP_S=%g make bench-megatron"
@@ -308,6 +348,15 @@ def main():
               "Goals (issue 33): blocked <= 0.1, durable <= 0.5, resharded load <= 0.6 of "
               "torch_dist's: " + ", ".join("%s %s" % (n, "met" if x <= g else "NOT met")
                                            for x, g, n in goals) + ".", "",
+              "Megatron's own sharded_state_dict before each save (the DistributedOptimizer's "
+              "fully_reshardable state built from its buffers: the same work whichever "
+              "strategy saves, outside the clocks above): median %.3f s in strata's rounds, "
+              "%.3f s in torch_dist's. Megatron-LM's save_checkpoint builds it before it "
+              "calls save; with it added to both, strata / torch_dist: blocked %.3f, time to "
+              "durable %.3f, sync save %.3f." % (
+                  a["sd"], b["sd"], (a["blocked"] + a["sd"]) / (b["blocked"] + b["sd"]),
+                  (a["durable"] + a["sd"]) / (b["durable"] + b["sd"]),
+                  (a["sync"] + a["sd"]) / (b["sync"] + b["sd"])), "",
               "Per round (strata / torch_dist: blocked, durable, load; load average):", ""]
     for i, (x, y) in enumerate(zip(sr, lr)):
         lines.append("- round %d (%s first): blocked %.3f / %.3f, durable %.2f / %.2f, sync "
@@ -321,28 +370,28 @@ def main():
     rb = {s: [med([row[s]["read_bytes"][k] for row in lr]) for k in range(2)] for s in SYSTEMS}
     rc = {s: [med([row[s]["rchar"][k] for row in lr]) for k in range(2)] for s in SYSTEMS}
     dv = {s: {k: med([row[s][k] for row in rows]) for rows, k in
-              ((sr, "wreq"), (sr, "wbytes"), (lr, "rreq"), (lr, "rbytes"))} for s in SYSTEMS}
+              ((sr, "wreq"), (sr, "wbytes"), (lr, "rreq"), (lr, "rbytes"), (lr, "coll"))}
+          for s in SYSTEMS}
     lines += ["", "Mechanism (medians; rank 0, rank 1; the device's requests counted by "
               "/proc/diskstats over the whole device):", "",
               "| strategy | data written by each rank (GiB) | sync save: device writes, KiB "
               "per request | load: read from storage by each rank (GiB) | load: read() "
-              "bytes by each rank (GiB) | load: device reads, KiB per request |",
-              "|---|---|---|---|---|---|"]
+              "bytes by each rank (GiB) | load: device reads, KiB per request | load: "
+              "collectives called by rank 0 |",
+              "|---|---|---|---|---|---|---|"]
     for s in SYSTEMS:
         lines.append("| %s | %s | %.0f requests, %.3f GiB: %.0f | %s | %s | %.0f requests, "
-                     "%.3f GiB: %.0f |" % (
+                     "%.3f GiB: %.0f | %.0f |" % (
                          s, ", ".join("%.3f" % (v / gib) for v in w[s]),
                          dv[s]["wreq"], dv[s]["wbytes"] / gib,
                          dv[s]["wbytes"] / 1024 / max(dv[s]["wreq"], 1),
                          ", ".join("%.3f" % (v / gib) for v in rb[s]),
                          ", ".join("%.3f" % (v / gib) for v in rc[s]),
                          dv[s]["rreq"], dv[s]["rbytes"] / gib,
-                         dv[s]["rbytes"] / 1024 / max(dv[s]["rreq"], 1)))
+                         dv[s]["rbytes"] / 1024 / max(dv[s]["rreq"], 1), dv[s]["coll"]))
     lines += ["", "Both as Megatron-LM runs with --ckpt-assume-constant-structure: "
               "validate_access_integrity only on the first (warm-up) save, torch_dist's "
-              "strategy with cached_metadata=True (its global plan reused); the sharded "
-              "state dict (the same for both) is built before the clock starts, the durable "
-              "and sync saves build it inside.",
+              "strategy with cached_metadata=True (its global plan reused).",
               "", "blocked = what the training loop waited: the save call (Megatron's own "
               "preprocessing and common.pt, the strategy's planning; torch_dist's "
               "includes forking its writer process) and, for strata, the wait for the "
@@ -351,18 +400,20 @@ def main():
               "the 2 cores). The strata checkpoint is written by both ranks, each distinct "
               "piece once; torch_dist writes each rank's main replicas. The resharded load "
               "needs every weight and moment on each TP=1 rank (2x the checkpoint in all): "
-              "strata reads each byte from the device once (O_DIRECT, large requests) and "
-              "shares it between the ranks of the node; torch_dist's ranks each read() all "
+              "strata's ranks read each byte from the device once between them (O_DIRECT; "
+              "the KiB per read request column) and share it within the node; torch_dist's ranks each read() all "
               "of it, the second finding in the page cache most of what the first brought "
               "in, so on one node both read the checkpoint from storage about once (the "
               "read_bytes column) and the cold load is bounded by the device for both; "
-              "across nodes torch_dist's ranks would each read it from storage." % STEP_S,
+              "across nodes torch_dist's ranks would each read it from storage. strata's "
+              "ranks hand what each read to the other in rounds (of at most its I/O "
+              "threads' reads per rank, src/engine/dist_load.c), each round a collective "
+              "on the gloo group; torch_dist's DCP load calls a few object collectives to "
+              "plan and then each rank reads alone (the collectives column)." % STEP_S,
               "", "Time to durable and the sync save: both write the checkpoint once "
               "(the data-written column); strata writes with O_DIRECT from its pool's "
-              "buffers (4 KiB pages) and its requests reach the device smaller (the KiB per "
-              "write request column) than torch_dist's buffered writes, which the page "
-              "cache's writeback merges before its fsync. Whether larger O_DIRECT requests "
-              "(huge-page buffers) close that gap on this device is not measured here."]
+              "buffers, torch_dist through the page cache, whose writeback merges its "
+              "requests before its fsync (the KiB per write request column)."]
     text = "\n".join(lines) + "\n"
     with open(os.path.join(OUT_DIR, "megatron.md"), "w") as f:
         f.write(text)
