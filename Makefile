@@ -255,13 +255,15 @@ bench-incr: $(BUILD)/bench/bench_incr
 # `make venv` adds what `make test` needs: megatron-core, DeepSpeed (its CPU op built) and
 # moto's S3 server. (pip extras for the same: strata[torch], strata[deepspeed],
 # strata[megatron], strata[test]; pyproject.toml.)
-# megatron-core (the writer of tests/python/test_megatron_source.py's fixtures; 0.16.1 is the
-# last for Python 3.11) goes in without its dependencies, so pip never touches torch: of
-# those it declares, numpy and torch are there already, and its checkpoint writer needs psutil.
+# megatron-core (the writer of tests/python/test_megatron_source.py's fixtures, the framework
+# strata.megatron plugs into; 0.16.1 is the last for Python 3.11) goes in without its
+# dependencies, so pip never touches torch: of those it declares, numpy and torch are there
+# already, `import megatron.core` needs packaging, and its checkpoint writer needs psutil.
 VENV ?= .venv
 TORCH_VERSION ?= 2.13.0
 MCORE_VERSION ?= 0.16.1
 PSUTIL_VERSION ?= 7.2.2
+PACKAGING_VERSION ?= 26.4
 PY_DEPS := pyproject.toml setup.py MANIFEST.in \
            $(wildcard python/strata/*.py python/strata/*.c python/strata/*.h) \
            $(LIB_SRC) $(wildcard src/*/*.h) $(HEADERS)
@@ -280,7 +282,8 @@ $(VENV)/.deps-installed:
 	@touch $@
 
 $(VENV)/.mcore-installed: $(VENV)/.deps-installed
-	$(VENV)/bin/pip install -q --no-deps megatron-core==$(MCORE_VERSION) psutil==$(PSUTIL_VERSION)
+	$(VENV)/bin/pip install -q --no-deps megatron-core==$(MCORE_VERSION) psutil==$(PSUTIL_VERSION) \
+	    packaging==$(PACKAGING_VERSION)
 	@touch $@
 
 # DeepSpeed (strata.deepspeed, tests/python/test_deepspeed.py) and its dependencies, each

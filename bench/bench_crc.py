@@ -27,6 +27,9 @@ import time
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from diskstats import counters, device  # noqa: E402
+
 GIB = float(os.environ.get("BENCH_CRC_GB", "1"))
 ROUNDS = int(os.environ.get("BENCH_CRC_ROUNDS", "5"))
 BENCH_DIR = os.path.abspath(os.environ.get("BENCH_DIR", "build/bench-crc"))
@@ -41,28 +44,6 @@ def shapes():
 def state():
     g = torch.Generator().manual_seed(28)
     return {"layer%d.weight" % i: torch.randn(s, generator=g) for i, s in enumerate(shapes())}
-
-
-def device():
-    """The block device under BENCH_DIR (major:minor -> its name in /proc/diskstats)."""
-    st = os.stat(BENCH_DIR)
-    mj, mn = os.major(st.st_dev), os.minor(st.st_dev)
-    with open("/proc/diskstats") as f:
-        for line in f:
-            p = line.split()
-            if int(p[0]) == mj and int(p[1]) == mn:
-                return p[2]
-    return None
-
-
-def disk_reads(dev):
-    """(read requests completed, sectors read) of dev."""
-    with open("/proc/diskstats") as f:
-        for line in f:
-            p = line.split()
-            if p[2] == dev:
-                return int(p[3]), int(p[5])
-    return 0, 0
 
 
 CHILD = r"""
@@ -104,14 +85,14 @@ def one(path, skip, half, dev, warm):
                        stdout=subprocess.DEVNULL)
     else:
         drop_caches()
-    r0 = disk_reads(dev)
+    r0 = counters(dev)[:2]
     c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run([sys.executable, "-c", CHILD, path, "1" if skip else "0",
                           "1" if half else "0", json.dumps(shapes()), "1" if warm else "0"],
                          check=True,
                          capture_output=True, text=True).stdout
     c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    r1 = disk_reads(dev)
+    r1 = counters(dev)[:2]
     res = json.loads(out.strip().splitlines()[-1])
     res["requests"] = r1[0] - r0[0]
     res["disk_bytes"] = (r1[1] - r0[1]) * 512
@@ -128,7 +109,7 @@ def main():
         torch.save(sd, pt)
         dcp.save(sd, checkpoint_id=dcp_dir)
         del sd
-    dev = device()
+    dev = device(BENCH_DIR)
     warm = os.environ.get("BENCH_CRC_WARM") == "1"
     cases = [("dcp", dcp_dir, False), ("torch.save", pt, False), ("torch.save half rows", pt, True)]
     res = {(c, skip): [] for c, _, _ in cases for skip in (False, True)}

@@ -14,9 +14,14 @@
 # BENCH_DS_GB, default 1; writes bench/results/deepspeed.md), then `strata export` of a ZeRO-2
 # checkpoint of DeepSpeed's default engine beside its zero_to_fp32.py (bench/bench_zero_export.py:
 # time and peak RSS, its section of the same file).
+# make bench-megatron (run by bench-torch after them): Megatron-Core's dist_checkpointing
+# through strata's strategy (strata.megatron) beside its default torch_dist strategy, same
+# state, 2 gloo processes: blocked time per asynchronous checkpoint, time to durable, a
+# synchronous save, a resharded cold load (bench/bench_megatron.py; BENCH_MG_GB, default 1,
+# BENCH_MG_ROUNDS 5, BENCH_MG_STEP_S 1.0; writes bench/results/megatron.md).
 # make bench-crc: a cold load of a DCP checkpoint and a torch.save file with the zip CRC-32s
 # checked and with skip_crc (bench/bench_crc.py; BENCH_CRC_GB, default 1, BENCH_CRC_ROUNDS 5).
-.PHONY: bench-torch bench-unified bench-deepspeed bench-crc
+.PHONY: bench-torch bench-unified bench-deepspeed bench-megatron bench-crc
 
 BENCH_TORCH_DIR ?= $(BUILD)/bench-torch
 
@@ -30,6 +35,7 @@ bench-torch: venv $(VENV)/.bench-torch-deps $(BUILD)/strata
 	    $(VENV)/bin/python bench/bench_torch.py
 	$(MAKE) --no-print-directory bench-unified
 	$(MAKE) --no-print-directory bench-deepspeed
+	$(MAKE) --no-print-directory bench-megatron
 
 bench-unified: venv $(BUILD)/strata
 	@$(APT) tool_need fio fio; tool_need /usr/bin/time time
@@ -41,6 +47,9 @@ bench-deepspeed: venv $(BUILD)/strata
 	@$(APT) tool_need /usr/bin/time time
 	BENCH_DIR=$(BUILD)/bench-deepspeed PYTHONWARNINGS=ignore STRATA=$(BUILD)/strata \
 	    $(VENV)/bin/python bench/bench_zero_export.py
+
+bench-megatron: venv
+	BENCH_DIR=$(BUILD)/bench-megatron PYTHONWARNINGS=ignore $(VENV)/bin/python bench/bench_megatron.py
 
 bench-crc: venv
 	BENCH_DIR=$(BUILD)/bench-crc PYTHONWARNINGS=ignore $(VENV)/bin/python bench/bench_crc.py

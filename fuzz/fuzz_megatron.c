@@ -78,7 +78,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     st_mg_config c;
     int rc = st_mg_parse_config(&c, data, size, "in.json");
     if (rc == 0) {
-        if (strcmp(c.sharded_backend, "torch_dist") != 0 ||
+        if ((strcmp(c.sharded_backend, "torch_dist") != 0 &&
+             strcmp(c.sharded_backend, ST_MG_STRATA) != 0) ||
             (c.sharded_backend_version != -1 && c.sharded_backend_version != 1) ||
             (c.common_backend[0] && strcmp(c.common_backend, "torch") != 0))
             FMG_FAIL("accepted backend '%s' v%lld, common '%s'", c.sharded_backend,

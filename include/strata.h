@@ -559,7 +559,13 @@ void strata_loader_free(strata_loader *ld);
  * the tag directory (its DeepSpeed files are stubs) or the save_dir whose `latest` names
  * one; what is read is the strata checkpoint tag/strata, with its checksums and commit
  * record (an incomplete one: STRATA_EINCOMPLETE). strata_ckpt_tag says which tag `latest`
- * named. */
+ * named.
+ *
+ * So does a Megatron-Core checkpoint saved through strata.megatron
+ * (STRATA_FORMAT_STRATA_MEGATRON): the checkpoint directory, whose metadata.json names the
+ * sharded backend "strata"; what is read is the strata checkpoint dir/strata, with its
+ * checksums and commit record (STRATA_ENOENT when it is missing, STRATA_EINCOMPLETE when its
+ * save did not commit). */
 #define STRATA_OPEN_INCOMPLETE (1u << 0)
 int strata_ckpt_open(strata_ckpt **out, const char *uri, unsigned flags);
 void strata_ckpt_free(strata_ckpt *ck);
@@ -580,7 +586,7 @@ uint32_t strata_ckpt_chunk_bytes(const strata_ckpt *ck); /* 0: no checksums (saf
 const char *strata_ckpt_base(const strata_ckpt *ck, uint64_t *own_bytes);
 int strata_ckpt_format(const strata_ckpt *ck); /* STRATA_FORMAT_* (strata_types.h) */
 /* The format's name: "strata", "safetensors", "dcp", "torch.save", "megatron", "deepspeed",
- * "strata.deepspeed". */
+ * "strata.deepspeed", "strata.megatron". */
 const char *strata_ckpt_format_name(const strata_ckpt *ck);
 /* A DeepSpeed checkpoint opened through its save_dir: the tag its `latest` named, which is
  * what was read; NULL for any other (a tag directory named directly too). */

@@ -96,6 +96,7 @@ int strata_dtype_parse(strata_dtype *out, const char *name);
 #define STRATA_FORMAT_MEGATRON 4 /* Megatron-Core torch_dist (DCP + metadata.json) */
 #define STRATA_FORMAT_DEEPSPEED 5 /* DeepSpeed ZeRO, its default engine's torch.save files */
 #define STRATA_FORMAT_STRATA_DEEPSPEED 6 /* a DeepSpeed tag saved through strata.deepspeed */
+#define STRATA_FORMAT_STRATA_MEGATRON 7 /* a Megatron checkpoint saved through strata.megatron */
 
 /* ---- limits ---------------------------------------------------------------------------- */
 

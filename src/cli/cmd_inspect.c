@@ -54,7 +54,8 @@ static uint64_t linked_bytes(const char *path)
 }
 
 /* For a DeepSpeed save_dir read through its `latest`, "tag T (named by latest), "; for a
- * strata.deepspeed tag, where its data was read ("read from P/T/strata: "); else "". */
+ * strata.deepspeed tag or a strata.megatron checkpoint, where its data was read ("read from
+ * P/T/strata: "); else "". */
 static const char *ds_tag(const strata_ckpt *ck, const char *path)
 {
     static char buf[2 * PATH_MAX];
@@ -64,7 +65,8 @@ static const char *ds_tag(const strata_ckpt *ck, const char *path)
         n--;
     int k = tag ? snprintf(buf, sizeof buf, "tag %s (named by latest), ", cli_esc(tag)) : 0;
     buf[k] = 0;
-    if (strata_ckpt_format(ck) == STRATA_FORMAT_STRATA_DEEPSPEED)
+    if (strata_ckpt_format(ck) == STRATA_FORMAT_STRATA_DEEPSPEED ||
+        strata_ckpt_format(ck) == STRATA_FORMAT_STRATA_MEGATRON)
         snprintf(buf + k, sizeof buf - k, "read from %.*s%s%s/strata: ", (int)n, cli_esc(path),
                  tag ? "/" : "", tag ? cli_esc(tag) : "");
     return buf;
@@ -175,6 +177,8 @@ static void inspect_head(const strata_ckpt *ck, const char *path)
                "checksum chunk %u bytes\n",
                strata_ckpt_format(ck) == STRATA_FORMAT_STRATA_DEEPSPEED
                    ? "DeepSpeed (strata.deepspeed)"
+               : strata_ckpt_format(ck) == STRATA_FORMAT_STRATA_MEGATRON
+                   ? "Megatron-Core (strata.megatron)"
                    : "checkpoint",
                cli_esc(path), ds_tag(ck, path),
                strata_ckpt_committed(ck) ? "committed" : "INCOMPLETE (no valid commit record)",
@@ -432,6 +436,16 @@ static void ls_other(ls_ctx *c, const char *path)
     if (fmt == STRATA_FORMAT_STRATA_DEEPSPEED) {
         c->dir_is_tag |= !tag && strcmp(path, c->dir) == 0;
         ls_dstag(c, path, tag);
+        strata_ckpt_free(ck);
+        return;
+    }
+    if (fmt == STRATA_FORMAT_STRATA_MEGATRON) { /* its strata/ checkpoint's row */
+        strata_probe_info si;
+        char sub[8192];
+        c->dir_is_tag |= strcmp(path, c->dir) == 0;
+        snprintf(sub, sizeof sub, "%s/strata", path);
+        if (strata_probe(&si, sub) == 0 && si.is_ckpt)
+            ls_row(c, sub, &si, path, " (Megatron-Core, strata.megatron)");
         strata_ckpt_free(ck);
         return;
     }

@@ -90,12 +90,14 @@ static int parse_config(st_json *j, st_mg_config *out)
         return st_json_fail(j, "something follows the JSON object");
     if (!seen_sb)
         return st_fail(STRATA_EFORMAT, "Megatron %s: no \"sharded_backend\"", j->file);
-    if (strcmp(out->sharded_backend, "torch_dist") != 0)
+    if (strcmp(out->sharded_backend, "torch_dist") != 0 &&
+        strcmp(out->sharded_backend, ST_MG_STRATA) != 0)
         return st_fail(STRATA_ENOTSUP, "Megatron %s: sharded_backend '%s' is not one strata "
-                       "reads (it reads torch_dist checkpoints)", j->file, out->sharded_backend);
+                       "reads (it reads torch_dist checkpoints and those saved through "
+                       "strata.megatron)", j->file, out->sharded_backend);
     if (seen_sv && out->sharded_backend_version != 1)
-        return st_fail(STRATA_ENOTSUP, "Megatron %s: torch_dist version %lld is not one strata "
-                       "reads (it reads version 1)", j->file,
+        return st_fail(STRATA_ENOTSUP, "Megatron %s: %s version %lld is not one strata "
+                       "reads (it reads version 1)", j->file, out->sharded_backend,
                        (long long)out->sharded_backend_version);
     if (seen_cb && strcmp(out->common_backend, "torch") != 0)
         return st_fail(STRATA_ENOTSUP, "Megatron %s: common_backend '%s' is not one strata "

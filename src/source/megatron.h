@@ -15,10 +15,12 @@
 #define ST_MG_CONFIG "metadata.json"
 #define ST_MG_COMMON "common.pt"
 #define ST_MG_MAX_CONFIG (64u << 10) /* bytes of metadata.json a reader accepts */
+#define ST_MG_STRATA "strata" /* the sharded backend of a checkpoint saved through strata */
+#define ST_MG_SUBDIR "strata" /* its data: the strata checkpoint dir/strata */
 
 /* What metadata.json says (the fields strata reads; others are checked JSON and skipped). */
 typedef struct st_mg_config {
-    char sharded_backend[32]; /* "torch_dist" */
+    char sharded_backend[32]; /* "torch_dist", or "strata" (ST_MG_STRATA) */
     int64_t sharded_backend_version; /* -1: absent */
     char common_backend[32];  /* "" when absent */
 } st_mg_config;
@@ -27,8 +29,9 @@ typedef struct st_mg_config {
  * at most 64 levels deep, unique keys) holding "sharded_backend", a string. Errors:
  * STRATA_EFORMAT (not JSON, truncated, a duplicate key, no sharded_backend or one that is
  * not a string, a version that is not an integer), STRATA_ENOTSUP (a backend strata does not
- * read, named: sharded_backend other than "torch_dist" (e.g. "zarr"), its version other
- * than 1, common_backend other than "torch"). */
+ * read, named: sharded_backend other than "torch_dist" or "strata" (a checkpoint saved
+ * through strata.megatron; e.g. "zarr"), its version other than 1, common_backend other
+ * than "torch"). */
 int st_mg_parse_config(st_mg_config *out, const unsigned char *b, size_t n, const char *file);
 
 /* One legacy N-D flattened tensor: the DCP tensor `name` of shape (A_1..A_N, L) holds the

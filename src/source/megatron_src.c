@@ -171,6 +171,9 @@ static int st_megatron_open(st_index *ix, int allow_incomplete, unsigned char **
     free(buf);
     if (rc)
         return rc;
+    if (strcmp(cfg.sharded_backend, "torch_dist") != 0) /* strata's: mgstrata_src.c */
+        return st_fail(STRATA_ENOTSUP, "Megatron %s: sharded_backend '%s' is not torch_dist",
+                       shown, cfg.sharded_backend);
     if (!st_source_has_file(v, ix->path, ST_DCP_METADATA))
         return st_fail(STRATA_ENOENT, "Megatron torch_dist checkpoint '%s': its DCP metadata "
                        "(%s) is missing", ix->path, ST_DCP_METADATA);

@@ -1,7 +1,8 @@
 /* readers.h - what the sources of src/source/ share below their table (source.c): the
  * helpers of an index (index.c), the readers each source is (for the table), and what one
  * reader lends another (Megatron reads through DCP, ZeRO and strata.deepspeed through
- * torch.save and strata's own). Nothing above src/source/ includes it. */
+ * torch.save and strata's own, strata.megatron through strata's own). Nothing above
+ * src/source/ includes it. */
 #ifndef STRATA_READERS_H
 #define STRATA_READERS_H
 #include "source.h"
@@ -39,6 +40,7 @@ int st_index_to_dir(st_index *ix, char *name);
 /* ---- the readers, in the order the table tries them ---- */
 
 extern const st_source st_source_safetensors; /* safetensors_src.c */
+extern const st_source st_source_mgstrata;    /* mgstrata_src.c */
 extern const st_source st_source_megatron;    /* megatron_src.c */
 extern const st_source st_source_dcp;         /* dcp_src.c */
 extern const st_source st_source_torchsave;   /* torchsave_src.c */

@@ -317,6 +317,7 @@ def reuse2(out):
     dist.barrier()
     with open(os.path.join(ck, "latest")) as f:
         r["latest_after"] = f.read()
+    dist.barrier()  # every rank has read it before rank 0 rewrites it
     if rank == 0:
         shutil.copytree(os.path.join(ck, "b"), os.path.join(ck, "c"))
         os.remove(os.path.join(ck, "c", "strata", "COMMIT"))
