@@ -60,6 +60,7 @@ static const struct {
     {"EABORTED", "AbortedError"},       {"EDEVICE", "DeviceError"},
     {"EBUSY", "BusyError"},             {"ECHANGED", "ChangedError"},
     {"ENOTSUP", "UnsupportedError"},    {"ENOTCKPT", "NotCheckpointError"},
+    {"ENOREPLICA", "ReplicaLostError"},
 };
 
 static PyObject *class_for(int code)

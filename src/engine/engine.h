@@ -347,6 +347,9 @@ typedef struct st_commit_ops {
     int (*finish)(void *ctx, const int *rc, const char *const *msg, const st_save_plan *sp,
                   uint64_t io_calls, strata_stats *stats);
     void (*release)(void *ctx);
+    /* strata_handle_level: the levels reached so far (any thread; may be NULL: the
+     * destinations committed, once finished), and why a replication failed */
+    int (*level)(void *ctx, const char **msg);
 } st_commit_ops;
 
 /* The size of each buffer of a pool. */

@@ -11,6 +11,7 @@
 /* Bytes of each version of a struct: the offset of the first field added after it. */
 static const size_t save_opts_size[] = {0, offsetof(strata_save_opts, bg_nice),
                                         offsetof(strata_save_opts, base),
+                                        offsetof(strata_save_opts, peer_replicas),
                                         sizeof(strata_save_opts)};
 static const size_t load_opts_size[] = {0, sizeof(strata_load_opts)};
 static const size_t stats_size[] = {0, offsetof(strata_stats, io_threads),
@@ -38,6 +39,9 @@ int st_save_opts_get(strata_save_opts *out, const strata_save_opts *in)
                            STRATA_SAVE_INCREMENTAL;
     if (out->flags & ~known)
         return st_fail(STRATA_EINVAL, "strata_save_opts.flags 0x%x has unknown bits", out->flags);
+    if (out->peer_replicas < 0)
+        return st_fail(STRATA_EINVAL, "strata_save_opts.peer_replicas %d is negative",
+                       out->peer_replicas);
     if (!out->chunk_bytes)
         out->chunk_bytes = STRATA_DEFAULT_CHUNK;
     return st_check_chunk(out->chunk_bytes);

@@ -615,7 +615,8 @@ int st_is_strata_file(const char *name)
 {
     if (strcmp(name, ST_COMMIT_FILE) == 0 || strcmp(name, ST_META_FILE) == 0 ||
         strcmp(name, ST_COMMIT_FILE ".tmp") == 0 || strcmp(name, ST_META_FILE ".tmp") == 0 ||
-        strcmp(name, ST_LOCK_FILE) == 0)
+        strcmp(name, ST_LOCK_FILE) == 0 || strcmp(name, ST_PEER_FILE) == 0 ||
+        strcmp(name, ST_PEER_FILE ".tmp") == 0)
         return 1;
     return st_data_file_rank(name) >= 0 || st_is_ref_file(name);
 }
