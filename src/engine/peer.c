@@ -12,6 +12,7 @@
  * STRATA_LOAD_NODES=k for tests). Every function taking a strata_comm is a collective. */
 #include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -353,12 +354,23 @@ static int exchange(peer_ctx *c, const xfer *x, size_t n, uint64_t *sent, uint64
     return rc;
 }
 
-/* 1 for the test hook STRATA_PEER_FAULT=<what>:<rank>. */
+/* 1 for the test hook STRATA_PEER_FAULT=<what>:<rank>[,<rank>...]. */
 static int fault(const char *what, int rank)
 {
     const char *e = getenv("STRATA_PEER_FAULT");
     size_t n = strlen(what);
-    return e && strncmp(e, what, n) == 0 && e[n] == ':' && atoi(e + n + 1) == rank;
+    if (!e || strncmp(e, what, n) != 0 || e[n] != ':')
+        return 0;
+    for (const char *p = e + n + 1; *p; p += *p == ',') {
+        char *end;
+        long r = strtol(p, &end, 10);
+        if (end == p)
+            return 0;
+        if (r == rank)
+            return 1;
+        p = end;
+    }
+    return 0;
 }
 
 /* Leaders: every node's outcome (the ranks of a node all succeeded), from each rank's. */
@@ -436,6 +448,8 @@ int strata_peer_replicate(strata_peer_info *out, strata_comm *comm, const char *
     if (!local && fault("replicate", c.me)) /* a rank killed while its node takes its part */
         local = st_fail(STRATA_EABORTED, "fault injected: rank %d stopped during replication",
                         c.me);
+    if (fault("kill", c.me)) /* the same, as a kill: the process dies here */
+        raise(SIGKILL);
     /* a node's replica set is committed once all its ranks hold their part */
     if ((rc = node_outcomes(&c, local, node_ok)))
         goto out;
