@@ -710,6 +710,14 @@ typedef struct strata_peer_info {
  * whose ranks did not all succeed commits nothing. */
 int strata_peer_replicate(strata_peer_info *out, strata_comm *comm, const char *uri,
                           int replicas);
+/* The same with Reed-Solomon parity instead of whole copies (ISA-L): the nodes in groups
+ * of k + m consecutive ones (the node count a multiple of k + m), each node holding its
+ * share and m/k of a share of its group's parity (PEER-<codeword>.par; info->bytes_held
+ * counts both), so that any m nodes of a group may be lost. Each node sends (k - 1 + m)/k
+ * of its share. Errors: as strata_peer_replicate's; STRATA_EINVAL (k < 1, m < 1, k + m >
+ * 255 or not dividing the nodes), STRATA_ENOTSUP (built without ISA-L). */
+int strata_peer_encode(strata_peer_info *out, strata_comm *comm, const char *uri, int k,
+                       int m);
 /* On a job restarted on the surviving nodes (any number of ranks per node, nodes new or
  * old): finds the save whose replica sets the survivors committed, sends every node the
  * files its copy lacks, and commits every node's copy (the save's own commit record), so

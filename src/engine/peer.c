@@ -21,26 +21,7 @@
 #include "../core/error.h"
 #include "../io/vfs.h"
 #include "../meta/meta.h"
-#include "dist.h"
-
-#define PEER_MAGIC "STRATAPR"
-#define PEER_VERSION 1u
-#define PEER_MAX_BYTES (1u << 26) /* a record: 64 MiB at most (files of 2^26 ranks) */
-#define HDR 16                    /* a file on the wire: u32 file index, u32 0, u64 bytes */
-
-typedef struct {
-    strata_comm *comm;
-    const st_vfs *vfs;
-    char dir[PATH_MAX];
-    int P, me, N;      /* ranks, this rank, nodes */
-    st_node_shm ns;    /* node[r]: the node's lowest rank; lidx[r] */
-    int *ix;           /* per rank: its node's index 0..N-1 (nodes by lowest rank) */
-    int *lead, *nloc;  /* per node index: its lowest rank, its ranks */
-    unsigned char *mbuf, *cbuf; /* metadata.bin and the commit record */
-    size_t mlen, clen;
-    st_meta *meta;
-    st_commit cr;
-} peer_ctx;
+#include "peer.h"
 
 static void ctx_free(peer_ctx *c)
 {
@@ -97,7 +78,7 @@ static int path_of(const peer_ctx *c, const char *name, char *out)
     return st_path_join(out, c->dir, name);
 }
 
-static int read_file(const peer_ctx *c, const char *name, size_t max, unsigned char **out,
+int st_peer_read(const peer_ctx *c, const char *name, size_t max, unsigned char **out,
                      size_t *len)
 {
     char p[PATH_MAX];
@@ -106,7 +87,7 @@ static int read_file(const peer_ctx *c, const char *name, size_t max, unsigned c
 }
 
 /* Writes a whole file; through name.tmp and a rename when atomic (the records). */
-static int write_file(const peer_ctx *c, const char *name, const void *buf, size_t n,
+int st_peer_write(const peer_ctx *c, const char *name, const void *buf, size_t n,
                       int atomic)
 {
     char p[PATH_MAX], t[PATH_MAX + 8];
@@ -137,14 +118,14 @@ static int write_file(const peer_ctx *c, const char *name, const void *buf, size
 
 /* ---- the replica record (FORMAT.md, "Peer replica record") ---- */
 
-typedef struct {
-    uint64_t save_id, step;
-    uint32_t nodes, replicas, nfiles, clen;
-    unsigned char commit[ST_COMMIT_SIZE];
-    unsigned char *held; /* nfiles bytes: 1 where the node holds the file */
-} peer_rec;
+void st_peer_parity_name(char out[40], uint32_t j)
+{
+    snprintf(out, 40, "PEER-%06u.par", j);
+}
 
-static int rec_write(const peer_ctx *c, const unsigned char *held, int replicas)
+/* Writes this node's record: the files it holds (held), its owners' nodes (owner). */
+static int rec_write(const peer_ctx *c, const unsigned char *held, const uint32_t *owner,
+                     int replicas, int k, int m, uint64_t block)
 {
     st_buf b = {0};
     st_buf_put(&b, PEER_MAGIC, 8);
@@ -153,13 +134,19 @@ static int rec_write(const peer_ctx *c, const unsigned char *held, int replicas)
     st_buf_u64(&b, c->cr.step);
     st_buf_u32(&b, (uint32_t)c->N);
     st_buf_u32(&b, (uint32_t)replicas);
+    st_buf_u32(&b, (uint32_t)k);
+    st_buf_u32(&b, (uint32_t)m);
+    st_buf_u64(&b, block);
+    st_buf_u32(&b, (uint32_t)c->ix[c->me]);
     st_buf_u32(&b, (uint32_t)c->clen);
     st_buf_put(&b, c->cbuf, c->clen);
     st_buf_u32(&b, c->meta->nfiles);
     st_buf_put(&b, held, c->meta->nfiles);
+    for (uint32_t f = 0; f < c->meta->nfiles; f++)
+        st_buf_u32(&b, owner[f]);
     st_buf_u64(&b, b.oom ? 0 : st_hash(b.p, b.n));
     int rc = b.oom ? st_fail(STRATA_ENOMEM, "out of memory")
-                   : write_file(c, ST_PEER_FILE, b.p, b.n, 1);
+                   : st_peer_write(c, ST_PEER_FILE, b.p, b.n, 1);
     free(b.p);
     return rc;
 }
@@ -167,7 +154,7 @@ static int rec_write(const peer_ctx *c, const unsigned char *held, int replicas)
 /* Decodes a record: STRATA_EFORMAT naming what is wrong. r->held points into buf. */
 static int rec_decode(peer_rec *r, unsigned char *buf, size_t n)
 {
-    const size_t fixed = 8 + 4 + 16 + 12 + 4;
+    const size_t fixed = 60; /* up to the commit record */
     memset(r, 0, sizeof *r);
     if (n < fixed + 4 + 8 || memcmp(buf, PEER_MAGIC, 8) != 0)
         return st_fail(STRATA_EFORMAT, "not a peer replica record (magic or size)");
@@ -180,21 +167,30 @@ static int rec_decode(peer_rec *r, unsigned char *buf, size_t n)
     r->step = st_get_u64(buf + 20);
     r->nodes = st_get_u32(buf + 28);
     r->replicas = st_get_u32(buf + 32);
-    r->clen = st_get_u32(buf + 36);
-    size_t p = 40;
+    r->k = st_get_u32(buf + 36);
+    r->m = st_get_u32(buf + 40);
+    r->block = st_get_u64(buf + 44);
+    r->node = st_get_u32(buf + 52);
+    r->clen = st_get_u32(buf + 56);
+    size_t p = fixed;
     if (r->clen > ST_COMMIT_SIZE || p + r->clen + 4 + 8 > n)
         return st_fail(STRATA_EFORMAT, "peer replica record: bad commit record length");
     memcpy(r->commit, buf + p, r->clen);
     p += r->clen;
     r->nfiles = st_get_u32(buf + p);
     p += 4;
-    if (r->nfiles != n - 8 - p)
+    if ((uint64_t)r->nfiles * 5 != n - 8 - p)
         return st_fail(STRATA_EFORMAT, "peer replica record: %u files in %zu bytes",
                        r->nfiles, n - 8 - p);
     r->held = buf + p;
+    r->owner = buf + p + r->nfiles;
+    if (r->nodes < 1 || r->node >= r->nodes || (r->k && (r->k + r->m > r->nodes || !r->m ||
+                                                         !r->block || r->replicas)))
+        return st_fail(STRATA_EFORMAT, "peer replica record: bad layout (node %u of %u, "
+                       "k %u, m %u)", r->node, r->nodes, r->k, r->m);
     for (uint32_t f = 0; f < r->nfiles; f++)
-        if (r->held[f] > 1)
-            return st_fail(STRATA_EFORMAT, "peer replica record: bad flag of file %u", f);
+        if (r->held[f] > 1 || st_get_u32(r->owner + 4 * (size_t)f) >= r->nodes)
+            return st_fail(STRATA_EFORMAT, "peer replica record: bad entry of file %u", f);
     st_commit cr;
     if (st_commit_decode(&cr, r->commit, r->clen) || cr.save_id != r->save_id ||
         cr.step != r->step)
@@ -205,7 +201,7 @@ static int rec_decode(peer_rec *r, unsigned char *buf, size_t n)
 /* ---- what every rank agrees on ---- */
 
 /* Every rank's outcome agreed on: 0 where all succeeded, else the first failure's. */
-static int agree(strata_comm *comm, const char *what, int rc)
+int st_peer_agree(strata_comm *comm, const char *what, int rc)
 {
     size_t *lens = calloc((size_t)comm->size, sizeof *lens);
     unsigned char *out = NULL;
@@ -251,18 +247,7 @@ static int share_meta(peer_ctx *c, int root)
     if ((rc = st_bcast(c->comm, c->mbuf, c->mlen, root)) ||
         (rc = st_bcast(c->comm, c->cbuf, c->clen, root)))
         return rc;
-    return agree(c->comm, "decoding the checkpoint's metadata", take_meta(c));
-}
-
-/* The data file of rank r in the metadata, or -1. */
-static int file_of(const peer_ctx *c, int r)
-{
-    char name[ST_DATA_FILE_BYTES];
-    st_data_file_name(name, r);
-    for (uint32_t f = 0; f < c->meta->nfiles; f++)
-        if (strcmp(c->meta->files[f].name, name) == 0)
-            return (int)f;
-    return -1;
+    return st_peer_agree(c->comm, "decoding the checkpoint's metadata", take_meta(c));
 }
 
 /* ---- the exchange: files to ranks, one alltoallv ---- */
@@ -309,7 +294,7 @@ static int exchange(peer_ctx *c, const xfer *x, size_t n, uint64_t *sent, uint64
         unsigned char *p = sb + at[x[i].to];
         unsigned char *buf = NULL;
         size_t len = 0;
-        if ((*local = read_file(c, mf->name, SIZE_MAX, &buf, &len)))
+        if ((*local = st_peer_read(c, mf->name, SIZE_MAX, &buf, &len)))
             break;
         if (len != mf->bytes) {
             free(buf);
@@ -346,7 +331,7 @@ static int exchange(peer_ctx *c, const xfer *x, size_t n, uint64_t *sent, uint64
             *local = st_fail(STRATA_EIO, "a peer sent a malformed file");
             break;
         }
-        *local = write_file(c, c->meta->files[f].name, rb + p + HDR, (size_t)len, 0);
+        *local = st_peer_write(c, c->meta->files[f].name, rb + p + HDR, (size_t)len, 0);
         *got += len;
         p += HDR + (size_t)len;
     }
@@ -389,61 +374,73 @@ static int node_outcomes(peer_ctx *c, int local, int32_t *node_ok)
     return rc;
 }
 
-int strata_peer_replicate(strata_peer_info *out, strata_comm *comm, const char *uri,
-                          int replicas)
+/* Replicas (replicas > 0) or Reed-Solomon parity (k, m) of the committed checkpoint at
+ * uri: the body of strata_peer_replicate and strata_peer_encode. */
+static int protect(strata_peer_info *out, strata_comm *comm, const char *uri, int replicas,
+                   int k, int m)
 {
-    st_clear_error();
-    if (out)
-        memset(out, 0, sizeof *out);
-    if (!comm || !uri || replicas < 1)
-        return st_fail(STRATA_EINVAL, "strata_peer_replicate: a communicator, a URI and "
-                                      "replicas >= 1 are needed");
     peer_ctx c = {0};
     xfer *x = NULL;
     unsigned char *held = NULL;
+    uint32_t *owner = NULL;
     int32_t *node_ok = NULL;
-    uint64_t sent = 0, got = 0;
+    uint64_t sent = 0, got = 0, block = 0;
     int rc = layout(&c, comm, uri), local = 0;
     if (rc)
         goto out;
-    if (replicas > c.N - 1) { /* the same on every rank */
-        rc = st_fail(STRATA_EINVAL, "%d peer replicas need %d nodes; the communicator spans %d",
-                     replicas, replicas + 1, c.N);
+    if (replicas > c.N - 1 || k + m > c.N || (k && c.N % (k + m))) { /* the same everywhere */
+        rc = replicas ? st_fail(STRATA_EINVAL, "%d peer replicas need %d nodes; the "
+                                "communicator spans %d", replicas, replicas + 1, c.N)
+                      : st_fail(STRATA_EINVAL, "parity groups of %d + %d nodes need a "
+                                "multiple of %d nodes; the communicator spans %d", k, m,
+                                k + m, c.N);
         goto out;
     }
-    if (c.me == ST_ROOT && !(local = read_file(&c, ST_COMMIT_FILE, ST_COMMIT_SIZE, &c.cbuf,
-                                               &c.clen)))
-        local = read_file(&c, ST_META_FILE, (size_t)1 << 31, &c.mbuf, &c.mlen);
+    if (c.me == ST_ROOT && !(local = st_peer_read(&c, ST_COMMIT_FILE, ST_COMMIT_SIZE, &c.cbuf,
+                                                  &c.clen)))
+        local = st_peer_read(&c, ST_META_FILE, (size_t)1 << 31, &c.mbuf, &c.mlen);
     if (local)
         local = st_wrap(local, "%s is not committed on rank 0's node", uri);
-    if ((rc = agree(comm, "reading the committed checkpoint", local)) ||
+    if ((rc = st_peer_agree(comm, "reading the committed checkpoint", local)) ||
         (rc = share_meta(&c, ST_ROOT)))
         goto out;
-    /* the transfers: rank r's data file to the rank of its index on each of the next R
-     * nodes of the ring; metadata.bin by the leaders of the nodes without it */
-    x = calloc((size_t)c.P * (size_t)replicas + 1, sizeof *x);
-    held = calloc((size_t)c.meta->nfiles + 1, 1);
+    const uint32_t F = c.meta->nfiles;
+    x = calloc((size_t)c.P * (size_t)(replicas + 1), sizeof *x);
+    held = calloc((size_t)F + 1, 1);
+    owner = calloc((size_t)F + 1, sizeof *owner);
     node_ok = calloc((size_t)c.N, sizeof *node_ok);
-    if (!x || !held || !node_ok) {
+    if (!x || !held || !owner || !node_ok) {
         rc = st_fail(STRATA_ENOMEM, "out of memory"); /* the others time out */
         goto out;
     }
+    for (uint32_t f = 0; f < F && !rc; f++) { /* the same files on every rank */
+        long r = st_data_file_rank(c.meta->files[f].name);
+        if (r < 0 || r >= c.P)
+            rc = st_fail(STRATA_EINVAL, "%s: %s was not written by a rank of this "
+                         "communicator", uri, c.meta->files[f].name);
+        else
+            owner[f] = (uint32_t)c.ix[r];
+    }
+    if (rc)
+        goto out;
+    /* replicas: rank r's data file to the rank of its index on each of the next R nodes
+     * of the ring; metadata.bin by the leaders of the nodes without it */
     size_t n = 0;
-    for (int r = 0; r < c.P; r++) {
-        int f = file_of(&c, r);
-        if (f < 0)
-            continue;
+    for (uint32_t f = 0; f < F; f++) {
+        int r = (int)st_data_file_rank(c.meta->files[f].name);
         int d = (c.ix[c.me] - c.ix[r] + c.N) % c.N; /* my node is d after r's */
         if (d <= replicas)
             held[f] = 1;
-        for (int k = 1; k <= replicas; k++)
-            x[n++] = (xfer){r, rank_on(&c, (c.ix[r] + k) % c.N, c.ns.lidx[r]), (uint32_t)f};
+        for (int i = 1; i <= replicas; i++)
+            x[n++] = (xfer){r, rank_on(&c, (c.ix[r] + i) % c.N, c.ns.lidx[r]), f};
     }
     if (c.lead[c.ix[c.me]] == c.me && c.ix[c.me] != c.ix[ST_ROOT])
-        local = write_file(&c, ST_META_FILE, c.mbuf, c.mlen, 1);
-    if ((rc = agree(comm, "writing the metadata to every node", local)))
+        local = st_peer_write(&c, ST_META_FILE, c.mbuf, c.mlen, 1);
+    if ((rc = st_peer_agree(comm, "writing the metadata to every node", local)))
         goto out;
-    if ((rc = exchange(&c, x, n, &sent, &got, &local)))
+    rc = k ? st_peer_rs_encode(&c, k, m, owner, &block, &sent, &local)
+           : exchange(&c, x, n, &sent, &got, &local);
+    if (rc)
         goto out;
     if (!local && fault("replicate", c.me)) /* a rank killed while its node takes its part */
         local = st_fail(STRATA_EABORTED, "fault injected: rank %d stopped during replication",
@@ -455,39 +452,66 @@ int strata_peer_replicate(strata_peer_info *out, strata_comm *comm, const char *
         goto out;
     int wrc = 0;
     if (c.lead[c.ix[c.me]] == c.me && node_ok[c.ix[c.me]])
-        wrc = rec_write(&c, held, replicas);
-    if ((rc = agree(comm, "committing the replica sets", local ? local : wrc)))
+        wrc = rec_write(&c, held, owner, replicas, k, m, block);
+    if ((rc = st_peer_agree(comm, "committing the replica sets", local ? local : wrc)))
         goto out;
     if (out) {
         *out = (strata_peer_info){.nodes = c.N, .replicas = replicas, .step = c.cr.step,
                                   .save_id = c.cr.save_id, .bytes_sent = sent,
                                   .bytes_received = got};
-        for (uint32_t f = 0; f < c.meta->nfiles; f++)
+        for (uint32_t f = 0; f < F; f++) {
             out->bytes_held += held[f] ? c.meta->files[f].bytes : 0;
-        out->share_bytes = 0;
-        for (int r = 0; r < c.P; r++) {
-            int f = file_of(&c, r);
-            if (f >= 0 && c.ix[r] == c.ix[c.me])
-                out->share_bytes += c.meta->files[f].bytes;
+            out->share_bytes += owner[f] == (uint32_t)c.ix[c.me] ? c.meta->files[f].bytes : 0;
         }
+        out->bytes_held += k ? (uint64_t)m * block : 0; /* its parity blocks */
     }
 out:
     free(x);
     free(held);
+    free(owner);
     free(node_ok);
     ctx_free(&c);
     return rc;
 }
 
+int strata_peer_replicate(strata_peer_info *out, strata_comm *comm, const char *uri,
+                          int replicas)
+{
+    st_clear_error();
+    if (out)
+        memset(out, 0, sizeof *out);
+    if (!comm || !uri || replicas < 1)
+        return st_fail(STRATA_EINVAL, "strata_peer_replicate: a communicator, a URI and "
+                                      "replicas >= 1 are needed");
+    return protect(out, comm, uri, replicas, 0, 0);
+}
+
+int strata_peer_encode(strata_peer_info *out, strata_comm *comm, const char *uri, int k, int m)
+{
+    st_clear_error();
+    if (out)
+        memset(out, 0, sizeof *out);
+    if (!comm || !uri || k < 1 || m < 1 || k + m > 255)
+        return st_fail(STRATA_EINVAL, "strata_peer_encode: a communicator, a URI, k >= 1 and "
+                                      "m >= 1 (k + m <= 255) are needed");
+#ifndef ST_HAVE_ISAL
+    return st_fail(STRATA_ENOTSUP, "strata_peer_encode: this libstrata was built without "
+                                   "ISA-L (ISAL=0, or libisal-dev missing)");
+#endif
+    return protect(out, comm, uri, 0, k, m);
+}
+
 /* ---- restore ---- */
 
-/* A leader's view of its node's copy: [u8 usable][u64 save id][u32 nfiles][held flags]. */
-static void survey(peer_ctx *c, st_buf *b, unsigned char **rec_buf)
+/* A leader's view of its node's copy: [u8 usable][u64 save id][u32 the node it was]
+ * [u32 nfiles][held flags]. */
+#define SURVEY 17
+static void survey(peer_ctx *c, st_buf *b, unsigned char **rec_buf, size_t *rec_len)
 {
     size_t n = 0;
     peer_rec r;
     unsigned char *buf = NULL;
-    int ok = read_file(c, ST_PEER_FILE, PEER_MAX_BYTES, &buf, &n) == 0 &&
+    int ok = st_peer_read(c, ST_PEER_FILE, PEER_MAX_BYTES, &buf, &n) == 0 &&
              rec_decode(&r, buf, n) == 0;
     /* a held file must be there with its size (the loader checks every chunk's sum) */
     unsigned char *mb = NULL;
@@ -495,7 +519,7 @@ static void survey(peer_ctx *c, st_buf *b, unsigned char **rec_buf)
     st_meta *m = NULL;
     st_commit cr;
     if (ok)
-        ok = read_file(c, ST_META_FILE, (size_t)1 << 31, &mb, &ml) == 0 &&
+        ok = st_peer_read(c, ST_META_FILE, (size_t)1 << 31, &mb, &ml) == 0 &&
              st_commit_decode(&cr, r.commit, r.clen) == 0 && cr.meta_size == ml &&
              cr.meta_hash == st_hash(mb, ml) && st_meta_decode(&m, mb, ml) == 0 &&
              m->nfiles == r.nfiles;
@@ -508,8 +532,19 @@ static void survey(peer_ctx *c, st_buf *b, unsigned char **rec_buf)
                           size != m->files[f].bytes))
             r.held[f] = 0;
     }
+    /* with parity, the node's parity blocks too (else the copy is not used at all) */
+    const uint32_t gn = ok ? r.k + r.m : 0, q = gn ? r.node % gn : 0, g = gn ? r.node / gn : 0;
+    for (uint32_t p = 0; ok && r.k && p < r.m; p++) {
+        char name[40], path[PATH_MAX];
+        uint64_t size = 0;
+        int kind = -1;
+        st_peer_parity_name(name, g * gn + (q + 2 * gn - r.k - p) % gn);
+        ok = path_of(c, name, path) == 0 && c->vfs->stat(c->vfs, path, &size, &kind) == 0 &&
+             kind == 0 && size == r.block;
+    }
     st_buf_u8(b, (uint8_t)ok);
     st_buf_u64(b, ok ? r.save_id : 0);
+    st_buf_u32(b, ok ? r.node : 0);
     st_buf_u32(b, ok ? r.nfiles : 0);
     if (ok)
         st_buf_put(b, r.held, r.nfiles);
@@ -521,6 +556,7 @@ static void survey(peer_ctx *c, st_buf *b, unsigned char **rec_buf)
         if (c->cbuf)
             memcpy(c->cbuf, r.commit, r.clen), c->clen = r.clen;
         *rec_buf = buf;
+        *rec_len = n;
     } else {
         free(mb);
         free(buf);
@@ -555,16 +591,18 @@ int strata_peer_restore(strata_peer_info *out, strata_comm *comm, const char *ur
     st_buf b = {0};
     unsigned char *all = NULL, *rec = NULL, *held = NULL;
     size_t *counts = NULL;
-    int *holder = NULL, *avail = NULL;
+    int *holder = NULL, *avail = NULL, *old = NULL;
+    uint32_t *owner0 = NULL;
     xfer *x = NULL;
     uint64_t sent = 0, got = 0, id = 0;
+    size_t n_rec = 0;
     int rc = layout(&c, comm, uri), local = 0, src = -1;
     if (rc)
         goto out;
     /* 1. every node's leader says what its copy holds; every rank learns all */
     const int leader = c.lead[c.ix[c.me]] == c.me;
     if (leader)
-        survey(&c, &b, &rec);
+        survey(&c, &b, &rec, &n_rec);
     counts = calloc((size_t)c.P, sizeof *counts);
     avail = calloc((size_t)c.N, sizeof *avail);
     if (b.oom || !counts || !avail) {
@@ -576,7 +614,7 @@ int strata_peer_restore(strata_peer_info *out, strata_comm *comm, const char *ur
     /* 2. the save: the first usable node's; nodes holding another save's count as empty */
     size_t at = 0;
     for (int r = 0; r < c.P; r++) {
-        if (counts[r] >= 13 && all[at]) {
+        if (counts[r] >= SURVEY && all[at]) {
             uint64_t sid = st_get_u64(all + at + 1);
             if (src < 0)
                 src = r, id = sid;
@@ -591,6 +629,23 @@ int strata_peer_restore(strata_peer_info *out, strata_comm *comm, const char *ur
     }
     if ((rc = share_meta(&c, src)))
         goto out;
+    /* the source's record: how the save was protected (replicas, or parity groups) */
+    uint64_t rlen = rec ? n_rec : 0;
+    peer_rec R;
+    if ((rc = st_bcast(comm, &rlen, sizeof rlen, src)))
+        goto out;
+    if (c.me != src && rlen <= PEER_MAX_BYTES) {
+        free(rec);
+        rec = malloc(rlen + 1);
+    }
+    if (!rec || rlen > PEER_MAX_BYTES) {
+        rc = st_fail(STRATA_ENOMEM, "out of memory"); /* the others time out */
+        goto out;
+    }
+    if ((rc = st_bcast(comm, rec, rlen, src)) ||
+        (rc = st_peer_agree(comm, "reading the replica record",
+                            rec_decode(&R, rec, rlen))))
+        goto out;
     /* 3. who holds each file: the first usable node */
     holder = malloc(((size_t)c.meta->nfiles + 1) * sizeof *holder);
     held = calloc((size_t)c.N * (c.meta->nfiles + 1), 1); /* node i's: held + i * nfiles */
@@ -598,12 +653,28 @@ int strata_peer_restore(strata_peer_info *out, strata_comm *comm, const char *ur
         rc = st_fail(STRATA_ENOMEM, "out of memory"); /* the others time out */
         goto out;
     }
+    old = malloc(((size_t)R.nodes + 1) * sizeof *old);
+    if (!old) {
+        rc = st_fail(STRATA_ENOMEM, "out of memory");
+        goto out;
+    }
+    for (uint32_t i = 0; i < R.nodes; i++)
+        old[i] = -1;
     at = 0;
     for (int r = 0; r < c.P; r++) {
-        if (avail[c.ix[r]] && c.ns.node[r] == r && counts[r] == 13 + (size_t)c.meta->nfiles)
-            memcpy(held + (size_t)c.ix[r] * c.meta->nfiles, all + at + 13, c.meta->nfiles);
+        if (avail[c.ix[r]] && c.ns.node[r] == r &&
+            counts[r] == SURVEY + (size_t)c.meta->nfiles) {
+            memcpy(held + (size_t)c.ix[r] * c.meta->nfiles, all + at + SURVEY, c.meta->nfiles);
+            uint32_t was = st_get_u32(all + at + 9);
+            if (was < R.nodes && old[was] < 0)
+                old[was] = c.ix[r];
+        }
         at += counts[r];
     }
+    /* with parity: the lost nodes' files decoded, each at a survivor of its group */
+    if (R.k && ((rc = st_peer_rs_rebuild(&c, &R, old, held, &sent, &got, &local)) ||
+                (rc = st_peer_agree(comm, "decoding the lost nodes' files", local))))
+        goto out;
     for (uint32_t f = 0; f < c.meta->nfiles; f++) {
         holder[f] = -1;
         for (int i = 0; i < c.N && holder[f] < 0; i++)
@@ -627,9 +698,9 @@ int strata_peer_restore(strata_peer_info *out, strata_comm *comm, const char *ur
         int e = c.vfs->mkdir(c.vfs, c.dir);
         local = e && e != -EEXIST ? st_fail(STRATA_EIO, "cannot make %s: %s", c.dir,
                                             strerror(-e))
-                                  : write_file(&c, ST_META_FILE, c.mbuf, c.mlen, 1);
+                                  : st_peer_write(&c, ST_META_FILE, c.mbuf, c.mlen, 1);
     }
-    if ((rc = agree(comm, "preparing the surviving nodes' copies", local)))
+    if ((rc = st_peer_agree(comm, "preparing the surviving nodes' copies", local)))
         goto out;
     x = calloc((size_t)c.N * c.meta->nfiles + 1, sizeof *x);
     if (!x) {
@@ -643,7 +714,7 @@ int strata_peer_restore(strata_peer_info *out, strata_comm *comm, const char *ur
                 x[n++] = (xfer){rank_on(&c, holder[f], (int)(f + (uint32_t)i)),
                                 rank_on(&c, i, (int)f), f};
     if ((rc = exchange(&c, x, n, &sent, &got, &local)) ||
-        (rc = agree(comm, "rebuilding the lost nodes' files", local)))
+        (rc = st_peer_agree(comm, "rebuilding the lost nodes' files", local)))
         goto out;
     /* 5. every node's copy is whole: its leader commits it (the save's own record) and
      * records that it holds every file */
@@ -653,21 +724,24 @@ int strata_peer_restore(strata_peer_info *out, strata_comm *comm, const char *ur
         st_commit a, bb;
         if (!all1) {
             local = st_fail(STRATA_ENOMEM, "out of memory");
-        } else if (read_file(&c, ST_COMMIT_FILE, ST_COMMIT_SIZE, &cur, &cl) == 0) {
+        } else if (st_peer_read(&c, ST_COMMIT_FILE, ST_COMMIT_SIZE, &cur, &cl) == 0) {
             if (st_commit_decode(&a, cur, cl) || st_commit_decode(&bb, c.cbuf, c.clen) ||
                 !st_commit_same(&a, &bb))
                 local = st_fail(STRATA_EEXIST, "%s holds another save's commit record", c.dir);
         } else {
-            local = write_file(&c, ST_COMMIT_FILE, c.cbuf, c.clen, 1);
+            local = st_peer_write(&c, ST_COMMIT_FILE, c.cbuf, c.clen, 1);
         }
-        if (!local) {
+        owner0 = calloc((size_t)c.meta->nfiles + 1, sizeof *owner0);
+        if (!local && !owner0)
+            local = st_fail(STRATA_ENOMEM, "out of memory");
+        if (!local) { /* a whole copy: the owners no longer matter */
             memset(all1, 1, c.meta->nfiles);
-            local = rec_write(&c, all1, 0);
+            local = rec_write(&c, all1, owner0, 0, 0, 0, 0);
         }
         free(cur);
         free(all1);
     }
-    if ((rc = agree(comm, "committing the rebuilt copies", local)))
+    if ((rc = st_peer_agree(comm, "committing the rebuilt copies", local)))
         goto out;
     if (out) {
         *out = (strata_peer_info){.nodes = c.N, .step = c.cr.step, .save_id = c.cr.save_id,
@@ -683,6 +757,8 @@ out:
     free(avail);
     free(holder);
     free(held);
+    free(old);
+    free(owner0);
     free(x);
     ctx_free(&c);
     return rc;
