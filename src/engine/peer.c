@@ -83,7 +83,30 @@ int st_peer_read(const peer_ctx *c, const char *name, size_t max, unsigned char 
 {
     char p[PATH_MAX];
     int rc = path_of(c, name, p);
-    return rc ? rc : st_vfs_read_all(c->vfs, p, max, 0, out, len);
+    if (rc || (rc = st_vfs_read_all(c->vfs, p, max, 0, out, len)) == 0)
+        return rc;
+    return st_fail(st_from_errno(-rc), "cannot read %s: %s", p, strerror(-rc));
+}
+
+int st_peer_read_into(const peer_ctx *c, const char *name, void *buf, size_t n)
+{
+    char p[PATH_MAX];
+    st_file *f;
+    uint64_t size = 0;
+    int rc = path_of(c, name, p);
+    if (rc)
+        return rc;
+    int e = c->vfs->open(c->vfs, p, ST_O_READ, &f);
+    if (e)
+        return st_fail(st_from_errno(-e), "cannot read %s: %s", p, strerror(-e));
+    int64_t r = (e = c->vfs->size(f, &size)) ? e : st_vfs_read_full(c->vfs, f, buf, n, 0);
+    c->vfs->close(f);
+    if (r < 0)
+        return st_fail(st_from_errno((int)-r), "cannot read %s: %s", p, strerror((int)-r));
+    if ((uint64_t)r != n || size != n)
+        return st_fail(STRATA_EINCOMPLETE, "%s has %llu bytes, the metadata says %zu", p,
+                       (unsigned long long)size, n);
+    return 0;
 }
 
 /* Writes a whole file; through name.tmp and a rename when atomic (the records). */
@@ -292,22 +315,13 @@ static int exchange(peer_ctx *c, const xfer *x, size_t n, uint64_t *sent, uint64
             continue;
         const st_mfile *mf = &c->meta->files[x[i].file];
         unsigned char *p = sb + at[x[i].to];
-        unsigned char *buf = NULL;
-        size_t len = 0;
-        if ((*local = st_peer_read(c, mf->name, SIZE_MAX, &buf, &len)))
+        size_t len = (size_t)mf->bytes;
+        if ((*local = st_peer_read_into(c, mf->name, p + HDR, len)))
             break;
-        if (len != mf->bytes) {
-            free(buf);
-            *local = st_fail(STRATA_EINCOMPLETE, "%s/%s has %zu bytes, the metadata says %llu",
-                             c->dir, mf->name, len, (unsigned long long)mf->bytes);
-            break;
-        }
         for (int k = 0; k < 4; k++)
             p[k] = (unsigned char)(x[i].file >> (8 * k)), p[4 + k] = 0;
         for (int k = 0; k < 8; k++)
             p[8 + k] = (unsigned char)((uint64_t)len >> (8 * k));
-        memcpy(p + HDR, buf, len);
-        free(buf);
         at[x[i].to] += HDR + len;
         *sent += HDR + len;
     }

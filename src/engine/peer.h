@@ -44,6 +44,8 @@ typedef struct {
 int st_peer_read(const peer_ctx *c, const char *name, size_t max, unsigned char **out,
                  size_t *len);
 int st_peer_write(const peer_ctx *c, const char *name, const void *buf, size_t n, int atomic);
+/* Reads the file name, which must have exactly n bytes, into buf. */
+int st_peer_read_into(const peer_ctx *c, const char *name, void *buf, size_t n);
 /* Every rank's outcome agreed on (a collective): 0, or the first failure's. */
 int st_peer_agree(strata_comm *comm, const char *what, int rc);
 

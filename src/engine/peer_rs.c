@@ -34,16 +34,9 @@ static int node_data(const peer_ctx *c, const uint32_t *owner, uint32_t who, uns
     for (uint32_t f = 0; f < c->meta->nfiles; f++) {
         if (owner[f] != who)
             continue;
-        unsigned char *p = NULL;
-        size_t n = 0;
-        int rc = st_peer_read(c, c->meta->files[f].name, SIZE_MAX, &p, &n);
-        if (!rc && (n != c->meta->files[f].bytes || at + n > cap))
-            rc = st_fail(STRATA_EINCOMPLETE, "%s/%s has %zu bytes, the metadata says %llu",
-                         c->dir, c->meta->files[f].name, n,
-                         (unsigned long long)c->meta->files[f].bytes);
-        if (!rc)
-            memcpy(buf + at, p, n);
-        free(p);
+        uint64_t n = c->meta->files[f].bytes;
+        int rc = at + n > cap ? st_fail(STRATA_EINVAL, "a share over its blocks")
+                              : st_peer_read_into(c, c->meta->files[f].name, buf + at, n);
         if (rc)
             return rc;
         at += n;
