@@ -186,8 +186,12 @@ typedef struct strata_save_opts {
      * save committed (not STRATA_LEVEL_REPLICATED; strata_handle_level's message says
      * why). 0: none. Without a communicator: STRATA_EINVAL. */
     int peer_replicas;
+    /* version 4: the same with Reed-Solomon parity instead of whole copies
+     * (strata_peer_encode): peer_k data and peer_m parity blocks per codeword, both > 0,
+     * or both 0 (none); not with peer_replicas (STRATA_EINVAL). */
+    int peer_k, peer_m;
 } strata_save_opts;
-#define STRATA_SAVE_OPTS_INIT {STRATA_SAVE_OPTS_VERSION, 0, 0, 0, 0, 0, NULL, 0}
+#define STRATA_SAVE_OPTS_INIT {STRATA_SAVE_OPTS_VERSION, 0, 0, 0, 0, 0, NULL, 0, 0, 0}
 
 #define STRATA_LOAD_NO_DIRECT (1u << 0) /* never use O_DIRECT */
 /* Load a shard registered with another dtype than the saved tensor's by converting it

@@ -96,7 +96,9 @@ class CheckpointManager:
     newest step the survivors' memory can rebuild (strata_peer_restore) unless a slower
     tier holds a newer one committed, then loads it through the ordinary planner; a step
     the survivors cannot rebuild comes from the slower tiers. Incremental saves are off
-    with peer replicas (a replica holds whole files).
+    with peer replicas (a replica holds whole files). peer_parity=(k, m) instead keeps
+    Reed-Solomon parity (ISA-L): groups of k + m nodes, (1 + m/k) x a node's share in its
+    memory, any m nodes of a group lost.
 
     Unchanged tensors not even read (an incremental save with a base, in one process: with
     a process group of more than one rank the marks are not carried between ranks, and a
@@ -120,15 +122,16 @@ class CheckpointManager:
 
     def __init__(self, root, *, keep=3, pool_bytes=1 << 30, process_group=None,
                  async_save=True, pickle=False, incremental=True, full_every=10,
-                 frozen=None, trust_version=False, peer_replicas=0):
-        self._tiers = Tiers(root, peer_replicas)
+                 frozen=None, trust_version=False, peer_replicas=0, peer_parity=None):
+        self._tiers = Tiers(root, peer_replicas, peer_parity)
         self.tiers = self._tiers.uris
         self.pool_bytes = int(pool_bytes)
         self.process_group = process_group
         self.async_save = bool(async_save)
         self.pickle = pickle
         self.frozen = frozen
-        self._incr = Incremental(incremental and not peer_replicas, full_every, trust_version)
+        self._incr = Incremental(incremental and self._tiers.peer is None, full_every,
+                                 trust_version)
         # the copies to tiers behind (s3://), then retention on every tier, on its thread
         self._flusher = _flush.Flusher(lambda job: self._retention.apply(None, range(len(
             self._tiers))))
@@ -186,7 +189,7 @@ class CheckpointManager:
         saver = self._get_saver(group)
         kw = self._incr.options(base)
         if self._tiers.peer is not None and group is not None and group.size > 1:
-            kw["peer_replicas"] = self._tiers.peer.replicas
+            kw.update(self._tiers.peer.save_options())
         jobs = []   # its copies to the tiers behind (none: none, or not started)
 
         def ended(exc):
@@ -315,6 +318,8 @@ class CheckpointManager:
                 break
             try:
                 peer.restore(group, s)
+                if lost is not None:   # a newer step could not be rebuilt: said once
+                    warnings.warn("strata CheckpointManager: %s; loading step %d" % (lost, s))
                 return s
             except _S.ReplicaLostError as e:
                 lost = e

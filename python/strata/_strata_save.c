@@ -208,15 +208,15 @@ static int save_args(PyObject *args, PyObject *kw, const char *fname, uri_list *
 {
     static char *kwlist[] = {"uris",   "states",  "step", "chunk_bytes", "io_threads",
                              "sync",   "direct",  "bg_nice", "replace", "base",
-                             "incremental", "peer_replicas", NULL};
+                             "incremental", "peer_replicas", "peer_parity", NULL};
     PyObject *ouris, *ostates, *step = NULL, *chunk = NULL, *threads = NULL, *nice = NULL;
     const char *base = NULL;
-    int sync = 1, direct = 1, replace = 0, incremental = 0, peer = 0;
+    int sync = 1, direct = 1, replace = 0, incremental = 0, peer = 0, pk = 0, pm = 0;
     char fmt[64];
-    snprintf(fmt, sizeof fmt, "OO|$OOOppOpzpi:%s", fname);
+    snprintf(fmt, sizeof fmt, "OO|$OOOppOpzpi(ii):%s", fname);
     if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwlist, &ouris, &ostates, &step, &chunk,
                                      &threads, &sync, &direct, &nice, &replace, &base,
-                                     &incremental, &peer))
+                                     &incremental, &peer, &pk, &pm))
         return -1;
     if (save_opts_get(o, step, chunk, threads, sync, direct, nice) < 0)
         return -1;
@@ -225,7 +225,8 @@ static int save_args(PyObject *args, PyObject *kw, const char *fname, uri_list *
     if (incremental) /* second checksums: a later save may use this one as its base */
         o->flags |= STRATA_SAVE_INCREMENTAL;
     o->base = base;
-    o->peer_replicas = peer; /* strata_save_start checks it */
+    o->peer_replicas = peer; /* strata_save_start checks them */
+    o->peer_k = pk, o->peer_m = pm;
     if (uris_get(u, ouris) < 0)
         return -1;
     if (states_get(l, ostates) < 0) {

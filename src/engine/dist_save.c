@@ -393,8 +393,11 @@ static int dist_finish(void *ctx, const int *local_rc, const char *const *local_
             level |= (t == 0 ? STRATA_LEVEL_LOCAL : 0) |
                      (strncmp(d->dst.uri[t], "mem://", 6) ? STRATA_LEVEL_DURABLE : 0);
     atomic_store(&d->level, level);
-    if (!st[0].rc && d->o.peer_replicas > 0) {
-        int prc = strata_peer_replicate(NULL, comm, d->dst.uri[0], d->o.peer_replicas);
+    if (!st[0].rc && (d->o.peer_replicas > 0 || d->o.peer_k > 0)) {
+        int prc = d->o.peer_k ? strata_peer_encode(NULL, comm, d->dst.uri[0], d->o.peer_k,
+                                                   d->o.peer_m)
+                              : strata_peer_replicate(NULL, comm, d->dst.uri[0],
+                                                      d->o.peer_replicas);
         if (prc)
             snprintf(d->peer_msg, sizeof d->peer_msg, "%s", strata_error_last());
         atomic_store(&d->level, level | (prc ? 0 : STRATA_LEVEL_REPLICATED));

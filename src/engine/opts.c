@@ -39,9 +39,11 @@ int st_save_opts_get(strata_save_opts *out, const strata_save_opts *in)
                            STRATA_SAVE_INCREMENTAL;
     if (out->flags & ~known)
         return st_fail(STRATA_EINVAL, "strata_save_opts.flags 0x%x has unknown bits", out->flags);
-    if (out->peer_replicas < 0)
-        return st_fail(STRATA_EINVAL, "strata_save_opts.peer_replicas %d is negative",
-                       out->peer_replicas);
+    if (out->peer_replicas < 0 || out->peer_k < 0 || out->peer_m < 0 ||
+        !out->peer_k != !out->peer_m || (out->peer_replicas && out->peer_k))
+        return st_fail(STRATA_EINVAL, "strata_save_opts: peer_replicas %d, peer_k %d, peer_m %d "
+                       "(replicas, or k and m both > 0, not both)", out->peer_replicas,
+                       out->peer_k, out->peer_m);
     if (!out->chunk_bytes)
         out->chunk_bytes = STRATA_DEFAULT_CHUNK;
     return st_check_chunk(out->chunk_bytes);

@@ -92,7 +92,7 @@ int strata_save_start(strata_handle **out, strata_saver *sv, const char *const *
     int rc = st_save_opts_get(&o, opts);
     if (!rc)
         rc = st_check_where("save", comm, uris, nuris, states, nstates);
-    if (!rc && o.peer_replicas && !comm)
+    if (!rc && (o.peer_replicas || o.peer_k) && !comm)
         rc = st_fail(STRATA_EINVAL, "peer replicas need a saver with a communicator");
     if (rc)
         return rc;
@@ -146,11 +146,11 @@ int strata_save(strata_stats *stats, strata_saver *sv, const char *const *uris, 
         rc = st_save_opts_get(&o, opts);
     if (!rc)
         rc = st_check_where("save", comm, uris, nuris, states, nstates);
-    if (!rc && o.peer_replicas && !comm)
+    if (!rc && (o.peer_replicas || o.peer_k) && !comm)
         rc = st_fail(STRATA_EINVAL, "peer replicas need a saver with a communicator");
     if (rc)
         return rc;
-    if (nuris == 1 && !o.peer_replicas) { /* straight from the caller's buffers, no copy */
+    if (nuris == 1 && !o.peer_replicas && !o.peer_k) { /* straight from the caller's buffers, no copy */
         rc = comm ? st_save_dist(comm, &sv->cache, uris[0], states[0], &o, &full)
                   : st_save_local(uris[0], states, nstates, &o, &full);
     } else {

@@ -96,3 +96,59 @@ def test_peer_kill_node_restore_other_layout(tmp_path):
             assert got == 2 and step == 2, (rank, got, step, warned)
             assert ok, "rank %d: the restored tensor differs" % rank
             assert any("step-00000003" in w for w in warned), warned
+
+
+def parity_job(root, disk):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    as_node(root, [0, 1, 2, 3])
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    mgr = st.CheckpointManager(["mem://run", disk], keep=3, pool_bytes=8 << 20,
+                               peer_parity=(2, 2))
+    levels = []
+    for step in (1, 2):
+        h = mgr.save(step, {"w": distribute_tensor(full(step), mesh, [Shard(0)]),
+                            "step": step})
+        h.wait()
+        levels.append(h.level()[0])
+    mgr.close()
+    return levels
+
+
+def parity_restore_job(root, dirs, disk):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    as_node(root, dirs)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    mgr = st.CheckpointManager(["mem://run", disk], keep=3, pool_bytes=8 << 20,
+                               peer_parity=(2, 2))
+    sd = {"w": distribute_tensor(torch.zeros(SHAPE), mesh, [Shard(0)]), "step": 0}
+    import warnings
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        got = mgr.load(sd)
+    mem = strata.probe("mem://run/step-%08d" % got)["committed"]
+    ok = torch.equal(sd["w"].full_tensor(), full(got))
+    mgr.close()
+    return got, ok, mem
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lost", [[1, 2], [0, 1, 2]])
+def test_peer_parity_restore_or_disk(tmp_path, lost):
+    """k = 2, m = 2 over 4 nodes with a disk tier behind: two nodes lost restore from the
+    survivors' memory (2 nodes x 3 ranks); three lost cannot, and the load falls back to
+    the disk copy."""
+    root, disk = str(tmp_path), str(tmp_path / "disk")
+    levels = _dist.run(parity_job, 8, root, disk, timeout=180)
+    want = strata.LEVEL_LOCAL | strata.LEVEL_REPLICATED | strata.LEVEL_DURABLE
+    assert all(lv == [want, want] for lv in levels), levels
+    for n in lost:
+        shutil.rmtree(os.path.join(root, "node%d" % n))
+    dirs = [d for d in range(4) if d not in lost]
+    res = _dist.run(parity_restore_job, 6, root, dirs, disk, timeout=180)
+    for rank, (got, ok, mem) in enumerate(res):
+        assert got == 2 and ok, (rank, got, ok)
+        assert mem == (len(lost) == 2), (rank, mem)   # rebuilt in memory, or not at all
