@@ -250,8 +250,8 @@ bench: deps all $(BUILD)/bench/bench_plan $(BUILD)/bench/bench_export $(BUILD)/b
 
 # bench/bench_peer.c alone (also part of `make bench`): peer-memory replicas (issue 34)
 bench-peer: $(BUILD)/bench/bench_peer
-	nice $(BUILD)/bench/bench_peer --dir $(BUILD)/bench --size-mb 256 --runs 5 --steps 6 --step-ms 1000 \
-	    --out bench/results/peer.md
+	nice $(BUILD)/bench/bench_peer --dir $(BUILD)/bench --size-mb 256 --runs 5 --steps 6 \
+	    --step-ms 1000 --out bench/results/peer.md
 
 # bench/bench_incr.c alone (also part of `make bench`): LoRA full / hashed / marked, dense
 bench-incr: $(BUILD)/bench/bench_incr
