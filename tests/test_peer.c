@@ -189,6 +189,21 @@ static void save_replicated(const char *step, int R, const char *disk, int expec
     tu_set_free(&src);
 }
 
+/* STRATA_PEER_SEEDS=dir: the records of a save's nodes copied there (the fuzz seeds). */
+static void keep_seed(const char *step, int node, const char *as)
+{
+    const char *to = getenv("STRATA_PEER_SEEDS");
+    if (!to)
+        return;
+    char p[800], q[800];
+    size_t n;
+    snprintf(p, sizeof p, "%s/node%d/%s/PEER", base, node, step);
+    snprintf(q, sizeof q, "%s/%s", to, as);
+    unsigned char *b = tu_read_file(p, &n);
+    tu_write_file(q, b, n);
+    free(b);
+}
+
 static void lose_node(int n)
 {
     char p[600];
@@ -246,6 +261,7 @@ static void test_lose_one_node(void **state)
     (void)state;
     save_step = 5;
     save_replicated("s1", 1, NULL, 0);
+    keep_seed("s1", 1, "seed-valid-replicas");
     lose_node(2);
     static const int three[] = {0, 1, 3};
     restart("s1", 6, 3, three, 3, 2, 0, NULL, 5);
@@ -409,6 +425,7 @@ static void test_parity(void **state)
 #endif
     save_step = 21;
     save_encoded("p1", 2, 2, 0);
+    keep_seed("p1", 3, "seed-valid-parity");
     lose_node(1);
     lose_node(2);
     static const int two[] = {0, 3}, one_three[] = {1, 2}, three[] = {0, 1, 3};

@@ -141,84 +141,22 @@ int st_peer_write(const peer_ctx *c, const char *name, const void *buf, size_t n
 
 /* ---- the replica record (FORMAT.md, "Peer replica record") ---- */
 
-void st_peer_parity_name(char out[40], uint32_t j)
-{
-    snprintf(out, 40, "PEER-%06u.par", j);
-}
-
 /* Writes this node's record: the files it holds (held), its owners' nodes (owner). */
 static int rec_write(const peer_ctx *c, const unsigned char *held, const uint32_t *owner,
                      int replicas, int k, int m, uint64_t block)
 {
+    st_peer_rec r = {.save_id = c->cr.save_id, .step = c->cr.step, .block = block,
+                     .nodes = (uint32_t)c->N, .replicas = (uint32_t)replicas,
+                     .k = (uint32_t)k, .m = (uint32_t)m, .node = (uint32_t)c->ix[c->me],
+                     .nfiles = c->meta->nfiles, .clen = (uint32_t)c->clen,
+                     .held = (unsigned char *)held};
+    memcpy(r.commit, c->cbuf, c->clen);
     st_buf b = {0};
-    st_buf_put(&b, PEER_MAGIC, 8);
-    st_buf_u32(&b, PEER_VERSION);
-    st_buf_u64(&b, c->cr.save_id);
-    st_buf_u64(&b, c->cr.step);
-    st_buf_u32(&b, (uint32_t)c->N);
-    st_buf_u32(&b, (uint32_t)replicas);
-    st_buf_u32(&b, (uint32_t)k);
-    st_buf_u32(&b, (uint32_t)m);
-    st_buf_u64(&b, block);
-    st_buf_u32(&b, (uint32_t)c->ix[c->me]);
-    st_buf_u32(&b, (uint32_t)c->clen);
-    st_buf_put(&b, c->cbuf, c->clen);
-    st_buf_u32(&b, c->meta->nfiles);
-    st_buf_put(&b, held, c->meta->nfiles);
-    for (uint32_t f = 0; f < c->meta->nfiles; f++)
-        st_buf_u32(&b, owner[f]);
-    st_buf_u64(&b, b.oom ? 0 : st_hash(b.p, b.n));
+    st_peer_rec_encode(&b, &r, owner);
     int rc = b.oom ? st_fail(STRATA_ENOMEM, "out of memory")
                    : st_peer_write(c, ST_PEER_FILE, b.p, b.n, 1);
     free(b.p);
     return rc;
-}
-
-/* Decodes a record: STRATA_EFORMAT naming what is wrong. r->held points into buf. */
-static int rec_decode(peer_rec *r, unsigned char *buf, size_t n)
-{
-    const size_t fixed = 60; /* up to the commit record */
-    memset(r, 0, sizeof *r);
-    if (n < fixed + 4 + 8 || memcmp(buf, PEER_MAGIC, 8) != 0)
-        return st_fail(STRATA_EFORMAT, "not a peer replica record (magic or size)");
-    if (st_get_u64(buf + n - 8) != st_hash(buf, n - 8))
-        return st_fail(STRATA_ECHECKSUM, "peer replica record fails its checksum");
-    if (st_get_u32(buf + 8) != PEER_VERSION)
-        return st_fail(STRATA_EFORMAT, "peer replica record of version %u",
-                       st_get_u32(buf + 8));
-    r->save_id = st_get_u64(buf + 12);
-    r->step = st_get_u64(buf + 20);
-    r->nodes = st_get_u32(buf + 28);
-    r->replicas = st_get_u32(buf + 32);
-    r->k = st_get_u32(buf + 36);
-    r->m = st_get_u32(buf + 40);
-    r->block = st_get_u64(buf + 44);
-    r->node = st_get_u32(buf + 52);
-    r->clen = st_get_u32(buf + 56);
-    size_t p = fixed;
-    if (r->clen > ST_COMMIT_SIZE || p + r->clen + 4 + 8 > n)
-        return st_fail(STRATA_EFORMAT, "peer replica record: bad commit record length");
-    memcpy(r->commit, buf + p, r->clen);
-    p += r->clen;
-    r->nfiles = st_get_u32(buf + p);
-    p += 4;
-    if ((uint64_t)r->nfiles * 5 != n - 8 - p)
-        return st_fail(STRATA_EFORMAT, "peer replica record: %u files in %zu bytes",
-                       r->nfiles, n - 8 - p);
-    r->held = buf + p;
-    r->owner = buf + p + r->nfiles;
-    if (r->nodes < 1 || r->node >= r->nodes || (r->k && (r->k + r->m > r->nodes || !r->m ||
-                                                         !r->block || r->replicas)))
-        return st_fail(STRATA_EFORMAT, "peer replica record: bad layout (node %u of %u, "
-                       "k %u, m %u)", r->node, r->nodes, r->k, r->m);
-    for (uint32_t f = 0; f < r->nfiles; f++)
-        if (r->held[f] > 1 || st_get_u32(r->owner + 4 * (size_t)f) >= r->nodes)
-            return st_fail(STRATA_EFORMAT, "peer replica record: bad entry of file %u", f);
-    st_commit cr;
-    if (st_commit_decode(&cr, r->commit, r->clen) || cr.save_id != r->save_id ||
-        cr.step != r->step)
-        return st_fail(STRATA_EFORMAT, "peer replica record: its commit record disagrees");
-    return 0;
 }
 
 /* ---- what every rank agrees on ---- */
@@ -526,7 +464,7 @@ static void survey(peer_ctx *c, st_buf *b, unsigned char **rec_buf, size_t *rec_
     peer_rec r;
     unsigned char *buf = NULL;
     int ok = st_peer_read(c, ST_PEER_FILE, PEER_MAX_BYTES, &buf, &n) == 0 &&
-             rec_decode(&r, buf, n) == 0;
+             st_peer_rec_decode(&r, buf, n) == 0;
     /* a held file must be there with its size (the loader checks every chunk's sum) */
     unsigned char *mb = NULL;
     size_t ml = 0;
@@ -658,7 +596,7 @@ int strata_peer_restore(strata_peer_info *out, strata_comm *comm, const char *ur
     }
     if ((rc = st_bcast(comm, rec, rlen, src)) ||
         (rc = st_peer_agree(comm, "reading the replica record",
-                            rec_decode(&R, rec, rlen))))
+                            st_peer_rec_decode(&R, rec, rlen))))
         goto out;
     /* 3. who holds each file: the first usable node */
     holder = malloc(((size_t)c.meta->nfiles + 1) * sizeof *holder);

@@ -8,11 +8,9 @@
 
 #include "../io/vfs.h"
 #include "../meta/meta.h"
+#include "../meta/peer_rec.h"
 #include "dist.h"
 
-#define PEER_MAGIC "STRATAPR"
-#define PEER_VERSION 1u
-#define PEER_MAX_BYTES (1u << 26) /* a record: 64 MiB at most (files of 2^24 ranks) */
 #define HDR 16                    /* a file on the wire: u32 file index, u32 0, u64 bytes */
 
 typedef struct {
@@ -29,16 +27,7 @@ typedef struct {
     st_commit cr;
 } peer_ctx;
 
-/* A node's replica record. replicas > 0: the files of the `replicas` nodes before it on
- * the ring are held too; k > 0: Reed-Solomon, the node holds its own files and the parity
- * blocks of its group's codewords (peer_rs.c); neither: a whole copy (a restore's). */
-typedef struct {
-    uint64_t save_id, step, block;
-    uint32_t nodes, replicas, k, m, node, nfiles, clen;
-    unsigned char commit[ST_COMMIT_SIZE];
-    unsigned char *held;         /* nfiles bytes: 1 where the copy holds the file whole */
-    const unsigned char *owner;  /* nfiles u32: the node (of `nodes`) that wrote each file */
-} peer_rec;
+typedef st_peer_rec peer_rec;
 
 /* This node's copy: its files read whole, written (atomic: name.tmp and a rename). */
 int st_peer_read(const peer_ctx *c, const char *name, size_t max, unsigned char **out,
@@ -48,9 +37,6 @@ int st_peer_write(const peer_ctx *c, const char *name, const void *buf, size_t n
 int st_peer_read_into(const peer_ctx *c, const char *name, void *buf, size_t n);
 /* Every rank's outcome agreed on (a collective): 0, or the first failure's. */
 int st_peer_agree(strata_comm *comm, const char *what, int rc);
-
-/* Parity files: "PEER-<codeword>.par". */
-void st_peer_parity_name(char out[40], uint32_t j);
 
 /* Reed-Solomon (peer_rs.c; STRATA_ENOTSUP without ISA-L). The nodes in groups of k + m
  * consecutive ones (N a multiple of k + m); owner[f]: the node of each file. Encode (a
