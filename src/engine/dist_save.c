@@ -35,7 +35,7 @@ typedef struct st_async_dist {
                               asynchronously: the saver may be gone before the commit) */
     st_dist_incr incr;     /* an incremental save's (incr.on) */
     atomic_int level;      /* STRATA_LEVEL_* reached (strata_handle_level) */
-    char peer_msg[ST_MSG_BYTES]; /* why the replication failed; set before its level */
+    char peer_msg[ST_ERR_BYTES]; /* why the replication failed; set before its level */
 } st_async_dist;
 
 /* Replaces the saver's plan (dropping its reference to the old one). */

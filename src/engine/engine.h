@@ -41,6 +41,8 @@ int st_check_where(const char *what, strata_comm *comm, const char *const *uris,
                    strata_state *const *states, int nstates);
 int st_check_states(const char *what, strata_comm *comm, strata_state *const *states,
                     int nstates);
+/* Peer replicas or parity (o) need a communicator: STRATA_EINVAL without one. */
+int st_check_peer(const strata_save_opts *o, const strata_comm *comm);
 /* chunk_bytes: a power of two in 4 KiB..64 MiB. */
 int st_check_chunk(uint32_t chunk);
 /* A loader's options (NULL: the defaults): a known version, no flags. */

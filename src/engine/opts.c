@@ -69,6 +69,13 @@ int st_loader_opts_check(const strata_loader_opts *o)
 
 /* The checks every save and load shares: destinations, and ranks (states NULL with
  * nstates -1: not checked, for an open). */
+int st_check_peer(const strata_save_opts *o, const strata_comm *comm)
+{
+    if ((o->peer_replicas || o->peer_k) && !comm)
+        return st_fail(STRATA_EINVAL, "peer replicas need a saver with a communicator");
+    return 0;
+}
+
 int st_check_where(const char *what, strata_comm *comm, const char *const *uris, int nuris,
                    strata_state *const *states, int nstates)
 {
