@@ -29,7 +29,9 @@ typedef struct {
 
 typedef st_peer_rec peer_rec;
 
-/* This node's copy: its files read whole, written (atomic: name.tmp and a rename). */
+/* This node's copy (peer_io.c): a file's path in it (STRATA_EINVAL if too long); its files
+ * read whole, written (atomic: name.tmp and a rename). */
+int st_peer_path(const peer_ctx *c, const char *name, char *out);
 int st_peer_read(const peer_ctx *c, const char *name, size_t max, unsigned char **out,
                  size_t *len);
 int st_peer_write(const peer_ctx *c, const char *name, const void *buf, size_t n, int atomic);
