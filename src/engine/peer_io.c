@@ -49,7 +49,7 @@ int st_peer_read_into(const peer_ctx *c, const char *name, void *buf, size_t n)
 
 /* Writes a whole file; through name.tmp and a rename when atomic (the records). */
 int st_peer_write(const peer_ctx *c, const char *name, const void *buf, size_t n,
-                      int atomic)
+                  int atomic)
 {
     char p[PATH_MAX], t[PATH_MAX + 8];
     int rc = st_peer_path(c, name, p);
