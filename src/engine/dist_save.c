@@ -35,8 +35,10 @@ typedef struct st_async_dist {
                               asynchronously: the saver may be gone before the commit) */
     st_dist_incr incr;     /* an incremental save's (incr.on) */
     atomic_int level;      /* STRATA_LEVEL_* reached (strata_handle_level) */
-    char peer_msg[ST_ERR_BYTES]; /* why the replication failed; set before its level */
+    char peer_msg[ST_ERR_BYTES]; /* why the replication failed: read once PEER_ENDED */
 } st_async_dist;
+
+#define PEER_ENDED 0x100 /* in st_async_dist.level: the replication has ended */
 
 /* Replaces the saver's plan (dropping its reference to the old one). */
 static void set_cached(st_async_dist *d, st_plan_cache *c)
@@ -400,7 +402,7 @@ static int dist_finish(void *ctx, const int *local_rc, const char *const *local_
                                                       d->o.peer_replicas);
         if (prc)
             snprintf(d->peer_msg, sizeof d->peer_msg, "%s", strata_error_last());
-        atomic_store(&d->level, level | (prc ? 0 : STRATA_LEVEL_REPLICATED));
+        atomic_store(&d->level, level | PEER_ENDED | (prc ? 0 : STRATA_LEVEL_REPLICATED));
         st_clear_error();
     }
     for (int t = 0; t < T && !rc; t++)
@@ -501,9 +503,9 @@ static int dist_level(void *ctx, const char **msg)
 {
     st_async_dist *d = ctx;
     int level = atomic_load(&d->level);
-    if (msg)
-        *msg = d->peer_msg;
-    return level;
+    if (msg) /* written before PEER_ENDED, never after */
+        *msg = level & PEER_ENDED ? d->peer_msg : "";
+    return level & ~PEER_ENDED;
 }
 
 static const st_commit_ops dist_commit = {1,           dist_dests, dist_prepare, dist_tier_done,
