@@ -116,7 +116,9 @@ static int share_meta(peer_ctx *c, int root)
     int rc = st_bcast(c->comm, len, sizeof len, root);
     if (rc)
         return rc;
-    if (c->me != root) {
+    if (c->me != root) { /* a restore's survey may have read this node's: root's count */
+        free(c->mbuf);
+        free(c->cbuf);
         c->mlen = (size_t)len[0], c->clen = (size_t)len[1];
         c->mbuf = malloc(c->mlen + 1);
         c->cbuf = malloc(c->clen + 1);
