@@ -84,7 +84,7 @@ APT = apt_need() { \
 }; \
 tool_need() { command -v "$$1" >/dev/null 2>&1 || apt_need "$$2"; };
 
-.PHONY: all lib deps demo test bench bench-incr clean test-asan test-tsan test-valgrind check-header \
+.PHONY: all lib deps demo test bench bench-incr bench-peer clean test-asan test-tsan test-valgrind check-header \
         check-clang fuzz stress install uninstall venv venv-torch test-python test-gpu
 
 all: deps $(LIBRARIES) $(BUILD)/strata $(BUILD)/examples/reshard
@@ -228,9 +228,15 @@ $(BUILD)/bench/bench_incr: bench/bench_incr.c $(BUILD)/libstrata.a | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(ST_LDFLAGS) $(LDFLAGS) -o $@ bench/bench_incr.c $(BUILD)/libstrata.a $(LIBS)
 
+$(BUILD)/bench/bench_peer: bench/bench_peer.c tests/threadcomm.h $(BUILD)/libstrata.a | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Itests $(ST_LDFLAGS) $(LDFLAGS) -o $@ bench/bench_peer.c \
+	    $(BUILD)/libstrata.a $(LIBS)
+
 # bench/bench_s3.py: s3:// against boto3's multipart transfer on one moto server (the venv's)
 bench: deps all $(BUILD)/bench/bench_plan $(BUILD)/bench/bench_export $(BUILD)/bench/bench_cast \
-       $(BUILD)/bench/bench_incr $(VENV)/.strata-installed $(VENV)/.moto-installed
+       $(BUILD)/bench/bench_incr $(BUILD)/bench/bench_peer $(VENV)/.strata-installed \
+       $(VENV)/.moto-installed
 	$(BUILD)/bench/bench_plan
 	@$(APT) tool_need fio fio && tool_need python3 python3
 	STRATA=$(BUILD)/strata BENCH_DIR=$(BUILD)/bench bash bench/bench_io.sh
@@ -238,8 +244,14 @@ bench: deps all $(BUILD)/bench/bench_plan $(BUILD)/bench/bench_export $(BUILD)/b
 	$(BUILD)/bench/bench_export --dir $(BUILD)/bench --size-mb 1024
 	$(BUILD)/bench/bench_cast --dir $(BUILD)/bench --size-mb 1024
 	$(MAKE) bench-incr
+	$(MAKE) bench-peer
 	$(VENV)/bin/python bench/bench_s3.py --size-mb 256
 	$(VENV)/bin/python bench/bench_s3_probe.py
+
+# bench/bench_peer.c alone (also part of `make bench`): peer-memory replicas (issue 34)
+bench-peer: $(BUILD)/bench/bench_peer
+	nice $(BUILD)/bench/bench_peer --dir $(BUILD)/bench --size-mb 256 --runs 5 --steps 6 \
+	    --step-ms 1000 --out bench/results/peer.md
 
 # bench/bench_incr.c alone (also part of `make bench`): LoRA full / hashed / marked, dense
 bench-incr: $(BUILD)/bench/bench_incr

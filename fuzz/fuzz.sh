@@ -4,7 +4,8 @@
 # decoder), fuzz_commit (commit record), fuzz_uri (URI resolution), fuzz_layout (the CLI's
 # layout parser), fuzz_safetensors (the safetensors header parser, src/source/safetensors.c),
 # fuzz_pickle, fuzz_zip, fuzz_dcp (the DCP .metadata interpreter, src/source/dcp.c),
-# fuzz_megatron (metadata.json and mcore_data, src/source/megatron.c).
+# fuzz_megatron (metadata.json and mcore_data, src/source/megatron.c), fuzz_peer (the peer
+# replica record, src/meta/peer_rec.c).
 #
 # Build: the library sources (src/core, io, meta, plan, comm without its MPI backend, source,
 # engine) are compiled with clang, coverage instrumentation and ASan + UBSan into

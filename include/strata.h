@@ -136,7 +136,7 @@ int strata_state_add_blob(strata_state *st, const char *name, unsigned flags, in
  * supported"). Costs one more hash of the bytes written (about a tenth of a copy). */
 #define STRATA_SAVE_INCREMENTAL (1u << 3)
 
-#define STRATA_SAVE_OPTS_VERSION 3
+#define STRATA_SAVE_OPTS_VERSION 4
 typedef struct strata_save_opts {
     int version;           /* STRATA_SAVE_OPTS_VERSION, or an older one */
     unsigned flags;        /* STRATA_SAVE_* */
@@ -178,8 +178,20 @@ typedef struct strata_save_opts {
      * rank, as in one process. Marks are not carried between ranks: a distributed save
      * hashes its candidates. */
     const char *base;
+    /* version 4: peer-memory replicas (docs/DESIGN.md, "Peer replicas"). With a
+     * communicator, once destination 0 (each node's memory tier: mem://) is committed, its
+     * files are copied to the same destination on this many other nodes, as
+     * strata_peer_replicate does, by the commit (on the saver's commit thread where it has
+     * one); strata_handle_level says when it is done. A replication that fails leaves the
+     * save committed (not STRATA_LEVEL_REPLICATED; strata_handle_level's message says
+     * why). 0: none. Without a communicator: STRATA_EINVAL. */
+    int peer_replicas;
+    /* version 4: the same with Reed-Solomon parity instead of whole copies
+     * (strata_peer_encode): peer_k data and peer_m parity blocks per codeword, both > 0,
+     * or both 0 (none); not with peer_replicas (STRATA_EINVAL). */
+    int peer_k, peer_m;
 } strata_save_opts;
-#define STRATA_SAVE_OPTS_INIT {STRATA_SAVE_OPTS_VERSION, 0, 0, 0, 0, 0, NULL}
+#define STRATA_SAVE_OPTS_INIT {STRATA_SAVE_OPTS_VERSION, 0, 0, 0, 0, 0, NULL, 0, 0, 0}
 
 #define STRATA_LOAD_NO_DIRECT (1u << 0) /* never use O_DIRECT */
 /* Load a shard registered with another dtype than the saved tensor's by converting it
@@ -396,6 +408,15 @@ int strata_handle_status(const char **msg, strata_handle *h);
  * commits on the caller's thread: once this rank's part has ended, and the commit is
  * strata_wait_durable's collective). */
 int strata_handle_done(strata_handle *h);
+/* The levels a save has reached, without waiting (bits): STRATA_LEVEL_LOCAL, destination
+ * 0 committed; STRATA_LEVEL_REPLICATED, its files held by strata_save_opts.peer_replicas
+ * other nodes, each node's replica set committed; STRATA_LEVEL_DURABLE, a destination
+ * that is not mem:// committed (storage). 0 before the commit or after a failed save.
+ * *msg (may be NULL): why a replication asked for failed ("" if it did not). */
+#define STRATA_LEVEL_LOCAL 1
+#define STRATA_LEVEL_REPLICATED 2
+#define STRATA_LEVEL_DURABLE 4
+int strata_handle_level(const char **msg, strata_handle *h);
 /* Waits for the save to end - its commit included (with a communicator and commits on
  * the caller's thread, strata_wait_durable's collective runs here, so that no rank is left
  * waiting) - then frees the handle. May come after strata_saver_free. */
@@ -673,6 +694,48 @@ int strata_uri_path(char *out, size_t cap, const char *uri);
  * and the file (nothing is committed), the destination's storage errors. The source must
  * not be removed meanwhile (the caller's retention keeps it). */
 int strata_copy(strata_stats *stats, const char *src_uri, const char *dst_uri, unsigned flags);
+
+/* ---- Peer-memory replicas (docs/DESIGN.md, "Peer replicas") ----
+ * Each rank names its own node's copy of one checkpoint directory (normally the same
+ * mem:// URI, which each node resolves to its own memory); nodes are grouped as a load
+ * groups them (host name and boot id; STRATA_LOAD_NODES=k makes k groups of consecutive
+ * ranks, for tests). Both are collectives. */
+typedef struct strata_peer_info {
+    int nodes;               /* nodes of the communicator */
+    int replicas;            /* copies of each node's files on other nodes (replicate) */
+    uint64_t step, save_id;  /* the checkpoint's, from its commit record */
+    uint64_t bytes_sent;     /* this rank: file bytes (and 16-byte headers) sent */
+    uint64_t bytes_received; /* this rank: file bytes received and written */
+    uint64_t bytes_held;     /* this node's copy: the data file bytes it now holds */
+    uint64_t share_bytes;    /* replicate: the data file bytes this node's ranks wrote */
+} strata_peer_info;
+/* After a save committed uri on every rank (rank 0's node holds the commit record, every
+ * node its ranks' data files): copies each rank's data file to the rank of the same index
+ * on each of the next `replicas` nodes of the ring of nodes (by lowest rank), and
+ * metadata.bin to every node; each node whose ranks all hold their part then commits its
+ * replica set (its PEER record, written last). A node then holds (replicas + 1) times its
+ * share. Errors: STRATA_EINVAL (replicas < 1, or more than the other nodes), the commit
+ * record or metadata missing on rank 0's node (STRATA_ENOENT, ...), STRATA_ENOTSUP (an
+ * incremental checkpoint), storage errors; every rank fails where one does, and a node
+ * whose ranks did not all succeed commits nothing. */
+int strata_peer_replicate(strata_peer_info *out, strata_comm *comm, const char *uri,
+                          int replicas);
+/* The same with Reed-Solomon parity instead of whole copies (ISA-L): the nodes in groups
+ * of k + m consecutive ones (the node count a multiple of k + m), each node holding its
+ * share and m/k of a share of its group's parity (PEER-<codeword>.par; info->bytes_held
+ * counts both), so that any m nodes of a group may be lost. Each node sends (k - 1 + m)/k
+ * of its share. Errors: as strata_peer_replicate's; STRATA_EINVAL (k < 1, m < 1, k + m >
+ * 255 or not dividing the nodes), STRATA_ENOTSUP (built without ISA-L). */
+int strata_peer_encode(strata_peer_info *out, strata_comm *comm, const char *uri, int k,
+                       int m);
+/* On a job restarted on the surviving nodes (any number of ranks per node, nodes new or
+ * old): finds the save whose replica sets the survivors committed, sends every node the
+ * files its copy lacks, and commits every node's copy (the save's own commit record), so
+ * that strata_load / strata_loader_open reads uri into any layout. Errors:
+ * STRATA_ENOREPLICA (no survivor holds a committed replica set of uri, or some data file
+ * is held by none: the message names the step and the files), STRATA_EEXIST (a node's copy
+ * committed by another save), storage errors; every rank fails where one does. */
+int strata_peer_restore(strata_peer_info *out, strata_comm *comm, const char *uri);
 
 /* Progress of a long operation (strata_copy_ext): bytes done of the total so far. Return 0 to
  * go on; anything else stops it with STRATA_EABORTED (the callback may set the message with

@@ -39,7 +39,8 @@ extern "C" {
     X(EBUSY, -17, "another save or collector owns the checkpoint directory")                  \
     X(ECHANGED, -18, "a source file changed while it was being loaded")                       \
     X(ENOTSUP, -19, "the storage cannot do this safely (locks that do not exclude, no atomic exchange)") \
-    X(ENOTCKPT, -20, "the path holds something other than a strata checkpoint to replace")
+    X(ENOTCKPT, -20, "the path holds something other than a strata checkpoint to replace")  \
+    X(ENOREPLICA, -21, "the surviving peer replicas cannot rebuild the checkpoint")
 
 typedef enum strata_error_code {
 #define STRATA_X_(name, val, msg) STRATA_##name = (val),

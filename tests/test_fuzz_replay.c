@@ -57,6 +57,9 @@
 #define LLVMFuzzerTestOneInput fuzz_zero_one
 #include "../fuzz/fuzz_zero.c"
 #undef LLVMFuzzerTestOneInput
+#define LLVMFuzzerTestOneInput fuzz_peer_one
+#include "../fuzz/fuzz_peer.c"
+#undef LLVMFuzzerTestOneInput
 #include "../src/cli/synth.c" /* layout_parse: the CLI is not in libstrata.a */
 
 typedef int (*target_fn)(const uint8_t *data, size_t size);
@@ -395,6 +398,24 @@ static void test_replay_commit(void **state)
     replay("fuzz_commit", fuzz_commit_one, NULL);
 }
 
+/* The peer replica record: seed-valid-* (written by strata_peer_replicate and
+ * strata_peer_encode) decode, seed-reject-* are refused. */
+static void peer_verdict(const char *name, const unsigned char *b, size_t n)
+{
+    st_peer_rec r;
+    int rc = st_peer_rec_decode(&r, b, n);
+    if (!strncmp(name, "seed-valid-", 11) && rc)
+        fail_msg("fuzz_peer/%s: refused: %s", name, strata_error_last());
+    if (!strncmp(name, "seed-reject-", 12) && !rc)
+        fail_msg("fuzz_peer/%s: decoded", name);
+}
+
+static void test_replay_peer(void **state)
+{
+    (void)state;
+    replay("fuzz_peer", fuzz_peer_one, peer_verdict);
+}
+
 static void test_replay_uri(void **state)
 {
     (void)state;
@@ -419,6 +440,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_replay_meta),
         cmocka_unit_test(test_replay_commit),
+        cmocka_unit_test(test_replay_peer),
         cmocka_unit_test(test_replay_uri),
         cmocka_unit_test(test_replay_layout),
         cmocka_unit_test(test_replay_safetensors),

@@ -20,6 +20,9 @@ from ._strata import (  # noqa: F401
     DEFAULT_CHUNK,
     DTYPES,
     ERRORS,
+    LEVEL_DURABLE,
+    LEVEL_LOCAL,
+    LEVEL_REPLICATED,
     MAX_DIMS,
     MAX_NAME,
     MAX_TIERS,
@@ -63,7 +66,8 @@ del _cls
 __version__ = "%d.%d.0" % VERSION
 
 __all__ = [
-    "DEFAULT_CHUNK", "DTYPES", "ERRORS", "MAX_DIMS", "MAX_NAME", "MAX_TIERS", "VERSION",
+    "DEFAULT_CHUNK", "DTYPES", "ERRORS", "LEVEL_DURABLE", "LEVEL_LOCAL", "LEVEL_REPLICATED",
+    "MAX_DIMS", "MAX_NAME", "MAX_TIERS", "VERSION",
     "Checkpoint", "Comm", "Error", "Handle", "Loader", "Pool", "Saver", "State",
     "copy", "dtype_size", "export_safetensors", "hash_bytes", "list_dirs", "load", "load_converts", "probe",
     "remove_incomplete", "retain", "unpickle", "unpickle_archive", "uri_path",

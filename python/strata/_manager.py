@@ -86,6 +86,20 @@ class CheckpointManager:
     Every full_every-th save since the last full one (in this manager) is a full save, so
     that files kept alive by links stay few.
 
+    Peer replicas (peer_replicas=R, with a process group over several nodes): the first
+    tier must be host memory (mem://...), which each node holds for its own ranks; each
+    save's commit then also sends every node's files to the memory of the R next nodes
+    (a ring of nodes, strata_peer_replicate), in the background on the Saver's commit
+    thread. The AsyncSave's level() says how far a save got (strata.LEVEL_LOCAL |
+    LEVEL_REPLICATED | LEVEL_DURABLE). After losing up to R nodes, a job restarted on the
+    survivors (any number of ranks and nodes, any layout) calls load(): it rebuilds the
+    newest step the survivors' memory can rebuild (strata_peer_restore) unless a slower
+    tier holds a newer one committed, then loads it through the ordinary planner; a step
+    the survivors cannot rebuild comes from the slower tiers. Incremental saves are off
+    with peer replicas (a replica holds whole files). peer_parity=(k, m) instead keeps
+    Reed-Solomon parity (ISA-L): groups of k + m nodes, (1 + m/k) x a node's share in its
+    memory, any m nodes of a group lost.
+
     Unchanged tensors not even read (an incremental save with a base, in one process: with
     a process group of more than one rank the marks are not carried between ranks, and a
     save hashes its candidates - and its replicated tensors, to agree on them):
@@ -108,15 +122,16 @@ class CheckpointManager:
 
     def __init__(self, root, *, keep=3, pool_bytes=1 << 30, process_group=None,
                  async_save=True, pickle=False, incremental=True, full_every=10,
-                 frozen=None, trust_version=False):
-        self._tiers = Tiers(root)
+                 frozen=None, trust_version=False, peer_replicas=0, peer_parity=None):
+        self._tiers = Tiers(root, peer_replicas, peer_parity)
         self.tiers = self._tiers.uris
         self.pool_bytes = int(pool_bytes)
         self.process_group = process_group
         self.async_save = bool(async_save)
         self.pickle = pickle
         self.frozen = frozen
-        self._incr = Incremental(incremental, full_every, trust_version)
+        self._incr = Incremental(incremental and self._tiers.peer is None, full_every,
+                                 trust_version)
         # the copies to tiers behind (s3://), then retention on every tier, on its thread
         self._flusher = _flush.Flusher(lambda job: self._retention.apply(None, range(len(
             self._tiers))))
@@ -173,6 +188,8 @@ class CheckpointManager:
         snap = self._incr.record(step, prep)
         saver = self._get_saver(group)
         kw = self._incr.options(base)
+        if self._tiers.peer is not None and group is not None and group.size > 1:
+            kw.update(self._tiers.peer.save_options())
         jobs = []   # its copies to the tiers behind (none: none, or not started)
 
         def ended(exc):
@@ -268,6 +285,8 @@ class CheckpointManager:
         committed copy (falling back through the others); returns the step. options: those
         of strata.torch.load (cast, partial, io_threads, ...)."""
         self._wait(False)
+        if self._tiers.peer is not None:
+            step = self._peer_restore(step)
         if step is None:
             step = self.latest()
             if step is None:
@@ -277,6 +296,40 @@ class CheckpointManager:
         self._incr.forget()   # (the load moves the counters of what it fills anyway)
         load(state_dict, uris, self.process_group, pickle=self.pickle, **options)
         return int(step)
+
+    def _peer_restore(self, step):
+        """With a peer tier: the step to load - the newest (or the given) step the nodes'
+        memory rebuilds, committed on every node (strata_peer_restore), unless a slower
+        tier holds a newer one committed - or None (latest() decides then). Every rank
+        learns the steps each node's memory holds; each restore is one collective."""
+        group = self._group()
+        if group is None or group.size == 1:
+            return step
+        peer = self._tiers.peer
+        held = group.comm.agree(" ".join(map(str, peer.local_steps())).encode(),
+                                what="listing the peer tier")
+        cands = sorted({int(s) for b in held for s in b.split()}, reverse=True)
+        slower = _from_root(group, lambda: max(
+            (s for i, t in enumerate(self._tiers.all) if i > 0 for s, _ in t.steps()
+             if t.holds(s)), default=None))
+        lost = None
+        for s in cands if step is None else [int(step)]:
+            if step is None and slower is not None and s < slower:
+                break
+            try:
+                peer.restore(group, s)
+                if lost is not None:   # a newer step could not be rebuilt: said once
+                    warnings.warn("strata CheckpointManager: %s; loading step %d" % (lost, s))
+                return s
+            except _S.ReplicaLostError as e:
+                lost = e
+        if step is not None or slower is not None:
+            if lost is not None:   # the slower tiers hold it (the load falls back to them)
+                warnings.warn("strata CheckpointManager: %s" % lost)
+            return step if step is not None else slower
+        raise _S.ReplicaLostError("no step under %s can be rebuilt from the nodes' memory and "
+                                  "no other tier holds one%s" % (
+                                      peer.uri, ": %s" % lost if lost else ""))
 
     def close(self):
         """Waits for the save in flight, then lets go of the saver and the pool."""

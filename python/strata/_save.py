@@ -133,6 +133,13 @@ class AsyncSave(_dcpcalls.Future):
     def done(self):
         return self._finished or bool(self._h.done())
 
+    def level(self):
+        """(levels, message) without waiting: strata.LEVEL_LOCAL (the first tier
+        committed), LEVEL_REPLICATED (peer replicas committed on every node),
+        LEVEL_DURABLE (a tier not in memory committed); the message says why a replication
+        failed."""
+        return self._h.level()
+
     def __enter__(self):
         return self
 

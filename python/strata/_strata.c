@@ -60,6 +60,7 @@ static const struct {
     {"EABORTED", "AbortedError"},       {"EDEVICE", "DeviceError"},
     {"EBUSY", "BusyError"},             {"ECHANGED", "ChangedError"},
     {"ENOTSUP", "UnsupportedError"},    {"ENOTCKPT", "NotCheckpointError"},
+    {"ENOREPLICA", "ReplicaLostError"},
 };
 
 static PyObject *class_for(int code)
@@ -702,6 +703,9 @@ PyMODINIT_FUNC PyInit__strata(void)
         PyModule_AddIntConstant(m, "MAX_NAME", STRATA_MAX_NAME) < 0 ||
         PyModule_AddIntConstant(m, "MAX_TIERS", STRATA_MAX_TIERS) < 0 ||
         PyModule_AddIntConstant(m, "DEFAULT_CHUNK", STRATA_DEFAULT_CHUNK) < 0 ||
+        PyModule_AddIntConstant(m, "LEVEL_LOCAL", STRATA_LEVEL_LOCAL) < 0 ||
+        PyModule_AddIntConstant(m, "LEVEL_REPLICATED", STRATA_LEVEL_REPLICATED) < 0 ||
+        PyModule_AddIntConstant(m, "LEVEL_DURABLE", STRATA_LEVEL_DURABLE) < 0 ||
         PyModule_AddObject(m, "VERSION",
                            Py_BuildValue("(ii)", STRATA_VERSION_MAJOR, STRATA_VERSION_MINOR)) < 0)
         goto fail;

@@ -410,6 +410,48 @@ static PyObject *Comm_agree(CommObject *self, PyObject *args, PyObject *kw)
     return res;
 }
 
+/* strata_peer_replicate (replicas > 0) or strata_peer_restore on this communicator. */
+static PyObject *peer_call(CommObject *self, const char *uri, int replicas)
+{
+    strata_peer_info info;
+    char msg[MSG_BYTES];
+    int r;
+    comm_begin(self);
+    Py_BEGIN_ALLOW_THREADS
+    r = replicas ? strata_peer_replicate(&info, self->c, uri, replicas)
+                 : strata_peer_restore(&info, self->c, uri);
+    snprintf(msg, sizeof msg, "%s", r ? strata_error_last() : "");
+    Py_END_ALLOW_THREADS
+    if (r)
+        return raise_comm(r, msg, self);
+    return Py_BuildValue("{s:i,s:i,s:K,s:K,s:K,s:K,s:K,s:K}", "nodes", info.nodes,
+                         "replicas", info.replicas, "step", (unsigned long long)info.step,
+                         "save_id", (unsigned long long)info.save_id, "bytes_sent",
+                         (unsigned long long)info.bytes_sent, "bytes_received",
+                         (unsigned long long)info.bytes_received, "bytes_held",
+                         (unsigned long long)info.bytes_held, "share_bytes",
+                         (unsigned long long)info.share_bytes);
+}
+
+static PyObject *Comm_peer_replicate(CommObject *self, PyObject *args)
+{
+    const char *uri;
+    int replicas;
+    if (!PyArg_ParseTuple(args, "si:peer_replicate", &uri, &replicas))
+        return NULL;
+    if (replicas < 1)
+        return PyErr_Format(PyExc_ValueError, "peer_replicate: replicas must be >= 1");
+    return peer_call(self, uri, replicas);
+}
+
+static PyObject *Comm_peer_restore(CommObject *self, PyObject *args)
+{
+    const char *uri;
+    if (!PyArg_ParseTuple(args, "s:peer_restore", &uri))
+        return NULL;
+    return peer_call(self, uri, 0);
+}
+
 static PyMethodDef Comm_methods[] = {
     {"host", (PyCFunction)(void (*)(void))Comm_host, METH_VARARGS | METH_KEYWORDS | METH_STATIC,
      "host(rank, size, allgather, alltoallv, bcast, *, dup=None) -> Comm\n\n"
@@ -436,6 +478,15 @@ static PyMethodDef Comm_methods[] = {
      "\"<what> failed on rank <r>: <its text>\". One collective when every payload (or\n"
      "failing rank's text) is at most `inline` bytes, or with same=True all are the same;\n"
      "else two."},
+    {"peer_replicate", (PyCFunction)Comm_peer_replicate, METH_VARARGS,
+     "peer_replicate(uri, replicas) -> dict\n\nstrata_peer_replicate (a collective): each "
+     "rank names its node's copy of the committed checkpoint uri (mem://); its data files "
+     "go to `replicas` other nodes. The dict: nodes, replicas, step, save_id, bytes_sent, "
+     "bytes_received, bytes_held, share_bytes."},
+    {"peer_restore", (PyCFunction)Comm_peer_restore, METH_VARARGS,
+     "peer_restore(uri) -> dict\n\nstrata_peer_restore (a collective): rebuilds every "
+     "node's copy of uri from the replicas the surviving nodes hold (ReplicaLostError "
+     "where some file is held by none), committed, to load as any checkpoint."},
     {"set_timeout", (PyCFunction)Comm_set_timeout, METH_O,
      "set_timeout(ms): time limit of each collective, for communicators that keep one."},
     {NULL, NULL, 0, NULL},

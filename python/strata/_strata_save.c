@@ -201,21 +201,22 @@ static int save_opts_get(strata_save_opts *o, PyObject *step, PyObject *chunk, P
 }
 
 /* Parses (uris, states, *, step, chunk_bytes, io_threads, sync, direct, bg_nice,
- * replace, base, incremental). o->base points into the args' str (alive for the call). */
+ * replace, base, incremental, peer_replicas). o->base points into the args' str (alive
+ * for the call). */
 static int save_args(PyObject *args, PyObject *kw, const char *fname, uri_list *u, state_list *l,
                      strata_save_opts *o)
 {
     static char *kwlist[] = {"uris",   "states",  "step", "chunk_bytes", "io_threads",
                              "sync",   "direct",  "bg_nice", "replace", "base",
-                             "incremental", NULL};
+                             "incremental", "peer_replicas", "peer_parity", NULL};
     PyObject *ouris, *ostates, *step = NULL, *chunk = NULL, *threads = NULL, *nice = NULL;
     const char *base = NULL;
-    int sync = 1, direct = 1, replace = 0, incremental = 0;
+    int sync = 1, direct = 1, replace = 0, incremental = 0, peer = 0, pk = 0, pm = 0;
     char fmt[64];
-    snprintf(fmt, sizeof fmt, "OO|$OOOppOpzp:%s", fname);
+    snprintf(fmt, sizeof fmt, "OO|$OOOppOpzpi(ii):%s", fname);
     if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwlist, &ouris, &ostates, &step, &chunk,
                                      &threads, &sync, &direct, &nice, &replace, &base,
-                                     &incremental))
+                                     &incremental, &peer, &pk, &pm))
         return -1;
     if (save_opts_get(o, step, chunk, threads, sync, direct, nice) < 0)
         return -1;
@@ -224,6 +225,8 @@ static int save_args(PyObject *args, PyObject *kw, const char *fname, uri_list *
     if (incremental) /* second checksums: a later save may use this one as its base */
         o->flags |= STRATA_SAVE_INCREMENTAL;
     o->base = base;
+    o->peer_replicas = peer; /* strata_save_start checks them */
+    o->peer_k = pk, o->peer_m = pm;
     if (uris_get(u, ouris) < 0)
         return -1;
     if (states_get(l, ostates) < 0) {
@@ -297,6 +300,8 @@ typedef struct HandleObject {
     PyThread_type_lock lock; /* wait_durable and close, one at a time */
     Py_ssize_t users;        /* wait_snapshot / status calls in flight on h */
     int finished, final_rc;  /* the save's outcome, once wait_durable or close has run */
+    int level;               /* strata_handle_level's, kept at close */
+    char level_msg[MSG_BYTES];
     PyObject *final_msg, *final_stats, *final_cause;
     PyObject *weakrefs;
     struct HandleObject *prev, *next; /* in open_handles while h is set (GIL held) */
@@ -343,7 +348,8 @@ static PyObject *Saver_start(SaverObject *self, PyObject *args, PyObject *kw)
     ho->saver = NULL;
     ho->states = NULL;
     ho->users = 0;
-    ho->finished = ho->final_rc = 0;
+    ho->finished = ho->final_rc = ho->level = 0;
+    ho->level_msg[0] = 0;
     ho->final_msg = ho->final_stats = ho->final_cause = NULL;
     ho->weakrefs = NULL;
     ho->prev = ho->next = NULL;
@@ -505,6 +511,9 @@ static void handle_close(HandleObject *self)
             Py_END_ALLOW_THREADS
         }
         strata_handle *h = self->h;
+        const char *lm;
+        self->level = strata_handle_level(&lm, h);
+        snprintf(self->level_msg, sizeof self->level_msg, "%s", lm);
         self->h = NULL;
         handle_unlink(self);
         Py_BEGIN_ALLOW_THREADS
@@ -619,6 +628,17 @@ static PyObject *Handle_done(HandleObject *self, PyObject *unused)
     return PyBool_FromLong(d);
 }
 
+static PyObject *Handle_level(HandleObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->h) {
+        const char *m;
+        int l = strata_handle_level(&m, self->h);
+        return Py_BuildValue("(is)", l, m);
+    }
+    return Py_BuildValue("(is)", self->level, self->level_msg);
+}
+
 PyObject *mod_finish_saves(PyObject *m, PyObject *unused)
 {
     (void)m, (void)unused;
@@ -674,6 +694,11 @@ static PyMethodDef Handle_methods[] = {
      "True once the save is durable or failed, without waiting (with a communicator, once "
      "the Saver's commit thread committed it). Where the commit is wait_durable's "
      "(Saver.background False): True once it failed or wait_durable/close has returned."},
+    {"level", (PyCFunction)Handle_level, METH_NOARGS,
+     "(levels, message) without waiting: strata_handle_level's bits LEVEL_LOCAL (the first "
+     "destination committed), LEVEL_REPLICATED (peer replicas committed on every node), "
+     "LEVEL_DURABLE (a destination not mem:// committed); the message says why a "
+     "replication asked for (peer_replicas=) failed."},
     {"close", (PyCFunction)Handle_close, METH_NOARGS,
      "Waits for the save to end (the commit's collective included), frees it, lets go of its "
      "states and saver. Idempotent; does not raise the save's error (wait_durable does)."},

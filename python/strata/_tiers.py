@@ -77,6 +77,35 @@ class ObjectStoreTier(Tier):
         _S.copy(src, self.path(step))
 
 
+class PeerTier(Tier):
+    """The memory tier of every node (mem://), whose copies the other nodes' memory holds
+    too: `replicas` copies of each node's files on the next nodes of the ring, sent by
+    each save's commit (strata_save_opts.peer_replicas, on the Saver's commit thread).
+    After nodes are lost, restore() rebuilds a step on the survivors' memory, committed on
+    every node, for an ordinary load into any layout."""
+
+    def __init__(self, uri, replicas=0, parity=None):
+        super().__init__(uri)
+        if not uri.startswith("mem://"):
+            raise ValueError("CheckpointManager: peer replicas need the first tier in host "
+                             "memory (mem://...), not %r" % uri)
+        self.replicas = int(replicas)
+        self.parity = tuple(int(v) for v in parity) if parity else None
+
+    def save_options(self):
+        """The save's keywords: peer_replicas=R, or peer_parity=(k, m)."""
+        return {"peer_parity": self.parity} if self.parity else {"peer_replicas": self.replicas}
+
+    def local_steps(self):
+        """The steps whose directories this node's memory holds (newest first)."""
+        return [s for s, _ in self.steps()]
+
+    def restore(self, group, step):
+        """strata_peer_restore of step (a collective): ReplicaLostError where the survivors
+        cannot rebuild it."""
+        return group.comm.peer_restore(self.path(step))
+
+
 # (URI prefix, kind); any other URI is a Tier every save writes
 _KINDS = [("s3://", ObjectStoreTier)]
 
@@ -93,11 +122,16 @@ def tier(uri):
 class Tiers:
     """A manager's tiers, fastest first (a list of Tier)."""
 
-    def __init__(self, roots):
+    def __init__(self, roots, peer_replicas=0, peer_parity=None):
         roots = roots if isinstance(roots, (list, tuple)) else [roots]
         self.all = [tier(r) for r in roots]
         if not self.all:
             raise ValueError("CheckpointManager: no root")
+        self.peer = None   # the PeerTier (the first), with peer_replicas
+        if peer_replicas and peer_parity:
+            raise ValueError("CheckpointManager: peer_replicas or peer_parity, not both")
+        if peer_replicas or peer_parity:
+            self.all[0] = self.peer = PeerTier(os.fspath(roots[0]), peer_replicas, peer_parity)
 
     def __len__(self):
         return len(self.all)

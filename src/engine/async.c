@@ -685,6 +685,22 @@ int strata_handle_status(const char **msg, strata_handle *h)
     return rc;
 }
 
+int strata_handle_level(const char **msg, strata_handle *h)
+{
+    if (msg)
+        *msg = "";
+    if (h->ops->level)
+        return h->ops->level(h->ctx, msg);
+    pthread_mutex_lock(&h->mu);
+    int level = 0;
+    for (int t = 0; h->finished && !h->final_rc && t < h->ntiers; t++)
+        if (!h->tier_rc[t])
+            level |= (t == 0 ? STRATA_LEVEL_LOCAL : 0) |
+                     (strncmp(h->dst->uri[t], "mem://", 6) ? STRATA_LEVEL_DURABLE : 0);
+    pthread_mutex_unlock(&h->mu);
+    return level;
+}
+
 int strata_handle_done(strata_handle *h)
 {
     pthread_mutex_lock(&h->mu);

@@ -114,5 +114,13 @@ void st_dist_incr_free(st_dist_incr *x);
  * id share one (for tests, STRATA_LOAD_NODES=k makes k groups of consecutive ranks). One
  * allgather; node has a slot per rank. */
 int st_nodes(strata_comm *comm, int *node);
+/* The ranks by node for the peer replicas (peer.c): node[r] as st_nodes gives it, lidx[r]
+ * r's index among its node's ranks. One allgather; close frees both (closing a zeroed map
+ * is a no-op). Errors: those of the allgather, STRATA_ENOMEM. */
+typedef struct {
+    int *node, *lidx;
+} st_node_map;
+int st_node_map_open(strata_comm *comm, st_node_map *out);
+void st_node_map_close(st_node_map *m);
 
 #endif

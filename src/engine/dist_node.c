@@ -62,6 +62,33 @@ int st_nodes(strata_comm *comm, int *node)
     return rc;
 }
 
+int st_node_map_open(strata_comm *comm, st_node_map *out)
+{
+    const int P = comm->size;
+    out->node = malloc(((size_t)P + 1) * sizeof *out->node);
+    out->lidx = malloc(((size_t)P + 1) * sizeof *out->lidx);
+    if (!out->node || !out->lidx) {
+        st_node_map_close(out);
+        return st_fail(STRATA_ENOMEM, "out of memory"); /* the others time out */
+    }
+    int rc = st_nodes(comm, out->node);
+    for (int r = 0; !rc && r < P; r++) {
+        out->lidx[r] = 0;
+        for (int q = 0; q < r; q++)
+            out->lidx[r] += out->node[q] == out->node[r];
+    }
+    if (rc)
+        st_node_map_close(out);
+    return rc;
+}
+
+void st_node_map_close(st_node_map *m)
+{
+    free(m->node);
+    free(m->lidx);
+    m->node = m->lidx = NULL;
+}
+
 /* Those segments were named "strata-load-<uid>-<boot, 8 characters>-<pid
  * namespace>-<pid>-<random>": those of this user, boot and pid namespace whose creator is
  * gone are removed; a live process's, another user's (by name or owner), another boot's or

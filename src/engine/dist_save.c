@@ -34,7 +34,11 @@ typedef struct st_async_dist {
     st_plan_cache **slot;  /* where the saver keeps its last plan (NULL once started
                               asynchronously: the saver may be gone before the commit) */
     st_dist_incr incr;     /* an incremental save's (incr.on) */
+    atomic_int level;      /* STRATA_LEVEL_* reached (strata_handle_level) */
+    char peer_msg[ST_ERR_BYTES]; /* why the replication failed: read once PEER_ENDED */
 } st_async_dist;
+
+#define PEER_ENDED 0x100 /* in st_async_dist.level: the replication has ended */
 
 /* Replaces the saver's plan (dropping its reference to the old one). */
 static void set_cached(st_async_dist *d, st_plan_cache *c)
@@ -383,6 +387,24 @@ static int dist_finish(void *ctx, const int *local_rc, const char *const *local_
         for (int t = 0; t < T; t++)
             if (st[t].rc)
                 st_dest_abandon(&d->dst, t, &d->lock[t]);
+    /* the levels reached, then the peer replicas of destination 0 (after its commit, on
+     * the commit's communicator: in the background where the saver has a commit thread) */
+    int level = 0;
+    for (int t = 0; t < T; t++)
+        if (!st[t].rc)
+            level |= (t == 0 ? STRATA_LEVEL_LOCAL : 0) |
+                     (strncmp(d->dst.uri[t], "mem://", 6) ? STRATA_LEVEL_DURABLE : 0);
+    atomic_store(&d->level, level);
+    if (!st[0].rc && (d->o.peer_replicas > 0 || d->o.peer_k > 0)) {
+        int prc = d->o.peer_k ? strata_peer_encode(NULL, comm, d->dst.uri[0], d->o.peer_k,
+                                                   d->o.peer_m)
+                              : strata_peer_replicate(NULL, comm, d->dst.uri[0],
+                                                      d->o.peer_replicas);
+        if (prc)
+            snprintf(d->peer_msg, sizeof d->peer_msg, "%s", strata_error_last());
+        atomic_store(&d->level, level | PEER_ENDED | (prc ? 0 : STRATA_LEVEL_REPLICATED));
+        st_clear_error();
+    }
     for (int t = 0; t < T && !rc; t++)
         if (st[t].rc)
             rc = T > 1 ? st_wrap(st_status_raise(&st[t], me), "destination %d (%s)", t,
@@ -477,8 +499,17 @@ static int dist_tier_done(void *ctx, int t, int rc, const st_save_plan *sp)
     return rc; /* committed, or removed, in dist_finish */
 }
 
-static const st_commit_ops dist_commit = {1, dist_dests, dist_prepare, dist_tier_done,
-                                          dist_finish, dist_free};
+static int dist_level(void *ctx, const char **msg)
+{
+    st_async_dist *d = ctx;
+    int level = atomic_load(&d->level);
+    if (msg) /* written before PEER_ENDED, never after */
+        *msg = level & PEER_ENDED ? d->peer_msg : "";
+    return level & ~PEER_ENDED;
+}
+
+static const st_commit_ops dist_commit = {1,           dist_dests, dist_prepare, dist_tier_done,
+                                          dist_finish, dist_free,  dist_level};
 
 int st_save_dist(strata_comm *comm, st_plan_cache **cache, const char *uri,
                  strata_state *local, const strata_save_opts *o, strata_stats *stats)

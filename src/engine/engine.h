@@ -43,6 +43,8 @@ int st_check_where(const char *what, strata_comm *comm, const char *const *uris,
                    strata_state *const *states, int nstates);
 int st_check_states(const char *what, strata_comm *comm, strata_state *const *states,
                     int nstates);
+/* Peer replicas or parity (o) need a communicator: STRATA_EINVAL without one. */
+int st_check_peer(const strata_save_opts *o, const strata_comm *comm);
 /* chunk_bytes: a power of two in 4 KiB..64 MiB. */
 int st_check_chunk(uint32_t chunk);
 /* A loader's options (NULL: the defaults): a known version, no flags. */
@@ -349,6 +351,9 @@ typedef struct st_commit_ops {
     int (*finish)(void *ctx, const int *rc, const char *const *msg, const st_save_plan *sp,
                   uint64_t io_calls, strata_stats *stats);
     void (*release)(void *ctx);
+    /* strata_handle_level: the levels reached so far (any thread; may be NULL: the
+     * destinations committed, once finished), and why a replication failed */
+    int (*level)(void *ctx, const char **msg);
 } st_commit_ops;
 
 /* The size of each buffer of a pool. */

@@ -11,6 +11,7 @@
 /* Bytes of each version of a struct: the offset of the first field added after it. */
 static const size_t save_opts_size[] = {0, offsetof(strata_save_opts, bg_nice),
                                         offsetof(strata_save_opts, base),
+                                        offsetof(strata_save_opts, peer_replicas),
                                         sizeof(strata_save_opts)};
 static const size_t load_opts_size[] = {0, sizeof(strata_load_opts)};
 static const size_t stats_size[] = {0, offsetof(strata_stats, io_threads),
@@ -38,6 +39,11 @@ int st_save_opts_get(strata_save_opts *out, const strata_save_opts *in)
                            STRATA_SAVE_INCREMENTAL;
     if (out->flags & ~known)
         return st_fail(STRATA_EINVAL, "strata_save_opts.flags 0x%x has unknown bits", out->flags);
+    if (out->peer_replicas < 0 || out->peer_k < 0 || out->peer_m < 0 ||
+        !out->peer_k != !out->peer_m || (out->peer_replicas && out->peer_k))
+        return st_fail(STRATA_EINVAL, "strata_save_opts: peer_replicas %d, peer_k %d, peer_m %d "
+                       "(replicas, or k and m both > 0, not both)", out->peer_replicas,
+                       out->peer_k, out->peer_m);
     if (!out->chunk_bytes)
         out->chunk_bytes = STRATA_DEFAULT_CHUNK;
     return st_check_chunk(out->chunk_bytes);
@@ -63,6 +69,13 @@ int st_loader_opts_check(const strata_loader_opts *o)
 
 /* The checks every save and load shares: destinations, and ranks (states NULL with
  * nstates -1: not checked, for an open). */
+int st_check_peer(const strata_save_opts *o, const strata_comm *comm)
+{
+    if ((o->peer_replicas || o->peer_k) && !comm)
+        return st_fail(STRATA_EINVAL, "peer replicas need a saver with a communicator");
+    return 0;
+}
+
 int st_check_where(const char *what, strata_comm *comm, const char *const *uris, int nuris,
                    strata_state *const *states, int nstates)
 {

@@ -385,7 +385,8 @@ static void lc_release(void *ctx)
     free(c);
 }
 
-const st_commit_ops st_local_commit = {0, lc_dests, lc_prepare, lc_tier_done, NULL, lc_release};
+const st_commit_ops st_local_commit = {0, lc_dests, lc_prepare, lc_tier_done, NULL, lc_release,
+                                       NULL};
 
 int st_local_commit_incr(void *ctx, st_save_plan *sp, const strata_save_opts *o)
 {

@@ -92,6 +92,8 @@ int strata_save_start(strata_handle **out, strata_saver *sv, const char *const *
     int rc = st_save_opts_get(&o, opts);
     if (!rc)
         rc = st_check_where("save", comm, uris, nuris, states, nstates);
+    if (!rc)
+        rc = st_check_peer(&o, comm);
     if (rc)
         return rc;
     /* the saver's pool; a pool of the saver's own with buffers too small for this save's
@@ -144,9 +146,11 @@ int strata_save(strata_stats *stats, strata_saver *sv, const char *const *uris, 
         rc = st_save_opts_get(&o, opts);
     if (!rc)
         rc = st_check_where("save", comm, uris, nuris, states, nstates);
+    if (!rc)
+        rc = st_check_peer(&o, comm);
     if (rc)
         return rc;
-    if (nuris == 1) { /* straight from the caller's buffers, no copy */
+    if (nuris == 1 && !o.peer_replicas && !o.peer_k) { /* straight from the caller's buffers, no copy */
         rc = comm ? st_save_dist(comm, &sv->cache, uris[0], states[0], &o, &full)
                   : st_save_local(uris[0], states, nstates, &o, &full);
     } else {

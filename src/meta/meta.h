@@ -23,6 +23,7 @@
 #define ST_ALIGN 4096u            /* extents in data files start at multiples of this */
 #define ST_META_FILE "metadata.bin"
 #define ST_COMMIT_FILE "COMMIT"
+#define ST_PEER_FILE "PEER" /* a node's peer replica record (peer.c) */
 #define ST_LOCK_FILE "LOCK" /* held by the directory's owner: a save, or a collector */
 /* A replacing save writes into ".<name>" ST_REPLACE_SUFFIX beside <name> (strata.h's
  * STRATA_REPLACE_SUFFIX). */

@@ -89,7 +89,7 @@ def test_module_surface():
         -8: "MismatchError", -9: "NotFoundError", -10: "UnfilledError", -11: "ExistsError",
         -12: "SchemeError", -13: "MissingError", -14: "OverlapError", -15: "AbortedError",
         -16: "DeviceError", -17: "BusyError", -18: "ChangedError", -19: "UnsupportedError",
-        -20: "NotCheckpointError",
+        -20: "NotCheckpointError", -21: "ReplicaLostError",
     }
     assert {c: k.__name__ for c, k in strata.ERRORS.items()} == names
     for code, cls in strata.ERRORS.items():
