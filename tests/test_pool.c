@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
+#include "io/bufpool.h"
 #include "io/cuda.h"
 #include "io/pool.h"
 #include "testutil.h"

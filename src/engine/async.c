@@ -15,208 +15,15 @@
 
 #include "../core/error.h"
 #include "../io/cuda.h"
+#include "../io/bufpool.h"
 #include "../io/pool.h"
 #include "engine.h"
 
-/* Pool buffers (strata.h): half the pool up to 8 MiB (a small pool has two), then a
- * sixteenth of it (16 in flight) up to 64 MiB, the largest checksum chunk. */
-#define POOL_BUF_SMALL ((uint64_t)8 << 20)
-#define POOL_BUF_MAX ((uint64_t)64 << 20)
-
-struct strata_pool {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    size_t nbuf, bufsize, nfree;
-    /* a lazy pool's buffers are NULL until pool_get first hands them out, on a save's
-     * own thread (set under mu; a buffer is then read by whoever holds it) */
-    unsigned char **bufs;
-    unsigned char *pinned_buf; /* per buffer: page-locked (under mu) */
-    size_t *freelist;
-    int pinned; /* 0 not tried yet, 1 page-locked for device copies, -1 could not be */
-    int users;  /* saves using it now (under mu) */
-};
-
 void (*st_async_test_hook)(strata_pool *pool);
 
-/* The buffer size strata_pool_new gives a pool of `bytes`. */
-static size_t pool_buffer_rule(uint64_t bytes)
-{
-    uint64_t b = ST_MIN(bytes / 2, ST_MIN(ST_MAX(POOL_BUF_SMALL, bytes / 16), POOL_BUF_MAX));
-    return b < ST_ALIGN ? ST_ALIGN : (size_t)(b / ST_ALIGN * ST_ALIGN);
-}
-
-/* The smallest `bytes` for which strata_pool_new's buffers hold a chunk (a power of two,
- * 4 KiB..64 MiB). */
-static uint64_t pool_bytes_for_chunk(uint64_t chunk)
-{
-    return chunk <= POOL_BUF_SMALL ? 2 * chunk : 16 * chunk;
-}
-
-/* nbuf buffers of bufsize bytes (a multiple of ST_ALIGN); eager: allocated and faulted in
- * now; lazy: by the save that first takes each one (pool_get). */
-static int pool_make(strata_pool **out, size_t nbuf, size_t bufsize, int lazy)
-{
-    *out = NULL;
-    strata_pool *p = calloc(1, sizeof *p);
-    if (!p)
-        return st_fail(STRATA_ENOMEM, "out of memory");
-    p->bufsize = bufsize;
-    p->nbuf = nbuf;
-    pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->cv, NULL);
-    p->bufs = calloc(nbuf, sizeof *p->bufs);
-    p->pinned_buf = calloc(nbuf, 1);
-    p->freelist = calloc(nbuf, sizeof *p->freelist);
-    int rc = p->bufs && p->pinned_buf && p->freelist ? 0 : STRATA_ENOMEM;
-    for (size_t i = 0; i < nbuf && !rc; i++) {
-        if (!lazy) {
-            if (!(p->bufs[i] = st_io_alloc(bufsize)))
-                rc = STRATA_ENOMEM;
-            else
-                memset(p->bufs[i], 0, bufsize); /* fault it in now, not during a save */
-        }
-        p->freelist[p->nfree++] = i;
-    }
-    if (rc) {
-        strata_pool_free(p);
-        return st_fail(STRATA_ENOMEM, "out of memory for a pool of %zu buffers of %zu bytes",
-                       nbuf, bufsize);
-    }
-    *out = p;
-    return 0;
-}
-
-int strata_pool_new(strata_pool **out, uint64_t bytes)
-{
-    *out = NULL;
-    if (bytes < ST_ALIGN)
-        return st_fail(STRATA_EINVAL, "a pool needs at least %u bytes", ST_ALIGN);
-    size_t b = pool_buffer_rule(bytes);
-    uint64_t n = bytes / b;
-    if (n > SIZE_MAX / sizeof(void *))
-        return st_fail(STRATA_ENOMEM, "out of memory for a pool of %llu bytes",
-                       (unsigned long long)bytes);
-    return pool_make(out, (size_t)n, b, 0);
-}
-
-/* The pool a save makes for itself or its saver when given none: for a state of `bytes`,
- * min(1 GiB, the state) (two buffers at least) in buffers of strata_pool_new's size or
- * the chunk, whichever is larger; lazy, so that nothing is allocated on the caller's
- * thread and no page is touched before a copy needs it. */
-static int own_pool_new(strata_pool **out, uint64_t bytes, uint32_t chunk)
-{
-    uint64_t want = ST_MIN((uint64_t)1 << 30, ST_ALIGN_UP(ST_MAX(bytes, 1), ST_ALIGN));
-    size_t b = ST_MAX(pool_buffer_rule(want), (size_t)chunk);
-    return pool_make(out, (size_t)ST_MAX(2, want / b), b, 1);
-}
-
-void strata_pool_free(strata_pool *p)
-{
-    if (!p)
-        return;
-    for (size_t i = 0; p->bufs && i < p->nbuf; i++) {
-        if (p->pinned_buf && p->pinned_buf[i])
-            st_cuda_unpin(p->bufs[i]);
-        st_io_free(p->bufs[i], p->bufsize);
-    }
-    free(p->bufs);
-    free(p->pinned_buf);
-    free(p->freelist);
-    pthread_mutex_destroy(&p->mu);
-    pthread_cond_destroy(&p->cv);
-    free(p);
-}
-
-uint64_t strata_pool_bytes(const strata_pool *p) { return (uint64_t)p->nbuf * p->bufsize; }
-size_t st_pool_buffer_bytes(const strata_pool *p) { return p->bufsize; }
-
-uint64_t st_pool_allocated_bytes(strata_pool *p)
-{
-    pthread_mutex_lock(&p->mu);
-    uint64_t n = 0;
-    for (size_t i = 0; i < p->nbuf; i++)
-        n += p->bufs[i] ? p->bufsize : 0;
-    pthread_mutex_unlock(&p->mu);
-    return n;
-}
-
-int st_pool_busy(strata_pool *p)
-{
-    pthread_mutex_lock(&p->mu);
-    int busy = p->users > 0;
-    pthread_mutex_unlock(&p->mu);
-    return busy;
-}
-
-static void pool_use(strata_pool *p, int d)
-{
-    pthread_mutex_lock(&p->mu);
-    p->users += d;
-    pthread_mutex_unlock(&p->mu);
-}
-
-/* Page-locks buffer i (under mu): cudaMemcpyAsync into pinned memory is a DMA that
- * overlaps the CPU. */
-static int pin_one(strata_pool *p, size_t i)
-{
-    if (!p->pinned_buf[i] && st_cuda_pin(p->bufs[i], p->bufsize))
-        return -1;
-    p->pinned_buf[i] = 1;
-    return 0;
-}
-
-/* Takes a free buffer into *out, waiting for one (back-pressure). A lazy pool's buffer is
- * allocated the first time it is taken (by the save's coordinator thread; pages are
- * faulted in by the copy), and page-locked if the pool is. */
-static int pool_get(strata_pool *p, size_t *out)
-{
-    pthread_mutex_lock(&p->mu);
-    while (p->nfree == 0)
-        pthread_cond_wait(&p->cv, &p->mu);
-    size_t i = p->freelist[--p->nfree];
-    int rc = 0;
-    if (!p->bufs[i]) {
-        if (!(p->bufs[i] = st_io_alloc(p->bufsize))) {
-            p->freelist[p->nfree++] = i;
-            pthread_cond_signal(&p->cv);
-            rc = st_fail(STRATA_ENOMEM, "out of memory for a pool buffer of %zu bytes",
-                         p->bufsize);
-        } else if (p->pinned == 1) {
-            pin_one(p, i); /* if it fails, the copies into this one are staged: slower */
-        }
-    }
-    pthread_mutex_unlock(&p->mu);
-    *out = i;
-    return rc;
-}
-
-/* Page-locks the pool once, the first time a save copies from device memory into it (a
- * lazy pool: the buffers allocated so far, and each later one as it is allocated).
- * Without it the copies still work (staged by the driver), only slower. */
-static void pool_pin(strata_pool *p)
-{
-    pthread_mutex_lock(&p->mu);
-    for (size_t i = 0; !p->pinned && i < p->nbuf; i++)
-        if (p->bufs[i] && pin_one(p, i)) {
-            for (size_t j = 0; j < p->nbuf; j++)
-                if (p->pinned_buf[j]) {
-                    st_cuda_unpin(p->bufs[j]);
-                    p->pinned_buf[j] = 0;
-                }
-            p->pinned = -1;
-        }
-    if (!p->pinned)
-        p->pinned = 1;
-    pthread_mutex_unlock(&p->mu);
-}
-
-static void pool_put(strata_pool *p, size_t i)
-{
-    pthread_mutex_lock(&p->mu);
-    p->freelist[p->nfree++] = i;
-    pthread_cond_signal(&p->cv);
-    pthread_mutex_unlock(&p->mu);
-}
+int strata_pool_new(strata_pool **out, uint64_t bytes) { return st_pool_new(out, bytes); }
+void strata_pool_free(strata_pool *p) { st_pool_free(p); }
+uint64_t strata_pool_bytes(const strata_pool *p) { return st_pool_bytes(p); }
 
 struct strata_handle {
     st_save_plan sp;
@@ -320,22 +127,22 @@ static void *flusher(void *arg)
         }
         size_t slot = h->q_head;
         size_t task = h->q_task[slot], b = h->q_buf[slot];
-        h->q_head = (h->q_head + 1) % h->pool->nbuf;
+        h->q_head = (h->q_head + 1) % st_pool_nbuf(h->pool);
         h->q_len--;
         pthread_mutex_unlock(&h->mu);
         /* the checksums here, not in the snapshot: the caller may be waiting for that */
-        st_hash_write(&h->lay, &h->sp, task, h->pool->bufs[b]);
+        st_hash_write(&h->lay, &h->sp, task, st_pool_buf(h->pool, b));
         /* fastest tier first; a tier that failed is abandoned, the others go on */
         const st_io *w = &h->lay.ios[task];
         for (int t = 0; t < h->ntiers; t++) {
             if (tier_failed(h, t))
                 continue;
             int rc = st_write_task(h->dst->vfs[t], h->files[t][w->file], h->dst->dir[t],
-                                   h->sp.meta->files[w->file].name, w, h->pool->bufs[b]);
+                                   h->sp.meta->files[w->file].name, w, st_pool_buf(h->pool, b));
             if (rc)
                 fail(h, rc, t);
         }
-        pool_put(h->pool, b);
+        st_pool_put(h->pool, b);
     }
 }
 
@@ -359,18 +166,18 @@ static void *copier(void *arg)
         size_t t = atomic_fetch_add(&h->next_task, 1), b;
         if (t >= h->lay.nios || all_failed(h))
             return NULL;
-        int frc = pool_get(h->pool, &b);
+        int frc = st_pool_get(h->pool, &b);
         if (frc) {
             fail(h, frc, -1);
             return NULL;
         }
-        if ((frc = st_fill_write(&h->lay, &h->sp, t, h->pool->bufs[b], 0))) {
+        if ((frc = st_fill_write(&h->lay, &h->sp, t, st_pool_buf(h->pool, b), 0))) {
             fail(h, frc, -1);
-            pool_put(h->pool, b);
+            st_pool_put(h->pool, b);
             return NULL;
         }
         pthread_mutex_lock(&h->mu);
-        size_t slot = (h->q_head + h->q_len) % h->pool->nbuf;
+        size_t slot = (h->q_head + h->q_len) % st_pool_nbuf(h->pool);
         h->q_task[slot] = t;
         h->q_buf[slot] = b;
         h->q_len++;
@@ -400,7 +207,7 @@ static void *copier_main(void *arg)
 static void pool_release(strata_handle *h)
 {
     if (h->uses_pool)
-        pool_use(h->pool, -1);
+        st_pool_use(h->pool, -1);
     h->uses_pool = 0;
 }
 
@@ -425,7 +232,7 @@ static void *coordinator(void *arg)
     const st_dests *dst = h->dst;
     for (size_t i = 0; i < h->sp.npieces; i++)
         if (h->sp.pieces[i].device) {
-            pool_pin(h->pool);
+            st_pool_pin(h->pool);
             break;
         }
     pthread_t cp[8];
@@ -538,32 +345,32 @@ int st_async_start(strata_handle **out, st_save_plan *sp, const strata_save_opts
     int rc = failed;
     strata_pool *pool = pool_slot ? *pool_slot : NULL;
     if (!rc && !pool) { /* lazy: its buffers are allocated by the coordinator */
-        rc = own_pool_new(&pool, h->sp.meta->data_bytes, chunk);
+        rc = st_pool_own(&pool, h->sp.meta->data_bytes, chunk);
         if (!rc && pool_slot)
             *pool_slot = pool; /* the saver's from now on */
         h->own_pool = !rc && !pool_slot;
     }
     h->pool = pool;
-    if (!rc && chunk > pool->bufsize) {
+    if (!rc && chunk > st_pool_buffer_bytes(pool)) {
         uint64_t fit = ST_ALIGN; /* the largest chunk these buffers hold */
-        while (fit * 2 <= pool->bufsize)
+        while (fit * 2 <= st_pool_buffer_bytes(pool))
             fit *= 2;
         rc = st_fail(STRATA_EINVAL, "the pool's buffers (%zu bytes) are smaller than a checksum "
                      "chunk (chunk_bytes %u): use chunk_bytes of at most %llu, or a pool of at "
-                     "least %llu bytes (strata_pool_new)", pool->bufsize, chunk,
-                     (unsigned long long)fit, (unsigned long long)pool_bytes_for_chunk(chunk));
+                     "least %llu bytes (strata_pool_new)", st_pool_buffer_bytes(pool), chunk,
+                     (unsigned long long)fit, (unsigned long long)st_pool_bytes_for_chunk(chunk));
     }
     if (!rc) {
-        pool_use(pool, 1);
+        st_pool_use(pool, 1);
         h->uses_pool = 1;
     }
     if (!rc)
-        rc = st_layout_writes(&h->lay, &h->sp, pool->bufsize);
+        rc = st_layout_writes(&h->lay, &h->sp, st_pool_buffer_bytes(pool));
     h->nflush = st_io_threads(o->io_threads);
     if (!rc) {
         h->flushers = calloc((size_t)h->nflush, sizeof *h->flushers);
-        h->q_task = calloc(pool->nbuf, sizeof *h->q_task);
-        h->q_buf = calloc(pool->nbuf, sizeof *h->q_buf);
+        h->q_task = calloc(st_pool_nbuf(pool), sizeof *h->q_task);
+        h->q_buf = calloc(st_pool_nbuf(pool), sizeof *h->q_buf);
         if (!h->flushers || !h->q_task || !h->q_buf)
             rc = st_fail(STRATA_ENOMEM, "out of memory");
     }

@@ -356,13 +356,6 @@ typedef struct st_commit_ops {
     int (*level)(void *ctx, const char **msg);
 } st_commit_ops;
 
-/* The size of each buffer of a pool. */
-size_t st_pool_buffer_bytes(const strata_pool *p);
-/* Is a save using the pool now? */
-int st_pool_busy(strata_pool *p);
-/* Bytes of the pool's buffers allocated so far (a pool a save makes for itself or its
- * saver allocates each buffer on the save's thread at first use). */
-uint64_t st_pool_allocated_bytes(strata_pool *p);
 /* Tests only: when set, every async save's coordinator thread calls it first, before it
  * touches the pool or the destinations. */
 extern void (*st_async_test_hook)(strata_pool *pool);

@@ -10,6 +10,7 @@
 
 #include "../comm/comm.h"
 #include "../core/error.h"
+#include "../io/bufpool.h"
 #include "engine.h"
 
 struct strata_saver {
