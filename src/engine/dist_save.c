@@ -400,8 +400,7 @@ static int dist_finish(void *ctx, const int *local_rc, const char *const *local_
                                                    d->o.peer_m)
                               : strata_peer_replicate(NULL, comm, d->dst.uri[0],
                                                       d->o.peer_replicas);
-        if (prc)
-            snprintf(d->peer_msg, sizeof d->peer_msg, "%s", strata_error_last());
+        st_err_keep(d->peer_msg, prc);
         atomic_store(&d->level, level | PEER_ENDED | (prc ? 0 : STRATA_LEVEL_REPLICATED));
         st_clear_error();
     }

@@ -275,7 +275,7 @@ static int flush(ex_ctx *c)
     c->meta_reads = l.ls.meta_reads; /* the loader's, as of its last window */
     c->crc_skipped |= l.ls.crc_skipped;
     if (!rc && l.rc)
-        rc = st_fail(l.rc, "%s", l.msg);
+        rc = st_err_restore(l.rc, l.msg);
     if (rc) {
         w->npieces = 0;
         w->used = 0;

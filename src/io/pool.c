@@ -82,7 +82,7 @@ int st_parallel(int nthreads, size_t ntasks, st_task_fn fn, void *ctx)
         pthread_join(th[i], NULL);
     pthread_mutex_destroy(&r.mu);
     if (r.rc)
-        return st_fail(r.rc, "%s", r.msg);
+        return st_err_restore(r.rc, r.msg);
     return 0;
 }
 
@@ -96,7 +96,7 @@ typedef struct {
     atomic_int failed;
     pthread_mutex_t mu; /* guards rc, msg */
     int rc;
-    char msg[1024];
+    char msg[ST_ERR_BYTES];
 } pipe_run;
 
 typedef struct {
@@ -114,8 +114,7 @@ static void pipe_fail(pipe_run *r, int rc)
 {
     pthread_mutex_lock(&r->mu);
     if (!r->rc) {
-        r->rc = rc;
-        snprintf(r->msg, sizeof r->msg, "%s", strata_error_last());
+        r->rc = st_err_keep(r->msg, rc);
     }
     pthread_mutex_unlock(&r->mu);
     atomic_store(&r->failed, 1);
@@ -249,7 +248,7 @@ int st_pipeline(int lanes, size_t ntasks, size_t bufsize, st_stage_fn first, st_
     }
     pthread_mutex_destroy(&r.mu);
     if (r.rc)
-        return st_fail(r.rc, "%s", r.msg);
+        return st_err_restore(r.rc, r.msg);
     return 0;
 }
 
