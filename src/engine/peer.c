@@ -489,8 +489,9 @@ static void restore_free(restore *s)
 }
 
 /* 1. every node's leader says what its copy holds; every rank learns all (allgatherv). */
-static int survey_all(restore *s, int *local)
+static int survey_all(void *p, int *local)
 {
+    restore *s = p;
     (void)local;
     if (s->leader)
         survey(&s->c, &s->b, &s->rec, &s->n_rec);
@@ -502,10 +503,11 @@ static int survey_all(restore *s, int *local)
 }
 
 /* 2. the save: the first usable node's; nodes holding another save's count as empty. */
-static int pick_save(restore *s, int *local)
+static int pick_save(void *p, int *local)
 {
-    size_t at = 0;
+    restore *s = p;
     (void)local;
+    size_t at = 0;
     s->src = -1;
     for (int r = 0; r < s->c.P; r++) {
         if (s->counts[r] >= SURVEY && s->all[at]) {
@@ -523,15 +525,17 @@ static int pick_save(restore *s, int *local)
 }
 
 /* The source's metadata and commit record to every rank; *local: their decoding. */
-static int share_save(restore *s, int *local)
+static int share_save(void *p, int *local)
 {
+    restore *s = p;
     return share_meta(&s->c, s->src, local);
 }
 
 /* The source's record to every rank (length, then bytes); *local: its decoding (how the
  * save was protected: replicas, or parity groups). */
-static int share_record(restore *s, int *local)
+static int share_record(void *p, int *local)
 {
+    restore *s = p;
     uint64_t rlen = s->rec ? s->n_rec : 0;
     int rc = st_bcast(s->c.comm, &rlen, sizeof rlen, s->src);
     if (rc)
@@ -548,8 +552,9 @@ static int share_record(restore *s, int *local)
 }
 
 /* 3. what each usable node holds, and which new node holds each old node's copy. */
-static int find_copies(restore *s, int *local)
+static int find_copies(void *p, int *local)
 {
+    restore *s = p;
     (void)local;
     const uint32_t F = s->c.meta->nfiles;
     s->holder = malloc(((size_t)F + 1) * sizeof *s->holder);
@@ -576,14 +581,16 @@ static int find_copies(restore *s, int *local)
 }
 
 /* With parity: the lost nodes' files decoded, each at a survivor of its group. */
-static int decode_lost(restore *s, int *local)
+static int decode_lost(void *p, int *local)
 {
+    restore *s = p;
     return st_peer_rs_rebuild(&s->c, &s->R, s->old, s->held, &s->sent, &s->got, local);
 }
 
 /* Who holds each file: the first node holding it; STRATA_ENOREPLICA where none does. */
-static int find_holders(restore *s, int *local)
+static int find_holders(void *p, int *local)
 {
+    restore *s = p;
     (void)local;
     const uint32_t F = s->c.meta->nfiles;
     for (uint32_t f = 0; f < F; f++) {
@@ -599,8 +606,9 @@ static int find_holders(restore *s, int *local)
 }
 
 /* 4. a node without the save: its leader makes the directory and writes the metadata. */
-static int prepare_copy(restore *s, int *local)
+static int prepare_copy(void *p, int *local)
 {
+    restore *s = p;
     peer_ctx *c = &s->c;
     if (!s->leader || s->avail[c->ix[c->me]])
         return 0;
@@ -619,8 +627,9 @@ static int prepare_copy(restore *s, int *local)
 
 /* Each node gets the files it lacks (senders spread over the holder's ranks, receivers
  * over the node's), one alltoallv. */
-static int send_missing(restore *s, int *local)
+static int send_missing(void *p, int *local)
 {
+    restore *s = p;
     peer_ctx *c = &s->c;
     const uint32_t F = c->meta->nfiles;
     s->x = calloc((size_t)c->N * F + 1, sizeof *s->x);
@@ -637,8 +646,9 @@ static int send_missing(restore *s, int *local)
 
 /* 5. every node's copy is whole: its leader commits it (the save's own record; a copy
  * committed by another save is STRATA_EEXIST) and records that it holds every file. */
-static int commit_copy(restore *s, int *out)
+static int commit_copy(void *p, int *out)
 {
+    restore *s = p;
     peer_ctx *c = &s->c;
     if (!s->leader)
         return 0;
@@ -670,19 +680,10 @@ static int commit_copy(restore *s, int *out)
     return 0;
 }
 
-static int parity(const restore *s) { return s->R.k != 0; }
+static int parity(const void *s) { return ((const restore *)s)->R.k != 0; }
 
-/* The restore's steps, in order, the same on every rank. A step runs where `when` is
- * NULL or says so (the same on every rank); it returns a failure that ends the restore
- * where it stands (a failed collective; or one rank's, which the others time out on) and
- * sets *local, this rank's outcome; where `agree` names the step, every rank then agrees
- * on the outcomes (st_peer_agree: the first failure). The steps do the work; run_steps
- * alone holds the agreements. */
-static const struct {
-    int (*run)(restore *s, int *local);
-    const char *agree;
-    int (*when)(const restore *s);
-} steps[] = {
+/* The restore's steps, in order, the same on every rank. */
+static const st_peer_step steps[] = {
     {survey_all, NULL, NULL},
     {pick_save, NULL, NULL},
     {share_save, "decoding the checkpoint's metadata", NULL},
@@ -694,20 +695,6 @@ static const struct {
     {send_missing, "rebuilding the lost nodes' files", NULL},
     {commit_copy, "committing the rebuilt copies", NULL},
 };
-
-static int run_steps(restore *s)
-{
-    for (size_t i = 0; i < sizeof steps / sizeof *steps; i++) {
-        if (steps[i].when && !steps[i].when(s))
-            continue;
-        int local = 0, rc = steps[i].run(s, &local);
-        if (!rc && steps[i].agree)
-            rc = st_peer_agree(s->c.comm, steps[i].agree, local);
-        if (rc)
-            return rc;
-    }
-    return 0;
-}
 
 int strata_peer_restore(strata_peer_info *out, strata_comm *comm, const char *uri)
 {
@@ -721,7 +708,8 @@ int strata_peer_restore(strata_peer_info *out, strata_comm *comm, const char *ur
     int rc = layout(&s.c, comm, uri);
     if (!rc) {
         s.leader = s.c.lead[s.c.ix[s.c.me]] == s.c.me;
-        rc = run_steps(&s);
+        int local = 0; /* every step that can fail on one rank is agreed on */
+        rc = st_peer_steps(comm, steps, sizeof steps / sizeof *steps, &s, &local);
     }
     if (!rc && out) {
         peer_ctx *c = &s.c;
