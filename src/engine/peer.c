@@ -109,8 +109,9 @@ static int take_meta(peer_ctx *c)
     return rc;
 }
 
-/* Root's metadata and commit record to every rank (lengths, then bytes), decoded. */
-static int share_meta(peer_ctx *c, int root)
+/* Root's metadata and commit record to every rank (lengths, then bytes); *local: their
+ * decoding (take_meta), for the caller to agree on. */
+static int share_meta(peer_ctx *c, int root, int *local)
 {
     uint64_t len[2] = {c->mlen, c->clen};
     int rc = st_bcast(c->comm, len, sizeof len, root);
@@ -125,10 +126,10 @@ static int share_meta(peer_ctx *c, int root)
         if (!c->mbuf || !c->cbuf)
             return st_fail(STRATA_ENOMEM, "out of memory"); /* a hang the time limit ends */
     }
-    if ((rc = st_bcast(c->comm, c->mbuf, c->mlen, root)) ||
-        (rc = st_bcast(c->comm, c->cbuf, c->clen, root)))
-        return rc;
-    return st_peer_agree(c->comm, "decoding the checkpoint's metadata", take_meta(c));
+    if (!(rc = st_bcast(c->comm, c->mbuf, c->mlen, root)) &&
+        !(rc = st_bcast(c->comm, c->cbuf, c->clen, root)))
+        *local = take_meta(c);
+    return rc;
 }
 
 /* ---- the exchange: files to ranks, one alltoallv ---- */
@@ -274,7 +275,8 @@ static int protect(strata_peer_info *out, strata_comm *comm, const char *uri, in
     if (local)
         local = st_wrap(local, "%s is not committed on rank 0's node", uri);
     if ((rc = st_peer_agree(comm, "reading the committed checkpoint", local)) ||
-        (rc = share_meta(&c, ST_ROOT)))
+        (rc = share_meta(&c, ST_ROOT, &local)) ||
+        (rc = st_peer_agree(comm, "decoding the checkpoint's metadata", local)))
         goto out;
     const uint32_t F = c.meta->nfiles;
     x = calloc((size_t)c.P * (size_t)(replicas + 1), sizeof *x);
@@ -451,6 +453,249 @@ static int lost(const peer_ctx *c, const char *uri, const int *holder)
                    k > 6 ? ", ..." : "");
 }
 
+/* A restore's state, shared by its steps (in the order strata_peer_restore runs them). */
+typedef struct {
+    peer_ctx c;
+    const char *uri;
+    int leader;            /* this rank leads its node */
+    st_buf b;              /* this leader's survey */
+    unsigned char *all;    /* every rank's survey (counts[r] bytes each, in rank order) */
+    size_t *counts;
+    unsigned char *rec;    /* the source's replica record (n_rec bytes), decoded into R */
+    size_t n_rec;
+    peer_rec R;
+    int src;               /* the source: the first rank whose node holds a usable copy */
+    uint64_t id;           /* its save */
+    int *avail;            /* per node: its copy holds the save */
+    int *old;              /* per old node: the new node holding its copy, or -1 */
+    unsigned char *held;   /* node i's files: held + i * nfiles */
+    int *holder;           /* per file: the first node holding it */
+    xfer *x;
+    uint64_t sent, got;
+} restore;
+
+static void restore_free(restore *s)
+{
+    free(s->b.p);
+    free(s->all);
+    free(s->rec);
+    free(s->counts);
+    free(s->avail);
+    free(s->holder);
+    free(s->held);
+    free(s->old);
+    free(s->x);
+    ctx_free(&s->c);
+}
+
+/* 1. every node's leader says what its copy holds; every rank learns all (allgatherv). */
+static int survey_all(void *p, int *local)
+{
+    restore *s = p;
+    (void)local;
+    if (s->leader)
+        survey(&s->c, &s->b, &s->rec, &s->n_rec);
+    s->counts = calloc((size_t)s->c.P, sizeof *s->counts);
+    s->avail = calloc((size_t)s->c.N, sizeof *s->avail);
+    if (s->b.oom || !s->counts || !s->avail)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    return st_allgatherv(s->c.comm, s->b.p, s->b.n, &s->all, s->counts);
+}
+
+/* 2. the save: the first usable node's; nodes holding another save's count as empty. */
+static int pick_save(void *p, int *local)
+{
+    restore *s = p;
+    (void)local;
+    size_t at = 0;
+    s->src = -1;
+    for (int r = 0; r < s->c.P; r++) {
+        if (s->counts[r] >= SURVEY && s->all[at]) {
+            uint64_t sid = st_get_u64(s->all + at + 1);
+            if (s->src < 0)
+                s->src = r, s->id = sid;
+            s->avail[s->c.ix[r]] = sid == s->id;
+        }
+        at += s->counts[r];
+    }
+    if (s->src < 0)
+        return st_fail(STRATA_ENOREPLICA, "no surviving node holds committed peer replicas "
+                       "of %s", s->uri);
+    return 0;
+}
+
+/* The source's metadata and commit record to every rank; *local: their decoding. */
+static int share_save(void *p, int *local)
+{
+    restore *s = p;
+    return share_meta(&s->c, s->src, local);
+}
+
+/* The source's record to every rank (length, then bytes); *local: its decoding (how the
+ * save was protected: replicas, or parity groups). */
+static int share_record(void *p, int *local)
+{
+    restore *s = p;
+    uint64_t rlen = s->rec ? s->n_rec : 0;
+    int rc = st_bcast(s->c.comm, &rlen, sizeof rlen, s->src);
+    if (rc)
+        return rc;
+    if (s->c.me != s->src && rlen <= PEER_MAX_BYTES) {
+        free(s->rec);
+        s->rec = malloc(rlen + 1);
+    }
+    if (!s->rec || rlen > PEER_MAX_BYTES)
+        return st_fail(STRATA_ENOMEM, "out of memory"); /* the others time out */
+    if (!(rc = st_bcast(s->c.comm, s->rec, rlen, s->src)))
+        *local = st_peer_rec_decode(&s->R, s->rec, rlen);
+    return rc;
+}
+
+/* 3. what each usable node holds, and which new node holds each old node's copy. */
+static int find_copies(void *p, int *local)
+{
+    restore *s = p;
+    (void)local;
+    const uint32_t F = s->c.meta->nfiles;
+    s->holder = malloc(((size_t)F + 1) * sizeof *s->holder);
+    s->held = calloc((size_t)s->c.N * (F + 1), 1);
+    if (!s->holder || !s->held)
+        return st_fail(STRATA_ENOMEM, "out of memory"); /* the others time out */
+    s->old = malloc(((size_t)s->R.nodes + 1) * sizeof *s->old);
+    if (!s->old)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    for (uint32_t i = 0; i < s->R.nodes; i++)
+        s->old[i] = -1;
+    size_t at = 0;
+    for (int r = 0; r < s->c.P; r++) {
+        int i = s->c.ix[r];
+        if (s->avail[i] && s->c.ns.node[r] == r && s->counts[r] == SURVEY + (size_t)F) {
+            memcpy(s->held + (size_t)i * F, s->all + at + SURVEY, F);
+            uint32_t was = st_get_u32(s->all + at + 9);
+            if (was < s->R.nodes && s->old[was] < 0)
+                s->old[was] = i;
+        }
+        at += s->counts[r];
+    }
+    return 0;
+}
+
+/* With parity: the lost nodes' files decoded, each at a survivor of its group. */
+static int decode_lost(void *p, int *local)
+{
+    restore *s = p;
+    return st_peer_rs_rebuild(&s->c, &s->R, s->old, s->held, &s->sent, &s->got, local);
+}
+
+/* Who holds each file: the first node holding it; STRATA_ENOREPLICA where none does. */
+static int find_holders(void *p, int *local)
+{
+    restore *s = p;
+    (void)local;
+    const uint32_t F = s->c.meta->nfiles;
+    for (uint32_t f = 0; f < F; f++) {
+        s->holder[f] = -1;
+        for (int i = 0; i < s->c.N && s->holder[f] < 0; i++)
+            if (s->held[(size_t)i * F + f])
+                s->holder[f] = i;
+    }
+    for (uint32_t f = 0; f < F; f++)
+        if (s->holder[f] < 0)
+            return lost(&s->c, s->uri, s->holder);
+    return 0;
+}
+
+/* 4. a node without the save: its leader makes the directory and writes the metadata. */
+static int prepare_copy(void *p, int *local)
+{
+    restore *s = p;
+    peer_ctx *c = &s->c;
+    if (!s->leader || s->avail[c->ix[c->me]])
+        return 0;
+    char parent[PATH_MAX];
+    snprintf(parent, sizeof parent, "%s", c->dir);
+    char *slash = strrchr(parent, '/');
+    if (slash && slash != parent) {
+        *slash = 0;
+        c->vfs->mkdir(c->vfs, parent);
+    }
+    int e = c->vfs->mkdir(c->vfs, c->dir);
+    *local = e && e != -EEXIST ? st_fail(STRATA_EIO, "cannot make %s: %s", c->dir, strerror(-e))
+                               : st_peer_write(c, ST_META_FILE, c->mbuf, c->mlen, 1);
+    return 0;
+}
+
+/* Each node gets the files it lacks (senders spread over the holder's ranks, receivers
+ * over the node's), one alltoallv. */
+static int send_missing(void *p, int *local)
+{
+    restore *s = p;
+    peer_ctx *c = &s->c;
+    const uint32_t F = c->meta->nfiles;
+    s->x = calloc((size_t)c->N * F + 1, sizeof *s->x);
+    if (!s->x)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    size_t n = 0;
+    for (int i = 0; i < c->N; i++)
+        for (uint32_t f = 0; f < F; f++)
+            if (!s->held[(size_t)i * F + f])
+                s->x[n++] = (xfer){rank_on(c, s->holder[f], (int)(f + (uint32_t)i)),
+                                   rank_on(c, i, (int)f), f};
+    return exchange(c, s->x, n, &s->sent, &s->got, local);
+}
+
+/* 5. every node's copy is whole: its leader commits it (the save's own record; a copy
+ * committed by another save is STRATA_EEXIST) and records that it holds every file. */
+static int commit_copy(void *p, int *out)
+{
+    restore *s = p;
+    peer_ctx *c = &s->c;
+    if (!s->leader)
+        return 0;
+    unsigned char *cur = NULL, *all1 = malloc(c->meta->nfiles + 1);
+    uint32_t *owner0 = NULL;
+    size_t cl = 0;
+    st_commit a, bb;
+    int local = 0;
+    if (!all1) {
+        local = st_fail(STRATA_ENOMEM, "out of memory");
+    } else if (st_peer_read(c, ST_COMMIT_FILE, ST_COMMIT_SIZE, &cur, &cl) == 0) {
+        if (st_commit_decode(&a, cur, cl) || st_commit_decode(&bb, c->cbuf, c->clen) ||
+            !st_commit_same(&a, &bb))
+            local = st_fail(STRATA_EEXIST, "%s holds another save's commit record", c->dir);
+    } else {
+        local = st_peer_write(c, ST_COMMIT_FILE, c->cbuf, c->clen, 1);
+    }
+    owner0 = calloc((size_t)c->meta->nfiles + 1, sizeof *owner0);
+    if (!local && !owner0)
+        local = st_fail(STRATA_ENOMEM, "out of memory");
+    if (!local) { /* a whole copy: the owners no longer matter */
+        memset(all1, 1, c->meta->nfiles);
+        local = rec_write(c, all1, owner0, 0, 0, 0, 0);
+    }
+    free(cur);
+    free(all1);
+    free(owner0);
+    *out = local;
+    return 0;
+}
+
+static int parity(const void *s) { return ((const restore *)s)->R.k != 0; }
+
+/* The restore's steps, in order, the same on every rank. */
+static const st_peer_step steps[] = {
+    {survey_all, NULL, NULL},
+    {pick_save, NULL, NULL},
+    {share_save, "decoding the checkpoint's metadata", NULL},
+    {share_record, "reading the replica record", NULL},
+    {find_copies, NULL, NULL},
+    {decode_lost, "decoding the lost nodes' files", parity},
+    {find_holders, NULL, NULL},
+    {prepare_copy, "preparing the surviving nodes' copies", NULL},
+    {send_missing, "rebuilding the lost nodes' files", NULL},
+    {commit_copy, "committing the rebuilt copies", NULL},
+};
+
 int strata_peer_restore(strata_peer_info *out, strata_comm *comm, const char *uri)
 {
     st_clear_error();
@@ -459,179 +704,20 @@ int strata_peer_restore(strata_peer_info *out, strata_comm *comm, const char *ur
     if (!comm || !uri)
         return st_fail(STRATA_EINVAL, "strata_peer_restore: a communicator and a URI are "
                                       "needed");
-    peer_ctx c = {0};
-    st_buf b = {0};
-    unsigned char *all = NULL, *rec = NULL, *held = NULL;
-    size_t *counts = NULL;
-    int *holder = NULL, *avail = NULL, *old = NULL;
-    uint32_t *owner0 = NULL;
-    xfer *x = NULL;
-    uint64_t sent = 0, got = 0, id = 0;
-    size_t n_rec = 0;
-    int rc = layout(&c, comm, uri), local = 0, src = -1;
-    if (rc)
-        goto out;
-    /* 1. every node's leader says what its copy holds; every rank learns all */
-    const int leader = c.lead[c.ix[c.me]] == c.me;
-    if (leader)
-        survey(&c, &b, &rec, &n_rec);
-    counts = calloc((size_t)c.P, sizeof *counts);
-    avail = calloc((size_t)c.N, sizeof *avail);
-    if (b.oom || !counts || !avail) {
-        rc = st_fail(STRATA_ENOMEM, "out of memory");
-        goto out;
+    restore s = {.uri = uri, .src = -1};
+    int rc = layout(&s.c, comm, uri);
+    if (!rc) {
+        s.leader = s.c.lead[s.c.ix[s.c.me]] == s.c.me;
+        int local = 0; /* every step that can fail on one rank is agreed on */
+        rc = st_peer_steps(comm, steps, sizeof steps / sizeof *steps, &s, &local);
     }
-    if ((rc = st_allgatherv(comm, b.p, b.n, &all, counts)))
-        goto out;
-    /* 2. the save: the first usable node's; nodes holding another save's count as empty */
-    size_t at = 0;
-    for (int r = 0; r < c.P; r++) {
-        if (counts[r] >= SURVEY && all[at]) {
-            uint64_t sid = st_get_u64(all + at + 1);
-            if (src < 0)
-                src = r, id = sid;
-            avail[c.ix[r]] = sid == id;
-        }
-        at += counts[r];
+    if (!rc && out) {
+        peer_ctx *c = &s.c;
+        *out = (strata_peer_info){.nodes = c->N, .step = c->cr.step, .save_id = c->cr.save_id,
+                                  .bytes_sent = s.sent, .bytes_received = s.got};
+        for (uint32_t f = 0; f < c->meta->nfiles; f++)
+            out->bytes_held += c->meta->files[f].bytes;
     }
-    if (src < 0) {
-        rc = st_fail(STRATA_ENOREPLICA, "no surviving node holds committed peer replicas of %s",
-                     uri);
-        goto out;
-    }
-    if ((rc = share_meta(&c, src)))
-        goto out;
-    /* the source's record: how the save was protected (replicas, or parity groups) */
-    uint64_t rlen = rec ? n_rec : 0;
-    peer_rec R;
-    if ((rc = st_bcast(comm, &rlen, sizeof rlen, src)))
-        goto out;
-    if (c.me != src && rlen <= PEER_MAX_BYTES) {
-        free(rec);
-        rec = malloc(rlen + 1);
-    }
-    if (!rec || rlen > PEER_MAX_BYTES) {
-        rc = st_fail(STRATA_ENOMEM, "out of memory"); /* the others time out */
-        goto out;
-    }
-    if ((rc = st_bcast(comm, rec, rlen, src)) ||
-        (rc = st_peer_agree(comm, "reading the replica record",
-                            st_peer_rec_decode(&R, rec, rlen))))
-        goto out;
-    /* 3. who holds each file: the first usable node */
-    holder = malloc(((size_t)c.meta->nfiles + 1) * sizeof *holder);
-    held = calloc((size_t)c.N * (c.meta->nfiles + 1), 1); /* node i's: held + i * nfiles */
-    if (!holder || !held) {
-        rc = st_fail(STRATA_ENOMEM, "out of memory"); /* the others time out */
-        goto out;
-    }
-    old = malloc(((size_t)R.nodes + 1) * sizeof *old);
-    if (!old) {
-        rc = st_fail(STRATA_ENOMEM, "out of memory");
-        goto out;
-    }
-    for (uint32_t i = 0; i < R.nodes; i++)
-        old[i] = -1;
-    at = 0;
-    for (int r = 0; r < c.P; r++) {
-        if (avail[c.ix[r]] && c.ns.node[r] == r &&
-            counts[r] == SURVEY + (size_t)c.meta->nfiles) {
-            memcpy(held + (size_t)c.ix[r] * c.meta->nfiles, all + at + SURVEY, c.meta->nfiles);
-            uint32_t was = st_get_u32(all + at + 9);
-            if (was < R.nodes && old[was] < 0)
-                old[was] = c.ix[r];
-        }
-        at += counts[r];
-    }
-    /* with parity: the lost nodes' files decoded, each at a survivor of its group */
-    if (R.k && ((rc = st_peer_rs_rebuild(&c, &R, old, held, &sent, &got, &local)) ||
-                (rc = st_peer_agree(comm, "decoding the lost nodes' files", local))))
-        goto out;
-    for (uint32_t f = 0; f < c.meta->nfiles; f++) {
-        holder[f] = -1;
-        for (int i = 0; i < c.N && holder[f] < 0; i++)
-            if (held[(size_t)i * c.meta->nfiles + f])
-                holder[f] = i;
-    }
-    for (uint32_t f = 0; f < c.meta->nfiles; f++)
-        if (holder[f] < 0) {
-            rc = lost(&c, uri, holder);
-            goto out;
-        }
-    /* 4. each node gets what it lacks: the directory and metadata by its leader first */
-    if (leader && !avail[c.ix[c.me]]) {
-        char parent[PATH_MAX];
-        snprintf(parent, sizeof parent, "%s", c.dir);
-        char *slash = strrchr(parent, '/');
-        if (slash && slash != parent) {
-            *slash = 0;
-            c.vfs->mkdir(c.vfs, parent);
-        }
-        int e = c.vfs->mkdir(c.vfs, c.dir);
-        local = e && e != -EEXIST ? st_fail(STRATA_EIO, "cannot make %s: %s", c.dir,
-                                            strerror(-e))
-                                  : st_peer_write(&c, ST_META_FILE, c.mbuf, c.mlen, 1);
-    }
-    if ((rc = st_peer_agree(comm, "preparing the surviving nodes' copies", local)))
-        goto out;
-    x = calloc((size_t)c.N * c.meta->nfiles + 1, sizeof *x);
-    if (!x) {
-        rc = st_fail(STRATA_ENOMEM, "out of memory");
-        goto out;
-    }
-    size_t n = 0;
-    for (int i = 0; i < c.N; i++)
-        for (uint32_t f = 0; f < c.meta->nfiles; f++)
-            if (!held[(size_t)i * c.meta->nfiles + f])
-                x[n++] = (xfer){rank_on(&c, holder[f], (int)(f + (uint32_t)i)),
-                                rank_on(&c, i, (int)f), f};
-    if ((rc = exchange(&c, x, n, &sent, &got, &local)) ||
-        (rc = st_peer_agree(comm, "rebuilding the lost nodes' files", local)))
-        goto out;
-    /* 5. every node's copy is whole: its leader commits it (the save's own record) and
-     * records that it holds every file */
-    if (leader) {
-        unsigned char *cur = NULL, *all1 = malloc(c.meta->nfiles + 1);
-        size_t cl = 0;
-        st_commit a, bb;
-        if (!all1) {
-            local = st_fail(STRATA_ENOMEM, "out of memory");
-        } else if (st_peer_read(&c, ST_COMMIT_FILE, ST_COMMIT_SIZE, &cur, &cl) == 0) {
-            if (st_commit_decode(&a, cur, cl) || st_commit_decode(&bb, c.cbuf, c.clen) ||
-                !st_commit_same(&a, &bb))
-                local = st_fail(STRATA_EEXIST, "%s holds another save's commit record", c.dir);
-        } else {
-            local = st_peer_write(&c, ST_COMMIT_FILE, c.cbuf, c.clen, 1);
-        }
-        owner0 = calloc((size_t)c.meta->nfiles + 1, sizeof *owner0);
-        if (!local && !owner0)
-            local = st_fail(STRATA_ENOMEM, "out of memory");
-        if (!local) { /* a whole copy: the owners no longer matter */
-            memset(all1, 1, c.meta->nfiles);
-            local = rec_write(&c, all1, owner0, 0, 0, 0, 0);
-        }
-        free(cur);
-        free(all1);
-    }
-    if ((rc = st_peer_agree(comm, "committing the rebuilt copies", local)))
-        goto out;
-    if (out) {
-        *out = (strata_peer_info){.nodes = c.N, .step = c.cr.step, .save_id = c.cr.save_id,
-                                  .bytes_sent = sent, .bytes_received = got};
-        for (uint32_t f = 0; f < c.meta->nfiles; f++)
-            out->bytes_held += c.meta->files[f].bytes;
-    }
-out:
-    free(b.p);
-    free(all);
-    free(rec);
-    free(counts);
-    free(avail);
-    free(holder);
-    free(held);
-    free(old);
-    free(owner0);
-    free(x);
-    ctx_free(&c);
+    restore_free(&s);
     return rc;
 }

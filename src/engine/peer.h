@@ -40,6 +40,21 @@ int st_peer_read_into(const peer_ctx *c, const char *name, void *buf, size_t n);
 /* Every rank's outcome agreed on (a collective): 0, or the first failure's. */
 int st_peer_agree(strata_comm *comm, const char *what, int rc);
 
+/* A peer operation cut into steps (its state s, shared by them): run does a step's work
+ * and sets *local, this rank's outcome; it returns a failure that ends the operation where
+ * it stands (a failed collective, or one rank's that the others time out on). Where agree
+ * names the step, every rank then agrees on the outcomes (st_peer_agree); where it is NULL,
+ * a failed outcome ends the steps, for the caller to agree on. A step runs where `when` is
+ * NULL or says so (the same on every rank). The steps do the work, st_peer_steps (a
+ * collective) holds the agreements: DCP's _DistWrapper's shape. */
+typedef struct {
+    int (*run)(void *s, int *local);
+    const char *agree;
+    int (*when)(const void *s);
+} st_peer_step;
+/* Runs steps[0..n) in order; 0 with *local set where a step without agreement failed. */
+int st_peer_steps(strata_comm *comm, const st_peer_step *steps, size_t n, void *s, int *local);
+
 /* Reed-Solomon (peer_rs.c; STRATA_ENOTSUP without ISA-L). The nodes in groups of k + m
  * consecutive ones (N a multiple of k + m); owner[f]: the node of each file. Encode (a
  * collective; node leaders do the work): each group's n = k + m codewords of k data

@@ -90,3 +90,20 @@ int st_peer_agree(strata_comm *comm, const char *what, int rc)
     free(lens);
     return arc;
 }
+
+int st_peer_steps(strata_comm *comm, const st_peer_step *steps, size_t n, void *s, int *local)
+{
+    *local = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (steps[i].when && !steps[i].when(s))
+            continue;
+        int mine = 0, rc = steps[i].run(s, &mine);
+        if (!rc && steps[i].agree)
+            rc = st_peer_agree(comm, steps[i].agree, mine);
+        if (rc)
+            return rc;
+        if (mine) /* a step the caller agrees on */
+            return *local = mine, 0;
+    }
+    return 0;
+}

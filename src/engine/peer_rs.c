@@ -207,147 +207,236 @@ out:
     return rc;
 }
 
-int st_peer_rs_rebuild(peer_ctx *c, const peer_rec *r, const int *old, unsigned char *holds,
-                       uint64_t *sent, uint64_t *got, int *local)
+/* A rebuild's state, shared by its steps (in the order st_peer_rs_rebuild runs them). */
+typedef struct {
+    peer_ctx *c;
+    const peer_rec *r;
+    const int *old;        /* per old node: the new node holding its copy, or -1 */
+    unsigned char *holds;  /* the caller's: new node i's files, holds + i * nfiles */
+    uint64_t *sent, *got;
+    int k, m, n, N0;       /* the code, the group, the old node count */
+    uint32_t F;
+    uint64_t b;            /* the block */
+    uint32_t *owner;       /* per file: its old node */
+    int *dec;              /* per lost old node: the old node (a survivor) decoding it */
+    hop *h;                /* the blocks the decoders take, row[i]: hop i's codeword row */
+    int *row;
+    unsigned char **sends; /* this rank's block for each hop it sends */
+    size_t nh;
+    unsigned char *mine;   /* this rank's old node's data, where it leads a copy */
+    unsigned char *in;     /* the blocks to me, in hop order */
+} rebuild;
+
+static int rebuild_init(rebuild *s, peer_ctx *c, const peer_rec *r, const int *old,
+                        unsigned char *holds, uint64_t *sent, uint64_t *got)
 {
-    const int k = (int)r->k, m = (int)r->m, n = k + m, N0 = (int)r->nodes, me = c->me;
-    const uint32_t F = r->nfiles;
-    const uint64_t b = r->block;
-    uint32_t *owner = malloc((size_t)F * sizeof *owner + 1);
-    int *dec = calloc((size_t)N0, sizeof *dec);
-    hop *h = calloc((size_t)N0 * (size_t)k * (size_t)k + 1, sizeof *h);
-    int *row = calloc((size_t)N0 * (size_t)k * (size_t)k + 1, sizeof *row);
-    unsigned char **sends = calloc((size_t)N0 * (size_t)k * (size_t)k + 1, sizeof *sends);
-    unsigned char *mine = NULL, *in = NULL, *whole = NULL;
-    size_t nh = 0;
-    int rc = 0;
-    *local = 0;
-    if (!owner || !dec || !h || !row || !sends) {
-        rc = st_fail(STRATA_ENOMEM, "out of memory"); /* the others time out */
-        goto out;
-    }
-    for (uint32_t f = 0; f < F; f++)
-        owner[f] = st_get_u32(r->owner + 4 * (size_t)f);
-    /* each lost node's decoder: the first survivor of its group */
-    for (int x = 0; x < N0; x++) {
-        dec[x] = -1;
-        if (old[x] >= 0)
+    *s = (rebuild){.c = c, .r = r, .old = old, .holds = holds, .sent = sent, .got = got,
+                   .k = (int)r->k, .m = (int)r->m, .n = (int)(r->k + r->m),
+                   .N0 = (int)r->nodes, .F = r->nfiles, .b = r->block};
+    const size_t most = (size_t)s->N0 * (size_t)s->k * (size_t)s->k + 1;
+    s->owner = malloc((size_t)s->F * sizeof *s->owner + 1);
+    s->dec = calloc((size_t)s->N0, sizeof *s->dec);
+    s->h = calloc(most, sizeof *s->h);
+    s->row = calloc(most, sizeof *s->row);
+    s->sends = calloc(most, sizeof *s->sends);
+    if (!s->owner || !s->dec || !s->h || !s->row || !s->sends)
+        return st_fail(STRATA_ENOMEM, "out of memory"); /* the others time out */
+    for (uint32_t f = 0; f < s->F; f++)
+        s->owner[f] = st_get_u32(r->owner + 4 * (size_t)f);
+    return 0;
+}
+
+static void rebuild_free(rebuild *s)
+{
+    for (size_t i = 0; s->sends && i < s->nh; i++) /* the parity blocks read */
+        if (s->h[i].from == s->c->me && s->row[i] >= s->k)
+            free(s->sends[i]);
+    free(s->owner);
+    free(s->dec);
+    free(s->h);
+    free(s->row);
+    free(s->sends);
+    free(s->mine);
+    free(s->in);
+}
+
+/* Each lost node's decoder: the first survivor of its group; STRATA_ENOREPLICA where a
+ * group lost more than m (the same on every rank). */
+static int find_decoders(void *p, int *local)
+{
+    rebuild *s = p;
+    const int n = s->n;
+    (void)local;
+    for (int x = 0; x < s->N0; x++) {
+        s->dec[x] = -1;
+        if (s->old[x] >= 0)
             continue;
         int g = x / n, lost = 0;
         for (int y = g * n; y < g * n + n; y++) {
-            lost += old[y] < 0;
-            if (old[y] >= 0 && dec[x] < 0)
-                dec[x] = y;
+            lost += s->old[y] < 0;
+            if (s->old[y] >= 0 && s->dec[x] < 0)
+                s->dec[x] = y;
         }
-        if (lost > m) {
-            rc = st_fail(STRATA_ENOREPLICA, "step %llu of %s cannot be rebuilt: nodes %d..%d "
-                         "(parity group %d of %d + %d) lost %d, more than %d",
-                         (unsigned long long)r->step, c->dir, g * n, g * n + n - 1, g, k, m,
-                         lost, m);
-            goto out;
-        }
+        if (lost > s->m)
+            return st_fail(STRATA_ENOREPLICA, "step %llu of %s cannot be rebuilt: nodes "
+                           "%d..%d (parity group %d of %d + %d) lost %d, more than %d",
+                           (unsigned long long)s->r->step, s->c->dir, g * n, g * n + n - 1,
+                           g, s->k, s->m, lost, s->m);
     }
-    /* every block a decoder takes: of codeword j (of x's group), the first k present */
+    return 0;
+}
+
+/* The leader of a surviving copy: its old node's data (its k blocks). */
+static int read_share(void *p, int *local)
+{
+    rebuild *s = p;
     int mold = -1; /* the old node whose copy this rank leads, if any */
-    for (int y = 0; y < N0; y++)
-        if (old[y] >= 0 && c->lead[old[y]] == me)
+    for (int y = 0; y < s->N0; y++)
+        if (s->old[y] >= 0 && s->c->lead[s->old[y]] == s->c->me)
             mold = y;
     if (mold >= 0) {
-        mine = malloc((size_t)k * b + 1);
-        if (!mine || node_data(c, owner, (uint32_t)mold, mine, (uint64_t)k * b))
-            *local = mine ? STRATA_EIO : st_fail(STRATA_ENOMEM, "out of memory");
+        s->mine = malloc((size_t)s->k * s->b + 1);
+        if (!s->mine || node_data(s->c, s->owner, (uint32_t)mold, s->mine, (uint64_t)s->k * s->b))
+            *local = s->mine ? STRATA_EIO : st_fail(STRATA_ENOMEM, "out of memory");
     }
-    if ((rc = st_peer_agree(c->comm, "reading the survivors' shares", *local)))
-        goto out;
-    for (int x = 0; x < N0; x++) {
-        if (old[x] >= 0)
+    return 0;
+}
+
+/* This rank's part of hop i, the block of row s of codeword j of group g: a data block
+ * of its share, or a parity file read (freed by rebuild_free). */
+static void send_block(rebuild *s, size_t i, int g, int j, int row, int *local)
+{
+    if (row < s->k) {
+        s->sends[i] = s->mine + (size_t)row * s->b;
+        return;
+    }
+    char name[40];
+    unsigned char *p = NULL;
+    size_t len = 0;
+    st_peer_parity_name(name, (uint32_t)(g * s->n + j));
+    if (!*local && (*local = st_peer_read(s->c, name, s->b, &p, &len)) == 0 && len != s->b)
+        *local = st_fail(STRATA_EINCOMPLETE, "%s/%s is short", s->c->dir, name);
+    s->sends[i] = p;
+}
+
+/* Every block a decoder takes (the same list on every rank): of each codeword j of a lost
+ * node's group that holds one of its blocks, the first k present; this rank's read. */
+static int plan_blocks(void *p, int *local)
+{
+    rebuild *s = p;
+    const int n = s->n, me = s->c->me;
+    for (int x = 0; x < s->N0; x++) {
+        if (s->old[x] >= 0)
             continue;
         int g = x / n, qx = x % n;
-        for (int t = 0; t < k; t++) {
+        for (int t = 0; t < s->k; t++) {
             int j = (qx - t + n) % n, took = 0;
-            for (int s = 0; s < n && took < k; s++) { /* rows 0..k-1 data, k.. parity */
-                int y = g * n + (j + s) % n; /* data s, or parity s - k */
-                if (old[y] < 0)
+            for (int r = 0; r < n && took < s->k; r++) { /* rows 0..k-1 data, k.. parity */
+                int y = g * n + (j + r) % n; /* data r, or parity r - k */
+                if (s->old[y] < 0)
                     continue;
-                int from = c->lead[old[y]];
-                if (from == me) {
-                    if (s < k) {
-                        sends[nh] = mine + (size_t)s * b;
-                    } else {
-                        char name[40];
-                        unsigned char *p = NULL;
-                        size_t len = 0;
-                        st_peer_parity_name(name, (uint32_t)(g * n + j));
-                        if (!*local && (*local = st_peer_read(c, name, b, &p, &len)) == 0 &&
-                            len != b)
-                            *local = st_fail(STRATA_EINCOMPLETE, "%s/%s is short", c->dir,
-                                             name);
-                        sends[nh] = p; /* freed below */
-                    }
-                }
-                row[nh] = s;
-                h[nh++] = (hop){from, c->lead[old[dec[x]]]};
+                int from = s->c->lead[s->old[y]];
+                if (from == me)
+                    send_block(s, s->nh, g, j, r, local);
+                s->row[s->nh] = r;
+                s->h[s->nh++] = (hop){from, s->c->lead[s->old[s->dec[x]]]};
                 took++;
             }
         }
     }
-    if ((rc = st_peer_agree(c->comm, "reading the survivors' blocks", *local)) ||
-        (rc = run_hops(c, h, nh, sends, b, &in, sent)))
-        goto out;
-    /* decode each lost node's blocks at its decoder, write its files there */
-    unsigned char a[255 * 255], sub[255 * 255], inv[255 * 255], tbl[32 * 255];
-    gf_gen_cauchy1_matrix(a, n, k);
-    whole = malloc((size_t)k * b + 1);
-    size_t at = 0, i = 0; /* i walks the hop list, at the blocks to me */
-    for (int x = 0; x < N0 && !*local; x++) {
-        if (old[x] >= 0)
-            continue;
-        int to = c->lead[old[dec[x]]];
-        for (int t = 0; t < k; t++) {
-            unsigned char *src[255];
-            for (int s = 0; s < k; s++, i++) {
-                memcpy(sub + s * k, a + row[i] * k, (size_t)k);
-                src[s] = to == me ? in + (at++) * b : NULL;
-            }
-            if (to != me)
-                continue;
-            if (!whole || gf_invert_matrix(sub, inv, k) < 0) {
-                *local = st_fail(whole ? STRATA_EIO : STRATA_ENOMEM,
-                                 "cannot decode node %d's block %d", x, t);
-                break;
-            }
-            unsigned char *o = whole + (size_t)t * b;
-            ec_init_tables(k, 1, inv + t * k, tbl); /* data row t of the inverse */
-            ec_encode_data((int)b, k, 1, tbl, src, &o);
+    return 0;
+}
+
+/* The blocks to their decoders, one alltoallv. */
+static int send_blocks(void *p, int *local)
+{
+    rebuild *s = p;
+    (void)local;
+    return run_hops(s->c, s->h, s->nh, s->sends, s->b, &s->in, s->sent);
+}
+
+/* At its decoder (to == me), lost node x's k blocks, each from the k blocks of its
+ * codeword received (in[*at..], hops from *i, whose rows pick the generator's rows; the
+ * hop index advances on every rank), into whole (k blocks). */
+static int decode_node(rebuild *s, int x, int to, const unsigned char *a, size_t *i,
+                       size_t *at, unsigned char *whole)
+{
+    const int k = s->k;
+    unsigned char sub[255 * 255], inv[255 * 255], tbl[32 * 255];
+    for (int t = 0; t < k; t++) {
+        unsigned char *src[255];
+        for (int r = 0; r < k; r++, (*i)++) {
+            memcpy(sub + r * k, a + s->row[*i] * k, (size_t)k);
+            src[r] = to == s->c->me ? s->in + ((*at)++) * s->b : NULL;
         }
-        if (to != me || *local)
+        if (to != s->c->me)
             continue;
-        uint64_t off = 0;
-        for (uint32_t f = 0; f < F && !*local; f++)
-            if (owner[f] == (uint32_t)x) {
-                *local = st_peer_write(c, c->meta->files[f].name, whole + off,
-                                       c->meta->files[f].bytes, 0);
-                off += c->meta->files[f].bytes;
-                *got += c->meta->files[f].bytes;
-            }
+        if (!whole || gf_invert_matrix(sub, inv, k) < 0)
+            return st_fail(whole ? STRATA_EIO : STRATA_ENOMEM,
+                           "cannot decode node %d's block %d", x, t);
+        unsigned char *o = whole + (size_t)t * s->b;
+        ec_init_tables(k, 1, inv + t * k, tbl); /* data row t of the inverse */
+        ec_encode_data((int)s->b, k, 1, tbl, src, &o);
     }
-    /* every rank: the decoders' copies now hold the lost nodes' files */
-    for (int x = 0; x < N0; x++)
-        for (uint32_t f = 0; dec[x] >= 0 && f < F; f++)
-            if (owner[f] == (uint32_t)x)
-                holds[(size_t)old[dec[x]] * F + f] = 1;
-out:
-    for (size_t i = 0; sends && i < nh; i++) /* the parity blocks read */
-        if (h[i].from == me && row[i] >= k)
-            free(sends[i]);
-    free(owner);
-    free(dec);
-    free(h);
-    free(row);
-    free(sends);
-    free(mine);
-    free(in);
+    return 0;
+}
+
+/* Lost node x's files, from its data (whole), into this node's copy. */
+static int write_node(rebuild *s, int x, const unsigned char *whole)
+{
+    const st_meta *meta = s->c->meta;
+    uint64_t off = 0;
+    for (uint32_t f = 0; f < s->F; f++)
+        if (s->owner[f] == (uint32_t)x) {
+            int rc = st_peer_write(s->c, meta->files[f].name, whole + off,
+                                   meta->files[f].bytes, 0);
+            if (rc)
+                return rc;
+            off += meta->files[f].bytes;
+            *s->got += meta->files[f].bytes;
+        }
+    return 0;
+}
+
+/* Each lost node's blocks decoded at its decoder, its files written there; every rank:
+ * the decoders' copies now hold the lost nodes' files. */
+static int decode_all(void *p, int *local)
+{
+    rebuild *s = p;
+    unsigned char a[255 * 255], *whole = malloc((size_t)s->k * s->b + 1);
+    size_t at = 0, i = 0; /* i walks the hop list, at the blocks to me */
+    gf_gen_cauchy1_matrix(a, s->n, s->k);
+    for (int x = 0; x < s->N0 && !*local; x++) {
+        if (s->old[x] >= 0)
+            continue;
+        int to = s->c->lead[s->old[s->dec[x]]];
+        if (!(*local = decode_node(s, x, to, a, &i, &at, whole)) && to == s->c->me)
+            *local = write_node(s, x, whole);
+    }
     free(whole);
+    for (int x = 0; x < s->N0; x++)
+        for (uint32_t f = 0; s->dec[x] >= 0 && f < s->F; f++)
+            if (s->owner[f] == (uint32_t)x)
+                s->holds[(size_t)s->old[s->dec[x]] * s->F + f] = 1;
+    return 0;
+}
+
+int st_peer_rs_rebuild(peer_ctx *c, const peer_rec *r, const int *old, unsigned char *holds,
+                       uint64_t *sent, uint64_t *got, int *local)
+{
+    static const st_peer_step steps[] = {
+        {find_decoders, NULL, NULL},
+        {read_share, "reading the survivors' shares", NULL},
+        {plan_blocks, "reading the survivors' blocks", NULL},
+        {send_blocks, NULL, NULL},
+        {decode_all, NULL, NULL}, /* its outcome is the caller's to agree on */
+    };
+    rebuild s;
+    int rc = rebuild_init(&s, c, r, old, holds, sent, got);
+    *local = 0;
+    if (!rc)
+        rc = st_peer_steps(c->comm, steps, sizeof steps / sizeof *steps, &s, local);
+    rebuild_free(&s);
     return rc;
 }
 
