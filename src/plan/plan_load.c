@@ -282,174 +282,230 @@ int st_plan_reads(st_io_plan *out, uint64_t max_io)
     return 0;
 }
 
-int st_plan_load(st_io_plan *out, const st_meta *m, const st_rank_view *ranks, int nranks,
-                 uint64_t max_io)
+/* ---- the load plan, step by step ---- */
+
+/* One load plan in the making: the metadata's names indexed, each tensor's dim-0 index
+ * (built on first use), and the runs being emitted. */
+typedef struct {
+    st_io_plan *out;
+    const st_meta *m;
+    const st_rank_view *ranks;
+    size_t *base;      /* per tensor: its first piece */
+    size_t blob_base;  /* the first blob's piece */
+    tindex *idx;       /* per tensor */
+    size_t *tmap, tcap; /* tensors by name: open addressing, SIZE_MAX empty */
+    size_t *bmap, bcap; /* blobs by name and owner */
+    runs_out ro;
+} load_ctx;
+
+static int load_oom(void) { return st_fail(STRATA_ENOMEM, "out of memory planning the load"); }
+
+static size_t pow2_above(size_t n)
 {
+    size_t cap = 16;
+    while (cap < 2 * n + 2)
+        cap *= 2;
+    return cap;
+}
+
+static int load_ctx_init(load_ctx *c, st_io_plan *out, const st_meta *m,
+                         const st_rank_view *ranks, int nranks)
+{
+    memset(c, 0, sizeof *c);
     memset(out, 0, sizeof *out);
+    c->out = out;
+    c->m = m;
+    c->ranks = ranks;
+    c->ro.p = out;
     out->meta = m;
     st_rank_view *rv = malloc(((size_t)nranks + 1) * sizeof *rv);
     if (!rv)
-        return st_fail(STRATA_ENOMEM, "out of memory planning the load");
+        return load_oom();
     memcpy(rv, ranks, (size_t)nranks * sizeof *rv);
     out->ranks = rv;
     out->nranks = nranks;
-    int rc = 0;
-    size_t *base = malloc((m->ntensors + 1) * sizeof *base);
-    tindex *idx = calloc(m->ntensors + 1, sizeof *idx);
-    size_t tcap = 16, bcap = 16;
-    while (tcap < 2 * m->ntensors + 2)
-        tcap *= 2;
-    while (bcap < 2 * m->nblobs + 2)
-        bcap *= 2;
-    size_t *tmap = malloc(tcap * sizeof *tmap), *bmap = malloc(bcap * sizeof *bmap);
-    if (!base || !idx || !tmap || !bmap) {
-        rc = st_fail(STRATA_ENOMEM, "out of memory planning the load");
-        goto done;
-    }
+    c->base = malloc((m->ntensors + 1) * sizeof *c->base);
+    c->idx = calloc(m->ntensors + 1, sizeof *c->idx);
+    c->tcap = pow2_above(m->ntensors);
+    c->bcap = pow2_above(m->nblobs);
+    c->tmap = malloc(c->tcap * sizeof *c->tmap);
+    c->bmap = malloc(c->bcap * sizeof *c->bmap);
+    if (!c->base || !c->idx || !c->tmap || !c->bmap)
+        return load_oom();
+    return 0;
+}
+
+static int load_ctx_free(load_ctx *c, int rc)
+{
+    if (c->idx)
+        for (size_t t = 0; t < c->m->ntensors; t++) {
+            free(c->idx[t].ord);
+            free(c->idx[t].lo);
+            free(c->idx[t].hi);
+            free(c->idx[t].pmax);
+        }
+    free(c->idx);
+    free(c->base);
+    free(c->tmap);
+    free(c->bmap);
+    if (rc)
+        st_io_plan_free(c->out);
+    return rc;
+}
+
+/* Step 1: the pieces numbered, and the metadata's tensors and blobs indexed by name. */
+static int index_names(load_ctx *c)
+{
+    const st_meta *m = c->m;
     size_t np = 0;
     for (size_t t = 0; t < m->ntensors; t++) {
-        base[t] = np;
+        c->base[t] = np;
         np += m->tensors[t].nshards;
     }
-    size_t blob_base = np;
-    if ((rc = number_pieces(out, m)))
-        goto done;
-    for (size_t i = 0; i < tcap; i++)
-        tmap[i] = SIZE_MAX;
-    for (size_t i = 0; i < bcap; i++)
-        bmap[i] = SIZE_MAX;
+    c->blob_base = np;
+    int rc = number_pieces(c->out, m);
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < c->tcap; i++)
+        c->tmap[i] = SIZE_MAX;
+    for (size_t i = 0; i < c->bcap; i++)
+        c->bmap[i] = SIZE_MAX;
     for (size_t t = 0; t < m->ntensors; t++) {
-        size_t h = (size_t)st_strhash(m->tensors[t].name) & (tcap - 1);
-        while (tmap[h] != SIZE_MAX)
-            h = (h + 1) & (tcap - 1);
-        tmap[h] = t;
+        size_t h = (size_t)st_strhash(m->tensors[t].name) & (c->tcap - 1);
+        while (c->tmap[h] != SIZE_MAX)
+            h = (h + 1) & (c->tcap - 1);
+        c->tmap[h] = t;
     }
     for (size_t b = 0; b < m->nblobs; b++) {
         size_t h = (size_t)(st_strhash(m->blobs[b].name) ^ st_mix64((uint64_t)m->blobs[b].owner)) &
-                   (bcap - 1);
-        while (bmap[h] != SIZE_MAX)
-            h = (h + 1) & (bcap - 1);
-        bmap[h] = b;
+                   (c->bcap - 1);
+        while (c->bmap[h] != SIZE_MAX)
+            h = (h + 1) & (c->bcap - 1);
+        c->bmap[h] = b;
     }
+    return 0;
+}
 
-    /* 1. runs for every request */
-    runs_out ro = {.p = out};
+/* The saved tensor a request names, of the same shape and of a dtype its rank's cast
+ * level allows: STRATA_ENOTFOUND or STRATA_EMISMATCH otherwise. */
+static int find_saved(const load_ctx *c, const st_entry *e, int r, size_t *out)
+{
+    const st_meta *m = c->m;
+    size_t h = (size_t)st_strhash(e->name) & (c->tcap - 1), t;
+    while ((t = c->tmap[h]) != SIZE_MAX && strcmp(m->tensors[t].name, e->name) != 0)
+        h = (h + 1) & (c->tcap - 1);
+    if (t == SIZE_MAX)
+        return st_fail(STRATA_ENOTFOUND,
+                       "tensor '%s' (requested by rank %d) is not in the checkpoint", e->name, r);
+    const st_mtensor *mt = &m->tensors[t];
+    int same = mt->ndim == e->ndim;
+    for (int d = 0; same && d < e->ndim; d++)
+        same = mt->shape[d] == e->shape[d];
+    if (!same || !st_cast_allows(c->ranks[r].cast, mt->dtype, e->dtype)) {
+        char a[256], b[256], why[192] = "";
+        describe(a, sizeof a, e->dtype, e->ndim, e->shape);
+        describe(b, sizeof b, mt->dtype, mt->ndim, mt->shape);
+        mismatch_why(why, sizeof why, same ? c->ranks[r].cast : -1, mt->dtype, e->dtype);
+        return st_fail(STRATA_EMISMATCH, "tensor '%s': rank %d requests %s but %s was saved%s",
+                       e->name, r, a, b, why);
+    }
+    *out = t;
+    return 0;
+}
+
+/* Step 2a: the runs of shard request i of rank r, from the saved shards whose dim-0 span
+ * meets it; STRATA_EUNFILLED unless they fill it. */
+static int plan_shard(load_ctx *c, int r, size_t i)
+{
+    const st_entry *e = &c->ranks[r].sh[i];
+    size_t t = 0;
+    int rc = find_saved(c, e, r, &t);
+    if (rc || e->fe == e->fs)
+        return rc;
+    const st_mtensor *mt = &c->m->tensors[t];
+    tindex *x = &c->idx[t];
+    if (!x->ord && build_index(x, mt))
+        return load_oom();
+    st_region q = {e->ndim, e->off, e->len, e->fs, e->fe};
+    uint64_t qlo, qhi, got = 0;
+    st_region_dim0(&q, &qlo, &qhi);
+    size_t lo = 0, hi = mt->nshards; /* first index with x->lo >= qhi */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (x->lo[mid] < qhi)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    runs_out *ro = &c->ro;
+    ro->esz = strata_dtype_size(mt->dtype);
+    ro->dsz = strata_dtype_size(e->dtype);
+    ro->rank = r;
+    ro->local = (uint32_t)i;
+    c->out->request_bytes += e->bytes;
+    for (size_t j = lo; j-- > 0 && x->pmax[j] > qlo;) {
+        if (x->hi[j] <= qlo)
+            continue;
+        const st_mshard *s = &mt->shards[x->ord[j]];
+        st_region sr = {mt->ndim, s->off, s->len, s->fs, s->fe};
+        ro->piece = (uint32_t)(c->base[t] + x->ord[j]);
+        got += st_region_runs(&sr, &q, add_run, ro);
+        if (ro->oom)
+            return load_oom();
+    }
+    if (got != e->fe - e->fs)
+        return st_fail(STRATA_EUNFILLED,
+                       "tensor '%s' on rank %d: %llu of the %llu requested elements are "
+                       "not in the checkpoint",
+                       e->name, r, (unsigned long long)(e->fe - e->fs - got),
+                       (unsigned long long)(e->fe - e->fs));
+    return 0;
+}
+
+/* Step 2b: the run of blob request i of rank r (its whole saved bytes). */
+static int plan_blob(load_ctx *c, int r, size_t i)
+{
+    const st_meta *m = c->m;
+    const st_blobent *e = &c->ranks[r].bl[i];
+    int64_t owner = e->owner;
+    size_t h = (size_t)(st_strhash(e->name) ^ st_mix64((uint64_t)owner)) & (c->bcap - 1), b;
+    while ((b = c->bmap[h]) != SIZE_MAX &&
+           (m->blobs[b].owner != owner || strcmp(m->blobs[b].name, e->name) != 0))
+        h = (h + 1) & (c->bcap - 1);
+    if (b == SIZE_MAX)
+        return st_fail(STRATA_ENOTFOUND,
+                       "blob '%s' of owner %d (requested by rank %d) is not in the checkpoint",
+                       e->name, e->owner, r);
+    if (m->blobs[b].ext.bytes != e->size)
+        return st_fail(STRATA_EMISMATCH, "blob '%s': rank %d asks for %llu bytes but %llu were saved",
+                       e->name, r, (unsigned long long)e->size,
+                       (unsigned long long)m->blobs[b].ext.bytes);
+    c->out->request_bytes += e->size;
+    if (!e->size)
+        return 0;
+    runs_out *ro = &c->ro;
+    ro->piece = (uint32_t)(c->blob_base + b);
+    ro->esz = ro->dsz = 1;
+    ro->rank = r;
+    ro->local = (uint32_t)(c->ranks[r].nsh + i);
+    add_run(ro, 0, 0, e->size);
+    return ro->oom ? load_oom() : 0;
+}
+
+int st_plan_load(st_io_plan *out, const st_meta *m, const st_rank_view *ranks, int nranks,
+                 uint64_t max_io)
+{
+    load_ctx c;
+    int rc = load_ctx_init(&c, out, m, ranks, nranks);
+    if (!rc)
+        rc = index_names(&c);
     for (int r = 0; r < nranks && !rc; r++) {
-        for (size_t i = 0; i < ranks[r].nsh && !rc; i++) {
-            const st_entry *e = &ranks[r].sh[i];
-            size_t h = (size_t)st_strhash(e->name) & (tcap - 1), t;
-            while ((t = tmap[h]) != SIZE_MAX && strcmp(m->tensors[t].name, e->name) != 0)
-                h = (h + 1) & (tcap - 1);
-            if (t == SIZE_MAX) {
-                rc = st_fail(STRATA_ENOTFOUND,
-                             "tensor '%s' (requested by rank %d) is not in the checkpoint",
-                             e->name, r);
-                break;
-            }
-            const st_mtensor *mt = &m->tensors[t];
-            int same = mt->ndim == e->ndim;
-            for (int d = 0; same && d < e->ndim; d++)
-                same = mt->shape[d] == e->shape[d];
-            if (!same || !st_cast_allows(ranks[r].cast, mt->dtype, e->dtype)) {
-                char a[256], b[256], why[192] = "";
-                describe(a, sizeof a, e->dtype, e->ndim, e->shape);
-                describe(b, sizeof b, mt->dtype, mt->ndim, mt->shape);
-                mismatch_why(why, sizeof why, same ? ranks[r].cast : -1, mt->dtype, e->dtype);
-                rc = st_fail(STRATA_EMISMATCH, "tensor '%s': rank %d requests %s but %s was saved%s",
-                             e->name, r, a, b, why);
-                break;
-            }
-            if (e->fe == e->fs)
-                continue;
-            tindex *x = &idx[t];
-            if (!x->ord && build_index(x, mt)) {
-                rc = st_fail(STRATA_ENOMEM, "out of memory planning the load");
-                break;
-            }
-            st_region q = {e->ndim, e->off, e->len, e->fs, e->fe};
-            uint64_t qlo, qhi, got = 0;
-            st_region_dim0(&q, &qlo, &qhi);
-            size_t lo = 0, hi = mt->nshards; /* first index with x->lo >= qhi */
-            while (lo < hi) {
-                size_t mid = lo + (hi - lo) / 2;
-                if (x->lo[mid] < qhi)
-                    lo = mid + 1;
-                else
-                    hi = mid;
-            }
-            ro.esz = strata_dtype_size(mt->dtype);
-            ro.dsz = strata_dtype_size(e->dtype);
-            ro.rank = r;
-            ro.local = (uint32_t)i;
-            out->request_bytes += e->bytes;
-            for (size_t j = lo; j-- > 0 && x->pmax[j] > qlo;) {
-                if (x->hi[j] <= qlo)
-                    continue;
-                const st_mshard *s = &mt->shards[x->ord[j]];
-                st_region sr = {mt->ndim, s->off, s->len, s->fs, s->fe};
-                ro.piece = (uint32_t)(base[t] + x->ord[j]);
-                got += st_region_runs(&sr, &q, add_run, &ro);
-                if (ro.oom)
-                    break;
-            }
-            if (ro.oom)
-                rc = st_fail(STRATA_ENOMEM, "out of memory planning the load");
-            else if (got != e->fe - e->fs)
-                rc = st_fail(STRATA_EUNFILLED,
-                             "tensor '%s' on rank %d: %llu of the %llu requested elements are "
-                             "not in the checkpoint",
-                             e->name, r, (unsigned long long)(e->fe - e->fs - got),
-                             (unsigned long long)(e->fe - e->fs));
-        }
-        for (size_t i = 0; i < ranks[r].nbl && !rc; i++) {
-            const st_blobent *e = &ranks[r].bl[i];
-            int64_t owner = e->owner;
-            size_t h = (size_t)(st_strhash(e->name) ^ st_mix64((uint64_t)owner)) & (bcap - 1), b;
-            while ((b = bmap[h]) != SIZE_MAX &&
-                   (m->blobs[b].owner != owner || strcmp(m->blobs[b].name, e->name) != 0))
-                h = (h + 1) & (bcap - 1);
-            if (b == SIZE_MAX) {
-                rc = st_fail(STRATA_ENOTFOUND,
-                             "blob '%s' of owner %d (requested by rank %d) is not in the checkpoint",
-                             e->name, e->owner, r);
-                break;
-            }
-            if (m->blobs[b].ext.bytes != e->size) {
-                rc = st_fail(STRATA_EMISMATCH, "blob '%s': rank %d asks for %llu bytes but %llu were saved",
-                             e->name, r, (unsigned long long)e->size,
-                             (unsigned long long)m->blobs[b].ext.bytes);
-                break;
-            }
-            out->request_bytes += e->size;
-            if (e->size) {
-                ro.piece = (uint32_t)(blob_base + b);
-                ro.esz = ro.dsz = 1;
-                ro.rank = r;
-                ro.local = (uint32_t)(ranks[r].nsh + i);
-                add_run(&ro, 0, 0, e->size);
-                if (ro.oom)
-                    rc = st_fail(STRATA_ENOMEM, "out of memory planning the load");
-            }
-        }
+        for (size_t i = 0; i < ranks[r].nsh && !rc; i++)
+            rc = plan_shard(&c, r, i);
+        for (size_t i = 0; i < ranks[r].nbl && !rc; i++)
+            rc = plan_blob(&c, r, i);
     }
-    if (rc)
-        goto done;
-
-    rc = st_plan_reads(out, max_io);
-
-done:
-    if (idx)
-        for (size_t t = 0; t < m->ntensors; t++) {
-            free(idx[t].ord);
-            free(idx[t].lo);
-            free(idx[t].hi);
-            free(idx[t].pmax);
-        }
-    free(idx);
-    free(base);
-    free(tmap);
-    free(bmap);
-    if (rc)
-        st_io_plan_free(out);
-    return rc;
+    if (!rc)
+        rc = st_plan_reads(out, max_io);
+    return load_ctx_free(&c, rc);
 }

@@ -250,167 +250,236 @@ void st_save_plan_free(st_save_plan *p)
     memset(p, 0, sizeof *p);
 }
 
-int st_plan_save(st_save_plan *out, const st_rank_view *ranks, int nranks, uint32_t chunk,
-                 uint64_t step)
+/* ---- the plan, step by step ---- */
+
+/* One save plan in the making: its inputs, the tensors and distinct items found, their
+ * holders, and the plan and metadata being built. */
+typedef struct {
+    const st_rank_view *ranks;
+    int nranks;
+    uint32_t chunk;
+    st_save_plan *out;
+    size_t nent, nblob; /* registrations: shards, blobs */
+    tinfo *ti;          /* tensors, in order of first registration */
+    size_t nt;
+    item *it;           /* distinct items */
+    size_t ni;
+    size_t *ids;        /* per registration (shards, then blobs): its item, or SIZE_MAX */
+    imap tm, im;        /* tensors by name; items by tensor and geometry or blob and owner */
+    holder *hold;       /* item j's holders: hold[it[j].h0 .. + nh) */
+    size_t *order;      /* scratch: ni + nt indices */
+    st_meta *m;
+} save_ctx;
+
+static int oom(void) { return st_fail(STRATA_ENOMEM, "out of memory planning the save"); }
+
+static int save_ctx_init(save_ctx *c, st_save_plan *out, const st_rank_view *ranks, int nranks,
+                         uint32_t chunk)
 {
+    memset(c, 0, sizeof *c);
     memset(out, 0, sizeof *out);
+    c->ranks = ranks;
+    c->nranks = nranks;
+    c->chunk = chunk;
+    c->out = out;
     if (nranks < 1)
         return st_fail(STRATA_EINVAL, "save needs at least one rank");
-    size_t nent = 0, nblob = 0;
     for (int r = 0; r < nranks; r++) {
-        nent += ranks[r].nsh;
-        nblob += ranks[r].nbl;
+        c->nent += ranks[r].nsh;
+        c->nblob += ranks[r].nbl;
     }
-    int rc = 0;
-    tinfo *ti = malloc((nent + 1) * sizeof *ti);
-    item *it = malloc((nent + nblob + 1) * sizeof *it);
-    size_t *ids = malloc((nent + nblob + 1) * sizeof *ids);
-    imap tm = {0}, im = {0};
-    holder *hold = NULL;
-    size_t *order = NULL, *fill = NULL;
-    st_meta *m = NULL;
-    size_t nt = 0, ni = 0;
-    if (!ti || !it || !ids || imap_init(&tm, nent) || imap_init(&im, nent + nblob)) {
-        rc = st_fail(STRATA_ENOMEM, "out of memory planning the save");
-        goto done;
-    }
+    c->ti = malloc((c->nent + 1) * sizeof *c->ti);
+    c->it = malloc((c->nent + c->nblob + 1) * sizeof *c->it);
+    c->ids = malloc((c->nent + c->nblob + 1) * sizeof *c->ids);
+    if (!c->ti || !c->it || !c->ids || imap_init(&c->tm, c->nent) ||
+        imap_init(&c->im, c->nent + c->nblob))
+        return oom();
+    return 0;
+}
 
-    /* 1. tensors and distinct items, with holder counts */
+/* Frees the working state; on failure (rc) the plan's arrays too. */
+static int save_ctx_free(save_ctx *c, int rc)
+{
+    st_meta_free(c->m);
+    free(c->ti);
+    free(c->it);
+    free(c->ids);
+    free(c->tm.slot);
+    free(c->im.slot);
+    free(c->hold);
+    free(c->order);
+    if (rc) {
+        free(c->out->pieces);
+        free(c->out->writer_file);
+        free(c->out->writer_bytes);
+        memset(c->out, 0, sizeof *c->out);
+    }
+    return rc;
+}
+
+/* The tensor named by e (added if new); STRATA_EMISMATCH if it was registered with another
+ * dtype or shape. */
+static int find_tensor(save_ctx *c, const st_entry *e, int r, size_t *out)
+{
+    imap *tm = &c->tm;
+    size_t h = (size_t)st_strhash(e->name) & (tm->cap - 1), t;
+    while ((t = tm->slot[h]) != SIZE_MAX && strcmp(c->ti[t].e->name, e->name) != 0)
+        h = (h + 1) & (tm->cap - 1);
+    if (t == SIZE_MAX) {
+        t = c->nt++;
+        c->ti[t] = (tinfo){e, r, 0};
+        tm->slot[h] = t;
+    } else if (!same_tensor(c->ti[t].e, e)) {
+        char a[256], b[256];
+        describe(a, sizeof a, c->ti[t].e);
+        describe(b, sizeof b, e);
+        return st_fail(STRATA_EMISMATCH, "tensor '%s' is %s on rank %d but %s on rank %d",
+                       e->name, a, c->ti[t].rank, b, r);
+    }
+    *out = t;
+    return 0;
+}
+
+/* Step 1a: the tensors, and the distinct shards with their holder counts. */
+static int collect_shards(save_ctx *c)
+{
     size_t k = 0;
-    for (int r = 0; r < nranks && !rc; r++) {
-        for (size_t i = 0; i < ranks[r].nsh; i++, k++) {
-            const st_entry *e = &ranks[r].sh[i];
-            ids[k] = SIZE_MAX;
-            size_t h = (size_t)st_strhash(e->name) & (tm.cap - 1), t;
-            while ((t = tm.slot[h]) != SIZE_MAX && strcmp(ti[t].e->name, e->name) != 0)
-                h = (h + 1) & (tm.cap - 1);
-            if (t == SIZE_MAX) {
-                t = nt++;
-                ti[t] = (tinfo){e, r, 0};
-                tm.slot[h] = t;
-            } else if (!same_tensor(ti[t].e, e)) {
-                char a[256], b[256];
-                describe(a, sizeof a, ti[t].e);
-                describe(b, sizeof b, e);
-                rc = st_fail(STRATA_EMISMATCH, "tensor '%s' is %s on rank %d but %s on rank %d",
-                             e->name, a, ti[t].rank, b, r);
-                break;
-            }
+    for (int r = 0; r < c->nranks; r++)
+        for (size_t i = 0; i < c->ranks[r].nsh; i++, k++) {
+            const st_entry *e = &c->ranks[r].sh[i];
+            size_t t = 0;
+            int rc = find_tensor(c, e, r, &t);
+            if (rc)
+                return rc;
+            c->ids[k] = SIZE_MAX;
             if (e->bytes == 0)
                 continue; /* an empty piece of an uneven split: nothing to save */
-            size_t hh = (size_t)shard_hash(t, e) & (im.cap - 1), j;
-            while ((j = im.slot[hh]) != SIZE_MAX &&
-                   (it[j].blob || it[j].tensor != t || !same_geometry(it[j].e, e)))
-                hh = (hh + 1) & (im.cap - 1);
+            imap *im = &c->im;
+            size_t hh = (size_t)shard_hash(t, e) & (im->cap - 1), j;
+            while ((j = im->slot[hh]) != SIZE_MAX &&
+                   (c->it[j].blob || c->it[j].tensor != t || !same_geometry(c->it[j].e, e)))
+                hh = (hh + 1) & (im->cap - 1);
             if (j == SIZE_MAX) {
-                j = ni++;
-                it[j] = (item){.tensor = t, .e = e, .fs = e->fs, .fe = e->fe, .bytes = e->bytes,
-                               .writer = -1};
-                im.slot[hh] = j;
+                j = c->ni++;
+                c->it[j] = (item){.tensor = t, .e = e, .fs = e->fs, .fe = e->fe,
+                                  .bytes = e->bytes, .writer = -1};
+                im->slot[hh] = j;
             }
-            it[j].nh++;
-            ids[k] = j;
+            c->it[j].nh++;
+            c->ids[k] = j;
         }
-    }
-    for (int r = 0; r < nranks && !rc; r++) {
-        for (size_t i = 0; i < ranks[r].nbl; i++, k++) {
-            const st_blobent *b = &ranks[r].bl[i];
-            int64_t owner = b->local ? r : -1;
-            size_t hh = (size_t)(st_strhash(b->name) ^ st_mix64((uint64_t)owner + 7)) & (im.cap - 1), j;
-            while ((j = im.slot[hh]) != SIZE_MAX &&
-                   (!it[j].blob || it[j].owner != owner || strcmp(it[j].b->name, b->name) != 0))
-                hh = (hh + 1) & (im.cap - 1);
-            if (j == SIZE_MAX) {
-                j = ni++;
-                it[j] = (item){.blob = 1, .b = b, .owner = owner, .bytes = b->size, .writer = -1};
-                im.slot[hh] = j;
-            } else if (b->local) {
-                rc = st_fail(STRATA_EINVAL, "blob '%s' is registered twice on rank %d", b->name, r);
-                break;
-            } else if (it[j].bytes != b->size) {
-                rc = st_fail(STRATA_EMISMATCH, "global blob '%s' has %llu bytes on one rank and "
-                             "%llu on rank %d", b->name, (unsigned long long)it[j].bytes,
-                             (unsigned long long)b->size, r);
-                break;
-            }
-            it[j].nh++;
-            ids[k] = j;
-        }
-    }
-    if (rc)
-        goto done;
+    return 0;
+}
 
-    /* 2. holder lists */
-    hold = malloc((nent + nblob + 1) * sizeof *hold);
-    fill = calloc(ni + 1, sizeof *fill);
-    order = malloc((ni + nt + 1) * sizeof *order);
-    if (!hold || !fill || !order) {
-        rc = st_fail(STRATA_ENOMEM, "out of memory planning the save");
-        goto done;
+/* Step 1b: the distinct blobs (global ones by name, per-rank ones by name and owner). */
+static int collect_blobs(save_ctx *c)
+{
+    size_t k = c->nent;
+    for (int r = 0; r < c->nranks; r++)
+        for (size_t i = 0; i < c->ranks[r].nbl; i++, k++) {
+            const st_blobent *b = &c->ranks[r].bl[i];
+            int64_t owner = b->local ? r : -1;
+            imap *im = &c->im;
+            size_t hh = (size_t)(st_strhash(b->name) ^ st_mix64((uint64_t)owner + 7)) &
+                        (im->cap - 1), j;
+            while ((j = im->slot[hh]) != SIZE_MAX &&
+                   (!c->it[j].blob || c->it[j].owner != owner ||
+                    strcmp(c->it[j].b->name, b->name) != 0))
+                hh = (hh + 1) & (im->cap - 1);
+            if (j == SIZE_MAX) {
+                j = c->ni++;
+                c->it[j] = (item){.blob = 1, .b = b, .owner = owner, .bytes = b->size,
+                                  .writer = -1};
+                im->slot[hh] = j;
+            } else if (b->local) {
+                return st_fail(STRATA_EINVAL, "blob '%s' is registered twice on rank %d",
+                               b->name, r);
+            } else if (c->it[j].bytes != b->size) {
+                return st_fail(STRATA_EMISMATCH, "global blob '%s' has %llu bytes on one rank "
+                               "and %llu on rank %d", b->name,
+                               (unsigned long long)c->it[j].bytes,
+                               (unsigned long long)b->size, r);
+            }
+            c->it[j].nh++;
+            c->ids[k] = j;
+        }
+    return 0;
+}
+
+/* Step 2: each item's holders, in rank order. */
+static int list_holders(save_ctx *c)
+{
+    size_t *fill = calloc(c->ni + 1, sizeof *fill);
+    c->hold = malloc((c->nent + c->nblob + 1) * sizeof *c->hold);
+    if (!fill || !c->hold) {
+        free(fill);
+        return oom();
     }
     size_t acc = 0;
-    for (size_t j = 0; j < ni; j++) {
-        it[j].h0 = acc;
-        acc += it[j].nh;
+    for (size_t j = 0; j < c->ni; j++) {
+        c->it[j].h0 = acc;
+        acc += c->it[j].nh;
     }
-    k = 0;
-    for (int r = 0; r < nranks; r++)
-        for (size_t i = 0; i < ranks[r].nsh; i++, k++)
-            if (ids[k] != SIZE_MAX)
-                hold[it[ids[k]].h0 + fill[ids[k]]++] = (holder){r, (uint32_t)i, ranks[r].sh[i].data};
-    for (int r = 0; r < nranks; r++)
-        for (size_t i = 0; i < ranks[r].nbl; i++, k++)
-            hold[it[ids[k]].h0 + fill[ids[k]]++] =
-                (holder){r, (uint32_t)(ranks[r].nsh + i), ranks[r].bl[i].data};
+    size_t k = 0;
+    for (int r = 0; r < c->nranks; r++)
+        for (size_t i = 0; i < c->ranks[r].nsh; i++, k++)
+            if (c->ids[k] != SIZE_MAX) {
+                item *x = &c->it[c->ids[k]];
+                c->hold[x->h0 + fill[c->ids[k]]++] = (holder){r, (uint32_t)i, c->ranks[r].sh[i].data};
+            }
+    for (int r = 0; r < c->nranks; r++)
+        for (size_t i = 0; i < c->ranks[r].nbl; i++, k++) {
+            item *x = &c->it[c->ids[k]];
+            c->hold[x->h0 + fill[c->ids[k]]++] =
+                (holder){r, (uint32_t)(c->ranks[r].nsh + i), c->ranks[r].bl[i].data};
+        }
+    free(fill);
+    return 0;
+}
 
-    /* 3. split large replicated shards into flat pieces, one per holder at most, so that
-     * no single item is big enough to unbalance the writers (list scheduling ends within
-     * one item of the mean) */
-    if ((rc = split_large(&it, &ni, hold, nranks)))
-        goto done;
-    free(order);
-    if (!(order = malloc((ni + nt + 1) * sizeof *order))) {
-        rc = st_fail(STRATA_ENOMEM, "out of memory planning the save");
-        goto done;
-    }
-
-    /* 4. metadata order */
-    for (size_t t = 0; t < nt; t++)
+/* Step 4: metadata order (tensors by name; items as cmp_items), into meta_pos. */
+static void order_items(save_ctx *c)
+{
+    size_t *order = c->order;
+    for (size_t t = 0; t < c->nt; t++)
         order[t] = t;
-    qsort_r(order, nt, sizeof *order, cmp_tinfo_name, ti);
-    for (size_t t = 0; t < nt; t++)
-        ti[order[t]].pos = t;
-    for (size_t j = 0; j < ni; j++)
+    qsort_r(order, c->nt, sizeof *order, cmp_tinfo_name, c->ti);
+    for (size_t t = 0; t < c->nt; t++)
+        c->ti[order[t]].pos = t;
+    for (size_t j = 0; j < c->ni; j++)
         order[j] = j;
-    order_ctx oc = {it, ti};
-    qsort_r(order, ni, sizeof *order, cmp_items, &oc);
-    for (size_t j = 0; j < ni; j++)
-        it[order[j]].meta_pos = j;
+    order_ctx oc = {c->it, c->ti};
+    qsort_r(order, c->ni, sizeof *order, cmp_items, &oc);
+    for (size_t j = 0; j < c->ni; j++)
+        c->it[order[j]].meta_pos = j;
+}
 
-    /* 5. balance: single-holder items are fixed; the rest largest first to the least
-     * loaded holder */
-    out->nranks = nranks;
-    out->writer_bytes = calloc((size_t)nranks, sizeof *out->writer_bytes);
-    out->writer_file = malloc((size_t)nranks * sizeof *out->writer_file);
-    if (!out->writer_bytes || !out->writer_file) {
-        rc = st_fail(STRATA_ENOMEM, "out of memory planning the save");
-        goto done;
-    }
+/* Step 5a: single-holder items are fixed; the rest go largest first to the least loaded
+ * holder. */
+static int balance_writers(save_ctx *c)
+{
+    st_save_plan *out = c->out;
+    item *it = c->it;
+    out->nranks = c->nranks;
+    out->writer_bytes = calloc((size_t)c->nranks, sizeof *out->writer_bytes);
+    out->writer_file = malloc((size_t)c->nranks * sizeof *out->writer_file);
+    if (!out->writer_bytes || !out->writer_file)
+        return oom();
     size_t nmulti = 0;
-    for (size_t j = 0; j < ni; j++) {
+    for (size_t j = 0; j < c->ni; j++) {
         if (it[j].nh == 1) {
-            it[j].writer = hold[it[j].h0].rank;
+            it[j].writer = c->hold[it[j].h0].rank;
             out->writer_bytes[it[j].writer] += it[j].bytes;
         } else {
-            order[nmulti++] = j;
+            c->order[nmulti++] = j;
         }
     }
-    qsort_r(order, nmulti, sizeof *order, cmp_size_desc, it);
+    qsort_r(c->order, nmulti, sizeof *c->order, cmp_size_desc, it);
     for (size_t q = 0; q < nmulti; q++) {
-        item *x = &it[order[q]];
-        int best = hold[x->h0].rank;
+        item *x = &it[c->order[q]];
+        int best = c->hold[x->h0].rank;
         for (size_t h = 1; h < x->nh; h++) {
-            int r = hold[x->h0 + h].rank;
+            int r = c->hold[x->h0 + h].rank;
             if (out->writer_bytes[r] < out->writer_bytes[best] ||
                 (out->writer_bytes[r] == out->writer_bytes[best] && r < best))
                 best = r;
@@ -418,48 +487,49 @@ int st_plan_save(st_save_plan *out, const st_rank_view *ranks, int nranks, uint3
         x->writer = best;
         out->writer_bytes[best] += x->bytes;
     }
-    for (size_t j = 0; j < ni; j++)
-        for (size_t h = 0; h < it[j].nh; h++)
-            if (hold[it[j].h0 + h].rank == it[j].writer) {
-                const holder *w = &hold[it[j].h0 + h];
-                it[j].local = w->local;
-                if (!it[j].blob) /* a piece starts inside the holder's buffer */
-                    it[j].src_off = (it[j].fs - it[j].e->fs) * strata_dtype_size(it[j].e->dtype);
-                it[j].src = w->data ? (const char *)w->data + it[j].src_off : NULL;
-                it[j].device = !it[j].blob && ranks[w->rank].sh[w->local].device;
+    return 0;
+}
+
+/* Step 5b: each item's source in its writer's registration, and whether every holder
+ * marked it unchanged. */
+static void take_sources(save_ctx *c)
+{
+    for (size_t j = 0; j < c->ni; j++) {
+        item *x = &c->it[j];
+        for (size_t h = 0; h < x->nh; h++)
+            if (c->hold[x->h0 + h].rank == x->writer) {
+                const holder *w = &c->hold[x->h0 + h];
+                x->local = w->local;
+                if (!x->blob) /* a piece starts inside the holder's buffer */
+                    x->src_off = (x->fs - x->e->fs) * strata_dtype_size(x->e->dtype);
+                x->src = w->data ? (const char *)w->data + x->src_off : NULL;
+                x->device = !x->blob && c->ranks[w->rank].sh[w->local].device;
                 break;
             }
-    for (size_t j = 0; j < ni; j++) { /* a replica's mark holds only if every holder's does */
-        it[j].unchanged = !it[j].blob;
-        for (size_t h = 0; it[j].unchanged && h < it[j].nh; h++)
-            it[j].unchanged = ranks[hold[it[j].h0 + h].rank].sh[hold[it[j].h0 + h].local].unchanged;
+        /* a replica's mark holds only if every holder's does */
+        x->unchanged = !x->blob;
+        for (size_t h = 0; x->unchanged && h < x->nh; h++)
+            x->unchanged = c->ranks[c->hold[x->h0 + h].rank].sh[c->hold[x->h0 + h].local].unchanged;
     }
+}
 
-    /* 6. metadata skeleton */
-    m = calloc(1, sizeof *m);
-    if (!m) {
-        rc = st_fail(STRATA_ENOMEM, "out of memory");
-        goto done;
-    }
-    m->step = step;
-    m->chunk = chunk;
+/* Step 6a: the metadata's files, one per writer in rank order. */
+static int name_files(save_ctx *c)
+{
+    st_save_plan *out = c->out;
+    st_meta *m = c->m;
     int nw = 0;
-    for (int r = 0; r < nranks; r++)
+    for (int r = 0; r < c->nranks; r++)
         out->writer_file[r] = -1;
-    for (size_t j = 0; j < ni; j++)
-        if (out->writer_file[it[j].writer] < 0)
-            out->writer_file[it[j].writer] = 0, nw++;
+    for (size_t j = 0; j < c->ni; j++)
+        if (out->writer_file[c->it[j].writer] < 0)
+            out->writer_file[c->it[j].writer] = 0, nw++;
     m->nfiles = (uint32_t)nw;
     m->files = st_arena_alloc(&m->arena, (size_t)(nw ? nw : 1) * sizeof *m->files);
-    m->ntensors = nt;
-    m->tensors = st_arena_alloc(&m->arena, (nt ? nt : 1) * sizeof *m->tensors);
-    out->pieces = malloc((ni ? ni : 1) * sizeof *out->pieces);
-    if (!m->files || !m->tensors || !out->pieces) {
-        rc = st_fail(STRATA_ENOMEM, "out of memory");
-        goto done;
-    }
+    if (!m->files)
+        return st_fail(STRATA_ENOMEM, "out of memory");
     nw = 0;
-    for (int r = 0; r < nranks; r++) {
+    for (int r = 0; r < c->nranks; r++) {
         if (out->writer_file[r] < 0)
             continue;
         char name[ST_DATA_FILE_BYTES];
@@ -467,124 +537,168 @@ int st_plan_save(st_save_plan *out, const st_rank_view *ranks, int nranks, uint3
         out->writer_file[r] = nw;
         m->files[nw].name = st_arena_strndup(&m->arena, name, strlen(name));
         m->files[nw].bytes = 0;
-        if (!m->files[nw].name) {
-            rc = st_fail(STRATA_ENOMEM, "out of memory");
-            goto done;
-        }
+        if (!m->files[nw].name)
+            return st_fail(STRATA_ENOMEM, "out of memory");
         nw++;
     }
     out->nwriters = nw;
-    for (size_t t = 0; t < nt; t++) {
-        st_mtensor *mt = &m->tensors[ti[t].pos];
-        const st_entry *e = ti[t].e;
+    return 0;
+}
+
+/* Step 6b: the metadata's tensors in name order, with room for their shards, and room
+ * for the blobs. */
+static int describe_tensors(save_ctx *c)
+{
+    st_meta *m = c->m;
+    m->ntensors = c->nt;
+    m->tensors = st_arena_alloc(&m->arena, (c->nt ? c->nt : 1) * sizeof *m->tensors);
+    if (!m->tensors)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    for (size_t t = 0; t < c->nt; t++) {
+        st_mtensor *mt = &m->tensors[c->ti[t].pos];
+        const st_entry *e = c->ti[t].e;
         memset(mt, 0, sizeof *mt);
         mt->name = st_arena_strndup(&m->arena, e->name, strlen(e->name));
         mt->dtype = e->dtype;
         mt->ndim = e->ndim;
         memcpy(mt->shape, e->shape, sizeof mt->shape);
-        if (!mt->name) {
-            rc = st_fail(STRATA_ENOMEM, "out of memory");
-            goto done;
-        }
+        if (!mt->name)
+            return st_fail(STRATA_ENOMEM, "out of memory");
     }
-    for (size_t j = 0; j < ni; j++)
-        if (!it[j].blob)
-            m->tensors[ti[it[j].tensor].pos].nshards++;
+    for (size_t j = 0; j < c->ni; j++)
+        if (!c->it[j].blob)
+            m->tensors[c->ti[c->it[j].tensor].pos].nshards++;
         else
             m->nblobs++;
-    for (size_t t = 0; t < nt; t++) {
+    for (size_t t = 0; t < c->nt; t++) {
         st_mtensor *mt = &m->tensors[t];
         mt->shards = st_arena_alloc(&m->arena, (mt->nshards ? mt->nshards : 1) * sizeof *mt->shards);
-        if (!mt->shards) {
-            rc = st_fail(STRATA_ENOMEM, "out of memory");
-            goto done;
-        }
+        if (!mt->shards)
+            return st_fail(STRATA_ENOMEM, "out of memory");
         mt->nshards = 0;
     }
     m->blobs = st_arena_alloc(&m->arena, (m->nblobs ? m->nblobs : 1) * sizeof *m->blobs);
-    if (!m->blobs) {
-        rc = st_fail(STRATA_ENOMEM, "out of memory");
-        goto done;
-    }
+    if (!m->blobs)
+        return st_fail(STRATA_ENOMEM, "out of memory");
     m->nblobs = 0;
-    /* items in metadata order; the layout of each file follows the same order */
-    for (size_t j = 0; j < ni; j++)
-        order[it[j].meta_pos] = j;
-    for (size_t q = 0; q < ni; q++) {
-        item *x = &it[order[q]];
-        st_extent *ext;
-        const char *object;
-        if (x->blob) {
-            st_mblob *b = &m->blobs[m->nblobs++];
-            b->name = st_arena_strndup(&m->arena, x->b->name, strlen(x->b->name));
-            b->owner = x->owner;
-            ext = &b->ext;
-            object = b->name;
-            if (!b->name) {
-                rc = st_fail(STRATA_ENOMEM, "out of memory");
-                goto done;
-            }
-        } else {
-            st_mtensor *mt = &m->tensors[ti[x->tensor].pos];
-            st_mshard *s = &mt->shards[mt->nshards++];
-            const st_entry *e = x->e;
-            s->off = st_arena_alloc(&m->arena, 2 * (size_t)(e->ndim ? e->ndim : 1) * 8);
-            if (!s->off) {
-                rc = st_fail(STRATA_ENOMEM, "out of memory");
-                goto done;
-            }
-            s->len = s->off + e->ndim;
-            memcpy(s->off, e->off, (size_t)e->ndim * 8);
-            memcpy(s->len, e->len, (size_t)e->ndim * 8);
-            s->fs = x->fs;
-            s->fe = x->fe;
-            s->flat = !(x->fs == 0 && x->fe == st_box_numel(e->ndim, e->len, NULL));
-            mt->bytes += x->bytes;
-            ext = &s->ext;
-            object = mt->name;
-        }
+    return 0;
+}
+
+/* The metadata entry of item x (its shard or blob, appended); *ext its extent, *object
+ * its name. */
+static int add_entry(save_ctx *c, const item *x, st_extent **ext, const char **object)
+{
+    st_meta *m = c->m;
+    if (x->blob) {
+        st_mblob *b = &m->blobs[m->nblobs++];
+        b->name = st_arena_strndup(&m->arena, x->b->name, strlen(x->b->name));
+        b->owner = x->owner;
+        *ext = &b->ext;
+        *object = b->name;
+        return b->name ? 0 : st_fail(STRATA_ENOMEM, "out of memory");
+    }
+    st_mtensor *mt = &m->tensors[c->ti[x->tensor].pos];
+    st_mshard *s = &mt->shards[mt->nshards++];
+    const st_entry *e = x->e;
+    s->off = st_arena_alloc(&m->arena, 2 * (size_t)(e->ndim ? e->ndim : 1) * 8);
+    if (!s->off)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    s->len = s->off + e->ndim;
+    memcpy(s->off, e->off, (size_t)e->ndim * 8);
+    memcpy(s->len, e->len, (size_t)e->ndim * 8);
+    s->fs = x->fs;
+    s->fe = x->fe;
+    s->flat = !(x->fs == 0 && x->fe == st_box_numel(e->ndim, e->len, NULL));
+    mt->bytes += x->bytes;
+    *ext = &s->ext;
+    *object = mt->name;
+    return 0;
+}
+
+/* Step 6c: the items in metadata order, each laid out in its writer's file (which follows
+ * the same order), as metadata entries and plan pieces. */
+static int lay_out(save_ctx *c)
+{
+    st_save_plan *out = c->out;
+    st_meta *m = c->m;
+    out->pieces = malloc((c->ni ? c->ni : 1) * sizeof *out->pieces);
+    if (!out->pieces)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    for (size_t j = 0; j < c->ni; j++)
+        c->order[c->it[j].meta_pos] = j;
+    for (size_t q = 0; q < c->ni; q++) {
+        const item *x = &c->it[c->order[q]];
+        st_extent *ext = NULL;
+        const char *object = NULL;
+        int rc = add_entry(c, x, &ext, &object);
+        if (rc)
+            return rc;
         st_mfile *f = &m->files[out->writer_file[x->writer]];
         ext->file = (uint32_t)out->writer_file[x->writer];
         ext->offset = f->bytes;
         ext->bytes = x->bytes;
-        uint64_t nc = st_nchunks(x->bytes, chunk);
+        uint64_t nc = st_nchunks(x->bytes, c->chunk);
         ext->sums = st_arena_alloc(&m->arena, (size_t)(nc ? nc : 1) * 8);
-        if (!ext->sums) {
-            rc = st_fail(STRATA_ENOMEM, "out of memory");
-            goto done;
-        }
+        if (!ext->sums)
+            return st_fail(STRATA_ENOMEM, "out of memory");
         f->bytes = ST_ALIGN_UP(f->bytes + x->bytes, ST_ALIGN);
         m->data_bytes += x->bytes;
         out->pieces[out->npieces++] =
             (st_piece){x->writer, x->local,  x->src_off, ext->offset, x->bytes,
                        x->src,    ext,       object,      x->device, x->unchanged};
     }
-    for (size_t t = 0; t < nt && !rc; t++)
-        rc = st_meta_check_overlap(&m->tensors[t]);
-    if (rc)
-        goto done;
-    for (int r = 0; r < nranks; r++)
-        if (out->writer_bytes[r] > out->max_writer_bytes)
-            out->max_writer_bytes = out->writer_bytes[r];
-    out->writer_bytes_bound = balance_bound(it, ni, hold, nranks);
-    out->meta = m;
-    m = NULL;
+    return 0;
+}
 
-done:
-    st_meta_free(m);
-    free(ti);
-    free(it);
-    free(ids);
-    free(tm.slot);
-    free(im.slot);
-    free(hold);
-    free(order);
-    free(fill);
-    if (rc) {
-        free(out->pieces);
-        free(out->writer_file);
-        free(out->writer_bytes);
-        memset(out, 0, sizeof *out);
-    }
+/* Step 6: the metadata skeleton (complete but for the checksums) and the pieces. */
+static int build_meta(save_ctx *c, uint64_t step)
+{
+    if (!(c->m = calloc(1, sizeof *c->m)))
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    c->m->step = step;
+    c->m->chunk = c->chunk;
+    int rc = name_files(c);
+    if (!rc)
+        rc = describe_tensors(c);
+    if (!rc)
+        rc = lay_out(c);
+    for (size_t t = 0; t < c->nt && !rc; t++)
+        rc = st_meta_check_overlap(&c->m->tensors[t]);
     return rc;
+}
+
+int st_plan_save(st_save_plan *out, const st_rank_view *ranks, int nranks, uint32_t chunk,
+                 uint64_t step)
+{
+    save_ctx c;
+    int rc = save_ctx_init(&c, out, ranks, nranks, chunk);
+    if (!rc)
+        rc = collect_shards(&c);
+    if (!rc)
+        rc = collect_blobs(&c);
+    if (!rc)
+        rc = list_holders(&c);
+    /* 3. split large replicated shards into flat pieces, one per holder at most, so that
+     * no single item is big enough to unbalance the writers (list scheduling ends within
+     * one item of the mean) */
+    if (!rc)
+        rc = split_large(&c.it, &c.ni, c.hold, nranks);
+    if (!rc && !(c.order = malloc((c.ni + c.nt + 1) * sizeof *c.order)))
+        rc = oom();
+    if (!rc) {
+        order_items(&c);
+        rc = balance_writers(&c);
+    }
+    if (!rc) {
+        take_sources(&c);
+        rc = build_meta(&c, step);
+    }
+    if (!rc) {
+        for (int r = 0; r < nranks; r++)
+            out->max_writer_bytes = ST_MAX(out->max_writer_bytes, out->writer_bytes[r]);
+        out->writer_bytes_bound = balance_bound(c.it, c.ni, c.hold, nranks);
+        out->meta = c.m;
+        c.m = NULL;
+    }
+    return save_ctx_free(&c, rc);
 }
