@@ -73,6 +73,21 @@ typedef struct strata_shard {
  * read, hashed and compared (or written) as for any shard - never trusted. With replicas in
  * one process, a shard is taken as marked only if every rank registering it marked it. */
 #define STRATA_SHARD_UNCHANGED (1u << 0)
+/* The caller's statement that this shard is not the main copy of its elements: another
+ * rank registers them unmarked (Megatron's replica_id != 0: a data- or tensor-parallel
+ * copy). Unmarked shards are the main copies: identical ones (same tensor name, dtype,
+ * global shape, box and flat range) are one piece, saved once, as without marks; two that
+ * overlap without being identical are STRATA_EOVERLAP naming both ranks. A save takes a
+ * marked shard identical to a main copy as one more holder of that piece, which may write
+ * it to balance the writes. A marked shard identical to no main copy (a tensor-parallel
+ * copy of a replicated tensor whose ZeRO flat range was cut elsewhere) is not saved, and
+ * its tensor's main copies must then hold the whole tensor: else STRATA_EUNFILLED, naming
+ * the tensor and the marked shard's rank, before anything is written. With a communicator
+ * a marked shard travels to the coordinator as the 64-bit keys of its tensor and of its
+ * piece (about 17 bytes) instead of its description, and the coordinator keeps no more of
+ * it than which rank holds it: mark the copies of a large job so that its plan stays small
+ * (docs/DESIGN.md, "Planning at scale"). A load ignores the mark. */
+#define STRATA_SHARD_REPLICA (1u << 1)
 
 /* Number of elements a shard holds (0 if the description is invalid). */
 uint64_t strata_shard_numel(const strata_shard *s);

@@ -189,7 +189,7 @@ static void mark_replicas(void **state)
     }
     assert_ok(strata_state_new(&st[0]));
     strata_shard bad = {.name = "w", .dtype = STRATA_F32, .ndim = 2, .global_shape = shape,
-                        .data = w, .flags = 2};
+                        .data = w, .flags = 1u << 2};
     assert_rc(strata_state_add_shard(st[0], &bad), STRATA_EINVAL);
     assert_msg_has("flags");
     strata_state_free(st[0]);

@@ -15,7 +15,7 @@ static st_rank_view *views(const tu_set *s)
     st_rank_view *v = calloc((size_t)s->n, sizeof *v);
     assert_non_null(v);
     for (int r = 0; r < s->n; r++)
-        v[r] = (st_rank_view){s->st[r]->sh, s->st[r]->nsh, s->st[r]->bl, s->st[r]->nbl, 0};
+        v[r] = (st_rank_view){.sh = s->st[r]->sh, .nsh = s->st[r]->nsh, .bl = s->st[r]->bl, .nbl = s->st[r]->nbl};
     return v;
 }
 

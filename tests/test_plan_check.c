@@ -154,7 +154,7 @@ static void check_plan(const st_io_plan *p, uint64_t max_io, int widen)
 static void plan(st_io_plan *p, const st_meta *m, st_entry *e, size_t n, uint64_t max_io,
                  int widen)
 {
-    st_rank_view v = {e, n, NULL, 0, 0};
+    st_rank_view v = {.sh = e, .nsh = n};
     assert_int_equal(st_plan_load(p, m, &v, 1, max_io), 0);
     assert_int_equal(st_plan_checks(p, max_io, widen), 0);
     check_plan(p, st_plan_max_io(m, max_io), widen);
@@ -324,7 +324,7 @@ static void test_rank_units(void **state)
     /* rank 0: a's first rows and c's; rank 1: a's last rows and b's */
     st_entry e0[2] = {rows_of(&T[0], 0, 30), rows_of(&T[3], 0, 10)};
     st_entry e1[2] = {rows_of(&T[0], 60, 100), rows_of(&T[1], 10, 20)};
-    st_rank_view v[2] = {{e0, 2, NULL, 0, 0}, {e1, 2, NULL, 0, 0}};
+    st_rank_view v[2] = {{.sh = e0, .nsh = 2}, {.sh = e1, .nsh = 2}};
     st_io_plan g;
     assert_int_equal(st_plan_load(&g, m, v, 2, 1024), 0);
     assert_int_equal(st_plan_checks(&g, 1024, 1), 0);

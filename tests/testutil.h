@@ -336,12 +336,14 @@ static inline void tu_set_free(tu_set *s)
 }
 
 /* Registers on rank r a shard of tensor `name` (offsets/lengths NULL: the whole tensor;
- * flat: [fs, fe) of the box). fill = 1: the buffer gets the pattern (to save); else it is
- * poisoned (to load into). A shard of 0 elements gets data = NULL. Returns the record. */
-static inline tu_shard_rec *tu_set_shard(tu_set *s, int r, const char *name, strata_dtype dt,
-                                         int ndim, const uint64_t *shape, const uint64_t *off,
-                                         const uint64_t *len, int flat, uint64_t fs, uint64_t fe,
-                                         int fill)
+ * flat: [fs, fe) of the box) with STRATA_SHARD_* flags. fill = 1: the buffer gets the
+ * pattern (to save); else it is poisoned (to load into). A shard of 0 elements gets data =
+ * NULL. Returns the record. */
+static inline tu_shard_rec *tu_set_shard_flags(tu_set *s, int r, const char *name,
+                                               strata_dtype dt, int ndim,
+                                               const uint64_t *shape, const uint64_t *off,
+                                               const uint64_t *len, int flat, uint64_t fs,
+                                               uint64_t fe, int fill, unsigned flags)
 {
     if (s->nsh == s->capsh) {
         s->capsh = s->capsh ? 2 * s->capsh : 16;
@@ -364,7 +366,7 @@ static inline tu_shard_rec *tu_set_shard(tu_set *s, int r, const char *name, str
     }
     x->sh = (strata_shard){.name = x->name, .dtype = dt, .ndim = ndim, .global_shape = x->shape,
                            .offsets = x->off, .lengths = x->len, .flat = flat,
-                           .flat_start = fs, .flat_end = fe};
+                           .flat_start = fs, .flat_end = fe, .flags = flags};
     uint64_t n = tu_shard_numel(&x->sh);
     if (n) {
         x->sh.data = malloc(n * strata_dtype_size(dt));
@@ -377,6 +379,15 @@ static inline tu_shard_rec *tu_set_shard(tu_set *s, int r, const char *name, str
     assert_ok(strata_state_add_shard(s->st[r], &x->sh));
     s->nsh++;
     return x;
+}
+
+/* The same without flags. */
+static inline tu_shard_rec *tu_set_shard(tu_set *s, int r, const char *name, strata_dtype dt,
+                                         int ndim, const uint64_t *shape, const uint64_t *off,
+                                         const uint64_t *len, int flat, uint64_t fs, uint64_t fe,
+                                         int fill)
+{
+    return tu_set_shard_flags(s, r, name, dt, ndim, shape, off, len, flat, fs, fe, fill, 0);
 }
 
 /* Registers a blob on rank r. Save (fill = 1): contents are the pattern of (name, r) for a

@@ -195,6 +195,65 @@ static void tp_box(const synth_tensor *t, int tp, int ti, uint64_t off[2], uint6
         split(t->shape[t->split], tp, ti, &off[t->split], &len[t->split]);
 }
 
+/* Which copy is the main one (the others are registered STRATA_SHARD_REPLICA, as Megatron
+ * marks replica_id != 0): a parameter (or, without ZeRO, its optimizer state) is held by
+ * every data-parallel rank and, if not split, every tensor-parallel rank: data-parallel
+ * rank 0 and tensor-parallel rank 0 hold the main copy. A ZeRO flat piece is its
+ * data-parallel rank's own; a replicated tensor's pieces on tensor-parallel ranks other
+ * than 0 are copies (cut elsewhere when the split of the others is uneven). */
+static int is_replica(const synth_tensor *t, const layout *l, int ti, int di)
+{
+    int tp_copy = t->split < 0 && ti != 0;
+    if (t->is_optim && l->zero)
+        return tp_copy;
+    return tp_copy || di != 0;
+}
+
+int synth_layout_rank(synth_shard *v, const synth_model *m, const layout *l, int r,
+                      uint64_t *base)
+{
+    int ti = r % l->tp, di = (r / l->tp) % l->dp, pi = r / (l->tp * l->dp);
+    int n = 0;
+    /* model params on this stage: their tp boxes, in order; for zero=1 the concatenation
+     * of their elements is split evenly over dp; base[p]: where param p's box starts in
+     * the stage's concatenation */
+    uint64_t total = 0;
+    for (int p = 0; p < m->nparams; p++) {
+        const synth_tensor *t = &m->t[p];
+        base[p] = total;
+        if (stage_of(m, t, l->pp) != pi)
+            continue;
+        uint64_t off[2], len[2];
+        tp_box(t, l->tp, ti, off, len);
+        total += t->ndim == 1 ? len[0] : len[0] * len[1];
+    }
+    uint64_t zlo, zlen;
+    split(total, l->dp, di, &zlo, &zlen);
+    for (int i = 0; i < m->ntensors; i++) {
+        const synth_tensor *t = &m->t[i];
+        if (stage_of(m, t, l->pp) != pi)
+            continue;
+        synth_shard s = {.tensor = i, .replica = is_replica(t, l, ti, di)};
+        tp_box(t, l->tp, ti, s.off, s.len);
+        s.fs = 0;
+        s.fe = t->ndim == 1 ? s.len[0] : s.len[0] * s.len[1];
+        if (t->is_optim && l->zero) {
+            uint64_t bs = base[t->param];
+            if (zlo + zlen <= bs)
+                continue;
+            uint64_t a = zlo > bs ? zlo - bs : 0;
+            uint64_t b = zlo + zlen - bs < s.fe ? zlo + zlen - bs : s.fe;
+            if (a >= s.fe || a >= b)
+                continue;
+            s.flat = 1;
+            s.fs = a;
+            s.fe = b;
+        }
+        v[n++] = s;
+    }
+    return n;
+}
+
 int synth_layout(synth_ranks *out, const synth_model *m, const layout *l)
 {
     int W = layout_world(l);
@@ -202,60 +261,19 @@ int synth_layout(synth_ranks *out, const synth_model *m, const layout *l)
     out->nshards = calloc((size_t)W, sizeof *out->nshards);
     out->shards = calloc((size_t)W, sizeof *out->shards);
     uint64_t *base = malloc(((size_t)m->nparams + 1) * sizeof *base);
-    if (!out->nshards || !out->shards || !base) {
-        free(base);
-        return -1;
-    }
-    for (int r = 0; r < W; r++) {
-        int ti = r % l->tp, di = (r / l->tp) % l->dp, pi = r / (l->tp * l->dp);
-        synth_shard *v = calloc((size_t)m->ntensors, sizeof *v);
-        if (!v) {
-            free(base);
-            return -1;
-        }
-        out->shards[r] = v;
-        int n = 0;
-        /* model params on this stage: their tp boxes, in order; for zero=1 the
-         * concatenation of their elements is split evenly over dp */
-        /* base[p]: where param p's box starts in the stage's concatenation */
-        uint64_t total = 0;
-        for (int p = 0; p < m->nparams; p++) {
-            const synth_tensor *t = &m->t[p];
-            base[p] = total;
-            if (stage_of(m, t, l->pp) != pi)
-                continue;
-            uint64_t off[2], len[2];
-            tp_box(t, l->tp, ti, off, len);
-            total += t->ndim == 1 ? len[0] : len[0] * len[1];
-        }
-        uint64_t zlo, zlen;
-        split(total, l->dp, di, &zlo, &zlen);
-        for (int i = 0; i < m->ntensors; i++) {
-            const synth_tensor *t = &m->t[i];
-            if (stage_of(m, t, l->pp) != pi)
-                continue;
-            synth_shard s = {.tensor = i};
-            tp_box(t, l->tp, ti, s.off, s.len);
-            s.fs = 0;
-            s.fe = t->ndim == 1 ? s.len[0] : s.len[0] * s.len[1];
-            if (t->is_optim && l->zero) {
-                uint64_t bs = base[t->param];
-                if (zlo + zlen <= bs)
-                    continue;
-                uint64_t a = zlo > bs ? zlo - bs : 0;
-                uint64_t b = zlo + zlen - bs < s.fe ? zlo + zlen - bs : s.fe;
-                if (a >= s.fe || a >= b)
-                    continue;
-                s.flat = 1;
-                s.fs = a;
-                s.fe = b;
-            }
-            v[n++] = s;
-        }
+    synth_shard *v = malloc(((size_t)m->ntensors + 1) * sizeof *v);
+    int rc = out->nshards && out->shards && base && v ? 0 : -1;
+    for (int r = 0; r < W && !rc; r++) {
+        int n = synth_layout_rank(v, m, l, r, base);
+        if (!(out->shards[r] = malloc(((size_t)n + 1) * sizeof *v)))
+            rc = -1;
+        else
+            memcpy(out->shards[r], v, (size_t)n * sizeof *v);
         out->nshards[r] = n;
     }
     free(base);
-    return 0;
+    free(v);
+    return rc;
 }
 
 void synth_ranks_free(synth_ranks *r)
@@ -374,7 +392,8 @@ int synth_register(strata_state *st, const synth_model *m, const synth_shard *sh
     for (int i = 0; i < n; i++) {
         const synth_tensor *t = &m->t[sh[i].tensor];
         strata_shard d = {t->name, t->dtype, t->ndim, t->shape, sh[i].off, sh[i].len,
-                          sh[i].flat, sh[i].fs, sh[i].fe, sh[i].data, 0, 0};
+                          sh[i].flat, sh[i].fs, sh[i].fe, sh[i].data, 0,
+                          sh[i].replica ? STRATA_SHARD_REPLICA : 0};
         int rc = strata_state_add_shard(st, &d);
         if (rc)
             return rc;

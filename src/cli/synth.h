@@ -51,6 +51,7 @@ typedef struct {
     int flat;
     uint64_t fs, fe;
     void *data;
+    int replica; /* registered STRATA_SHARD_REPLICA: another rank holds the main copy */
 } synth_shard;
 
 typedef struct {
@@ -59,8 +60,13 @@ typedef struct {
     synth_shard **shards;
 } synth_ranks;
 
-/* Lays the model out as l: the shards each rank holds (data not yet allocated). */
+/* Lays the model out as l: the shards each rank holds (data not yet allocated), one main
+ * copy of each piece and the others marked replicas, as Megatron registers them. */
 int synth_layout(synth_ranks *out, const synth_model *m, const layout *l);
+/* The same for rank r alone: its shards into v (room for m->ntensors), their number
+ * returned; base: scratch of m->nparams entries. l may have more than 4096 ranks. */
+int synth_layout_rank(synth_shard *v, const synth_model *m, const layout *l, int r,
+                      uint64_t *base);
 void synth_ranks_free(synth_ranks *r);
 
 /* Fills a shard with the deterministic values of its tensor. */

@@ -24,9 +24,12 @@ int st_status_raise(const st_status *s, int me);
 /* Sum, max and count of nonzero of v over the ranks (each may be NULL). */
 void st_over_ranks(strata_comm *comm, uint64_t v, uint64_t *sum, uint64_t *max,
                    uint64_t *nonzero);
-/* A rank's registered shards and blobs, on the wire; st_decode_all decodes every rank's
- * (rank me's is *mine, not decoded again). */
+/* A rank's registered shards and blobs, on the wire: st_encode_state every shard in full
+ * (a load's requests), st_encode_local_plan a save's, its shards marked
+ * STRATA_SHARD_REPLICA as refs (st_ref). st_decode_all decodes every rank's (rank me's is
+ * *mine, not decoded again). */
 void st_encode_state(st_buf *b, const st_rank_view *v);
+void st_encode_local_plan(st_buf *b, const st_rank_view *v);
 int st_decode_all(st_arena *a, const unsigned char *all, const size_t *counts, int P,
                   int me, const st_rank_view *mine, st_rank_view *out);
 

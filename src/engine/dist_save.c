@@ -91,7 +91,7 @@ static int dist_begin(st_async_dist *d, const char *const *uris, strata_state *l
     st_rank_view view = st_state_view(local);
     memset(mine, 0, sizeof *mine);
     st_buf lp = {0};
-    st_encode_state(&lp, &view);
+    st_encode_local_plan(&lp, &view);
     int rc = lp.oom ? st_fail(STRATA_ENOMEM, "out of memory") : st_check_chunk(chunk);
     /* a local error must still take part in the collectives: it travels as a status */
     int lrc = rc;

@@ -21,7 +21,7 @@ struct strata_state {
 
 static inline st_rank_view st_state_view(const strata_state *s)
 {
-    return (st_rank_view){s->sh, s->nsh, s->bl, s->nbl, 0};
+    return (st_rank_view){.sh = s->sh, .nsh = s->nsh, .bl = s->bl, .nbl = s->nbl};
 }
 
 /* ---- options (opts.c): the one place for defaults and version checks ---- */

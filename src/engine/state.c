@@ -109,10 +109,12 @@ static int normalise(st_entry *e, const strata_shard *s)
     e->bytes = (e->fe - e->fs) * esz;
     e->data = s->data;
     e->device = s->device != 0;
-    if (s->flags & ~(unsigned)STRATA_SHARD_UNCHANGED)
+    const unsigned known = STRATA_SHARD_UNCHANGED | STRATA_SHARD_REPLICA;
+    if (s->flags & ~known)
         return st_fail(STRATA_EINVAL, "tensor '%s': unknown shard flags 0x%x", s->name,
-                       s->flags & ~(unsigned)STRATA_SHARD_UNCHANGED);
+                       s->flags & ~known);
     e->unchanged = (s->flags & STRATA_SHARD_UNCHANGED) != 0;
+    e->replica = (s->flags & STRATA_SHARD_REPLICA) != 0;
     if (e->device && e->bytes) {
         int rc = st_cuda_check();
         if (rc)

@@ -20,7 +20,25 @@ typedef struct st_entry {
     uint64_t bytes;
     int device; /* data is CUDA device memory */
     int unchanged; /* STRATA_SHARD_UNCHANGED: equal to the base's shard at its place */
+    int replica;   /* STRATA_SHARD_REPLICA: another rank registers the main copy */
 } st_entry;
+
+/* A shard marked STRATA_SHARD_REPLICA, summarised: what a coordinator gets of it instead
+ * of its description (dist_wire.c). Empty shards are never summarised. */
+typedef struct st_ref {
+    uint64_t tkey;    /* st_tensor_key: its tensor (name, dtype, shape) */
+    uint64_t pkey;    /* st_piece_key: its piece of that tensor (box, flat range) */
+    uint32_t local;   /* its registration index on its rank */
+    uint32_t unchanged;
+} st_ref;
+
+/* The 64-bit key of a shard's tensor (name, dtype, shape) and of its piece of it (box and
+ * flat range, hashed with the tensor's key as seed): XXH3 of a fixed encoding
+ * (docs/DESIGN.md, "Planning at scale"). Pure. */
+uint64_t st_tensor_key(const st_entry *e);
+uint64_t st_piece_key(const st_entry *e, uint64_t tkey);
+/* The ref of shard e, registration `local` of its rank. */
+st_ref st_ref_of(const st_entry *e, uint32_t local);
 
 typedef struct st_blobent {
     const char *name;
@@ -29,14 +47,27 @@ typedef struct st_blobent {
     uint64_t size;
 } st_blobent;
 
-/* What one rank registered. */
+/* What one rank registered: shards, then blobs, numbered in that order (registration
+ * indices: shard i is i, blob i is nsh + nref + i). A coordinator's view of a peer's save
+ * (st_decode_all) holds the shards marked STRATA_SHARD_REPLICA as refs, and the others in
+ * sh with their registration indices in reg; every other view has neither (nref 0, reg
+ * NULL: sh[i] is registration i), its marked shards in sh with `replica` set. */
 typedef struct st_rank_view {
     const st_entry *sh;
     size_t nsh;
     const st_blobent *bl;
     size_t nbl;
     int cast; /* load: which shards of another dtype than saved are converted (ST_CAST_*) */
+    const st_ref *ref;
+    size_t nref;
+    const uint32_t *reg; /* per sh[i]: its registration index; NULL: i */
 } st_rank_view;
+
+/* The registration index of blob i of v. */
+static inline uint32_t st_blob_local(const st_rank_view *v, size_t i)
+{
+    return (uint32_t)(v->nsh + v->nref + i);
+}
 
 /* A load's conversions of dtypes: none (equal dtypes only), the exact ones
  * (STRATA_LOAD_WIDEN: st_convert_exact), or every one st_convert_ok allows
@@ -88,14 +119,24 @@ typedef struct st_save_plan {
 } st_save_plan;
 
 /* Builds the global save plan from every rank's registered state. Each distinct shard
- * (same tensor, box and flat range) is written once by one of its holders, chosen to
- * balance bytes per writer (fixed single-holder work first, then replicated items
- * largest first to the least-loaded holder). Errors: STRATA_EMISMATCH (one name with two
- * dtypes/shapes, or a global blob with two sizes), STRATA_EOVERLAP, STRATA_EINVAL,
- * STRATA_ENOMEM. */
+ * (same tensor, box and flat range) registered unmarked (a main copy) is written once by
+ * one of its holders - the ranks registering it, marked STRATA_SHARD_REPLICA or not -
+ * chosen to balance bytes per writer (fixed single-holder work first, then replicated
+ * items largest first to the least-loaded holder; a large one split into flat pieces
+ * spread over its holders). A marked shard identical to no main copy is not saved; its
+ * tensor's main copies must then hold the whole tensor. Work and memory: linear in the
+ * registrations, n log n in the distinct items; no pair of ranks or of one tensor's pieces
+ * is ever compared (DESIGN.md, "Planning at scale"). Errors: STRATA_EMISMATCH (one name
+ * with two dtypes/shapes, or a global blob with two sizes), STRATA_EOVERLAP (naming the
+ * ranks of the two main copies), STRATA_EUNFILLED (a marked shard that no main copy
+ * holds), STRATA_EINVAL, STRATA_ENOMEM. */
 int st_plan_save(st_save_plan *out, const st_rank_view *ranks, int nranks, uint32_t chunk,
                  uint64_t step);
 void st_save_plan_free(st_save_plan *p);
+/* Work units of this thread's last st_plan_save: hash probes, holders visited, heap steps,
+ * and the overlap check's boxes. For tests and the benchmark, which hold it to a bound
+ * linear in the registrations (times log of the holders of a piece). */
+uint64_t st_plan_save_work(void);
 
 /* ---- load ---- */
 
@@ -235,6 +276,9 @@ int st_plan_verify_all(st_io_plan *out, const st_meta *meta, uint64_t max_io);
  * segments and coalesces them into reads. Used by both planners above. */
 int st_plan_reads(st_io_plan *out, uint64_t max_io);
 void st_io_plan_free(st_io_plan *p);
+/* Work units of this thread's last st_plan_load: saved shards visited by the requests
+ * (each pair of a request and a saved shard looked at), and the index entries built. */
+uint64_t st_plan_load_work(void);
 
 /* The checks of a plan whose metadata has check ranges (a zip entry's CRC-32 covers the whole
  * entry): with widen, every read that touches a check is widened, and reads of the bytes no

@@ -1,6 +1,7 @@
 /* plan_load.c - the load plan: requests intersected with saved shards through a per-tensor
- * dim-0 interval index, then the byte runs to scatter, the checksum chunks they need, and
- * those chunks coalesced into large reads. Pure; single-threaded. */
+ * interval index (along the dim that best tells its shards apart), then the byte runs to
+ * scatter, the checksum chunks they need, and those chunks coalesced into large reads.
+ * Pure; single-threaded. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -11,10 +12,18 @@
 #include "plan.h"
 
 typedef struct {
-    size_t *ord;         /* shard indices sorted by dim-0 start */
-    uint64_t *lo, *hi;   /* dim-0 span of ord[i] */
+    int dim;             /* the dim indexed: the one whose spans start at most places */
+    size_t *ord;         /* shard indices sorted by span start along dim */
+    uint64_t *lo, *hi;   /* span of ord[i] along dim */
     uint64_t *pmax;      /* max of hi[0..i] */
 } tindex;
+
+static _Thread_local uint64_t load_work; /* st_plan_load_work */
+
+uint64_t st_plan_load_work(void)
+{
+    return load_work;
+}
 
 typedef struct {
     st_io_plan *p;
@@ -47,6 +56,47 @@ static int cmp_u64_pair(const void *pa, const void *pb, void *ctx)
     return (a > b) - (a < b);
 }
 
+/* The indices [lo, hi) of dim d that region r touches: tight for dim 0, the box's for the
+ * others (a superset for a flat range); [0, 0) for an empty region. */
+static void span_along(const st_region *r, int d, uint64_t *lo, uint64_t *hi)
+{
+    if (r->fe <= r->fs || (d == 0 && !st_region_dim0(r, lo, hi))) {
+        *lo = *hi = 0;
+    } else if (d > 0) {
+        *lo = r->off[d];
+        *hi = r->off[d] + r->len[d];
+    }
+}
+
+/* The dim along which t's shards are narrowest for the tensor's extent (their spans' summed
+ * lengths over the dim's size; dim 0 on a tie): the one that tells them apart, so that a
+ * request visits about the shards it meets - not all of them, as dim 0 would for shards
+ * cut along another dim only. */
+static int best_dim(const st_mtensor *t)
+{
+    int best = 0;
+    double least = 0;
+    for (int d = 0; d < (t->ndim ? t->ndim : 1); d++) {
+        uint64_t extent = t->ndim ? t->shape[d] : 1;
+        if (!extent)
+            continue;
+        double sum = 0;
+        for (size_t i = 0; i < t->nshards; i++) {
+            const st_mshard *s = &t->shards[i];
+            st_region r = {t->ndim, s->off, s->len, s->fs, s->fe};
+            uint64_t lo, hi;
+            span_along(&r, d, &lo, &hi);
+            sum += (double)(hi - lo);
+        }
+        load_work += t->nshards;
+        if (d == 0 || sum / (double)extent < least) {
+            least = sum / (double)extent;
+            best = d;
+        }
+    }
+    return best;
+}
+
 static int build_index(tindex *x, const st_mtensor *t)
 {
     size_t n = t->nshards ? t->nshards : 1;
@@ -60,10 +110,11 @@ static int build_index(tindex *x, const st_mtensor *t)
         free(hi);
         return -1;
     }
+    x->dim = t->nshards > 1 ? best_dim(t) : 0;
     for (size_t i = 0; i < t->nshards; i++) {
         const st_mshard *s = &t->shards[i];
         st_region r = {t->ndim, s->off, s->len, s->fs, s->fe};
-        st_region_dim0(&r, &lo[i], &hi[i]);
+        span_along(&r, x->dim, &lo[i], &hi[i]);
         x->ord[i] = i;
     }
     qsort_r(x->ord, t->nshards, sizeof *x->ord, cmp_u64_pair, lo);
@@ -114,6 +165,44 @@ static int cmp_runs(const void *pa, const void *pb)
     if (a->piece != b->piece)
         return a->piece < b->piece ? -1 : 1;
     return (a->src > b->src) - (a->src < b->src);
+}
+
+/* The runs in order of (piece, source offset), run0 and maxrun filled: a counting sort by
+ * piece (pieces are numbered densely: linear in the runs and pieces), then the runs of a
+ * piece that are not in order already by source offset. */
+static int sort_runs(st_io_plan *out)
+{
+    const size_t np = out->npieces, n = out->nruns;
+    for (size_t i = 0; i < n; i++) {
+        const st_run *x = &out->runs[i];
+        out->run0[x->piece + 1]++;
+        out->maxrun[x->piece] = ST_MAX(out->maxrun[x->piece], x->n);
+    }
+    for (size_t p = 0; p < np; p++)
+        out->run0[p + 1] += out->run0[p];
+    if (n < 2)
+        return 0;
+    st_run *to = malloc(n * sizeof *to);
+    size_t *at = malloc((np + 1) * sizeof *at);
+    if (!to || !at) {
+        free(to);
+        free(at);
+        return st_fail(STRATA_ENOMEM, "out of memory planning the load");
+    }
+    memcpy(at, out->run0, (np + 1) * sizeof *at);
+    for (size_t i = 0; i < n; i++)
+        to[at[out->runs[i].piece]++] = out->runs[i];
+    free(at);
+    free(out->runs);
+    out->runs = to;
+    for (size_t p = 0; p < np; p++) { /* one request's runs of a piece come in order */
+        size_t a = out->run0[p], b = out->run0[p + 1], i = a + 1;
+        while (i < b && to[i - 1].src <= to[i].src)
+            i++;
+        if (i < b)
+            qsort(to + a, b - a, sizeof *to, cmp_runs);
+    }
+    return 0;
 }
 
 static uint64_t seg_off(const st_io_plan *p, const st_seg *s)
@@ -203,20 +292,12 @@ int st_plan_reads(st_io_plan *out, uint64_t max_io)
 {
     const st_meta *m = out->meta;
     const uint64_t C = m->chunk;
-    size_t np = out->npieces;
     int rc = 0;
     max_io = st_plan_max_io(m, max_io); /* a foreign chunk is a byte: no element split */
     /* runs by piece; the chunks they need, as segments (runs and segs are NULL when
      * empty, which qsort must not be given) */
-    if (out->nruns > 1)
-        qsort(out->runs, out->nruns, sizeof *out->runs, cmp_runs);
-    for (size_t i = 0; i < out->nruns; i++) {
-        st_run *x = &out->runs[i];
-        out->run0[x->piece + 1]++;
-        out->maxrun[x->piece] = ST_MAX(out->maxrun[x->piece], x->n);
-    }
-    for (size_t p = 0; p < np; p++)
-        out->run0[p + 1] += out->run0[p];
+    if ((rc = sort_runs(out)))
+        return rc;
     size_t scap = 0;
     for (size_t i = 0; i < out->nruns;) {
         uint32_t piece = out->runs[i].piece;
@@ -284,7 +365,7 @@ int st_plan_reads(st_io_plan *out, uint64_t max_io)
 
 /* ---- the load plan, step by step ---- */
 
-/* One load plan in the making: the metadata's names indexed, each tensor's dim-0 index
+/* One load plan in the making: the metadata's names indexed, each tensor's span index
  * (built on first use), and the runs being emitted. */
 typedef struct {
     st_io_plan *out;
@@ -413,7 +494,7 @@ static int find_saved(const load_ctx *c, const st_entry *e, int r, size_t *out)
     return 0;
 }
 
-/* Step 2a: the runs of shard request i of rank r, from the saved shards whose dim-0 span
+/* Step 2a: the runs of shard request i of rank r, from the saved shards whose span
  * meets it; STRATA_EUNFILLED unless they fill it. */
 static int plan_shard(load_ctx *c, int r, size_t i)
 {
@@ -428,7 +509,7 @@ static int plan_shard(load_ctx *c, int r, size_t i)
         return load_oom();
     st_region q = {e->ndim, e->off, e->len, e->fs, e->fe};
     uint64_t qlo, qhi, got = 0;
-    st_region_dim0(&q, &qlo, &qhi);
+    span_along(&q, x->dim, &qlo, &qhi);
     size_t lo = 0, hi = mt->nshards; /* first index with x->lo >= qhi */
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
@@ -444,6 +525,7 @@ static int plan_shard(load_ctx *c, int r, size_t i)
     ro->local = (uint32_t)i;
     c->out->request_bytes += e->bytes;
     for (size_t j = lo; j-- > 0 && x->pmax[j] > qlo;) {
+        load_work++;
         if (x->hi[j] <= qlo)
             continue;
         const st_mshard *s = &mt->shards[x->ord[j]];
@@ -496,6 +578,7 @@ int st_plan_load(st_io_plan *out, const st_meta *m, const st_rank_view *ranks, i
                  uint64_t max_io)
 {
     load_ctx c;
+    load_work = 0;
     int rc = load_ctx_init(&c, out, m, ranks, nranks);
     if (!rc)
         rc = index_names(&c);
