@@ -144,8 +144,9 @@ $(BUILD)/tests/%: tests/%.c $(BUILD)/libstrata.a tests/testutil.h tests/threadco
 	$(CC) $(ALL_CFLAGS) -MMD -MP $(ST_LDFLAGS) $(LDFLAGS) -Isrc -o $@ $< $(BUILD)/libstrata.a \
 	    -lcmocka $(LIBS) -lm
 
-# The MPI test program of incremental saves (tests/mpi_test.sh runs it under mpiexec)
-$(BUILD)/tests/mpi_incr: tests/mpi_incr.c $(BUILD)/libstrata_mpi.a $(BUILD)/libstrata.a | deps
+# The MPI test programs of incremental saves and of stored plans (tests/mpi_test.sh runs
+# them under mpiexec)
+$(BUILD)/tests/mpi_%: tests/mpi_%.c $(BUILD)/libstrata_mpi.a $(BUILD)/libstrata.a | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(MPI_CFLAGS) $(ST_LDFLAGS) $(LDFLAGS) -Isrc -o $@ $< \
 	    $(BUILD)/libstrata_mpi.a $(BUILD)/libstrata.a $(MPI_LIBS) $(LIBS) -lm
@@ -162,7 +163,7 @@ demo: deps all
 # the C suites, the shell suites, and (in the plain build) the Python package's tests in the
 # project venv (tests/python/test_pickle_reader.py runs build/tests/pickle_dump)
 test: deps all $(TESTS) $(BUILD)/tests/libfakecudart.so $(BUILD)/tests/pickle_dump \
-      $(BUILD)/nocurl/strata $(if $(SAN),,venv $(BUILD)/tests/mpi_incr)
+      $(BUILD)/nocurl/strata $(if $(SAN),,venv $(BUILD)/tests/mpi_incr $(BUILD)/tests/mpi_plan)
 	@$(APT) tool_need python3 python3
 	@BUILD=$(BUILD) SANITIZED=$(if $(SAN),1,) VENV=$(VENV) bash tests/run.sh $(TESTS)
 
@@ -234,10 +235,14 @@ $(BUILD)/bench/bench_peer: bench/bench_peer.c tests/threadcomm.h $(BUILD)/libstr
 	    $(BUILD)/libstrata.a $(LIBS)
 
 # bench/bench_s3.py: s3:// against boto3's multipart transfer on one moto server (the venv's)
-bench: deps all $(BUILD)/bench/bench_plan $(BUILD)/bench/bench_export $(BUILD)/bench/bench_cast \
-       $(BUILD)/bench/bench_incr $(BUILD)/bench/bench_peer $(VENV)/.strata-installed \
-       $(VENV)/.moto-installed
+bench: deps all $(BUILD)/bench/bench_plan $(BUILD)/tests/mpi_plan $(BUILD)/bench/bench_export \
+       $(BUILD)/bench/bench_cast $(BUILD)/bench/bench_incr $(BUILD)/bench/bench_peer \
+       $(VENV)/.strata-installed $(VENV)/.moto-installed
 	$(BUILD)/bench/bench_plan
+	@# a restart reusing the stored plan issues no planning collective (8 MPI processes)
+	T=$$(mktemp -d) && for p in first restart changed; do \
+	    timeout 300 mpiexec.mpich -n 8 $(BUILD)/tests/mpi_plan $$p $$T || { rm -rf $$T; exit 1; }; \
+	done; rm -rf $$T
 	@$(APT) tool_need fio fio && tool_need python3 python3
 	STRATA=$(BUILD)/strata BENCH_DIR=$(BUILD)/bench bash bench/bench_io.sh
 	$(BUILD)/strata bench async --dir $(BUILD) --size-mb 1024

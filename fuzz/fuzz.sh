@@ -5,7 +5,8 @@
 # layout parser), fuzz_safetensors (the safetensors header parser, src/source/safetensors.c),
 # fuzz_pickle, fuzz_zip, fuzz_dcp (the DCP .metadata interpreter, src/source/dcp.c),
 # fuzz_megatron (metadata.json and mcore_data, src/source/megatron.c), fuzz_peer (the peer
-# replica record, src/meta/peer_rec.c).
+# replica record, src/meta/peer_rec.c), fuzz_planfile (the stored save plan, plan.bin,
+# src/meta/planfile.c).
 #
 # Build: the library sources (src/core, io, meta, plan, comm without its MPI backend, source,
 # engine) are compiled with clang, coverage instrumentation and ASan + UBSan into

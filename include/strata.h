@@ -357,6 +357,23 @@ int strata_saver_new(strata_saver **out, strata_comm *comm, strata_pool *pool);
  * the communicator, which must outlive them). The communicator (borrowed) outlives the
  * saver; a pool given outlives it too. */
 void strata_saver_free(strata_saver *sv);
+/* Makes the save plan stored with the committed checkpoint at uri (docs/FORMAT.md, "The
+ * stored save plan": every distributed save stores its plan beside its metadata) the
+ * saver's last plan, as if this job had made it: a job restarted with the layout that saved
+ * uri then saves with no planning collective - its next save's one agreement (an allgather
+ * of a flag and the plan's id per rank) finds every rank's layout what it was and every
+ * rank holding the same plan, and each rank writes its part of it. Every rank calls it with
+ * the same uri; it is local (no collective): rank 0 reads the commit record, the metadata
+ * and the whole plan, every other rank its own part alone (three small reads). A layout
+ * that changed since (a shard, a box, a flat range, a mark, the chunk size, the world size)
+ * is found by that agreement - each rank compares its local plan's hash with the one stored
+ * for it - and the save then plans afresh: a stored plan is never trusted beyond it. The
+ * saver's last plan is dropped first, so on error the next save plans afresh. With a
+ * communicator only (else STRATA_EINVAL). Errors: STRATA_ENOENT (no stored plan: saved in
+ * one process, or by a strata without stored plans), STRATA_EFORMAT (corrupt, or not the
+ * plan of the save committed there), STRATA_EMISMATCH (a plan of another world size), the
+ * checkpoint's open errors (rank 0). One thread at a time, with no save in flight. */
+int strata_saver_reuse_plan(strata_saver *sv, const char *uri);
 /* Where the saver's asynchronous saves commit: 1 in the background (also every saver
  * without a communicator: each save commits on its own thread), 0 on the caller's thread,
  * in strata_wait_durable (the communicator has no dup op, or it failed on some rank: MPI

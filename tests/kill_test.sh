@@ -160,8 +160,9 @@ state() {
         END { if (!found) print "none" }'
 }
 
-# same_as_ref DIR: the checkpoint's files (all but the commit record, which holds a time)
-# are the reference's, byte for byte, and there are no others.
+# same_as_ref DIR: the checkpoint's files (all but the commit record, which holds a time,
+# and a distributed save's plan.bin, which names the commit's save id) are the reference's,
+# byte for byte, and there are no others.
 same_as_ref() {
     local d=$1 f
     # (LOCK too: a save killed after its commit, before it removed its lock file, leaves it)
@@ -170,7 +171,7 @@ same_as_ref() {
         return 1
     fi
     for f in "$T/ref"/*; do
-        [ "${f##*/}" = COMMIT ] && continue
+        case ${f##*/} in COMMIT | plan.bin) continue ;; esac
         cmp -s "$f" "$d/${f##*/}" || {
             echo "$d/${f##*/} differs from the reference"
             return 1

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # mpi_test.sh - strata under MPI (MPICH, oversubscribed on this machine's cores): save on 4
 # processes, load on 3, 2 and 1; a matrix of layout pairs; read-once byte counts; the plan
-# cache; a rank killed during a save; incremental saves (tests/mpi_incr.c). Prints one line
+# cache; a rank killed during a save; incremental saves (tests/mpi_incr.c); the stored plan
+# across restarts (tests/mpi_plan.c). Prints one line
 # per check and a summary.
 set -u
 cd "$(dirname "$0")/.."
@@ -209,6 +210,21 @@ for n in 2 3; do
         fail=$((fail + 1)); echo "FAIL $MI is not built (make $MI)"
     fi
 done
+
+# the save plan stored with a checkpoint, across restarts on 8 processes (tests/mpi_plan.c,
+# three jobs: the collectives counted through the communicator by wrapping MPI's): a job
+# restarted with the same layout reuses it and makes no planning collective; one whose
+# rank 1 changed its layout plans afresh; each loads bitwise
+MP=${BUILD:-build}/tests/mpi_plan
+if [ -x "$MP" ]; then
+    mkdir -p "$T/plan"
+    for phase in first restart changed; do
+        check "stored plan on 8 processes: $phase (tests/mpi_plan.c)" \
+            bash -c "$MPIEXEC -n 8 '$MP' $phase '$T/plan'"
+    done
+else
+    fail=$((fail + 1)); echo "FAIL $MP is not built (make $MP)"
+fi
 
 echo "mpi: $pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -544,8 +544,8 @@ static void test_async(void **state)
  * fails on rank 0 (which also commits) or rank 1, for n = 1, 2, ... until the save
  * succeeds. Every rank must return the same error, nothing may be committed or left
  * behind, and the counts must be the protocol's: a rank opens, reserves and fsyncs its
- * data file and writes its tasks; rank 0 also writes metadata.bin.tmp and COMMIT.tmp,
- * renames both, and fsyncs the directory and its parent. */
+ * data file and writes its tasks; rank 0 also writes plan.bin.tmp, metadata.bin.tmp and
+ * COMMIT.tmp, renames the three, and fsyncs the directory and its parent. */
 static void fault_walk(int mode)
 {
     world w;
@@ -567,7 +567,7 @@ static void fault_walk(int mode)
         for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
             /* the synchronous save: rank 0 alone prepares the directory */
             int mkdirs = mode == SAVE_ASYNC || who == 0;
-            int want[] = {who ? 1 : 3, tasks[who] + (who ? 0 : 2), 1, who ? 1 : 5, who ? 0 : 2,
+            int want[] = {who ? 1 : 4, tasks[who] + (who ? 0 : 3), 1, who ? 1 : 6, who ? 0 : 3,
                           mkdirs};
             for (int n = 1;; n++) {
                 snprintf(bad, sizeof bad, "fault+file://%s?op=%s&n=%d&errno=EIO", ck, ops[k], n);

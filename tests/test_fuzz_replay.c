@@ -17,6 +17,8 @@
  * seed-pkl-valid-* / seed-pkl-reject-* the same for a data.pkl alone (its tensors found).
  * For fuzz_zero (a DeepSpeed ZeRO tag's files, fuzz/make_zero_seeds.py): seed-valid-* must
  * be read into metadata, seed-reject-<code>-* refused with that code naming the input.
+ * For fuzz_planfile (a stored save plan, plan.bin): seed-valid-* must decode, seed-reject-*
+ * and repro-reject-* be refused with STRATA_EFORMAT.
  * Runs from the repository root (or $STRATA_SRC_ROOT). A corpus directory that is missing
  * or empty is a failure. */
 #include <dirent.h>
@@ -33,6 +35,10 @@
 #define LLVMFuzzerTestOneInput fuzz_uri_one
 #include "../fuzz/fuzz_uri.c"
 #undef LLVMFuzzerTestOneInput
+#define LLVMFuzzerTestOneInput fuzz_planfile_one
+#include "../fuzz/fuzz_planfile.c"
+#undef LLVMFuzzerTestOneInput
+#undef FP_FAIL /* fuzz_peer.c has its own */
 #define LLVMFuzzerTestOneInput fuzz_layout_one
 #include "../fuzz/fuzz_layout.c"
 #undef LLVMFuzzerTestOneInput
@@ -159,6 +165,23 @@ static void meta_rejects(const char *name, const unsigned char *b, size_t n)
         fail_msg("%s: metadata the decoder must refuse was accepted", name);
     }
     assert_int_equal(rc, STRATA_EFORMAT);
+}
+
+/* plan.bin: seed-valid-* decode whole, seed-reject-* and repro-reject-* are refused. */
+static void planfile_verdict(const char *name, const unsigned char *b, size_t n)
+{
+    int reject = strncmp(name, "repro-reject-", 13) == 0 || strncmp(name, "seed-reject-", 12) == 0;
+    if (!reject && strncmp(name, "seed-valid-", 11) != 0)
+        return;
+    st_phead h;
+    st_ppart *parts = NULL;
+    int rc = st_planfile_decode(&h, &parts, b, n);
+    if (rc == 0)
+        st_planfile_free(parts, h.ranks);
+    if (!reject && rc != 0)
+        fail_msg("%s: a valid stored plan was refused: %s", name, strata_error_last());
+    if (reject && rc != STRATA_EFORMAT)
+        fail_msg("%s: a stored plan that must be refused got %s", name, strata_error_name(rc));
 }
 
 static void uri_rejects(const char *name, const unsigned char *b, size_t n)
@@ -416,6 +439,12 @@ static void test_replay_peer(void **state)
     replay("fuzz_peer", fuzz_peer_one, peer_verdict);
 }
 
+static void test_replay_planfile(void **state)
+{
+    (void)state;
+    replay("fuzz_planfile", fuzz_planfile_one, planfile_verdict);
+}
+
 static void test_replay_uri(void **state)
 {
     (void)state;
@@ -441,6 +470,7 @@ int main(void)
         cmocka_unit_test(test_replay_meta),
         cmocka_unit_test(test_replay_commit),
         cmocka_unit_test(test_replay_peer),
+        cmocka_unit_test(test_replay_planfile),
         cmocka_unit_test(test_replay_uri),
         cmocka_unit_test(test_replay_layout),
         cmocka_unit_test(test_replay_safetensors),

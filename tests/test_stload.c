@@ -365,7 +365,8 @@ static void *run_rank(void *arg)
 
 static void dist_load(tu_set *s, const char *uri, rank_job *jobs)
 {
-    hub h = {NT, {{0}}, calloc(NT, sizeof(void *)), calloc(NT, sizeof(size_t *))};
+    hub h = {.size = NT, .send = calloc(NT, sizeof(void *)),
+             .scounts = calloc(NT, sizeof(size_t *))};
     pthread_barrier_init(&h.bar, NULL, NT);
     pthread_t th[NT];
     for (int r = 0; r < NT; r++) {

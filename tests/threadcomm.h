@@ -15,10 +15,14 @@ typedef struct {
     pthread_barrier_t bar;
     const void **send;      /* per rank, published for one collective */
     const size_t **scounts; /* alltoallv: per rank */
+    unsigned long calls[3]; /* the collectives rank 0 took part in: allgather, alltoallv,
+                               bcast (the tests that count them read them between calls) */
+    unsigned long long moved; /* bytes rank 0 received through them */
 } hub;
 
 static inline void hub_init(hub *h, int n)
 {
+    memset(h, 0, sizeof *h);
     h->size = n;
     pthread_barrier_init(&h->bar, NULL, (unsigned)n);
     h->send = calloc((size_t)n, sizeof *h->send);
@@ -41,6 +45,10 @@ static int t_allgather(void *ctx, const void *send, size_t n, void *recv)
 {
     tcomm *c = ctx;
     hub *h = c->h;
+    if (c->rank == 0) {
+        h->calls[0]++;
+        h->moved += (unsigned long long)n * (unsigned long long)h->size;
+    }
     h->send[c->rank] = send;
     pthread_barrier_wait(&h->bar);
     for (int r = 0; r < h->size; r++)
@@ -60,7 +68,11 @@ static int t_alltoallv(void *ctx, const void *send, const size_t *sc, void *recv
     pthread_barrier_wait(&h->bar);
     int bad = 0;
     size_t at = 0;
+    if (c->rank == 0)
+        h->calls[1]++;
     for (int s = 0; s < h->size; s++) {
+        if (c->rank == 0)
+            h->moved += rc[s];
         size_t off = 0;
         for (int d = 0; d < c->rank; d++)
             off += h->scounts[s][d];
@@ -78,6 +90,10 @@ static int t_bcast(void *ctx, void *buf, size_t n, int root)
 {
     tcomm *c = ctx;
     hub *h = c->h;
+    if (c->rank == 0) {
+        h->calls[2]++;
+        h->moved += n;
+    }
     if (c->rank == root)
         h->send[root] = buf;
     pthread_barrier_wait(&h->bar);

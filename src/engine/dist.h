@@ -46,6 +46,8 @@ struct st_plan_cache {
     uint64_t hash;
     int size;
     uint32_t chunk;
+    uint64_t id; /* the plan's: every rank holding it has the same (the save id of the save
+                    that made it, or of the checkpoint whose plan.bin it was read from) */
     /* every rank: its part */
     st_my_piece *mine;
     size_t nmine;
@@ -53,9 +55,11 @@ struct st_plan_cache {
     /* coordinator: the plan, and per rank the indices of its pieces in plan order */
     st_save_plan sp;
     size_t *by_rank, *rank0; /* pieces of rank r: by_rank[rank0[r] .. rank0[r+1]) */
+    uint64_t *hashes;        /* per rank: the hash of its local plan (st_plan_hash) */
 };
 
-/* Coordinator: each rank's part of c's plan, packed in rank order (counts[r] bytes). */
+/* Coordinator: each rank's part of c's plan (and c->id), packed in rank order (counts[r]
+ * bytes). */
 int st_cache_encode(st_plan_cache *c, int P, unsigned char **out, size_t *counts);
 /* Every rank: its part, received from the coordinator, into c. */
 int st_cache_decode(st_plan_cache *c, const unsigned char *p, size_t n);
@@ -65,6 +69,22 @@ int st_cache_mine(const st_plan_cache *c, const st_rank_view *v, int me, st_save
 const uint64_t *st_mine_sums(const st_save_plan *mine, size_t *n);
 /* The hash of a rank's encoded local plan, world size and chunk: equal means unchanged. */
 uint64_t st_plan_hash(const unsigned char *p, size_t n, int P, uint32_t chunk);
+/* Coordinator: every rank's st_plan_hash into c->hashes, from the gathered local plans. */
+int st_cache_hashes(st_plan_cache *c, const unsigned char *all, const size_t *counts, int P,
+                    uint32_t chunk);
+
+/* The plan stored with a checkpoint (plan.bin, docs/FORMAT.md). Rank 0, at the commit of
+ * tier dir (before its commit record): writes c's plan, every rank's part with its local
+ * plan's hash, tied to the save save_id. */
+int st_plan_store(const st_plan_cache *c, const st_vfs *v, const char *dir, uint64_t save_id,
+                  int sync);
+/* Rank me of P: the plan stored with the committed checkpoint at uri as a cache (*out):
+ * rank 0 reads the commit record, the metadata and the whole plan and rebuilds the global
+ * plan; every other rank reads its own part alone (three small reads). No collective.
+ * Errors: STRATA_ENOENT (no plan.bin: saved in one process, or by an older strata),
+ * STRATA_EFORMAT (corrupt, or not the plan of that commit), STRATA_EMISMATCH (another
+ * world size), the checkpoint's open errors; *out NULL then. */
+int st_plan_adopt(st_plan_cache **out, const char *uri, int me, int P);
 
 /* An incremental distributed save (dist_incr.c): what rank 0 offered and each rank used. */
 typedef struct {

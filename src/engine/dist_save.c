@@ -15,7 +15,12 @@
 #include "../core/checksum.h"
 #include "../core/error.h"
 #include "../io/pool.h"
+#include "../meta/planfile.h"
 #include "dist.h"
+
+/* The first collective's bytes per rank: its plan is still good, rank 0's ownership code
+ * and tier, its incremental mode, the id of the plan it holds. */
+#define AGREE 12
 
 /* A distributed save between its planning and its commit (the async handle keeps it). */
 typedef struct st_async_dist {
@@ -118,22 +123,26 @@ static int dist_begin(st_async_dist *d, const char *const *uris, strata_state *l
     for (int t = 0; me == ST_ROOT && !prepare_root && !lrc && !own_rc && t < d->ntiers; t++)
         if ((own_rc = st_dest_own(&d->dst, t, 0, &d->lock[t])))
             own_t = t;
-    /* 1. one collective: is every rank's layout what it was at the last save? (and does
-     * rank 0 own the destinations? if not, which one it could not own) */
-    signed char flags[4] = {!lrc && cache && cache->hash == h && cache->size == P,
-                            (signed char)own_rc, (signed char)own_t, (signed char)incr_mode(o)},
-                *every = malloc((size_t)P * 4);
+    /* 1. one collective: is every rank's layout what it was when the plan every rank holds
+     * (the same: its id) was made? (and does rank 0 own the destinations? if not, which
+     * one it could not own) */
+    signed char flags[AGREE] = {!lrc && cache && cache->hash == h && cache->size == P,
+                                (signed char)own_rc, (signed char)own_t,
+                                (signed char)incr_mode(o)},
+                *every = malloc((size_t)P * AGREE);
+    uint64_t id = cache ? cache->id : 0;
+    memcpy(flags + 4, &id, 8);
     if (!every)
         rc = st_fail(STRATA_ENOMEM, "out of memory"); /* the others time out */
     else
-        rc = st_allgather(comm, flags, 4, every);
+        rc = st_allgather(comm, flags, AGREE, every);
     d->all_cached = !rc;
     for (int r = 0; !rc && r < P; r++)
-        d->all_cached &= every[4 * r] != 0;
+        d->all_cached &= every[AGREE * r] != 0 && memcmp(every + AGREE * r + 4, every + 4, 8) == 0;
     for (int r = 0; !rc && !every[1] && r < P; r++)
-        if (every[4 * r + 3] != flags[3]) /* every rank takes the same steps */
+        if (every[AGREE * r + 3] != flags[3]) /* every rank takes the same steps */
             rc = st_fail(STRATA_EINVAL, "rank %d %s, rank %d %s: every rank must give a base, "
-                         "or none", me, incr_what(flags[3]), r, incr_what(every[4 * r + 3]));
+                         "or none", me, incr_what(flags[3]), r, incr_what(every[AGREE * r + 3]));
     if (!rc && every[1]) { /* rank 0's code: nothing was written, every rank fails */
         int t = every[2];
         rc = me == ST_ROOT ? own_rc
@@ -156,11 +165,15 @@ static int dist_begin(st_async_dist *d, const char *const *uris, strata_state *l
             views = calloc((size_t)P, sizeof *views);
             int prc = !fresh || !views ? st_fail(STRATA_ENOMEM, "out of memory") : 0;
             if (!prc)
+                prc = st_cache_hashes(fresh, all, counts, P, chunk);
+            if (!prc)
                 prc = st_decode_all(&arena, all, counts, P, -1, NULL, views);
             if (!prc)
                 prc = st_plan_save(&fresh->sp, views, P, chunk, o->step);
-            if (!prc)
+            if (!prc) {
+                fresh->id = d->save_id;
                 prc = st_cache_encode(fresh, P, &parts, counts);
+            }
             if (prc)
                 st_status_set(&st, prc, ST_ROOT);
         }
@@ -245,6 +258,8 @@ static void dist_cleanup(const st_async_dist *d, int t)
     st_dist_incr_unlink(&d->incr, v, dir);
     if (d->ccomm->rank == ST_ROOT) {
         if (st_path_join(p, dir, ST_META_FILE) == 0)
+            v->unlink(v, p);
+        if (st_path_join(p, dir, ST_PLAN_FILE) == 0)
             v->unlink(v, p);
         if (st_path_join(p, dir, ST_COMMIT_FILE ".tmp") == 0)
             v->unlink(v, p);
@@ -362,6 +377,8 @@ static int dist_finish(void *ctx, const int *local_rc, const char *const *local_
             const st_vfs *v = d->dst.vfs[t];
             const char *dir = d->dst.dir[t];
             int crc = st_clear_stale(v, dir, plan);
+            if (!crc) /* the plan, for a restart with this layout (before the commit record) */
+                crc = st_plan_store(cache, v, dir, d->save_id, ST_SYNC(&d->o));
             if (!crc && (crc = st_dest_commit(&d->dst, t, plan->meta, ST_SYNC(&d->o),
                                               d->save_id, &d->lock[t])) && d->lock[t])
                 st_uncommit(v, dir, d->save_id); /* this save's record, if it got that far */

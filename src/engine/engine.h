@@ -298,6 +298,12 @@ int st_prepare_shared(const st_vfs *v, const char *dir);
 
 #define ST_MAX_TIERS STRATA_MAX_TIERS
 
+/* Writes name into dir as a new file: "<name>.tmp", fsynced (with sync), renamed to name
+ * without replacing one that is there (another save's, where locks do not exclude:
+ * STRATA_EEXIST, and its file is left alone). */
+int st_write_new(const st_vfs *v, const char *dir, const char *name, const void *buf,
+                 size_t n, int sync);
+
 /* The destinations of a save: each one's URI, backend and the directory written. With
  * STRATA_SAVE_REPLACE (replace = 1) that is the directory beside final[t], the path named,
  * which the save owns too (final_lock, rank 0 only) and into which the written directory

@@ -602,11 +602,8 @@ int st_remove_owned(const st_vfs *v, const char *path, int committed)
 
 /* ---- the commit ---- */
 
-/* Writes name into dir as a new file: "<name>.tmp", fsynced (with sync), renamed to name
- * without replacing one that is there (another save's, where locks do not exclude:
- * STRATA_EEXIST, and its file is left alone). */
-static int write_new(const st_vfs *v, const char *dir, const char *name, const void *buf,
-                     size_t n, int sync)
+int st_write_new(const st_vfs *v, const char *dir, const char *name, const void *buf,
+                 size_t n, int sync)
 {
     char tmp[PATH_MAX], to[PATH_MAX], tname[64];
     snprintf(tname, sizeof tname, "%s.tmp", name);
@@ -650,7 +647,7 @@ int st_commit_dir(const st_vfs *v, const char *dir, const st_meta *m, int sync,
     int rc = st_meta_encode(m, &mbuf, &mlen);
     if (rc)
         return rc;
-    rc = write_new(v, dir, ST_META_FILE, mbuf, mlen, sync);
+    rc = st_write_new(v, dir, ST_META_FILE, mbuf, mlen, sync);
     st_commit c = {.version = ST_COMMIT_VERSION, .step = m->step, .meta_size = mlen,
                    .meta_hash = st_hash(mbuf, mlen), .data_bytes = m->data_bytes,
                    .save_id = save_id};
@@ -662,7 +659,7 @@ int st_commit_dir(const st_vfs *v, const char *dir, const st_meta *m, int sync,
     c.time_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
     unsigned char rec[ST_COMMIT_SIZE];
     size_t rlen = st_commit_encode(&c, rec);
-    if ((rc = write_new(v, dir, ST_COMMIT_FILE, rec, rlen, sync)))
+    if ((rc = st_write_new(v, dir, ST_COMMIT_FILE, rec, rlen, sync)))
         return rc;
     int e = sync ? v->sync_dir(v, dir) : 0;
     if (e == 0 && sync) { /* the checkpoint directory's own entry */

@@ -11,6 +11,7 @@
 #include "../comm/comm.h"
 #include "../core/error.h"
 #include "../io/bufpool.h"
+#include "dist.h"
 #include "engine.h"
 
 struct strata_saver {
@@ -48,6 +49,22 @@ void strata_saver_free(strata_saver *sv)
     if (sv->own_pool)
         strata_pool_free(sv->pool);
     free(sv);
+}
+
+int strata_saver_reuse_plan(strata_saver *sv, const char *uri)
+{
+    if (!sv || !uri)
+        return st_fail(STRATA_EINVAL, "strata_saver_reuse_plan: saver and uri are required");
+    if (!sv->comm)
+        return st_fail(STRATA_EINVAL, "strata_saver_reuse_plan: a saver without a "
+                       "communicator plans in this process, with no collective to save");
+    st_plan_cache *c = NULL;
+    st_plan_cache_release(sv->cache); /* whatever happens, the last plan is not this one */
+    sv->cache = NULL;
+    int rc = st_plan_adopt(&c, uri, sv->comm->rank, sv->comm->size);
+    if (!rc)
+        sv->cache = c;
+    return rc;
 }
 
 int strata_saver_background(const char **why, const strata_saver *sv)

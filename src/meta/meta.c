@@ -616,7 +616,8 @@ int st_is_strata_file(const char *name)
     if (strcmp(name, ST_COMMIT_FILE) == 0 || strcmp(name, ST_META_FILE) == 0 ||
         strcmp(name, ST_COMMIT_FILE ".tmp") == 0 || strcmp(name, ST_META_FILE ".tmp") == 0 ||
         strcmp(name, ST_LOCK_FILE) == 0 || strcmp(name, ST_PEER_FILE) == 0 ||
-        strcmp(name, ST_PEER_FILE ".tmp") == 0)
+        strcmp(name, ST_PEER_FILE ".tmp") == 0 || strcmp(name, ST_PLAN_FILE) == 0 ||
+        strcmp(name, ST_PLAN_FILE ".tmp") == 0)
         return 1;
     size_t n = strlen(name); /* a peer copy's parity block: PEER-<digits>.par */
     if (n > 9 && strncmp(name, ST_PEER_FILE "-", 5) == 0 && strcmp(name + n - 4, ".par") == 0 &&

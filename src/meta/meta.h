@@ -25,6 +25,7 @@
 #define ST_COMMIT_FILE "COMMIT"
 #define ST_PEER_FILE "PEER" /* a node's peer replica record (peer.c) */
 #define ST_LOCK_FILE "LOCK" /* held by the directory's owner: a save, or a collector */
+#define ST_PLAN_FILE "plan.bin" /* a distributed save's plan (planfile.h) */
 /* A replacing save writes into ".<name>" ST_REPLACE_SUFFIX beside <name> (strata.h's
  * STRATA_REPLACE_SUFFIX). */
 #define ST_REPLACE_SUFFIX ".strata-replace"
@@ -40,7 +41,7 @@ void st_ref_file_name(char out[ST_REF_FILE_BYTES], uint64_t save_id, long rank);
 /* Is name one of those? */
 int st_is_ref_file(const char *name);
 /* Is name one of the files strata writes into a checkpoint directory (commit record,
- * metadata, their temporary names, the lock file, data and ref files)? */
+ * metadata, the stored plan, their temporary names, the lock file, data and ref files)? */
 int st_is_strata_file(const char *name);
 
 /* Bytes of a data file holding [offset, offset + bytes), checksummed per chunk: chunk i
