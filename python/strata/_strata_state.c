@@ -111,13 +111,14 @@ static const char *add_begin(StateObject *self, const char *fn, PyObject *optr, 
 static PyObject *State_add_shard(StateObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"name",   "dtype",  "global_shape", "offsets", "lengths", "data_ptr",
-                             "nbytes", "flat",   "device",       "keep",    "unchanged", NULL};
+                             "nbytes", "flat",   "device",       "keep",    "unchanged",
+                             "replica", NULL};
     PyObject *oname, *odtype, *oshape, *ooff = Py_None, *olen = Py_None, *optr = NULL,
                                             *onbytes = NULL, *oflat = Py_None, *keep = Py_None;
-    int device = 0, unchanged = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OO$OOOpOp:add_shard", kwlist, &oname, &odtype,
-                                     &oshape, &ooff, &olen, &optr, &onbytes, &oflat, &device,
-                                     &keep, &unchanged))
+    int device = 0, unchanged = 0, replica = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OO$OOOpOpp:add_shard", kwlist, &oname,
+                                     &odtype, &oshape, &ooff, &olen, &optr, &onbytes, &oflat,
+                                     &device, &keep, &unchanged, &replica))
         return NULL;
     const char *name = add_begin(self, "add_shard", optr, onbytes, oname, "tensor");
     if (!name)
@@ -179,7 +180,8 @@ static PyObject *State_add_shard(StateObject *self, PyObject *args, PyObject *kw
                       fe,
                       (void *)(uintptr_t)ptr,
                       device,
-                      unchanged ? STRATA_SHARD_UNCHANGED : 0};
+                      (unchanged ? STRATA_SHARD_UNCHANGED : 0) |
+                          (replica ? STRATA_SHARD_REPLICA : 0)};
     uint64_t numel = strata_shard_numel(&s);
     if (numel == 0) { /* empty, or invalid: a state of its own says which, changing nothing */
         strata_state *tmp;
@@ -244,10 +246,13 @@ static PyObject *State_clear(StateObject *self, PyObject *unused)
 static PyMethodDef State_methods[] = {
     {"add_shard", (PyCFunction)(void (*)(void))State_add_shard, METH_VARARGS | METH_KEYWORDS,
      "add_shard(name, dtype, global_shape, offsets=None, lengths=None, *, data_ptr, nbytes, "
-     "flat=None, device=False, keep=None, unchanged=False)\n\nRegisters a shard "
-     "(strata_state_add_shard). nbytes must be the shard's numel times the dtype's size; keep "
-     "is held until clear(). unchanged=True: STRATA_SHARD_UNCHANGED, the caller's promise that "
-     "the bytes equal the base's shard at the same place (not read where the base holds it)."},
+     "flat=None, device=False, keep=None, unchanged=False, replica=False)\n\nRegisters a "
+     "shard (strata_state_add_shard). nbytes must be the shard's numel times the dtype's size; "
+     "keep is held until clear(). unchanged=True: STRATA_SHARD_UNCHANGED, the caller's promise "
+     "that the bytes equal the base's shard at the same place (not read where the base holds "
+     "it). replica=True: STRATA_SHARD_REPLICA, not the main copy of its piece (another rank "
+     "registers that, e.g. Megatron's replica_id != 0): saved by its main copy's holders, or "
+     "not at all when no main piece is identical to it."},
     {"add_blob", (PyCFunction)(void (*)(void))State_add_blob, METH_VARARGS | METH_KEYWORDS,
      "add_blob(name, *, data_ptr, nbytes, rank_local=False, owner=-1, keep=None)"},
     {"clear", (PyCFunction)State_clear, METH_NOARGS,

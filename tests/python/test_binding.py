@@ -432,6 +432,38 @@ def test_incomplete_missing_scheme_exists_format(tmp_path):
         strata.Checkpoint(other)
 
 
+def test_replica_marks_the_copies_that_are_not_main(tmp_path):
+    """replica=True (STRATA_SHARD_REPLICA): three logical ranks hold b whole - rank 0 the main
+    copy, rank 1 a marked identical copy (one more holder: saved once) - and rank 2 a flat
+    piece of it cut elsewhere, marked (saved by no one: the main copy holds it whole).
+    Unmarked, that piece overlaps the main copy; a marked piece with no main copy of its
+    tensor leaves it unfilled."""
+    b = torch.arange(9, dtype=torch.float32)
+    states = [strata.State() for _ in range(3)]
+    for r, st in enumerate(states):
+        t, flat = (b[:5].clone(), (0, 5)) if r == 2 else (b.clone(), None)
+        st.add_shard("b", "f32", (9,), data_ptr=t.data_ptr(), nbytes=nbytes(t), flat=flat,
+                     keep=t, replica=r > 0)
+    stats = strata.Saver().save(uri(tmp_path), states, sync=False)
+    assert stats["data_bytes"] == 9 * 4
+    out = torch.zeros(9)
+    s = strata.State()
+    add(s, "b", out, (9,))
+    strata.load([uri(tmp_path)], [s])
+    assert torch.equal(out, b)
+    a, c = strata.State(), strata.State()
+    add(a, "b", b.clone(), (9,))
+    add(c, "b", b[:5].clone(), (9,), flat=(0, 5))
+    with pytest.raises(strata.OverlapError, match="'b'"):
+        strata.Saver().save(uri(tmp_path, "unmarked"), [a, c])
+    c = strata.State()
+    t = b[:5].clone()
+    c.add_shard("b", "f32", (9,), data_ptr=t.data_ptr(), nbytes=nbytes(t), flat=(0, 5), keep=t,
+                replica=True)
+    with pytest.raises(strata.UnfilledError, match="'b'"):
+        strata.Saver().save(uri(tmp_path, "no-main"), [strata.State(), c])
+
+
 def test_overlap_and_layout_errors(tmp_path):
     a, b = strata.State(), strata.State()
     add(a, "w", torch.zeros(4, 4), (6, 4), (0, 0), (4, 4))
