@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 
 #include "../comm/comm.h"
+#include "../core/error.h"
 #include "engine.h"
 
 #define ST_ROOT 0 /* the coordinator */
