@@ -80,148 +80,178 @@ static const char *incr_what(int mode)
                                              : "saves in full";
 }
 
-/* Steps 1-3: every rank learns its part (*mine) of the save. With prepare_root, rank 0
- * prepares the directory first (st_prepare_dir, owning it) and every rank learns the
- * outcome; without, rank 0 takes ownership of every destination (st_own) and a cached
- * plan needs no more than the one collective that finds it cached and owned. A local
- * failure is returned in *local_rc (message in local_msg): the rank must still take part
- * in dist_finish. */
-static int dist_begin(st_async_dist *d, const char *const *uris, strata_state *local,
-                      int prepare_root, st_save_plan *mine, int *local_rc, char *local_msg)
+/* dist_begin's work between its steps: this rank's local plan, what the coordinator
+ * gathers, plans and scatters, and this rank's own failure (lrc, its message local_msg),
+ * which must still take part in every collective. */
+typedef struct {
+    st_async_dist *d;
+    strata_comm *comm;
+    int P, me, prepare_root, lrc;
+    uint32_t chunk;
+    char *local_msg;
+    st_rank_view view;
+    st_buf lp;                  /* this rank's local plan, encoded */
+    uint64_t h;                 /* its hash */
+    st_plan_cache *cache;       /* the saver's plan, while it may still serve */
+    st_plan_cache *fresh;       /* a new plan being made */
+    unsigned char *all, *parts, *mypart;
+    size_t *counts, mylen;
+    st_arena arena;
+    st_rank_view *views;
+    st_status st;               /* rank 0's outcome of planning and preparing */
+} begin_ctx;
+
+/* This rank alone: its local plan and hash, the chunk size, the destinations resolved and
+ * an incremental save's base name checked. A failure here is kept in b->lrc (it travels
+ * in the collectives); only running out of memory for the counts returns. */
+static int begin_local(begin_ctx *b, const char *const *uris, strata_state *local)
 {
-    strata_comm *comm = d->comm;
-    const strata_save_opts *o = &d->o;
-    const int P = comm->size, me = comm->rank;
-    uint32_t chunk = o->chunk_bytes;
-    st_rank_view view = st_state_view(local);
-    memset(mine, 0, sizeof *mine);
-    st_buf lp = {0};
-    st_encode_local_plan(&lp, &view);
-    int rc = lp.oom ? st_fail(STRATA_ENOMEM, "out of memory") : st_check_chunk(chunk);
-    /* a local error must still take part in the collectives: it travels as a status */
-    int lrc = rc;
+    st_async_dist *d = b->d;
+    b->view = st_state_view(local);
+    st_encode_local_plan(&b->lp, &b->view);
+    int lrc = b->lp.oom ? st_fail(STRATA_ENOMEM, "out of memory") : st_check_chunk(b->chunk);
     if (!lrc)
-        lrc = st_dests_resolve(&d->dst, uris, d->ntiers, o->flags);
-    if (!lrc && o->base) /* before rank 0 makes anything */
-        lrc = st_incr_check_name(o->base, &d->dst);
-    st_err_keep(local_msg, lrc);
-    uint64_t h = st_plan_hash(lp.p, lp.n, P, chunk);
-    st_plan_cache *cache = *d->slot;
-    unsigned char *all = NULL, *parts = NULL, *mypart = NULL;
-    size_t *counts = calloc((size_t)P, sizeof *counts), mylen = 0;
-    st_arena arena = {0};
-    st_rank_view *views = NULL;
-    st_status st = {0};
-    st_plan_cache *fresh = NULL;
-    if (!counts) {
-        free(lp.p);
+        lrc = st_dests_resolve(&d->dst, uris, d->ntiers, d->o.flags);
+    if (!lrc && d->o.base) /* before rank 0 makes anything */
+        lrc = st_incr_check_name(d->o.base, &d->dst);
+    b->lrc = st_err_keep(b->local_msg, lrc);
+    b->h = st_plan_hash(b->lp.p, b->lp.n, b->P, b->chunk);
+    b->cache = *d->slot;
+    if (!(b->counts = calloc((size_t)b->P, sizeof *b->counts)))
         return st_fail(STRATA_ENOMEM, "out of memory");
-    }
-    /* 0. an asynchronous save: rank 0 owns every destination before any rank may write
-     * there (the synchronous one prepares in step 3, before the ranks write) */
-    int own_rc = 0, own_t = 0;
-    for (int t = 0; me == ST_ROOT && !prepare_root && !lrc && !own_rc && t < d->ntiers; t++)
+    return 0;
+}
+
+/* Steps 0-1. An asynchronous save's rank 0 owns every destination before any rank may
+ * write there (the synchronous one prepares in step 3). Then one collective: is every
+ * rank's layout what it was when the plan every rank holds (the same: its id) was made?
+ * do all save incrementally alike? does rank 0 own the destinations (if not, which one it
+ * could not own)? Sets d->all_cached. */
+static int agree_start(begin_ctx *b)
+{
+    st_async_dist *d = b->d;
+    int own_rc = 0, own_t = 0, rc;
+    for (int t = 0; b->me == ST_ROOT && !b->prepare_root && !b->lrc && !own_rc &&
+                    t < d->ntiers; t++)
         if ((own_rc = st_dest_own(&d->dst, t, 0, &d->lock[t])))
             own_t = t;
-    /* 1. one collective: is every rank's layout what it was when the plan every rank holds
-     * (the same: its id) was made? (and does rank 0 own the destinations? if not, which
-     * one it could not own) */
-    signed char flags[AGREE] = {!lrc && cache && cache->hash == h && cache->size == P,
+    const st_plan_cache *c = b->cache;
+    signed char flags[AGREE] = {!b->lrc && c && c->hash == b->h && c->size == b->P,
                                 (signed char)own_rc, (signed char)own_t,
-                                (signed char)incr_mode(o)},
-                *every = malloc((size_t)P * AGREE);
-    uint64_t id = cache ? cache->id : 0;
+                                (signed char)incr_mode(&d->o)},
+                *every = malloc((size_t)b->P * AGREE);
+    uint64_t id = c ? c->id : 0;
     memcpy(flags + 4, &id, 8);
     if (!every)
         rc = st_fail(STRATA_ENOMEM, "out of memory"); /* the others time out */
     else
-        rc = st_allgather(comm, flags, AGREE, every);
+        rc = st_allgather(b->comm, flags, AGREE, every);
     d->all_cached = !rc;
-    for (int r = 0; !rc && r < P; r++)
+    for (int r = 0; !rc && r < b->P; r++)
         d->all_cached &= every[AGREE * r] != 0 && memcmp(every + AGREE * r + 4, every + 4, 8) == 0;
-    for (int r = 0; !rc && !every[1] && r < P; r++)
+    for (int r = 0; !rc && !every[1] && r < b->P; r++)
         if (every[AGREE * r + 3] != flags[3]) /* every rank takes the same steps */
             rc = st_fail(STRATA_EINVAL, "rank %d %s, rank %d %s: every rank must give a base, "
-                         "or none", me, incr_what(flags[3]), r, incr_what(every[AGREE * r + 3]));
+                         "or none", b->me, incr_what(flags[3]), r,
+                         incr_what(every[AGREE * r + 3]));
     if (!rc && every[1]) { /* rank 0's code: nothing was written, every rank fails */
         int t = every[2];
-        rc = me == ST_ROOT ? own_rc
-                           : st_fail(every[1], "rank 0: cannot take ownership of '%s': %s",
-                                     t < d->dst.n ? d->dst.dir[t] : "the destination",
-                                     strata_error_str(every[1]));
+        rc = b->me == ST_ROOT ? own_rc
+                              : st_fail(every[1], "rank 0: cannot take ownership of '%s': %s",
+                                        t < d->dst.n ? d->dst.dir[t] : "the destination",
+                                        strata_error_str(every[1]));
         if (d->ntiers > 1)
             rc = st_wrap(rc, "destination %d (%s)", t, d->dst.uri[t]);
     }
     free(every);
-    if (rc)
-        goto out;
-    if (!d->all_cached) {
-        /* 2. the coordinator gathers the local plans and plans */
-        if ((rc = st_gatherv(comm, lp.p, lp.n, ST_ROOT, &all, counts)))
-            goto out;
-        if (me == ST_ROOT) {
-            if ((fresh = calloc(1, sizeof *fresh)))
-                atomic_init(&fresh->refs, 1);
-            views = calloc((size_t)P, sizeof *views);
-            int prc = !fresh || !views ? st_fail(STRATA_ENOMEM, "out of memory") : 0;
-            if (!prc)
-                prc = st_cache_hashes(fresh, all, counts, P, chunk);
-            if (!prc)
-                prc = st_decode_all(&arena, all, counts, P, -1, NULL, views);
-            if (!prc)
-                prc = st_plan_save(&fresh->sp, views, P, chunk, o->step);
-            if (!prc) {
-                fresh->id = d->save_id;
-                prc = st_cache_encode(fresh, P, &parts, counts);
-            }
-            if (prc)
-                st_status_set(&st, prc, ST_ROOT);
-        }
+    return rc;
+}
+
+/* Step 2 (no plan cached on every rank): the coordinator gathers the local plans and
+ * plans; its failure goes into b->st for step 3 to tell. */
+static int plan_at_root(begin_ctx *b)
+{
+    int rc = st_gatherv(b->comm, b->lp.p, b->lp.n, ST_ROOT, &b->all, b->counts);
+    if (rc || b->me != ST_ROOT)
+        return rc;
+    if ((b->fresh = calloc(1, sizeof *b->fresh)))
+        atomic_init(&b->fresh->refs, 1);
+    b->views = calloc((size_t)b->P, sizeof *b->views);
+    int prc = !b->fresh || !b->views ? st_fail(STRATA_ENOMEM, "out of memory") : 0;
+    if (!prc)
+        prc = st_cache_hashes(b->fresh, b->all, b->counts, b->P, b->chunk);
+    if (!prc)
+        prc = st_decode_all(&b->arena, b->all, b->counts, b->P, -1, NULL, b->views);
+    if (!prc)
+        prc = st_plan_save(&b->fresh->sp, b->views, b->P, b->chunk, b->d->o.step);
+    if (!prc) {
+        b->fresh->id = b->d->save_id;
+        prc = st_cache_encode(b->fresh, b->P, &b->parts, b->counts);
     }
-    /* 3. the coordinator prepares the directory; everyone learns the outcome */
-    if (me == ST_ROOT && !st.rc && prepare_root) {
-        int prc = lrc ? st_err_restore(lrc, local_msg)
-                      : st_dest_own(&d->dst, 0, 1, &d->lock[0]);
+    if (prc)
+        st_status_set(&b->st, prc, ST_ROOT);
+    return 0;
+}
+
+/* Step 3: the coordinator prepares the directory (a synchronous save); every rank learns
+ * the outcome of planning and preparing, when there was either. */
+static int tell_outcome(begin_ctx *b)
+{
+    st_async_dist *d = b->d;
+    if (b->me == ST_ROOT && !b->st.rc && b->prepare_root) {
+        int prc = b->lrc ? st_err_restore(b->lrc, b->local_msg)
+                         : st_dest_own(&d->dst, 0, 1, &d->lock[0]);
         if (prc)
-            st_status_set(&st, prc, ST_ROOT);
+            st_status_set(&b->st, prc, ST_ROOT);
     }
-    if (prepare_root || !d->all_cached) {
-        if ((rc = st_bcast(comm, &st, sizeof st, ST_ROOT)))
-            goto out;
-        if (st.rc) {
-            rc = st_status_raise(&st, me);
-            goto out;
-        }
-    }
+    if (!b->prepare_root && d->all_cached)
+        return 0;
+    int rc = st_bcast(b->comm, &b->st, sizeof b->st, ST_ROOT);
+    return rc ? rc : b->st.rc ? st_status_raise(&b->st, b->me) : 0;
+}
+
+/* Each rank's part of a new plan, scattered and kept as the saver's plan; then this
+ * rank's pieces (*mine) from the plan in use, which this save references to its end. */
+static int take_part(begin_ctx *b, st_save_plan *mine)
+{
+    st_async_dist *d = b->d;
     if (!d->all_cached) {
-        if ((rc = st_scatterv(comm, parts, counts, ST_ROOT, &mypart, &mylen)))
-            goto out;
-        if (!fresh && !(fresh = calloc(1, sizeof *fresh))) {
-            rc = st_fail(STRATA_ENOMEM, "out of memory");
-            goto out;
-        }
-        atomic_init(&fresh->refs, 1);
-        fresh->hash = h;
-        fresh->size = P;
-        fresh->chunk = chunk;
+        int rc = st_scatterv(b->comm, b->parts, b->counts, ST_ROOT, &b->mypart, &b->mylen);
+        if (rc)
+            return rc;
+        if (!b->fresh && !(b->fresh = calloc(1, sizeof *b->fresh)))
+            return st_fail(STRATA_ENOMEM, "out of memory");
+        atomic_init(&b->fresh->refs, 1);
+        b->fresh->hash = b->h;
+        b->fresh->size = b->P;
+        b->fresh->chunk = b->chunk;
         set_cached(d, NULL); /* the old plan is stale whatever happens now */
-        cache = NULL;
-        if ((lrc = st_cache_decode(fresh, mypart, mylen))) {
-            st_err_keep(local_msg, lrc);
-        } else {
-            set_cached(d, cache = fresh);
-            fresh = NULL;
+        b->cache = NULL;
+        /* the plan is kept even by a rank that failed alone before (the commit needs it),
+         * and that failure is kept too (it was once overwritten by this one's outcome) */
+        int drc = st_cache_decode(b->fresh, b->mypart, b->mylen);
+        if (!b->lrc)
+            b->lrc = st_err_keep(b->local_msg, drc);
+        if (!drc) {
+            set_cached(d, b->cache = b->fresh);
+            b->fresh = NULL;
         }
     }
-    if (!lrc && cache && (lrc = st_cache_mine(cache, &view, me, mine)))
-        st_err_keep(local_msg, lrc);
-    if (cache) { /* this save's reference: the plan stays while it is in flight */
-        atomic_fetch_add(&cache->refs, 1);
-        d->cache = cache;
+    if (!b->lrc && b->cache)
+        b->lrc = st_err_keep(b->local_msg, st_cache_mine(b->cache, &b->view, b->me, mine));
+    if (b->cache) { /* this save's reference: the plan stays while it is in flight */
+        atomic_fetch_add(&b->cache->refs, 1);
+        d->cache = b->cache;
     }
-out:
-    /* no rank writes before this returns 0: rank 0 leaves what it owned as it found it */
-    for (int t = 0; rc && !comm->broken && t < d->dst.n; t++)
+    return 0;
+}
+
+/* After dist_begin failed (rc): no rank writes, so rank 0 leaves what it owned as it found
+ * it; after a broken collective the layout is unknown and the saver's plan goes. */
+static void begin_undo(begin_ctx *b, int rc)
+{
+    st_async_dist *d = b->d;
+    for (int t = 0; rc && !b->comm->broken && t < d->dst.n; t++)
         if (d->lock[t]) {
             const st_vfs *v = d->dst.vfs[t];
             char p[PATH_MAX];
@@ -230,17 +260,47 @@ out:
                 v->rmdir(v, d->dst.dir[t]); /* only if that leaves it empty */
             st_dest_abandon(&d->dst, t, &d->lock[t]);
         }
-    *local_rc = lrc;
-    st_plan_cache_release(fresh);
-    if (rc && comm->broken)
-        set_cached(d, NULL); /* the layout is unknown after a failure */
-    st_arena_free(&arena);
-    free(views);
-    free(lp.p);
-    free(all);
-    free(parts);
-    free(mypart);
-    free(counts);
+    if (rc && b->comm->broken)
+        set_cached(d, NULL);
+}
+
+static void begin_free(begin_ctx *b)
+{
+    st_plan_cache_release(b->fresh);
+    st_arena_free(&b->arena);
+    free(b->views);
+    free(b->lp.p);
+    free(b->all);
+    free(b->parts);
+    free(b->mypart);
+    free(b->counts);
+}
+
+/* Steps 0-3: every rank learns its part (*mine) of the save. With prepare_root, rank 0
+ * prepares the directory first (st_prepare_dir, owning it) and every rank learns the
+ * outcome; without, rank 0 takes ownership of every destination (st_own) and a cached
+ * plan needs no more than the one collective that finds it cached and owned. A local
+ * failure is returned in *local_rc (message in local_msg): the rank must still take part
+ * in dist_finish. */
+static int dist_begin(st_async_dist *d, const char *const *uris, strata_state *local,
+                      int prepare_root, st_save_plan *mine, int *local_rc, char *local_msg)
+{
+    begin_ctx b = {.d = d, .comm = d->comm, .P = d->comm->size, .me = d->comm->rank,
+                   .prepare_root = prepare_root, .chunk = d->o.chunk_bytes,
+                   .local_msg = local_msg};
+    memset(mine, 0, sizeof *mine);
+    int rc = begin_local(&b, uris, local);
+    if (!rc)
+        rc = agree_start(&b);
+    if (!rc && !d->all_cached)
+        rc = plan_at_root(&b);
+    if (!rc)
+        rc = tell_outcome(&b);
+    if (!rc)
+        rc = take_part(&b, mine);
+    begin_undo(&b, rc);
+    *local_rc = b.lrc;
+    begin_free(&b);
     return rc;
 }
 
@@ -322,32 +382,21 @@ static void take_reports(st_async_dist *d, const unsigned char *reports, const s
             st_status_set(&st[t], irc, ST_ROOT);
 }
 
-static int dist_finish(void *ctx, const int *local_rc, const char *const *local_msg,
-                       const st_save_plan *mine, uint64_t io_calls, strata_stats *stats)
+/* Step 5: each tier's status on this rank, and its checksums (the same bytes went to every
+ * tier) or an incremental save's report, gathered at the coordinator. */
+static int send_reports(st_async_dist *d, strata_comm *comm, const int *local_rc,
+                        const char *const *local_msg, const st_save_plan *mine,
+                        unsigned char **reports, size_t *counts)
 {
-    st_async_dist *d = ctx;
-    strata_comm *comm = d->ccomm;
-    if (comm != d->comm) /* the commit thread's: the time limit the caller's had */
-        strata_comm_set_timeout(comm, d->timeout_ms);
-    const int P = comm->size, me = comm->rank, T = d->ntiers;
-    st_plan_cache *cache = d->cache;
-    size_t nsums = 0, *counts = calloc((size_t)P, sizeof *counts);
+    size_t nsums = 0;
     int any_ok = 0;
-    for (int t = 0; t < T; t++)
+    for (int t = 0; t < d->ntiers; t++)
         any_ok |= local_rc[t] == 0;
     const uint64_t *sums = any_ok ? st_mine_sums(mine, &nsums) : NULL;
-    unsigned char *reports = NULL;
-    st_status st[ST_MAX_TIERS];
-    memset(st, 0, sizeof st);
-    st_incr_meta im = {0};
-    int rc;
-    if (!counts)
-        return st_fail(STRATA_ENOMEM, "out of memory");
     if (!any_ok)
         nsums = 0;
-    /* 5. each tier's status, and the checksums (the same bytes went to every tier) */
     st_buf rep = {0};
-    for (int t = 0; t < T; t++) {
+    for (int t = 0; t < d->ntiers; t++) {
         st_buf_u32(&rep, (uint32_t)local_rc[t]);
         st_buf_str(&rep, local_rc[t] ? local_msg[t] : "-");
     }
@@ -358,89 +407,123 @@ static int dist_finish(void *ctx, const int *local_rc, const char *const *local_
         for (size_t i = 0; i < nsums; i++)
             st_buf_u64(&rep, sums[i]);
     }
-    rc = rep.oom ? st_fail(STRATA_ENOMEM, "out of memory")
-                 : st_gatherv(comm, rep.p, rep.n, ST_ROOT, &reports, counts);
+    int rc = rep.oom ? st_fail(STRATA_ENOMEM, "out of memory")
+                     : st_gatherv(comm, rep.p, rep.n, ST_ROOT, reports, counts);
     free(rep.p);
-    if (rc)
-        goto out;
+    return rc;
+}
 
-    /* 6. the coordinator commits each tier in which every rank succeeded */
-    if (me == ST_ROOT) {
-        take_reports(d, reports, counts, st, &im);
-        const st_save_plan *plan = d->incr.on ? &im.sp : &cache->sp;
-        if (plan->meta)
-            plan->meta->step = d->o.step;
-        for (int t = 0; t < T; t++) {
-            if (st[t].rc)
-                continue;
-            /* without a prepared directory (an asynchronous save), check it now */
-            const st_vfs *v = d->dst.vfs[t];
-            const char *dir = d->dst.dir[t];
-            int crc = st_clear_stale(v, dir, plan);
-            if (!crc) /* the plan, for a restart with this layout (before the commit record) */
-                crc = st_plan_store(cache, v, dir, d->save_id, ST_SYNC(&d->o));
-            if (!crc && (crc = st_dest_commit(&d->dst, t, plan->meta, ST_SYNC(&d->o),
-                                              d->save_id, &d->lock[t])) && d->lock[t])
-                st_uncommit(v, dir, d->save_id); /* this save's record, if it got that far */
-            if (crc)
-                st_status_set(&st[t], crc, ST_ROOT);
-        }
+/* Step 6, on the coordinator: each tier in which every rank succeeded is checked (an
+ * asynchronous save's directory was not prepared), given the plan (for a restart with
+ * this layout) and committed; st[t] says how each went. */
+static void commit_at_root(st_async_dist *d, const unsigned char *reports, const size_t *counts,
+                           st_status *st, st_incr_meta *im)
+{
+    take_reports(d, reports, counts, st, im);
+    const st_save_plan *plan = d->incr.on ? &im->sp : &d->cache->sp;
+    if (plan->meta)
+        plan->meta->step = d->o.step;
+    for (int t = 0; t < d->ntiers; t++) {
+        if (st[t].rc)
+            continue;
+        const st_vfs *v = d->dst.vfs[t];
+        const char *dir = d->dst.dir[t];
+        int crc = st_clear_stale(v, dir, plan);
+        if (!crc) /* before the commit record */
+            crc = st_plan_store(d->cache, v, dir, d->save_id, ST_SYNC(&d->o));
+        if (!crc && (crc = st_dest_commit(&d->dst, t, plan->meta, ST_SYNC(&d->o), d->save_id,
+                                          &d->lock[t])) && d->lock[t])
+            st_uncommit(v, dir, d->save_id); /* this save's record, if it got that far */
+        if (crc)
+            st_status_set(&st[t], crc, ST_ROOT);
     }
-    if ((rc = st_bcast(comm, st, (size_t)T * sizeof st[0], ST_ROOT)))
-        goto out;
-    /* nothing committed in a failed tier: each rank removes what it wrote there (only if
-     * it wrote for this save: never a committed checkpoint's files) */
-    int failed = 0;
-    for (int t = 0; t < T; t++)
+}
+
+/* Every rank, once it knows each tier's outcome: nothing is committed in a failed tier,
+ * so each rank removes what it wrote there (only if it wrote for this save: never a
+ * committed checkpoint's files), and rank 0 owns those destinations until every rank has
+ * cleaned up (a barrier), then lets them go, empty. */
+static void clean_failed(st_async_dist *d, strata_comm *comm, const st_status *st)
+{
+    int failed = 0, ignored;
+    for (int t = 0; t < d->ntiers; t++)
         if (st[t].rc && !comm->broken) {
             failed = 1;
             if (d->wrote[t])
                 dist_cleanup(d, t);
         }
-    /* rank 0 owns the failed destinations until every rank has cleaned up (a barrier),
-     * then lets them go, empty */
-    int ignored;
-    if (failed && st_all_true(comm, 1, &ignored) == 0 && me == ST_ROOT)
-        for (int t = 0; t < T; t++)
+    if (failed && st_all_true(comm, 1, &ignored) == 0 && comm->rank == ST_ROOT)
+        for (int t = 0; t < d->ntiers; t++)
             if (st[t].rc)
                 st_dest_abandon(&d->dst, t, &d->lock[t]);
-    /* the levels reached, then the peer replicas of destination 0 (after its commit, on
-     * the commit's communicator: in the background where the saver has a commit thread) */
+}
+
+/* The levels reached, then the peer replicas of destination 0 (after its commit, on the
+ * commit's communicator: in the background where the saver has a commit thread). */
+static void replicate(st_async_dist *d, strata_comm *comm, const st_status *st)
+{
     int level = 0;
-    for (int t = 0; t < T; t++)
+    for (int t = 0; t < d->ntiers; t++)
         if (!st[t].rc)
             level |= (t == 0 ? STRATA_LEVEL_LOCAL : 0) |
                      (strncmp(d->dst.uri[t], "mem://", 6) ? STRATA_LEVEL_DURABLE : 0);
     atomic_store(&d->level, level);
-    if (!st[0].rc && (d->o.peer_replicas > 0 || d->o.peer_k > 0)) {
-        int prc = d->o.peer_k ? strata_peer_encode(NULL, comm, d->dst.uri[0], d->o.peer_k,
-                                                   d->o.peer_m)
-                              : strata_peer_replicate(NULL, comm, d->dst.uri[0],
-                                                      d->o.peer_replicas);
-        st_err_keep(d->peer_msg, prc);
-        atomic_store(&d->level, level | PEER_ENDED | (prc ? 0 : STRATA_LEVEL_REPLICATED));
-        st_clear_error();
+    if (st[0].rc || (d->o.peer_replicas <= 0 && d->o.peer_k <= 0))
+        return;
+    int prc = d->o.peer_k ? strata_peer_encode(NULL, comm, d->dst.uri[0], d->o.peer_k,
+                                               d->o.peer_m)
+                          : strata_peer_replicate(NULL, comm, d->dst.uri[0], d->o.peer_replicas);
+    st_err_keep(d->peer_msg, prc);
+    atomic_store(&d->level, level | PEER_ENDED | (prc ? 0 : STRATA_LEVEL_REPLICATED));
+    st_clear_error();
+}
+
+/* A committed save's stats, summed over the ranks (collectives). */
+static void finish_stats(st_async_dist *d, strata_comm *comm, const st_save_plan *mine,
+                         uint64_t io_calls, strata_stats *stats)
+{
+    uint64_t mine_b = mine->meta ? mine->meta->data_bytes : 0;
+    *stats = (strata_stats){.bytes = mine_b, .io_calls = io_calls, .plan_cached = d->all_cached};
+    st_over_ranks(comm, mine_b, &stats->all_bytes, &stats->max_writer_bytes, &stats->writers);
+    stats->data_bytes = stats->all_bytes;
+    if (d->incr.on) { /* the checkpoint's bytes: written, and referred to the base */
+        stats->data_bytes = 0;
+        st_over_ranks(comm, mine_b + d->incr.matched_bytes, &stats->data_bytes, NULL, NULL);
+    }
+    stats->seconds = st_now() - d->t0;
+}
+
+static int dist_finish(void *ctx, const int *local_rc, const char *const *local_msg,
+                       const st_save_plan *mine, uint64_t io_calls, strata_stats *stats)
+{
+    st_async_dist *d = ctx;
+    strata_comm *comm = d->ccomm;
+    if (comm != d->comm) /* the commit thread's: the time limit the caller's had */
+        strata_comm_set_timeout(comm, d->timeout_ms);
+    const int P = comm->size, me = comm->rank, T = d->ntiers;
+    size_t *counts = calloc((size_t)P, sizeof *counts);
+    unsigned char *reports = NULL;
+    st_status st[ST_MAX_TIERS];
+    memset(st, 0, sizeof st);
+    st_incr_meta im = {0};
+    if (!counts)
+        return st_fail(STRATA_ENOMEM, "out of memory");
+    int rc = send_reports(d, comm, local_rc, local_msg, mine, &reports, counts);
+    if (!rc && me == ST_ROOT)
+        commit_at_root(d, reports, counts, st, &im);
+    if (!rc)
+        rc = st_bcast(comm, st, (size_t)T * sizeof st[0], ST_ROOT);
+    if (!rc) {
+        clean_failed(d, comm, st);
+        replicate(d, comm, st);
     }
     for (int t = 0; t < T && !rc; t++)
         if (st[t].rc)
             rc = T > 1 ? st_wrap(st_status_raise(&st[t], me), "destination %d (%s)", t,
                                  d->dst.uri[t])
                        : st_status_raise(&st[t], me);
-    if (rc)
-        goto out;
-    if (stats) {
-        uint64_t mine_b = mine->meta ? mine->meta->data_bytes : 0;
-        *stats = (strata_stats){.bytes = mine_b, .io_calls = io_calls,
-                                .plan_cached = d->all_cached};
-        st_over_ranks(comm, mine_b, &stats->all_bytes, &stats->max_writer_bytes, &stats->writers);
-        stats->data_bytes = stats->all_bytes;
-        if (d->incr.on) { /* the checkpoint's bytes: written, and referred to the base */
-            stats->data_bytes = 0;
-            st_over_ranks(comm, mine_b + d->incr.matched_bytes, &stats->data_bytes, NULL, NULL);
-        }
-        stats->seconds = st_now() - d->t0;
-    }
-out:
+    if (!rc && stats)
+        finish_stats(d, comm, mine, io_calls, stats);
     /* after a failed collective rank 0 may have committed: nothing is removed, and the
      * layout is unknown */
     if (rc && comm->broken)
