@@ -55,18 +55,7 @@ void st_walk_read(const st_io_plan *p, size_t i, st_walk_fn fn, void *ctx)
         const st_seg *s = &p->segs[si];
         const st_extent *e = p->ext[s->piece];
         uint64_t lo = s->c0 * C, hi = ST_MIN(s->c1 * C, e->bytes);
-        /* runs are sorted by src and none is longer than maxrun: the first that can reach
-         * lo starts at or after lo - maxrun */
-        size_t a = p->run0[s->piece], b = p->run0[s->piece + 1];
-        uint64_t from = lo > p->maxrun[s->piece] ? lo - p->maxrun[s->piece] : 0;
-        while (a < b) {
-            size_t mid = a + (b - a) / 2;
-            if (p->runs[mid].src < from)
-                a = mid + 1;
-            else
-                b = mid;
-        }
-        for (size_t r = a; r < p->run0[s->piece + 1] && p->runs[r].src < hi; r++) {
+        for (size_t r = st_io_first_run(p, s->piece, lo); r < p->run0[s->piece + 1] && p->runs[r].src < hi; r++) {
             const st_run *run = &p->runs[r];
             uint64_t x0 = ST_MAX(run->src, lo), x1 = ST_MIN(run->src + run->n, hi);
             if (x0 < x1)

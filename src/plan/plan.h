@@ -236,6 +236,10 @@ typedef struct st_io_plan {
     int crc_whole;
 } st_io_plan;
 
+/* The first run of piece `piece` that can hold its byte lo: runs are sorted by src and none
+ * is longer than maxrun, so it starts at or after lo - maxrun (binary search). */
+size_t st_io_first_run(const st_io_plan *p, uint32_t piece, uint64_t lo);
+
 /* The largest read of a plan for max_io: whole chunks, at least one; with chunks under 8
  * bytes (a foreign source's are 1) a multiple of 8, so that no read splits an element, and
  * 2 * ST_ALIGN less where that leaves 2 * ST_ALIGN: a foreign read starts anywhere, and is

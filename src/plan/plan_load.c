@@ -592,3 +592,17 @@ int st_plan_load(st_io_plan *out, const st_meta *m, const st_rank_view *ranks, i
         rc = st_plan_reads(out, max_io);
     return load_ctx_free(&c, rc);
 }
+
+size_t st_io_first_run(const st_io_plan *p, uint32_t piece, uint64_t lo)
+{
+    size_t a = p->run0[piece], b = p->run0[piece + 1];
+    uint64_t from = lo > p->maxrun[piece] ? lo - p->maxrun[piece] : 0;
+    while (a < b) {
+        size_t mid = a + (b - a) / 2;
+        if (p->runs[mid].src < from)
+            a = mid + 1;
+        else
+            b = mid;
+    }
+    return a;
+}

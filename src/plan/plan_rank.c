@@ -65,18 +65,8 @@ static int add_seg(rank_ctx *c, uint32_t piece, uint64_t c0, uint64_t c1, uint32
 /* Runs of piece `piece` overlapping its bytes [lo, hi), as st_walk_read finds them. */
 static void runs_in(const st_io_plan *g, uint32_t piece, uint64_t lo, size_t *a, size_t *b)
 {
-    *a = g->run0[piece];
+    *a = st_io_first_run(g, piece, lo);
     *b = g->run0[piece + 1];
-    uint64_t from = lo > g->maxrun[piece] ? lo - g->maxrun[piece] : 0;
-    size_t x = *a, y = *b;
-    while (x < y) {
-        size_t mid = x + (y - x) / 2;
-        if (g->runs[mid].src < from)
-            x = mid + 1;
-        else
-            y = mid;
-    }
-    *a = x;
 }
 
 /* The chunks of global segment s that this rank needs, split where the set of its node's
