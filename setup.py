@@ -12,7 +12,7 @@ from setuptools import Extension, setup
 HERE = os.path.dirname(os.path.abspath(__file__))
 os.chdir(HERE)  # setuptools wants source paths relative to the project root
 
-LIB_DIRS = ("core", "io", "meta", "plan", "comm", "source", "engine")
+LIB_DIRS = ("core", "io", "meta", "plan", "comm", "source", "engine", "tools")
 
 
 def version():

@@ -8,7 +8,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 obj=${BUILD:-build}/obj/src
 shopt -s nullglob
 objs=()
-for o in "$obj"/{core,io,meta,plan,comm,source,engine}/*.o; do
+for o in "$obj"/{core,io,meta,plan,comm,source,engine,tools}/*.o; do
     # only the objects of sources there now (a file moved or removed leaves its old object)
     src=${o#"$obj"/}
     [ -f "$here/../src/${src%.o}.c" ] && objs+=("$o")

@@ -5,7 +5,9 @@ Layers). The floors, from the ground up:
     1 io, meta, plan, comm      (and strata_comm.h)
     2 source
     3 engine                    (and strata.h)
-    4 cli, mpi                  (and strata_mpi.h)
+    4 tools                     (export, copy, the disk measure: they use the engine, it
+                                 never uses them)
+    5 cli, mpi                  (and strata_mpi.h)
 
 A file under src/X/ may include (#include "...") only headers of its own floor and those
 below; the Python extension (python/strata/*.c) only the public headers and its own. Prints
@@ -17,8 +19,8 @@ import re
 import sys
 
 FLOOR = {"core": 0, "io": 1, "meta": 1, "plan": 1, "comm": 1, "source": 2, "engine": 3,
-         "cli": 4, "mpi": 4}
-PUBLIC = {"strata_types.h": 0, "strata_comm.h": 1, "strata.h": 3, "strata_mpi.h": 4}
+         "tools": 4, "cli": 5, "mpi": 5}
+PUBLIC = {"strata_types.h": 0, "strata_comm.h": 1, "strata.h": 3, "strata_mpi.h": 5}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else

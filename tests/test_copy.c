@@ -5,7 +5,7 @@
  * later copy then fills; options of another version are refused. */
 #include <pthread.h>
 
-#include "engine/engine.h" /* st_copy_block */
+#include "tools/export.h" /* st_copy_block */
 #include "meta/meta.h"     /* ST_COMMIT_FILE */
 #include "stdckpt.h"
 

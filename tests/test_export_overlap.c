@@ -11,7 +11,7 @@
 #include <pthread.h>
 #include <time.h>
 
-#include "engine/export_dir.h" /* EXPORT_BUF */
+#include "tools/export.h" /* EXPORT_BUF */
 #include "io/vfs.h"
 #include "testutil.h"
 

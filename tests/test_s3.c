@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "engine/engine.h"
+#include "tools/export.h"
 #include "io/s3_http.h"
 #include "io/vfs.h"
 #include "io/vfs_fault.h"

@@ -1,5 +1,5 @@
 /* cmd_export.c - `strata export`: a checkpoint to Hugging Face safetensors files, with
- * bounded memory. A thin wrapper of strata_export_safetensors (src/engine/export.c): the
+ * bounded memory. A thin wrapper of strata_export_safetensors (src/tools/export.c): the
  * arguments, --help, the progress line on a terminal, and SIGINT / SIGTERM / SIGHUP, which
  * stop the export through its progress callback (OUT is left as it was; progress.c). */
 #include <stdio.h>

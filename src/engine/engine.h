@@ -54,9 +54,6 @@ int st_loader_opts_check(const strata_loader_opts *o);
 int st_cast_level(unsigned flags);
 /* A caller's stats struct (may be NULL) must carry a known version. */
 int st_stats_check(const strata_stats *s);
-/* The bytes strata_copy reads and writes at once (copy.c; 64 MiB; tests make it small, so
- * that small files are many blocks). */
-extern uint64_t st_copy_block;
 /* Writes the fields of out's version from full (out may be NULL). */
 void st_stats_put(strata_stats *out, const strata_stats *full);
 

@@ -5,7 +5,7 @@
 
 #include "../core/error.h"
 #include "../io/pool.h"
-#include "engine.h"
+#include "../engine/engine.h"
 
 int strata_disk_rate_measure(strata_disk_rate *out, const char *dir, uint64_t bytes,
                              int threads, int small_pages)

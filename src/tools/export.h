@@ -1,6 +1,7 @@
-/* export_dir.h - the output directory of an export, replaced all at once (export_dir.c). */
-#ifndef STRATA_EXPORT_DIR_H
-#define STRATA_EXPORT_DIR_H
+/* export.h - what export/ shares: an export's output directory, replaced all at once
+ * (export_dir.c), export.c's window, and copy.c's block size (tests set it). */
+#ifndef STRATA_EXPORT_H
+#define STRATA_EXPORT_H
 #include <limits.h>
 
 #include "../io/vfs.h"
@@ -45,5 +46,9 @@ void st_exdir_end(st_exdir *d);
  * model.safetensors, or one of those + ".partial", which exports of strata 0.2 wrote into
  * OUT itself)? */
 int st_exdir_is_export_file(const char *name);
+
+/* The bytes strata_copy reads and writes at once (copy.c; 64 MiB; tests make it small, so
+ * that small files are many blocks). */
+extern uint64_t st_copy_block;
 
 #endif

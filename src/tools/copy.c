@@ -15,7 +15,8 @@
 #include "../core/util.h"
 #include "../io/pool.h"
 #include "../io/vfs.h"
-#include "engine.h"
+#include "../engine/engine.h"
+#include "export.h"
 
 #define COPY_THREADS 4
 

@@ -10,7 +10,7 @@
  * cannot exchange (NFS), OUT is first renamed to the staging directory's old/, then set/ to
  * OUT: for that instant OUT is missing, and an export killed then is undone by the next one
  * (old/ goes back to OUT). Every call goes through the storage layer (vfs.h). */
-#include "export_dir.h"
+#include "export.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 #include "../core/error.h"
-#include "engine.h"
+#include "../engine/engine.h"
 
 #define EXDIR_LOCK "EXPORT.LOCK"
 

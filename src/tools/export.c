@@ -33,8 +33,8 @@
 #include "../io/pool.h"
 #include "../io/vfs.h"
 #include "../source/safetensors.h"
-#include "engine.h"
-#include "export_dir.h"
+#include "../engine/engine.h"
+#include "export.h"
 
 #define EXPORT_ALIGN 64                /* pieces packed in the buffer start at multiples of this */
 #define EXPORT_MAX_PIECES 4096         /* whole small tensors packed into one load */
