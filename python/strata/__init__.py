@@ -54,7 +54,21 @@ from . import _strata
 # A process that returns from main with an asynchronous save still in flight (no wait())
 # finishes it here, before the interpreter finalizes: the commit's collectives run on the
 # Saver's commit thread, which needs the GIL (as concurrent.futures joins its workers).
+# Then (atexit runs last-registered first) the Savers and gloo groups strata.torch keeps
+# for the life of the process go, their commit threads joined, while the interpreter is
+# whole rather than during its finalization, where a gloo group's teardown can abort the
+# process.
 import atexit as _atexit
+
+
+def _release_groups():
+    import sys
+    g = sys.modules.get("strata._group")
+    if g is not None:
+        g._release()
+
+
+_atexit.register(_release_groups)
 _atexit.register(_strata.finish_saves)
 del _atexit
 

@@ -199,6 +199,15 @@ class _BgOps:
 _GROUPS = {}
 
 
+def _release():
+    """At exit (strata/__init__.py), after the saves in flight have finished: drops every
+    _Group, so that its Savers are freed (their commit threads joined) and its gloo groups
+    destroyed now."""
+    import gc
+    _GROUPS.clear()
+    gc.collect()
+
+
 def _group(process_group):
     """The _Group of process_group (default: the default group), or None without one."""
     if process_group is None:
